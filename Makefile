@@ -1,0 +1,58 @@
+# ncclcheck: set-up, tests and cluster onboarding. `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build keeps CI and laptops small; on a GPU cluster pass your own, e.g.
+# TORCH_SPEC='torch==2.13.0' TORCH_PIP_ARGS='--index-url <your CUDA wheel index>'.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?= $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+STAMP := $(VENV)/.ncclcheck-installed
+NPROC ?= 2
+SCRIPT ?= playbooks/rank-conditional-collective/repro.py
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install test test-fast demo lint preflight probe doctor bench clean
+
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@# torch first, pinned, so the package's torch>=2.4 is already satisfied.
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+install: $(STAMP) ## Create .venv with the CPU torch wheel and ncclcheck[test] (quick when done)
+
+test: $(STAMP) ## Install if needed, then run the whole test suite (real ranks included)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## Only the tests that start no ranks
+	$(BIN)/pytest -m "not ranks" $(PYTEST_ARGS)
+
+demo: $(STAMP) ## Preflight the rank-conditional-collective reproducer
+	$(BIN)/ncclcheck playbooks rank-conditional-collective
+	@echo
+	@echo "\$$ ncclcheck preflight --nproc-per-node 2 $(SCRIPT)"
+	-$(BIN)/ncclcheck preflight --nproc-per-node 2 $(SCRIPT)
+
+lint: $(STAMP) ## ruff and mypy
+	$(BIN)/ruff check ncclcheck tests benchmarks
+	$(BIN)/ruff format --check ncclcheck tests benchmarks
+	$(BIN)/mypy
+
+preflight: $(STAMP) ## Dry-run SCRIPT=path on NPROC ranks of this node
+	$(BIN)/ncclcheck preflight --nproc-per-node $(NPROC) $(SCRIPT)
+
+probe: $(STAMP) ## Check rendezvous and collectives on NPROC ranks of this node
+	$(BIN)/ncclcheck probe --nproc-per-node $(NPROC)
+
+doctor: $(STAMP) ## Diagnose the stuck job with PID=...
+	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
+	$(BIN)/ncclcheck doctor --pid $(PID)
+
+clean: ## Remove the venv and caches
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist

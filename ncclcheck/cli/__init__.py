@@ -1,0 +1,93 @@
+"""The command line: typer commands that parse options, call the core, pick a renderer.
+
+``ErrorMappingGroup`` is the one place where errors become exit codes
+(CONTRACT.md): a NcclcheckError prints its message and hint and exits with its
+code; anything else is a bug (exit 3), with a traceback only under ``--debug``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from ncclcheck import __version__
+from ncclcheck.cli import doctor, lint, playbooks, preflight, probe
+from ncclcheck.cli.common import STATE
+from ncclcheck.errors import InternalError, NcclcheckError
+
+# Recent typer releases carry their own copy of click; older ones use click itself.
+# Either way usage errors derive from one base, and click already maps them to 2.
+_PassThrough: tuple[type[BaseException], ...] = (typer.Exit, typer.Abort)
+if hasattr(typer, "TyperException"):
+    _PassThrough += (typer.TyperException,)
+else:  # pragma: no cover - older typer
+    import click
+
+    _PassThrough += (click.ClickException,)
+
+
+class ErrorMappingGroup(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _PassThrough:
+            raise
+        except NcclcheckError as exc:
+            raise typer.Exit(report_error(exc)) from None
+        except KeyboardInterrupt:
+            typer.echo("ncclcheck: interrupted", err=True)
+            raise typer.Exit(130) from None
+        except Exception as exc:  # a bug: say so, and where to report it
+            if STATE.debug:
+                traceback.print_exc()
+            error = InternalError(f"internal error: {type(exc).__name__}: {exc}")
+            raise typer.Exit(report_error(error)) from None
+
+
+def report_error(exc: NcclcheckError) -> int:
+    if STATE.debug and exc.__traceback__ is not None and not isinstance(exc, InternalError):
+        traceback.print_exception(exc)
+    typer.echo(f"ncclcheck: error: {exc}", err=True)
+    if exc.hint:
+        typer.echo(f"  {exc.hint}", err=True)
+    return exc.exit_code
+
+
+app = typer.Typer(
+    name="ncclcheck",
+    cls=ErrorMappingGroup,
+    help="Find the collective that not every rank reaches, before or while a job hangs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain usage errors: one or two lines, no boxes
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ncclcheck {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show Python tracebacks for errors."),
+) -> None:
+    STATE.debug = debug
+
+
+for module in (preflight, doctor, lint, probe, playbooks):
+    module.register(app)
+
+
+def main() -> None:
+    """Entry point of the ``ncclcheck`` script and ``python -m ncclcheck``."""
+    app(prog_name="ncclcheck")

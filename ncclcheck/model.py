@@ -1,0 +1,243 @@
+"""The data every part of ncclcheck passes around: plain dataclasses.
+
+The report's JSON shape is CONTRACT.md's; ``Report.to_dict`` writes it and
+``Report.from_dict`` reads it back, and ``schemas/report.schema.json`` states it
+for tools that consume it. Nothing else in ncclcheck defines a report shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from enum import Enum
+from typing import Any
+
+from ncclcheck import __version__
+
+
+class Verdict(str, Enum):
+    """What a diagnosing command concluded about the job as a whole."""
+
+    ALIGNED = "aligned"
+    MISALIGNED = "misaligned"
+    HANG = "hang"
+    CRASH = "crash"
+    ERROR = "error"
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class RankStatus(str, Enum):
+    """Where a rank was when the command looked last."""
+
+    EXITED = "exited"
+    RUNNING = "running"
+    IN_COLLECTIVE = "in-collective"
+    STUCK = "stuck"
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a Python stack: where a rank was, or where it called from."""
+
+    file: str
+    line: int
+    function: str
+
+    @property
+    def site(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def __str__(self) -> str:
+        return f"{self.site} in {self.function}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Frame:
+        return cls(file=str(data["file"]), line=int(data["line"]), function=str(data["function"]))
+
+
+@dataclass
+class CollectiveCall:
+    """One collective (or p2p operation) as a rank issued it, recorded before it ran.
+
+    ``seq`` counts calls per process group on that rank, so the n-th call of a
+    group on one rank pairs with the n-th call of the same group on the others.
+    ``site`` is the first frame in the user's own code; ``user_stack`` is the
+    chain of the user's frames, outermost first, ending at ``site``.
+    """
+
+    rank: int
+    seq: int
+    op: str
+    group: str
+    group_ranks: list[int]
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    async_op: bool = False
+    phase: str = "train"
+    site: Frame | None = None
+    user_stack: list[Frame] = field(default_factory=list)
+    time: float = 0.0
+    source: str = "python"  # "python" (wrapped call), "ddp" (comm hook), "flight-recorder"
+
+    @property
+    def signature(self) -> tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]:
+        """What must agree across ranks for the call to pair correctly."""
+        return (self.op, tuple(tuple(s) for s in self.shapes), tuple(self.dtypes))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["site"] = self.site.to_dict() if self.site else None
+        data["user_stack"] = [f.to_dict() for f in self.user_stack]
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CollectiveCall:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["site"] = Frame.from_dict(data["site"]) if data.get("site") else None
+        values["user_stack"] = [Frame.from_dict(f) for f in data.get("user_stack", [])]
+        return cls(**values)
+
+
+EvalBatches = int | dict[str, int] | None
+
+
+@dataclass
+class RankState:
+    """One rank as a report shows it (CONTRACT.md's ``ranks`` entries)."""
+
+    rank: int
+    host: str = ""
+    pid: int | None = None
+    exit_code: int | None = None
+    phase: str | None = None
+    collectives: int = 0
+    eval_batches: EvalBatches = None
+    state: RankStatus = RankStatus.RUNNING
+    where: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankState:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["state"] = RankStatus(data.get("state", RankStatus.RUNNING.value))
+        return cls(**values)
+
+
+@dataclass
+class Finding:
+    """One diagnosed problem, named by a cause id of the catalogue."""
+
+    cause: str
+    severity: Severity
+    message: str
+    ranks: list[int] = field(default_factory=list)
+    absent_ranks: list[int] = field(default_factory=list)
+    op: str | None = None
+    site: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    fix: str = ""
+    playbook: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.playbook:
+            self.playbook = self.cause
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        values["severity"] = Severity(data["severity"])
+        return cls(**values)
+
+
+@dataclass
+class Report:
+    """What a diagnosing command hands to a renderer (console, JSON, HTML)."""
+
+    command: str
+    verdict: Verdict
+    world_size: int
+    ranks: list[RankState] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    # Free-form facts for people (where the dry run stopped, counts per phase);
+    # tools must not depend on its keys.
+    summary: dict[str, Any] = field(default_factory=dict)
+    tool: str = "ncclcheck"
+    version: str = __version__
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity is Severity.ERROR for f in self.findings) or self.verdict in (
+            Verdict.MISALIGNED,
+            Verdict.HANG,
+            Verdict.CRASH,
+        )
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.has_errors else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tool": self.tool,
+            "version": self.version,
+            "command": self.command,
+            "verdict": self.verdict.value,
+            "world_size": self.world_size,
+            "ranks": [r.to_dict() for r in self.ranks],
+            "findings": [f.to_dict() for f in self.findings],
+            "summary": self.summary,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        return cls(
+            tool=data.get("tool", "ncclcheck"),
+            version=data.get("version", __version__),
+            command=data["command"],
+            verdict=Verdict(data["verdict"]),
+            world_size=int(data["world_size"]),
+            ranks=[RankState.from_dict(r) for r in data.get("ranks", [])],
+            findings=[Finding.from_dict(f) for f in data.get("findings", [])],
+            summary=dict(data.get("summary", {})),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        return cls.from_dict(json.loads(text))
+
+
+def format_ranks(ranks: list[int]) -> str:
+    """``[0, 1, 2, 3, 5]`` -> ``"0-3,5"``: how people write rank sets."""
+    if not ranks:
+        return ""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for value in ordered[1:]:
+        if value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = value
+    parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(parts)

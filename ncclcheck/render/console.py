@@ -1,0 +1,123 @@
+"""Console rendering with rich: reports, the catalogue, one playbook."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ncclcheck.catalogue import Playbook
+from ncclcheck.model import Report, Severity, Verdict, format_ranks
+
+_VERDICT_STYLE = {
+    Verdict.ALIGNED: "bold green",
+    Verdict.MISALIGNED: "bold red",
+    Verdict.HANG: "bold red",
+    Verdict.CRASH: "bold red",
+    Verdict.ERROR: "bold yellow",
+}
+
+
+def _console() -> Console:
+    # soft_wrap keeps long paths on one line when the output is piped to a file.
+    return Console(highlight=False, soft_wrap=True)
+
+
+def print_catalogue(playbooks: list[Playbook]) -> None:
+    out = _console()
+    width = max(len(p.id) for p in playbooks)
+    out.print(f"[bold]{len(playbooks)} causes[/] (ncclcheck playbooks <cause id> shows one)\n")
+    for playbook in playbooks:
+        out.print(f"  [bold cyan]{playbook.id:<{width}}[/]  {escape(playbook.title)}")
+
+
+def print_playbook(playbook: Playbook) -> None:
+    out = _console()
+    out.print(f"[bold cyan]{playbook.id}[/]: [bold]{escape(playbook.title)}[/]\n")
+    out.print(escape(playbook.summary), "\n")
+    out.print("[bold]Why it happens[/]")
+    out.print(escape(playbook.why), "\n")
+    out.print("[bold]How ncclcheck recognises it[/]")
+    for name, signals in (
+        ("preflight", playbook.signals.preflight),
+        ("doctor", playbook.signals.doctor),
+        ("lint", playbook.signals.lint),
+    ):
+        if not signals:
+            out.print(f"  [cyan]{name}[/]: not visible this way")
+        for signal in signals:
+            out.print(f"  [cyan]{name}[/]: {escape(signal)}")
+    out.print()
+    out.print("[bold]Fix[/]")
+    out.print(f"  [green]1. direct[/]      {escape(playbook.fix.direct)}")
+    out.print(f"  [green]2. structural[/]  {escape(playbook.fix.structural)}")
+    out.print(f"  [green]3. CI guard[/]    {escape(playbook.fix.ci_guard)}")
+    out.print()
+    launch = f"torchrun --nproc-per-node {playbook.repro.nproc}"
+    out.print(f"[bold]Reproducer[/]  {launch} {playbook.repro_path}")
+    out.print(f"[bold]Fixed[/]       {launch} {playbook.fixed_path}")
+    if playbook.references:
+        out.print(f"[bold]Seen in[/]     {', '.join(playbook.references)}")
+
+
+def print_report(report: Report) -> None:
+    out = _console()
+    style = _VERDICT_STYLE[report.verdict]
+    out.print(
+        f"[bold]ncclcheck {report.command}[/]: [{style}]{report.verdict.value}[/] "
+        f"({report.world_size} ranks)"
+    )
+    if report.ranks:
+        table = Table(show_edge=False, pad_edge=False)
+        for column in (
+            "rank",
+            "host",
+            "pid",
+            "state",
+            "phase",
+            "collectives",
+            "eval batches",
+            "where",
+        ):
+            table.add_column(column, no_wrap=column != "where")
+        for rank in report.ranks:
+            table.add_row(
+                str(rank.rank),
+                rank.host,
+                "" if rank.pid is None else str(rank.pid),
+                rank.state.value + ("" if rank.exit_code is None else f" ({rank.exit_code})"),
+                rank.phase or "",
+                str(rank.collectives),
+                _eval_batches(rank.eval_batches),
+                escape(rank.where or ""),
+            )
+        out.print(table)
+    for finding in report.findings:
+        colour = "red" if finding.severity is Severity.ERROR else "yellow"
+        out.print()
+        out.print(
+            f"[bold {colour}]{finding.severity.value}[/] [bold cyan]{finding.cause}[/]"
+            + (f" at [bold]{escape(finding.site)}[/]" if finding.site else "")
+        )
+        out.print(f"  {escape(finding.message)}")
+        if finding.ranks or finding.absent_ranks:
+            out.print(
+                f"  ranks that did it: {format_ranks(finding.ranks) or '-'}; "
+                f"ranks that did not: {format_ranks(finding.absent_ranks) or '-'}"
+            )
+        for line in finding.evidence:
+            out.print(f"  [dim]-[/] {escape(line)}")
+        if finding.fix:
+            out.print(f"  [green]fix:[/] {escape(finding.fix)}")
+        out.print(f"  [dim]more: ncclcheck playbooks {finding.playbook}[/]")
+    stop = report.summary.get("stopped")
+    if stop:
+        out.print(f"\n[dim]{escape(str(stop))}[/]")
+
+
+def _eval_batches(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return ", ".join(f"{name}={count}" for name, count in value.items())
+    return str(value)

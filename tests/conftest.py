@@ -1,0 +1,75 @@
+"""Shared helpers: run real processes with a bound, and always reap them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ncclcheck.proctree import kill_tree
+
+REPO = Path(__file__).resolve().parent.parent
+PLAYBOOKS = REPO / "playbooks"
+
+
+@dataclass
+class Completed:
+    returncode: int | None  # None: killed at the bound
+    output: str
+    elapsed: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.returncode is None
+
+
+def run_bounded(
+    argv: list[str], bound_s: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> Completed:
+    """Run argv in its own session; at the bound, kill the whole session and report it."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        start_new_session=True,
+    )
+    returncode: int | None = None
+    try:
+        output, _ = proc.communicate(timeout=bound_s)
+        returncode = proc.returncode
+    except subprocess.TimeoutExpired:
+        # torchrun's ranks live in sessions of their own: kill the whole tree.
+        kill_tree(proc.pid)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        kill_tree(proc.pid)
+    return Completed(returncode, output, time.monotonic() - start)
+
+
+def torchrun_argv(script: Path, nproc: int, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(script),
+        *args,
+    ]
+
+
+@pytest.fixture(scope="session")
+def catalogue():  # type: ignore[no-untyped-def]
+    from ncclcheck.catalogue import load_catalogue
+
+    return load_catalogue(PLAYBOOKS)

@@ -1,0 +1,97 @@
+"""The CLI through typer's CliRunner: help, version, playbooks, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ncclcheck import __version__
+from ncclcheck.cli import app
+
+runner = CliRunner()
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, list(args))
+
+
+def test_version() -> None:
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"ncclcheck {__version__}"
+
+
+def test_help_lists_every_command_of_the_contract() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("preflight", "doctor", "lint", "probe", "playbooks"):
+        assert command in result.stdout
+
+
+def test_no_arguments_shows_usage() -> None:
+    result = invoke()
+    assert "Usage: ncclcheck" in result.output
+
+
+def test_unknown_command_is_a_usage_error() -> None:
+    result = invoke("bogus")
+    assert result.exit_code == 2
+    assert "No such command 'bogus'" in result.output
+
+
+def test_playbooks_lists_the_twelve_causes() -> None:
+    result = invoke("playbooks")
+    assert result.exit_code == 0
+    assert "12 causes" in result.stdout
+    assert "rank-conditional-collective" in result.stdout
+
+
+def test_playbooks_json_is_one_document() -> None:
+    result = invoke("playbooks", "--json")
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert len(data) == 12
+    assert {"id", "title", "signals", "fix", "repro", "fixed"} <= set(data[0])
+
+
+def test_one_playbook_renders_its_fix_in_three_layers() -> None:
+    result = invoke("playbooks", "uneven-eval-batches")
+    assert result.exit_code == 0
+    for heading in ("Why it happens", "1. direct", "2. structural", "3. CI guard"):
+        assert heading in result.stdout
+    assert "DistributedSampler" in result.stdout
+
+
+def test_unknown_playbook_is_exit_2_with_the_known_ids() -> None:
+    result = invoke("playbooks", "no-such-cause")
+    assert result.exit_code == 2
+    assert "no playbook 'no-such-cause'" in result.stderr
+    assert "rank-crashed" in result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("doctor", "--pid", "1"), ("lint", "x.py"), ("probe",)],
+)
+def test_commands_not_built_yet_say_so_with_exit_2(args: tuple[str, ...]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 2
+    assert "not built in this version" in result.stderr
+    assert result.stdout == ""
+
+
+def test_an_internal_error_is_exit_3_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ncclcheck.cli.playbooks as module
+
+    def boom(root=None):  # type: ignore[no-untyped-def]
+        raise ZeroDivisionError("boom")
+
+    monkeypatch.setattr(module, "load_catalogue", boom)
+    result = invoke("playbooks")
+    assert result.exit_code == 3
+    assert "internal error: ZeroDivisionError: boom" in result.stderr
+    assert "report it at" in result.stderr
+    assert "Traceback" not in result.output

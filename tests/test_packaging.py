@@ -1,0 +1,65 @@
+"""A non-editable install carries the catalogue inside the package."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+
+def test_wheel_install_ships_the_playbooks(tmp_path: Path) -> None:
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("ncclcheck-*.whl")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    # Run from outside the checkout with only the installed copy on the path.
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    result = subprocess.run(
+        [sys.executable, "-m", "ncclcheck", "playbooks", "--json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    playbooks = json.loads(result.stdout)
+    assert len(playbooks) == 12
+    for playbook in playbooks:
+        assert Path(playbook["repro"]).is_relative_to(target / "ncclcheck" / "_playbooks")
+        assert Path(playbook["repro"]).is_file() and Path(playbook["fixed"]).is_file()
