@@ -274,7 +274,5 @@ def load_catalogue(root: Path | None = None) -> Catalogue:
     root = default_root() if root is None else root
     if not root.is_dir():
         raise PlaybookError(f"{root}: not a folder of playbooks")
-    folders = sorted(
-        p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".", "__"))
-    )
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".", "__")))
     return Catalogue([load_playbook(folder) for folder in folders])

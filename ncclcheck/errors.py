@@ -38,9 +38,7 @@ class PlaybookError(NcclcheckError):
 class NotBuiltYet(NcclcheckError):
     """A command of the contract that this version does not implement yet."""
 
-    default_hint = (
-        "Nothing was checked; this version prints no result for it rather than a fake one."
-    )
+    default_hint = "Nothing was checked; this version prints no result for it rather than a fake one."
 
 
 class StackPermissionError(NcclcheckError):

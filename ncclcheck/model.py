@@ -85,7 +85,14 @@ class CollectiveCall:
     site: Frame | None = None
     user_stack: list[Frame] = field(default_factory=list)
     time: float = 0.0
-    source: str = "python"  # "python" (wrapped call), "ddp" (comm hook), "flight-recorder"
+    source: str = "python"  # "python" (wrapped call), "ddp" (comm hook)
+    n: int = 0  # this rank's running count of calls, all groups together
+    position: dict[str, Any] | None = None  # the loader batch being processed: loader, pass, batch
+    peer: int | None = None  # p2p only
+
+    @property
+    def site_text(self) -> str:
+        return self.site.site if self.site else "?"
 
     @property
     def signature(self) -> tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]:

@@ -21,9 +21,7 @@ from ncclcheck.model import (
 )
 
 SCHEMA = json.loads(
-    (
-        Path(__file__).resolve().parent.parent / "ncclcheck" / "schemas" / "report.schema.json"
-    ).read_text()
+    (Path(__file__).resolve().parent.parent / "ncclcheck" / "schemas" / "report.schema.json").read_text()
 )
 
 

@@ -9,9 +9,7 @@ from ncclcheck.errors import NotBuiltYet
 
 
 def doctor_command(
-    pid: list[int] = typer.Option(
-        ..., "--pid", help="A rank, torchrun agent or launcher pid (repeatable)."
-    ),
+    pid: list[int] = typer.Option(..., "--pid", help="A rank, torchrun agent or launcher pid (repeatable)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Dump and merge the stacks of every rank of a stuck job and name the cause."""

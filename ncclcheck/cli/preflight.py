@@ -2,19 +2,113 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import typer
 
-from ncclcheck.errors import NotBuiltYet
+from ncclcheck.cli.common import JSON_OPTION, emit_report
+from ncclcheck.launch import DryRunSettings, Progress, TorchrunOptions
+from ncclcheck.preflight import default_nproc, report_from, run_preflight
+
+
+class _ProgressLine:
+    """One line on stderr, rewritten in place on a terminal; silent otherwise."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.enabled = sys.stderr.isatty()
+        self.shown = False
+
+    def __call__(self, progress: Progress) -> None:
+        if not self.enabled:
+            return
+        sys.stderr.write(
+            f"\r  ranks up {progress.ranks_up}/{self.world}  trace {progress.records // 1024} KiB"
+            f"  {progress.elapsed:5.1f} s "
+        )
+        sys.stderr.flush()
+        self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+            sys.stderr.flush()
 
 
 def preflight_command(
-    script: str = typer.Argument(
-        ..., help="The training script, as you would pass it to torchrun."
-    ),
+    script: str = typer.Argument(None, help="The training script, as you would pass it to torchrun."),
     script_args: list[str] = typer.Argument(None, help="The script's own arguments, unchanged."),
+    nproc_per_node: int = typer.Option(
+        None,
+        "--nproc-per-node",
+        "--nproc_per_node",
+        help="Ranks on this node (default: visible GPUs, or 2).",
+    ),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (torchrun's MIN:MAX form works)."),
+    node_rank: int = typer.Option(None, "--node-rank", "--node_rank", help="This node's rank."),
+    rdzv_backend: str = typer.Option(None, "--rdzv-backend", "--rdzv_backend"),
+    rdzv_endpoint: str = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint"),
+    rdzv_id: str = typer.Option(None, "--rdzv-id", "--rdzv_id"),
+    master_addr: str = typer.Option(None, "--master-addr", "--master_addr"),
+    master_port: int = typer.Option(None, "--master-port", "--master_port"),
+    train_steps: int = typer.Option(5, "--train-steps", min=1, help="Batches per pass over a train loader."),
+    eval_passes: int = typer.Option(
+        1, "--eval-passes", min=0, help="Complete eval passes before the dry run stops."
+    ),
+    stall_timeout: float = typer.Option(
+        15.0, "--stall-timeout", min=1.0, help="Seconds without progress on any rank: a hang."
+    ),
+    no_probe: bool = typer.Option(False, "--no-probe", help="Skip the rendezvous check-in."),
+    probe_timeout: float = typer.Option(
+        30.0, "--probe-timeout", min=1.0, help="Seconds the ranks wait for each other to check in."
+    ),
+    trace_dir: Path = typer.Option(
+        None,
+        "--trace-dir",
+        help="Keep the per-rank traces here (default: a private temporary folder, removed afterwards).",
+    ),
+    from_dir: Path = typer.Option(
+        None, "--from", help="Diagnose traces gathered from several nodes; runs nothing."
+    ),
+    as_json: bool = JSON_OPTION,
 ) -> None:
     """Dry-run the train and eval loops on every rank and report the first misaligned collective."""
-    raise NotBuiltYet("preflight is not built in this version")
+    if from_dir is not None:
+        emit_report(report_from(from_dir, None), as_json)
+        return
+    if script is None:
+        raise typer.BadParameter("give the training script (or --from DIR)", param_hint="SCRIPT")
+    torchrun = TorchrunOptions(
+        nproc_per_node=default_nproc() if nproc_per_node is None else nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
+    settings = DryRunSettings(
+        train_steps=train_steps,
+        eval_passes=eval_passes,
+        stall_timeout=stall_timeout,
+        probe_timeout=0.0 if no_probe else probe_timeout,
+    )
+    progress = _ProgressLine(torchrun.nproc_per_node)
+    try:
+        outcome = run_preflight(
+            script,
+            list(script_args or []),
+            torchrun,
+            settings,
+            trace_dir=trace_dir,
+            keep_traces=trace_dir is not None,
+            on_progress=progress,
+        )
+    finally:
+        progress.close()
+    emit_report(outcome.report, as_json)
 
 
 def register(app: typer.Typer) -> None:

@@ -19,8 +19,12 @@ _VERDICT_STYLE = {
 
 
 def _console() -> Console:
-    # soft_wrap keeps long paths on one line when the output is piped to a file.
-    return Console(highlight=False, soft_wrap=True)
+    # soft_wrap keeps long paths on one line when the output is piped to a file;
+    # tables get room for their sites there too (a terminal keeps its own width).
+    console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:
+        console.width = 160
+    return console
 
 
 def print_catalogue(playbooks: list[Playbook]) -> None:
@@ -64,8 +68,7 @@ def print_report(report: Report) -> None:
     out = _console()
     style = _VERDICT_STYLE[report.verdict]
     out.print(
-        f"[bold]ncclcheck {report.command}[/]: [{style}]{report.verdict.value}[/] "
-        f"({report.world_size} ranks)"
+        f"[bold]ncclcheck {report.command}[/]: [{style}]{report.verdict.value}[/] ({report.world_size} ranks)"
     )
     if report.ranks:
         table = Table(show_edge=False, pad_edge=False)
@@ -110,9 +113,9 @@ def print_report(report: Report) -> None:
         if finding.fix:
             out.print(f"  [green]fix:[/] {escape(finding.fix)}")
         out.print(f"  [dim]more: ncclcheck playbooks {finding.playbook}[/]")
-    stop = report.summary.get("stopped")
-    if stop:
-        out.print(f"\n[dim]{escape(str(stop))}[/]")
+    for key in ("stopped", "note", "partial", "interrupted"):
+        if report.summary.get(key):
+            out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")
 
 
 def _eval_batches(value: object) -> str:

@@ -2,11 +2,12 @@
 
 Cause: unsynchronized-decision.  Run: torchrun --nproc-per-node 2 repro.py
 
-Each rank evaluates its DistributedSampler shard and feeds its *local* loss to
-the early-stopping rule. The shards differ (rank 1's half of the validation set
-comes from a shifted distribution), so rank 1 runs out of patience at epoch 2
-while rank 0 keeps improving: rank 1 leaves the loop for the final barrier,
-rank 0 enters the next epoch's gradient all_reduce. Both hang until the
+Training stops as soon as the validation loss reaches a target. Each rank
+evaluates its DistributedSampler shard and compares its *local* loss with the
+target. The shards differ (rank 1's half of the validation set comes from a
+shifted distribution): after the first epoch rank 0's loss (0.68) is below the
+target and rank 1's (0.79) is not. Rank 0 leaves the loop for the final barrier,
+rank 1 enters the next epoch's gradient all_reduce. Both hang until the
 process-group timeout (REPRO_TIMEOUT_S).
 """
 
@@ -57,7 +58,7 @@ def main() -> None:
     train_loader = DataLoader(train_set, batch_size=16, sampler=sampler)
     val_loader = DataLoader(val_set, batch_size=16, sampler=DistributedSampler(val_set, shuffle=False))
 
-    best, patience, bad_epochs = float("inf"), 2, 0
+    target_loss = 0.72  # good enough: stop early and save the compute
     for epoch in range(6):
         sampler.set_epoch(epoch)
         for features, labels in train_loader:
@@ -66,11 +67,7 @@ def main() -> None:
             optimizer.step()
         val_loss = local_val_loss(model, val_loader)  # BUG: this rank's shard only
         print(f"rank {rank} epoch {epoch}: val loss {val_loss:.4f}", flush=True)
-        if val_loss < best:
-            best, bad_epochs = val_loss, 0
-        else:
-            bad_epochs += 1
-        if bad_epochs >= patience:
+        if val_loss < target_loss:
             break  # ranks disagree on when to stop
     dist.barrier()
     dist.destroy_process_group()

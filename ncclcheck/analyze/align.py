@@ -1,0 +1,139 @@
+"""Aligning per-rank collective histories and finding where they part.
+
+Collectives pair by position in each process group's sequence: the n-th call
+of a group on one rank meets the n-th call of that group on every other member.
+So histories are compared per group, position by position, by call site as well
+as by op and shape (a skipped call often pairs silently with a later call of the
+same op), and by the loader batch each call belongs to. The first position
+where the members disagree is the divergence; pairing stops there, as in
+PyTorch's Flight Recorder analyzer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from ncclcheck.model import CollectiveCall
+
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+
+
+class Mismatch(str, Enum):
+    MISSING = "missing"  # some members never made their n-th call on the group
+    OP = "op"  # different operations at the same position
+    SITE = "site"  # same op, different call sites
+    STEP = "step"  # same op and site, but for different loader batches
+    SHAPE = "shape"  # same op and site, different shapes or dtypes
+
+
+@dataclass
+class Divergence:
+    group: str
+    seq: int
+    kind: Mismatch
+    members: list[int]
+    calls: dict[int, CollectiveCall | None]  # each member's seq-th call on the group
+
+    @property
+    def present(self) -> list[int]:
+        return sorted(r for r, c in self.calls.items() if c is not None)
+
+    @property
+    def absent(self) -> list[int]:
+        return sorted(r for r, c in self.calls.items() if c is None)
+
+    @property
+    def earliest(self) -> float:
+        return min((c.time for c in self.calls.values() if c is not None), default=0.0)
+
+    def majority(self) -> tuple[list[int], list[int]]:
+        """(ranks that made the most common call, the other ranks) at this position.
+
+        For a missing call the first list holds the ranks that made it. Ties go to
+        the group that holds the lowest rank, so reports are stable.
+        """
+        if self.kind is Mismatch.MISSING:
+            return self.present, self.absent
+        buckets: dict[tuple[object, ...], list[int]] = {}
+        for rank, call in sorted(self.calls.items()):
+            buckets.setdefault(_key(call, self.kind), []).append(rank)
+        ordered = sorted(buckets.values(), key=lambda ranks: (-len(ranks), ranks[0]))
+        first = ordered[0]
+        others = sorted(r for ranks in ordered[1:] for r in ranks)
+        return first, others
+
+
+def _key(call: CollectiveCall | None, kind: Mismatch) -> tuple[object, ...]:
+    if call is None:
+        return ("none",)
+    if kind is Mismatch.OP:
+        return (call.op,)
+    if kind is Mismatch.SITE:
+        return (call.op, call.site_text)
+    if kind is Mismatch.STEP:
+        return (call.op, call.site_text, _step(call))
+    return (call.op, call.site_text, call.signature)
+
+
+def _step(call: CollectiveCall) -> tuple[object, ...] | None:
+    if not call.position:
+        return None
+    return (call.position.get("loader"), call.position.get("batch"))
+
+
+def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
+    """How the members' calls at one position disagree, or None when they agree."""
+    made = [c for c in calls.values() if c is not None]
+    if len(made) < len(calls):
+        return Mismatch.MISSING
+    if len({c.op for c in made}) > 1:
+        return Mismatch.OP
+    if len({c.site_text for c in made}) > 1:
+        return Mismatch.SITE
+    steps = {_step(c) for c in made}
+    if len(steps) > 1 and None not in steps:
+        return Mismatch.STEP
+    if len({c.signature[1:] for c in made}) > 1:
+        return Mismatch.SHAPE
+    return None
+
+
+def group_histories(
+    histories: dict[int, list[CollectiveCall]],
+) -> dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]]:
+    """group -> (member ranks, rank -> that rank's calls on the group in order)."""
+    groups: dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]] = {}
+    for rank, calls in histories.items():
+        for call in calls:
+            if call.op in P2P_OPS:
+                continue
+            members, per_rank = groups.setdefault(call.group, (list(call.group_ranks), {}))
+            if not members and call.group_ranks:
+                members.extend(call.group_ranks)
+            per_rank.setdefault(rank, []).append(call)
+    return groups
+
+
+def divergences(
+    histories: dict[int, list[CollectiveCall]], ranks: list[int] | None = None
+) -> list[Divergence]:
+    """The first divergence of every process group, earliest first.
+
+    ``ranks`` are the ranks whose histories are known; members outside it (a
+    node whose traces are missing) are not held against the others.
+    """
+    known = set(histories if ranks is None else ranks)
+    found: list[Divergence] = []
+    for group, (members, per_rank) in group_histories(histories).items():
+        members = [r for r in (members or sorted(per_rank)) if r in known]
+        length = max((len(per_rank.get(r, [])) for r in members), default=0)
+        for seq in range(length):
+            calls = {
+                r: (per_rank.get(r, [])[seq] if seq < len(per_rank.get(r, [])) else None) for r in members
+            }
+            kind = compare(calls)
+            if kind is not None:
+                found.append(Divergence(group, seq, kind, members, calls))
+                break
+    return sorted(found, key=lambda d: d.earliest)

@@ -1,0 +1,273 @@
+"""Reading the source around a call site: which branch, loop or try guards it.
+
+Pure functions over Python source (ast), shared by preflight's diagnosis,
+doctor and lint. A condition is *rank-dependent* when it reads the rank
+(``rank == 0``, ``dist.get_rank()``, ``accelerator.is_main_process``,
+``trainer.is_global_zero``, a name assigned from such an expression);
+*data-dependent* when it reads tensor values or shapes (``torch.isfinite``,
+``.item()``, ``.shape``, ``len()``); anything else is *other*.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+RANK = "rank"
+DATA = "data"
+OTHER = "other"
+
+RANK_NAMES = frozenset(
+    {
+        "rank",
+        "local_rank",
+        "global_rank",
+        "node_rank",
+        "world_rank",
+        "group_rank",
+        "rank_id",
+        "is_main_process",
+        "is_local_main_process",
+        "is_global_zero",
+        "is_master",
+        "is_main",
+        "is_rank_zero",
+        "is_rank0",
+        "rank0",
+        "rank_zero",
+        "main_process",
+        "is_leader",
+        "is_node_leader",
+        "process_index",
+        "local_process_index",
+        "is_world_process_zero",
+        "is_local_process_zero",
+        "master_process",
+        "is_master_ordinal",
+        "global_rank_zero",
+    }
+)
+RANK_CALLS = frozenset(
+    {
+        "get_rank",
+        "get_local_rank",
+        "get_global_rank",
+        "get_node_local_rank",
+        "is_master_ordinal",
+        "get_ordinal",
+        "is_main_process",
+        "is_rank_zero",
+    }
+)
+DATA_CALLS = frozenset(
+    {
+        "isfinite",
+        "isnan",
+        "isinf",
+        "item",
+        "any",
+        "all",
+        "size",
+        "numel",
+        "len",
+        "nonzero",
+        "dim",
+        "tolist",
+    }
+)
+DATA_ATTRS = frozenset({"shape", "ndim"})
+
+
+@functools.lru_cache(maxsize=256)
+def parse(path: str) -> ast.Module | None:
+    try:
+        return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def source_line(path: str, line: int) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").splitlines()[line - 1].strip()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+
+
+def contains(node: ast.AST, line: int) -> bool:
+    start = getattr(node, "lineno", None)
+    end = getattr(node, "end_lineno", None)
+    return start is not None and end is not None and start <= line <= end
+
+
+def enclosing_chain(path: str, line: int) -> list[ast.AST]:
+    """The statements that contain ``line``, outermost first (function defs included)."""
+    tree = parse(path)
+    if tree is None:
+        return []
+    chain: list[ast.AST] = []
+    body: list[ast.AST] = list(tree.body)
+    while True:
+        inner = next((node for node in body if contains(node, line)), None)
+        if inner is None:
+            return chain
+        chain.append(inner)
+        body = [child for child in ast.iter_child_nodes(inner) if isinstance(child, ast.stmt)]
+        # handlers of a try hold statements one level down
+        if isinstance(inner, ast.Try):
+            body += list(inner.handlers)
+
+
+def enclosing_function(path: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    for node in reversed(enclosing_chain(path, line)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return node
+    return None
+
+
+def _names(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
+    """Names and attributes read, and functions called, in an expression."""
+    names: set[str] = set()
+    attrs: set[str] = set()
+    calls: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name):
+            names.add(child.id)
+        elif isinstance(child, ast.Attribute):
+            attrs.add(child.attr)
+        if isinstance(child, ast.Call):
+            func = child.func
+            if isinstance(func, ast.Name):
+                calls.add(func.id)
+            elif isinstance(func, ast.Attribute):
+                calls.add(func.attr)
+    return names, attrs, calls
+
+
+def rank_derived_names(scope: ast.AST | None) -> set[str]:
+    """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``)."""
+    derived: set[str] = set()
+    if scope is None:
+        return derived
+    assignments = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    for _ in range(3):  # a few rounds reach chains like a = rank; b = a == 0
+        before = len(derived)
+        for node in assignments:
+            value = node.value
+            if value is None or _kind_of(value, derived) != RANK:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        derived.add(name.id)
+        if len(derived) == before:
+            break
+    return derived
+
+
+def _kind_of(expr: ast.AST, derived: set[str]) -> str:
+    names, attrs, calls = _names(expr)
+    if (names | attrs) & (RANK_NAMES | derived) or calls & RANK_CALLS:
+        return RANK
+    if calls & DATA_CALLS or attrs & DATA_ATTRS:
+        return DATA
+    return OTHER
+
+
+def condition_kind(path: str, test: ast.expr) -> str:
+    """rank, data or other, for the test of an if/while at ``path``."""
+    tree = parse(path)
+    function = enclosing_function(path, getattr(test, "lineno", 0))
+    derived = rank_derived_names(function) | rank_derived_names(tree)
+    return _kind_of(test, derived)
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A branch or exit that decides whether a rank reaches a line."""
+
+    kind: str  # rank | data | other
+    line: int  # the if/while line, or the exit statement's line
+    text: str  # the condition as written
+    statement: str = "if"  # if | return | break | continue | raise | while
+
+    def describe(self, path: str) -> str:
+        return f"`{self.statement if self.statement != 'if' else 'if ' + self.text}` at {path}:{self.line}"
+
+
+def guards_of(path: str, line: int) -> list[Guard]:
+    """The if-conditions that enclose ``line`` inside its function, innermost first."""
+    found: list[Guard] = []
+    for node in enclosing_chain(path, line):
+        if isinstance(node, ast.If):
+            found.append(Guard(condition_kind(path, node.test), node.lineno, ast.unparse(node.test)))
+    return list(reversed(found))
+
+
+_EXITS: dict[type[ast.AST], str] = {
+    ast.Return: "return",
+    ast.Break: "break",
+    ast.Continue: "continue",
+    ast.Raise: "raise",
+}
+
+
+def conditional_exits(path: str, scope: ast.AST, before_line: int | None = None) -> list[Guard]:
+    """return/break/continue/raise statements under an if in ``scope`` (not in nested defs).
+
+    Each comes with the kind of the innermost if-test above it. ``before_line``
+    keeps only the exits that come before that line.
+    """
+    found: list[Guard] = []
+
+    def visit(node: ast.AST, tests: list[ast.expr]) -> None:
+        for child in ast.iter_child_nodes(node):
+            line = getattr(child, "lineno", 0)
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            statement = _EXITS.get(type(child))
+            if statement and tests and (before_line is None or line < before_line):
+                test = tests[-1]
+                found.append(Guard(condition_kind(path, test), line, ast.unparse(test), statement))
+            if isinstance(child, ast.If):
+                visit_body(child.body, [*tests, child.test])
+                visit_body(child.orelse, [*tests, child.test])
+            else:
+                visit(child, tests)
+
+    def visit_body(statements: list[ast.stmt], tests: list[ast.expr]) -> None:
+        holder = ast.Module(body=statements, type_ignores=[])
+        visit(holder, tests)
+
+    visit(scope, [])
+    return found
+
+
+def enclosing_loops(path: str, line: int) -> list[ast.stmt]:
+    """The for/while loops around ``line`` within its function, innermost first."""
+    loops: list[ast.stmt] = []
+    for node in reversed(enclosing_chain(path, line)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            break
+        if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+            loops.append(node)
+    return loops
+
+
+def innermost_loop(path: str, line: int) -> ast.stmt | None:
+    loops = enclosing_loops(path, line)
+    return loops[0] if loops else None
+
+
+def swallowing_try(path: str, line: int) -> ast.Try | None:
+    """The innermost try whose body holds ``line`` and one of whose handlers does not re-raise."""
+    for node in reversed(enclosing_chain(path, line)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        if isinstance(node, ast.Try) and any(contains(s, line) for s in node.body):
+            for handler in node.handlers:
+                if not any(isinstance(n, ast.Raise) for n in ast.walk(handler)):
+                    return node
+    return None

@@ -1,0 +1,762 @@
+"""From a dry run's evidence to findings named by the catalogue's cause ids.
+
+The evidence is the per-rank traces, how each rank ended, whether the watchdog
+saw a stall, and the stacks captured then. The first divergence of the
+per-group histories says *where* the ranks parted; the source around the call
+sites, the eval batch counts, the exits and the stacks say *why*.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ncclcheck.analyze import source
+from ncclcheck.analyze.align import Divergence, Mismatch, divergences
+from ncclcheck.catalogue import Catalogue, load_catalogue
+from ncclcheck.model import (
+    CollectiveCall,
+    Finding,
+    Frame,
+    RankState,
+    RankStatus,
+    Report,
+    Severity,
+    Verdict,
+    format_ranks,
+)
+from ncclcheck.stacks import ProcessStack
+from ncclcheck.traces import RankTrace
+
+
+@dataclass
+class Evidence:
+    """Everything a diagnosis may use; all of it optional but the traces."""
+
+    traces: dict[int, RankTrace]
+    world_size: int
+    stalled: bool = False
+    stall_seconds: float = 0.0
+    stacks: dict[int, ProcessStack] = field(default_factory=dict)
+    rank_exits: dict[int, int] = field(default_factory=dict)  # from the launcher, by rank
+    first_failure: int | None = None
+    stopped: str | None = None  # why the run ended, in words
+    cwd: str = field(default_factory=os.getcwd)
+
+
+def relative(path: str, cwd: str) -> str:
+    """A path as CONTRACT.md shows sites: relative to cwd when below it, else absolute."""
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+class Diagnoser:
+    def __init__(self, evidence: Evidence, catalogue: Catalogue | None = None) -> None:
+        self.ev = evidence
+        self.catalogue = catalogue or load_catalogue()
+
+    # -- small helpers -----------------------------------------------------------------
+
+    def site(self, frame: Frame | None) -> str | None:
+        return f"{relative(frame.file, self.ev.cwd)}:{frame.line}" if frame else None
+
+    def describe_call(self, call: CollectiveCall | None) -> str:
+        if call is None:
+            return "no call"
+        dtype = call.dtypes[0] if call.dtypes else ""
+        shapes = _shapes_text(call.shapes)
+        where = self.site(call.site) or "?"
+        function = call.site.function if call.site else "?"
+        step = ""
+        if call.position:
+            step = f", {call.position.get('loader')} batch {call.position.get('batch')}"
+        via = " (DDP gradient bucket)" if call.source == "ddp" else ""
+        return f"{call.op}{via} {dtype}{shapes} at {where} in {function}() ({call.phase}{step})"
+
+    def exit_of(self, rank: int) -> tuple[str, int | None]:
+        """How a rank ended: ("running"|"returned"|"dry-run-complete"|"exception"|"killed", code)."""
+        trace = self.ev.traces.get(rank)
+        if trace is not None and trace.exit is not None:
+            return str(trace.exit.get("how")), int(trace.exit.get("code", 0))
+        code = self.ev.rank_exits.get(rank)
+        if code is not None and code != 0:
+            return "killed", code
+        return "running", None
+
+    def died(self, rank: int) -> bool:
+        how, code = self.exit_of(rank)
+        if how == "exception":
+            return True
+        if how == "killed" and code is not None:
+            # torchrun's own SIGTERM to the survivors of a failure is not a death of its own
+            return not (code == -15 and self.ev.first_failure not in (None, rank))
+        return False
+
+    def fix(self, cause: str) -> str:
+        return self.catalogue.get(cause).fix.direct if cause in self.catalogue else ""
+
+    def finding(
+        self,
+        cause: str,
+        message: str,
+        *,
+        ranks: list[int],
+        absent_ranks: list[int],
+        op: str | None,
+        site: str | None,
+        evidence: list[str],
+    ) -> Finding:
+        return Finding(
+            cause=cause,
+            severity=Severity.ERROR,
+            message=message,
+            ranks=ranks,
+            absent_ranks=absent_ranks,
+            op=op,
+            site=site,
+            evidence=evidence,
+            fix=self.fix(cause),
+        )
+
+    def frames_text(self, rank: int, depth: int = 6) -> str:
+        """'sleep (x.py:3) <- main (x.py:9)': where a rank's main thread is, innermost first."""
+        stack = self.ev.stacks.get(rank)
+        frames = stack.main.frames[:depth] if stack is not None and stack.main else []
+        return " <- ".join(f"{f.function} ({self.site(f)})" for f in frames)
+
+    # -- the report --------------------------------------------------------------------
+
+    def report(self) -> Report:
+        histories = {rank: trace.calls for rank, trace in self.ev.traces.items()}
+        found = divergences(histories)
+        findings: list[Finding] = []
+        complete = len(self.ev.traces) >= self.ev.world_size
+        if found:
+            findings.append(self.explain(found))
+        elif self.ev.stalled and complete:
+            findings.append(self.explain_stall_without_divergence())
+        else:
+            dead = [r for r in sorted(self.ev.traces) if self.died(r)]
+            if dead:
+                findings.append(self.crashed(dead, None))
+        findings += self.warnings(findings)
+        verdict = self.verdict(findings)
+        return Report(
+            command="preflight",
+            verdict=verdict,
+            world_size=self.ev.world_size,
+            ranks=self.rank_states(),
+            findings=findings,
+            summary=self.summary(),
+        )
+
+    def verdict(self, findings: list[Finding]) -> Verdict:
+        if self.ev.stalled:
+            return Verdict.HANG
+        if any(self.died(rank) for rank in self.ev.traces):
+            return Verdict.CRASH
+        if any(f.severity is Severity.ERROR for f in findings):
+            return Verdict.MISALIGNED
+        return Verdict.ALIGNED
+
+    def rank_states(self) -> list[RankState]:
+        states = []
+        for rank in range(self.ev.world_size):
+            trace = self.ev.traces.get(rank)
+            if trace is None:
+                states.append(RankState(rank=rank, state=RankStatus.EXITED, where="no trace"))
+                continue
+            how, code = self.exit_of(rank)
+            stack = self.ev.stacks.get(rank)
+            last = trace.calls[-1] if trace.calls else None
+            if how != "running":
+                state = RankStatus.EXITED
+            elif stack is not None and stack.in_collective:
+                state = RankStatus.IN_COLLECTIVE
+            elif self.ev.stalled:
+                state = RankStatus.STUCK
+            else:
+                state = RankStatus.EXITED if code is not None else RankStatus.RUNNING
+            where = None
+            if stack is not None and stack.main is not None:
+                frame = next((f for f in stack.main.frames if _is_user(f.file)), None)
+                where = f"{self.site(frame)} in {frame.function}" if frame else None
+            if where is None and last is not None and last.site is not None:
+                where = f"{self.site(last.site)} in {last.site.function}"
+            states.append(
+                RankState(
+                    rank=rank,
+                    host=trace.host,
+                    pid=trace.pid,
+                    exit_code=code if how != "running" else None,
+                    phase=trace.phase,
+                    collectives=len(trace.calls),
+                    eval_batches=trace.eval_batches(),
+                    state=state,
+                    where=where,
+                )
+            )
+        return states
+
+    def summary(self) -> dict[str, object]:
+        per_phase: dict[str, int] = {}
+        for trace in self.ev.traces.values():
+            for call in trace.calls:
+                per_phase[call.phase] = per_phase.get(call.phase, 0) + 1
+        eval_batches = {str(r): t.eval_batches() for r, t in sorted(self.ev.traces.items())}
+        summary: dict[str, object] = {
+            "collectives_per_phase": per_phase,
+            "eval_batches": eval_batches,
+        }
+        if self.ev.stopped:
+            summary["stopped"] = self.ev.stopped
+        if len(self.ev.traces) < self.ev.world_size:
+            summary["partial"] = (
+                f"traces of {_who(sorted(self.ev.traces))} of {self.ev.world_size} "
+                f"only: gather every node's --trace-dir in one folder and run "
+                f"`ncclcheck preflight --from DIR` for the whole picture"
+            )
+        if not any(t.eval_passes for t in self.ev.traces.values()):
+            summary["note"] = (
+                "no eval phase was seen: no loader was iterated in eval mode or under no_grad, "
+                "so only the training loop was checked"
+            )
+        return summary
+
+    # -- the first divergence ----------------------------------------------------------
+
+    def explain(self, found: list[Divergence]) -> Finding:
+        order = self.order_mismatch(found)
+        if order is not None:
+            return order
+        first = found[0]
+        made, other = first.majority()
+        calls = first.calls
+        evidence = [f"rank {r}: {self.describe_call(calls[r])}" for r in sorted(calls)]
+        evidence = _collapse(evidence)
+
+        if first.kind is Mismatch.SHAPE:
+            call = calls[made[0]]
+            return self.finding(
+                "collective-shape-mismatch",
+                f"{_who(first.members)} call {call.op if call else '?'} at the same "
+                f"site with different shapes or dtypes",
+                ranks=first.members,
+                absent_ranks=[],
+                op=call.op if call else None,
+                site=self.site(call.site if call else None),
+                evidence=evidence,
+            )
+
+        # A rank that died *here*: it never made this call (a rank that aborts inside
+        # a mismatched collective made it, and is explained by the mismatch).
+        dead = [r for r in first.absent if self.died(r)]
+        if dead:
+            return self.crashed(dead, first)
+
+        uneven = self.uneven_eval(first, made, other, evidence)
+        if uneven is not None:
+            return uneven
+
+        if first.kind is Mismatch.STEP:
+            return self.skipped_step(first, made, other, evidence)
+
+        straggler = self.straggler(first, made, other, evidence)
+        if straggler is not None:
+            return straggler
+
+        return self.branch(first, made, other, evidence)
+
+    def order_mismatch(self, found: list[Divergence]) -> Finding | None:
+        """Two groups each waiting on ranks that are waiting in the other: a cycle."""
+        # lowest present rank first, so the report does not depend on which call was first
+        missing = sorted(
+            (d for d in found if d.kind is Mismatch.MISSING), key=lambda d: (d.present[:1], d.group)
+        )
+        for i, one in enumerate(missing):
+            for two in missing[i + 1 :]:
+                if one.group == two.group:
+                    continue
+                if set(one.present) & set(two.absent) and set(one.absent) & set(two.present):
+                    call_one = one.calls[one.present[0]]
+                    call_two = two.calls[two.present[0]]
+                    evidence = [
+                        f"group {one.group}: {_who(one.present)} are in "
+                        f"{self.describe_call(call_one)}; {_who(one.absent)} have not "
+                        f"made that call",
+                        f"group {two.group}: {_who(two.present)} are in "
+                        f"{self.describe_call(call_two)}; {_who(two.absent)} have not "
+                        f"made that call",
+                        "each side waits for the other in a different process group: a cycle",
+                    ]
+                    return self.finding(
+                        "collective-order-mismatch",
+                        f"{_who(one.present)} and {_who(two.present)} "
+                        f"issue the same collectives in a different order across process groups "
+                        f"{one.group} and {two.group}",
+                        ranks=one.present,
+                        absent_ranks=one.absent,
+                        op=call_one.op if call_one else None,
+                        site=self.site(call_one.site if call_one else None),
+                        evidence=evidence,
+                    )
+        return None
+
+    def crashed(self, dead: list[int], divergence: Divergence | None) -> Finding:
+        evidence = []
+        for rank in dead:
+            _how, code = self.exit_of(rank)
+            trace = self.ev.traces.get(rank)
+            error = trace.exit.get("error") if trace and trace.exit else None
+            signal_name = _signal_name(code)
+            last = trace.calls[-1] if trace and trace.calls else None
+            text = f"rank {rank} ended: {error or ('exit code ' + str(code))}"
+            if signal_name:
+                text += f" ({signal_name})"
+            evidence.append(text)
+            evidence.append(f"rank {rank}'s last collective: {self.describe_call(last)}")
+        survivors = []
+        site = None
+        op = None
+        if divergence is not None:
+            survivors = [r for r in divergence.present if r not in dead]
+            if survivors:
+                call = divergence.calls[survivors[0]]
+                site = self.site(call.site if call else None)
+                op = call.op if call else None
+                evidence.append(f"{_who(survivors)} waited in {self.describe_call(call)}")
+        return self.finding(
+            "rank-crashed",
+            f"{_who(dead)} died" + (f" while {_who(survivors)} waited in {op}" if survivors else ""),
+            ranks=survivors,
+            absent_ranks=dead,
+            op=op,
+            site=site,
+            evidence=evidence,
+        )
+
+    def uneven_eval(
+        self, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+    ) -> Finding | None:
+        """Some ranks still in an eval loop's per-batch collective, the others past it."""
+        inside = sorted(
+            r for r, c in first.calls.items() if c is not None and (c.position or {}).get("role") == "eval"
+        )
+        outside = sorted(r for r in first.members if r not in inside)
+        if not inside or not outside:
+            return None
+        counts = {r: self.ev.traces[r].eval_batches() for r in first.members if r in self.ev.traces}
+        if None in counts.values() or len({str(c) for c in counts.values()}) <= 1:
+            return None
+        call = first.calls[inside[0]]
+        assert call is not None
+        passes = [p for t in self.ev.traces.values() for p in t.eval_passes]
+        evidence = [
+            *evidence,
+            "eval batches per rank: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items())),
+        ]
+        for loader_pass in {p.loader: p for p in passes}.values():
+            evidence.append(
+                f"eval loader {loader_pass.loader}: sampler {loader_pass.sampler}, "
+                f"dataset {loader_pass.dataset}"
+                + ("" if loader_pass.distributed_sampler else " (no DistributedSampler)")
+            )
+        cause = "uneven-eval-batches"
+        if any(not p.distributed_sampler for p in passes) and self.eval_samples_overlap():
+            cause = "missing-distributed-sampler"
+            evidence.append(
+                "the ranks evaluate overlapping samples: each rank draws its own "
+                "eval set instead of a shard of one"
+            )
+        return self.finding(
+            cause,
+            f"eval loaders yield different numbers of batches per rank; "
+            f"{_who(inside)} made a per-batch {call.op} that "
+            f"{_who(outside)} never made",
+            ranks=inside,
+            absent_ranks=outside,
+            op=call.op,
+            site=self.site(call.site),
+            evidence=evidence,
+        )
+
+    def eval_samples_overlap(self) -> bool:
+        seen: dict[int, set[int]] = {}
+        for rank, trace in self.ev.traces.items():
+            ids = set()
+            for loader_pass in trace.eval_passes:
+                ids |= set(loader_pass.sample_ids or [])
+            seen[rank] = ids
+        ranks = sorted(seen)
+        return any(seen[a] & seen[b] for i, a in enumerate(ranks) for b in ranks[i + 1 :])
+
+    def skipped_step(
+        self, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+    ) -> Finding:
+        """Same op and site, different loader batches: some ranks skipped a step's call."""
+        earlier = min(
+            (c for c in first.calls.values() if c is not None),
+            key=lambda c: (c.position or {}).get("batch", 0),
+        )
+        did = sorted(r for r, c in first.calls.items() if c is not None and c.position == earlier.position)
+        skipped = sorted(r for r in first.members if r not in did)
+        site = earlier.site
+        step = earlier.position or {}
+        evidence = [
+            *evidence,
+            f"{_who(skipped)} made no {earlier.op} at "
+            f"{self.site(site)} for {step.get('loader')} batch {step.get('batch')}",
+        ]
+        cause, reason = "data-dependent-branch", ""
+        if site is not None:
+            swallow = source.swallowing_try(site.file, site.line)
+            loop = source.innermost_loop(site.file, site.line)
+            exits = source.conditional_exits(site.file, loop, site.line) if loop else []
+            if swallow is not None:
+                cause = "rank-exception"
+                reason = (
+                    f"the call is inside a try at {self.site(Frame(site.file, swallow.lineno, ''))}"
+                    " whose handler swallows the error and continues"
+                )
+            elif exits:
+                guard = exits[-1]
+                cause = {
+                    "rank": "rank-conditional-collective",
+                    "data": "data-dependent-branch",
+                }.get(guard.kind, "unsynchronized-decision")
+                reason = (
+                    f"`{guard.statement}` under `if {guard.text}` at "
+                    f"{self.site(Frame(site.file, guard.line, ''))} skips it"
+                )
+        if reason:
+            evidence.append(reason)
+        return self.finding(
+            cause,
+            f"{_who(skipped)} skipped the {earlier.op} at {self.site(site)} for one "
+            f"step ({step.get('loader')} batch {step.get('batch')}); their later calls pair with "
+            f"the other ranks' earlier ones",
+            ranks=did,
+            absent_ranks=skipped,
+            op=earlier.op,
+            site=self.site(site),
+            evidence=evidence,
+        )
+
+    def straggler(
+        self, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+    ) -> Finding | None:
+        if not self.ev.stalled or first.kind is not Mismatch.MISSING:
+            return None
+        late = [
+            r
+            for r in other
+            if r in self.ev.stacks and not self.ev.stacks[r].in_collective and self.ev.stacks[r].threads
+        ]
+        if not late or len(late) != len(other):
+            return None
+        call = first.calls[made[0]]
+        for rank in late:
+            evidence.append(f"rank {rank} is outside any collective: {self.frames_text(rank)}")
+        return Finding(
+            cause="straggler",
+            severity=Severity.ERROR,
+            message=(
+                f"{_who(made)} waited in {call.op if call else '?'} for "
+                f"{_who(late)}, still busy outside any collective "
+                f"({self.ev.stall_seconds:.0f} s without progress)"
+            ),
+            ranks=made,
+            absent_ranks=late,
+            op=call.op if call else None,
+            site=self.site(call.site if call else None),
+            evidence=evidence,
+            fix=self.fix("straggler"),
+        )
+
+    def branch(self, first: Divergence, made: list[int], other: list[int], evidence: list[str]) -> Finding:
+        """Different calls (or none) at one position: read the source to see which branch."""
+        call = first.calls[made[0]]
+        assert call is not None
+        alt = next((first.calls[r] for r in other if first.calls[r] is not None), None)
+        alt_stack = alt.user_stack if alt else self.current_stack(other[0])
+        stack = call.user_stack
+        common = 0
+        while common < min(len(stack), len(alt_stack)) and (
+            stack[common].file,
+            stack[common].function,
+        ) == (alt_stack[common].file, alt_stack[common].function):
+            common += 1
+        evidence = list(evidence)
+        chain = " -> ".join(f"{f.function}() at {self.site(f)}" for f in stack)
+        evidence.append(f"call chain on rank {made[0]}: {chain}")
+
+        # 1. a rank test around the call, in the shared frame or below it
+        for frame in stack[max(common - 1, 0) :]:
+            for guard in source.guards_of(frame.file, frame.line):
+                if guard.kind == source.RANK:
+                    evidence.append(
+                        f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))}"
+                        f" sends {_who(made)} to it"
+                    )
+                    return self.finding(
+                        "rank-conditional-collective",
+                        f"only {_who(made)} reach {call.op} at {self.site(call.site)}"
+                        f" in {call.site.function if call.site else '?'}(), under "
+                        f"`if {guard.text}`; {_who(other)} never called it",
+                        ranks=made,
+                        absent_ranks=other,
+                        op=call.op,
+                        site=self.site(call.site),
+                        evidence=evidence,
+                    )
+        # 2. an early exit, in a function the absent ranks left, before the call
+        for frame in stack[common:] or stack[-1:]:
+            function = source.enclosing_function(frame.file, frame.line)
+            if function is None:
+                continue
+            exits = [
+                g
+                for g in source.conditional_exits(frame.file, function, frame.line)
+                if g.statement in ("return", "raise")
+            ]
+            if exits:
+                guard = exits[-1]
+                cause = _cause_of_exit(guard.kind)
+                evidence.append(
+                    f"`{guard.statement}` under `if {guard.text}` at "
+                    f"{self.site(Frame(frame.file, guard.line, ''))} leaves "
+                    f"{frame.function}() before the call"
+                )
+                return self.finding(
+                    cause,
+                    f"{_who(other)} left {frame.function}() early through the "
+                    f"`{guard.statement}` at {self.site(Frame(frame.file, guard.line, ''))} and "
+                    f"missed the {call.op} at {self.site(call.site)} that "
+                    f"{_who(made)} waited in",
+                    ranks=made,
+                    absent_ranks=other,
+                    op=call.op,
+                    site=self.site(call.site),
+                    evidence=evidence,
+                )
+        # 3. a loop one side left: the break/return that ended it, and its condition
+        if common and alt_stack:
+            shared = stack[common - 1]
+            alt_frame = alt_stack[common - 1]
+            for inside, outside, inside_ranks, outside_ranks in (
+                (shared, alt_frame, made, other),
+                (alt_frame, shared, other, made),
+            ):
+                for loop in source.enclosing_loops(inside.file, inside.line):
+                    if source.contains(loop, outside.line):
+                        break  # both sides are in this loop: it is not the one left
+                    exits = [
+                        g
+                        for g in source.conditional_exits(inside.file, loop)
+                        if g.statement in ("break", "return")
+                    ]
+                    if exits:
+                        break
+                else:
+                    exits = []
+                if exits:
+                    guard = exits[-1]
+                    cause = _cause_of_exit(guard.kind)
+                    where = self.site(Frame(inside.file, guard.line, ""))
+                    evidence.append(
+                        f"{_who(outside_ranks)} left the loop at "
+                        f"{self.site(Frame(inside.file, loop.lineno, ''))} through `{guard.statement}`"
+                        f" under `if {guard.text}` at {where}; "
+                        f"{_who(inside_ranks)} stayed in it"
+                    )
+                    message = (
+                        f"{_who(outside_ranks)} and "
+                        f"{_who(inside_ranks)} decided differently at `if "
+                        f"{guard.text}` ({where})"
+                    )
+                    if cause == "unsynchronized-decision":
+                        message += ": its value differs per rank and was never synchronised"
+                    return self.finding(
+                        cause,
+                        message,
+                        ranks=outside_ranks,
+                        absent_ranks=inside_ranks,
+                        op=call.op,
+                        site=where,
+                        evidence=evidence,
+                    )
+        # 4. nothing in the source explains it: report the place, plainly
+        return self.finding(
+            "rank-conditional-collective",
+            f"{_who(made)} called {call.op} at {self.site(call.site)}; "
+            f"{_who(other)} did something else at that point",
+            ranks=made,
+            absent_ranks=other,
+            op=call.op,
+            site=self.site(call.site),
+            evidence=evidence,
+        )
+
+    def current_stack(self, rank: int) -> list[Frame]:
+        """Where a rank is now, outermost first: its py-spy stack, else its last call."""
+        stack = self.ev.stacks.get(rank)
+        if stack is not None and stack.main is not None:
+            return [f for f in reversed(stack.main.frames) if _is_user(f.file)]
+        trace = self.ev.traces.get(rank)
+        if trace and trace.calls:
+            return trace.calls[-1].user_stack
+        return []
+
+    def explain_stall_without_divergence(self) -> Finding:
+        """Every rank agrees on its history so far and nothing moves."""
+        lasts = {r: t.calls[-1] for r, t in self.ev.traces.items() if t.calls}
+        stacks = self.ev.stacks
+        late = [r for r, s in stacks.items() if s.threads and not s.in_collective]
+        if late and len(late) < len(stacks):
+            waiting = sorted(r for r in stacks if r not in late)
+            call = lasts.get(waiting[0])
+            return Finding(
+                cause="straggler",
+                severity=Severity.ERROR,
+                message=(
+                    f"{_who(waiting)} waited in a collective for {_who(late)}, busy outside any collective"
+                ),
+                ranks=waiting,
+                absent_ranks=late,
+                op=call.op if call else None,
+                site=self.site(call.site if call else None),
+                evidence=[f"rank {r}: {self.frames_text(r)}" for r in late],
+                fix=self.fix("straggler"),
+            )
+        call = next(iter(lasts.values()), None)
+        frozen = [r for r, s in stacks.items() if s.status in ("stopped", "tracing-stop", "disk-sleep")]
+        evidence = [f"every rank's last call: {self.describe_call(call)}"]
+        if frozen:
+            evidence.append(f"{_who(frozen)} are frozen (process state stopped)")
+        return Finding(
+            cause="transport-hang",
+            severity=Severity.ERROR,
+            message=(
+                f"every rank is in the same {call.op if call else 'collective'} at "
+                f"{self.site(call.site if call else None)} and nothing has moved for "
+                f"{self.ev.stall_seconds:.0f} s: the code is aligned, the transport is not"
+            ),
+            ranks=sorted(lasts),
+            absent_ranks=[],
+            op=call.op if call else None,
+            site=self.site(call.site if call else None),
+            evidence=evidence,
+            fix=self.fix("transport-hang"),
+        )
+
+    # -- warnings ----------------------------------------------------------------------
+
+    def warnings(self, errors: list[Finding]) -> list[Finding]:
+        causes = {f.cause for f in errors}
+        found: list[Finding] = []
+        if self.ev.world_size > 1 and "missing-distributed-sampler" not in causes:
+            loaders: dict[str, set[str]] = {}
+            for trace in self.ev.traces.values():
+                for loader_pass in trace.eval_passes:
+                    if not loader_pass.distributed_sampler:
+                        loaders.setdefault(loader_pass.loader, set()).add(str(loader_pass.sampler))
+            overlap = self.eval_samples_overlap()
+            for loader, samplers in sorted(loaders.items()):
+                effect = (
+                    "the ranks evaluate the same samples, so metrics count them more than once"
+                    if overlap
+                    else "its per-rank shards are made by hand and nothing keeps their lengths equal"
+                )
+                found.append(
+                    Finding(
+                        cause="missing-distributed-sampler",
+                        severity=Severity.WARNING,
+                        message=(
+                            f"eval loader {loader} has no DistributedSampler "
+                            f"({', '.join(sorted(samplers))}): {effect}"
+                        ),
+                        fix=self.fix("missing-distributed-sampler"),
+                    )
+                )
+        # complete passes only: a rank that died mid-pass has a partial count
+        counts = {
+            r: sum(p.batches for p in t.eval_passes if p.exhausted)
+            for r, t in self.ev.traces.items()
+            if any(p.exhausted for p in t.eval_passes)
+        }
+        if (
+            len(counts) > 1
+            and len(set(counts.values())) > 1
+            and not causes & {"uneven-eval-batches", "missing-distributed-sampler"}
+        ):
+            found.append(
+                Finding(
+                    cause="uneven-eval-batches",
+                    severity=Severity.WARNING,
+                    message=(
+                        "eval loaders yield different numbers of batches per rank: "
+                        + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
+                        + "; a per-batch collective in the eval loop would hang"
+                    ),
+                    ranks=sorted(counts),
+                    fix=self.fix("uneven-eval-batches"),
+                )
+            )
+        return found
+
+
+def _cause_of_exit(condition_kind: str) -> str:
+    """The cause an early exit or skip names, by what its condition reads."""
+    return {
+        source.RANK: "rank-early-exit",
+        source.DATA: "data-dependent-branch",
+    }.get(condition_kind, "unsynchronized-decision")
+
+
+def _who(ranks: list[int]) -> str:
+    """'rank 0' or 'ranks 1-3': how a sentence names ranks."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+def _shapes_text(shapes: list[list[int]]) -> str:
+    """[[8], [8], [8]] -> '[8] x3'; [[2], [4, 4]] -> '[2], [4, 4]'."""
+    if not shapes:
+        return ""
+    texts = ["[" + ", ".join(map(str, shape)) + "]" for shape in shapes]
+    if len(set(texts)) == 1 and len(texts) > 1:
+        return f"{texts[0]} x{len(texts)}"
+    return ", ".join(texts)
+
+
+def _collapse(lines: list[str]) -> list[str]:
+    """'rank 1: X', 'rank 2: X' -> 'ranks 1-2: X'."""
+    groups: dict[str, list[int]] = {}
+    for line in lines:
+        head, _, text = line.partition(": ")
+        rank = int(head.split()[-1])
+        groups.setdefault(text, []).append(rank)
+    return [f"rank{'s' if len(r) > 1 else ''} {format_ranks(r)}: {text}" for text, r in groups.items()]
+
+
+def _signal_name(code: int | None) -> str | None:
+    import signal
+
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return None
+
+
+def _is_user(path: str) -> bool:
+    from ncclcheck.record.frames import is_user_file
+
+    return is_user_file(path)
+
+
+def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Report:
+    return Diagnoser(evidence, catalogue).report()

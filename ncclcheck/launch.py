@@ -1,0 +1,294 @@
+"""Launching a dry run through torch.distributed.run, watching it, reaping it.
+
+The ranks are torchrun's own (its rendezvous, its agent); each runs
+``ncclcheck.record.bootstrap`` in front of the user's script. The watchdog
+declares a hang when no rank has written anything for ``stall_timeout``
+seconds, captures every rank's stack then, and stops the job. Whatever the
+outcome, every process the dry run started is gone when ``run_dry`` returns.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ncclcheck.proctree import kill_tree
+from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
+from ncclcheck.record.recorder import (
+    ENV_DRY_RUN,
+    ENV_EVAL_PASSES,
+    ENV_MAX_TRAIN_PASSES,
+    ENV_TRACE_DIR,
+    ENV_TRAIN_STEPS,
+)
+from ncclcheck.stacks import ProcessStack, dump_stacks
+from ncclcheck.traces import TRACE_GLOB
+
+
+@dataclass
+class TorchrunOptions:
+    """torchrun's launch options, with torchrun's names (CONTRACT.md)."""
+
+    nproc_per_node: int = 2
+    nnodes: str = "1"
+    node_rank: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def argv(self) -> list[str]:
+        args = [f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}"]
+        rendezvous = (self.rdzv_backend, self.rdzv_endpoint, self.master_addr, self.master_port)
+        if not any(value is not None for value in rendezvous) and self.nnodes in ("1", "1:1"):
+            args.append("--standalone")  # a free port on localhost, nothing shared
+        for flag, value in (
+            ("--node-rank", self.node_rank),
+            ("--rdzv-backend", self.rdzv_backend),
+            ("--rdzv-endpoint", self.rdzv_endpoint),
+            ("--rdzv-id", self.rdzv_id),
+            ("--master-addr", self.master_addr),
+            ("--master-port", self.master_port),
+        ):
+            if value is not None:
+                args.append(f"{flag}={value}")
+        return args
+
+
+@dataclass
+class DryRunSettings:
+    train_steps: int = 5
+    eval_passes: int = 1
+    max_train_passes: int = 10
+    stall_timeout: float = 15.0
+    probe_timeout: float = 30.0  # 0 skips the rendezvous check-in
+    total_timeout: float = 600.0
+
+
+@dataclass
+class Progress:
+    ranks_up: int = 0
+    records: int = 0
+    elapsed: float = 0.0
+
+
+@dataclass
+class LaunchResult:
+    trace_dir: Path
+    log_path: Path
+    returncode: int | None  # torchrun's; None when the dry run was stopped
+    stalled: bool = False
+    stall_seconds: float = 0.0
+    interrupted: bool = False
+    timed_out: bool = False
+    elapsed: float = 0.0
+    stacks: dict[int, ProcessStack] = field(default_factory=dict)  # by rank
+    rank_exits: dict[int, int] = field(default_factory=dict)  # by rank, from torchrun's summary
+    first_failure: int | None = None  # the rank torchrun names as the root cause
+    probe_failed: bool = False
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The end of what the ranks printed, without torchrun's own log lines.
+
+        torchrun's failure summary follows the ranks' output, so everything from
+        its first error line on is dropped; lines every rank printed alike appear once.
+        """
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        kept: list[str] = []
+        for line in text.splitlines():
+            if _TORCHRUN_ERROR.match(line):
+                break
+            if _TORCHRUN_LINE.match(line) or not line.strip() or line in kept:
+                continue
+            kept.append(line)
+        return "\n".join(kept[-lines:])
+
+
+def private_trace_dir(parent: str | None = None) -> Path:
+    return Path(tempfile.mkdtemp(prefix="ncclcheck-", dir=parent))
+
+
+def _trace_size(trace_dir: Path) -> tuple[int, int]:
+    files = sizes = 0
+    for path in trace_dir.glob(TRACE_GLOB):
+        try:
+            sizes += path.stat().st_size
+            files += 1
+        except OSError:
+            pass
+    return files, sizes
+
+
+_TORCHRUN_LINE = re.compile(r"^([WI]\d{4} \d\d:\d\d|\*{5}|Setting OMP_NUM_THREADS)")
+_TORCHRUN_ERROR = re.compile(r"^E\d{4} \d\d:\d\d")
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def parse_torchrun_failures(log: str) -> tuple[dict[int, int], int | None]:
+    """Exit codes per rank and the root-cause rank from torchrun's failure summary."""
+    exits = {int(rank): int(code) for rank, code in _FAILURE.findall(log)}
+    first = None
+    root = log.split("Root Cause (first observed failure):", 1)
+    if len(root) == 2:
+        match = _FAILURE.search(root[1])
+        if match:
+            first = int(match.group(1))
+    return exits, first
+
+
+def _last_record_kind(path: Path) -> str | None:
+    import json
+
+    try:
+        with path.open("rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 4096))
+            lines = handle.read().splitlines()
+        return str(json.loads(lines[-1])["t"]) if lines else None
+    except (OSError, ValueError, KeyError, IndexError):
+        return None
+
+
+def _all_quiet_ranks_finished(trace_dir: Path) -> bool:
+    kinds = [_last_record_kind(path) for path in trace_dir.glob(TRACE_GLOB)]
+    return bool(kinds) and all(kind in ("destroy", "exit") for kind in kinds)
+
+
+def _rank_pids(trace_dir: Path) -> dict[int, int]:
+    """rank -> pid, from each trace's hello line."""
+    import json
+
+    pids: dict[int, int] = {}
+    for path in trace_dir.glob(TRACE_GLOB):
+        try:
+            with path.open(encoding="utf-8") as handle:
+                hello = json.loads(handle.readline())
+            pids[int(hello["rank"])] = int(hello["pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return pids
+
+
+def run_dry(
+    script: str,
+    script_args: list[str],
+    torchrun: TorchrunOptions,
+    settings: DryRunSettings,
+    trace_dir: Path,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> LaunchResult:
+    trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = trace_dir / "torchrun.log"
+    env = {
+        **os.environ,
+        ENV_TRACE_DIR: str(trace_dir),
+        ENV_TRAIN_STEPS: str(settings.train_steps),
+        ENV_EVAL_PASSES: str(settings.eval_passes),
+        ENV_MAX_TRAIN_PASSES: str(settings.max_train_passes),
+        ENV_PROBE_TIMEOUT: str(settings.probe_timeout),
+        ENV_DRY_RUN: "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *torchrun.argv(),
+        "--module",
+        "ncclcheck.record.bootstrap",
+        script,
+        *script_args,
+    ]
+    start = time.monotonic()
+    result = LaunchResult(trace_dir, log_path, None)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as log:
+        # A session of its own: Ctrl-C in the terminal reaches ncclcheck, which
+        # then stops the dry run itself, instead of racing torchrun's handlers.
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+    interrupted = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if on_main_thread:
+        for sig in previous:
+            signal.signal(sig, lambda *_: interrupted.set())
+    try:
+        _watch(proc, result, settings, trace_dir, start, interrupted, on_progress)
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc.pid)
+        proc.wait(timeout=30)
+        # torchrun's ranks may outlive it (own sessions): reap them by the pids they wrote.
+        for pid in _rank_pids(trace_dir).values():
+            kill_tree(pid)
+        if on_main_thread:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    result.elapsed = time.monotonic() - start
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    result.rank_exits, result.first_failure = parse_torchrun_failures(log_text)
+    result.probe_failed = any(code == PROBE_FAILED_EXIT for code in result.rank_exits.values())
+    return result
+
+
+def _watch(
+    proc: subprocess.Popen[bytes],
+    result: LaunchResult,
+    settings: DryRunSettings,
+    trace_dir: Path,
+    start: float,
+    interrupted: threading.Event,
+    on_progress: Callable[[Progress], None] | None,
+) -> None:
+    last_size = (-1, -1)
+    last_progress = time.monotonic()
+    while True:
+        returncode = proc.poll()
+        if returncode is not None:
+            result.returncode = returncode
+            return
+        now = time.monotonic()
+        size = _trace_size(trace_dir)
+        if size != last_size:
+            last_size, last_progress = size, now
+        if on_progress is not None:
+            on_progress(Progress(ranks_up=size[0], records=size[1], elapsed=now - start))
+        if interrupted.is_set():
+            result.interrupted = True
+            return
+        if now - start > settings.total_timeout:
+            result.timed_out = True
+            return
+        if now - last_progress > settings.stall_timeout and _all_quiet_ranks_finished(trace_dir):
+            # every rank that is still running has left distributed work behind
+            # (destroyed its process group): slow, perhaps, but it cannot hang on a peer
+            last_progress = now
+        elif now - last_progress > settings.stall_timeout:
+            result.stalled = True
+            result.stall_seconds = now - last_progress
+            pids = _rank_pids(trace_dir)
+            by_pid = dump_stacks(list(pids.values()), timeout=10.0)
+            result.stacks = {rank: by_pid[pid] for rank, pid in pids.items() if pid in by_pid}
+            return
+        interrupted.wait(0.2)

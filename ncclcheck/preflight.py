@@ -1,0 +1,199 @@
+"""preflight: check inputs, launch the dry run, diagnose, hand a Report back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncclcheck.diagnose import Evidence, diagnose
+from ncclcheck.errors import InputError, UsageError
+from ncclcheck.launch import (
+    DryRunSettings,
+    LaunchResult,
+    Progress,
+    TorchrunOptions,
+    private_trace_dir,
+    run_dry,
+)
+from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
+from ncclcheck.traces import RankTrace, load_traces
+
+
+@dataclass
+class PreflightOutcome:
+    report: Report
+    trace_dir: Path
+    launch: LaunchResult | None
+
+
+def check_script(script: str) -> Path:
+    path = Path(script)
+    if not path.exists():
+        raise InputError(f"{script}: no such file")
+    if path.is_dir():
+        raise InputError(f"{script}: is a directory, not a Python script")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{script}: cannot read it ({exc})") from None
+    try:
+        compile(text, str(path), "exec")
+    except SyntaxError as exc:
+        raise InputError(
+            f"{script}:{exc.lineno}: syntax error: {exc.msg}",
+            hint="Nothing was launched; fix the script first.",
+        ) from None
+    return path
+
+
+def run_preflight(
+    script: str,
+    script_args: list[str],
+    torchrun: TorchrunOptions,
+    settings: DryRunSettings,
+    trace_dir: Path | None = None,
+    keep_traces: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> PreflightOutcome:
+    if torchrun.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, not {torchrun.nproc_per_node}")
+    check_script(script)
+    own_dir = trace_dir is None
+    folder = private_trace_dir() if trace_dir is None else trace_dir
+    if not own_dir:
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            probe = folder / ".ncclcheck-write-test"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise InputError(f"{folder}: trace directory is not writable ({exc.strerror})") from None
+    try:
+        launch = run_dry(script, script_args, torchrun, settings, folder, on_progress)
+        report = report_from(folder, launch)
+    finally:
+        if own_dir and not keep_traces:
+            shutil.rmtree(folder, ignore_errors=True)
+    return PreflightOutcome(report, folder, launch)
+
+
+def report_from(folder: Path, launch: LaunchResult | None) -> Report:
+    traces = load_traces(folder)
+    if not traces:
+        tail = launch.log_tail(8) if launch else ""
+        raise InputError(
+            "no rank started: torchrun failed before running the script" + (f"\n{tail}" if tail else ""),
+        )
+    world = max(t.world_size for t in traces.values())
+    _refuse_what_cannot_be_checked(traces, launch)
+
+    evidence = Evidence(
+        traces=traces,
+        world_size=world,
+        # From traces alone, a rank whose trace ends without an exit line was stopped
+        # while it ran: the node's preflight saw it hang.
+        stalled=bool(launch.stalled) if launch else any(t.exit is None for t in traces.values()),
+        stall_seconds=launch.stall_seconds if launch else 0.0,
+        stacks=launch.stacks if launch else {},
+        rank_exits=launch.rank_exits if launch else {},
+        first_failure=launch.first_failure if launch else None,
+        stopped=_why_it_stopped(folder, traces, launch),
+    )
+    report = diagnose(evidence)
+    if launch is not None and launch.probe_failed:
+        report.findings.insert(0, _probe_finding(traces, world))
+        report.verdict = Verdict.CRASH
+    if launch is not None and launch.interrupted:
+        report.summary["interrupted"] = "preflight was interrupted; the dry run was stopped"
+    return report
+
+
+def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchResult | None) -> None:
+    """Scripts that never got as far as a process group: exit 2, with what they said."""
+    if any(t.initialised for t in traces.values()) or any(
+        t.probe and not t.probe.get("ok") for t in traces.values()
+    ):
+        return
+    if launch is not None and (launch.stalled or launch.interrupted or launch.timed_out):
+        return
+    exits = [t.exit for t in traces.values() if t.exit]
+    tail = launch.log_tail(6) if launch else ""
+    failed = [e for e in exits if e.get("how") in ("exception", "sys.exit") and e.get("code")]
+    if failed:
+        error = failed[0].get("error") or f"exit code {failed[0].get('code')}"
+        raise InputError(
+            f"the script failed on every rank before init_process_group: {error}",
+            hint=("Its last output:\n" + tail)
+            if tail
+            else "Does it need arguments? Pass them after the script name.",
+        )
+    raise InputError(
+        "the script never called torch.distributed.init_process_group: no collective to check",
+        hint="preflight checks distributed training scripts; run this one with python directly.",
+    )
+
+
+def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchResult | None) -> str:
+    if launch is None:
+        return f"diagnosed from the traces in {folder}"
+    if launch.interrupted:
+        return "interrupted: the dry run was stopped at the user's request"
+    if launch.stalled:
+        return f"hang: no rank made progress for {launch.stall_seconds:.0f} s; stacks captured, job stopped"
+    if launch.timed_out:
+        return "stopped: the dry run reached its total time limit"
+    stops = {str(t.exit.get("stop")) for t in traces.values() if t.exit and t.exit.get("stop")}
+    if stops:
+        return "; ".join(sorted(stops))
+    hows = {str(t.exit.get("how")) for t in traces.values() if t.exit}
+    if hows == {"returned"}:
+        return "the script ran to its end on every rank"
+    return "the job ended: " + ", ".join(sorted(hows) or ["no exit recorded"])
+
+
+def _probe_finding(traces: dict[int, RankTrace], world: int) -> Finding:
+    failed = [t.probe for t in traces.values() if t.probe and not t.probe.get("ok")]
+    missing = sorted({int(r) for p in failed for r in p.get("missing", [])})
+    present = {int(r): str(v) for p in failed for r, v in p.get("present", {}).items()}
+    hosts = {v.split("|")[1]: v.split("|")[0] for v in present.values() if v.count("|") == 2}
+    evidence = []
+    for rank in missing:
+        trace = traces.get(rank)
+        if trace is not None:
+            evidence.append(f"rank {rank} started on {trace.host} (pid {trace.pid}) but did not check in")
+        else:
+            evidence.append(f"rank {rank} never started its bootstrap")
+    if hosts:
+        evidence.append(
+            "hosts that checked in, by node: " + ", ".join(f"node {g}: {h}" for g, h in sorted(hosts.items()))
+        )
+    return Finding(
+        cause="rank-crashed",
+        severity=Severity.ERROR,
+        message=(
+            f"rendezvous probe: ranks {format_ranks(missing)} of {world} never checked in "
+            f"before the training script started"
+        ),
+        ranks=sorted(present),
+        absent_ranks=missing,
+        evidence=evidence,
+        fix="Check that every node runs the same command with the same rendezvous options, "
+        "and that the missing ranks' processes start (their log shows why not).",
+    )
+
+
+def default_nproc() -> int:
+    """The number of visible GPUs, or 2 where there are none (CONTRACT.md)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 2
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:
+        count = 0
+    return count if count > 0 else 2

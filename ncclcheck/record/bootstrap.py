@@ -1,0 +1,239 @@
+"""The rank bootstrap: torchrun runs ``python -m ncclcheck.record.bootstrap SCRIPT ARGS``.
+
+It installs the recorder, checks in with the other ranks through torchrun's
+rendezvous store (a rank that never arrives is named instead of hanging), then
+runs the user's script as ``__main__`` with its arguments, working directory
+and ``sys.path[0]`` as ``python SCRIPT ARGS`` would have them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import runpy
+import sys
+import time
+import traceback
+from typing import Any
+
+from ncclcheck.record import frames
+from ncclcheck.record.recorder import (
+    COLLECTIVES,
+    ENV_EVAL_PASSES,
+    ENV_MAX_TRAIN_PASSES,
+    ENV_TRACE_DIR,
+    ENV_TRAIN_STEPS,
+    P2P,
+    DryRunComplete,
+    Recorder,
+)
+
+ENV_PROBE_TIMEOUT = "NCCLCHECK_PROBE_TIMEOUT"
+PROBE_FAILED_EXIT = 75  # a rank whose peers never checked in
+
+
+def install(recorder: Recorder) -> None:
+    """Patch torch so that every collective, DDP bucket, phase change and batch is recorded."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+
+    for op in (*COLLECTIVES, *P2P):
+        original = getattr(dist, op, None) or getattr(c10d, op, None)
+        if original is None or hasattr(original, "__ncclcheck_wrapped__"):
+            continue
+        wrapped = recorder.wrap_collective(op, original)
+        # Both namespaces: users call dist.x; torch's own helpers call c10d.x.
+        for module in (dist, c10d):
+            if getattr(module, op, None) is original:
+                setattr(module, op, wrapped)
+
+    original_init = dist.init_process_group
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original_init(*args, **kwargs)
+        recorder.write(
+            {
+                "t": "init",
+                "backend": str(dist.get_backend()),
+                "world_size": dist.get_world_size(),
+                "time": time.time(),
+            }
+        )
+        return result
+
+    dist.init_process_group = init_process_group
+    c10d.init_process_group = init_process_group
+
+    original_destroy = dist.destroy_process_group
+
+    def destroy_process_group(group: Any = None) -> Any:
+        if group is None:  # the whole job: this rank can no longer wait on a collective
+            recorder.write({"t": "destroy", "time": time.time()})
+        return original_destroy(group)
+
+    dist.destroy_process_group = destroy_process_group
+    c10d.destroy_process_group = destroy_process_group
+
+    original_train = nn.Module.train
+    in_train = [False]
+
+    def train(self: nn.Module, mode: bool = True) -> nn.Module:
+        if in_train[0]:  # train() recurses into children: only the outermost call counts
+            return original_train(self, mode)
+        in_train[0] = True
+        try:
+            result = original_train(self, mode)
+        finally:
+            in_train[0] = False
+        recorder.set_module_mode(bool(mode))
+        return result
+
+    nn.Module.train = train
+
+    original_iter = DataLoader.__iter__
+
+    def dataloader_iter(self: DataLoader[Any]) -> Any:
+        return recorder.track(self, original_iter(self), sys._getframe(1))
+
+    DataLoader.__iter__ = dataloader_iter
+
+    original_ddp_init = DistributedDataParallel.__init__
+    original_register = DistributedDataParallel.register_comm_hook
+
+    def ddp_init(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+        original_ddp_init(self, *args, **kwargs)
+        # DDP checks a hook's annotations; a lambda has none to trip over.
+        original_register(self, self, lambda state, bucket: recorder.ddp_hook(state, bucket))
+        self.__dict__["_ncclcheck_user_hook"] = None
+
+    def register_comm_hook(self: DistributedDataParallel, state: Any, hook: Any) -> None:
+        if "_ncclcheck_user_hook" in self.__dict__:
+            self.__dict__["_ncclcheck_user_hook"] = (state, hook)  # our hook calls it
+        else:
+            original_register(self, state, hook)
+
+    DistributedDataParallel.__init__ = ddp_init
+    DistributedDataParallel.register_comm_hook = register_comm_hook
+
+    original_backward = torch.autograd.backward
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        recorder.note_backward(sys._getframe(1))
+        recorder.in_backward += 1
+        try:
+            return original_backward(*args, **kwargs)
+        finally:
+            recorder.in_backward -= 1
+
+    torch.autograd.backward = backward
+
+
+def check_in(recorder: Recorder, timeout_s: float) -> None:
+    """Every rank announces itself in torchrun's store and waits for all the others.
+
+    Ranks that never arrive are named with the host their node's other ranks
+    reported, instead of the first collective hanging on them.
+    """
+    from torch.distributed import TCPStore
+
+    env = os.environ
+    world = int(env["WORLD_SIZE"])
+    rank = int(env["RANK"])
+    run = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    prefix = f"ncclcheck/{run}/checkin/"
+    store = TCPStore(
+        env["MASTER_ADDR"],
+        int(env["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    me = f"{os.uname().nodename}|{env.get('GROUP_RANK', '0')}|{os.getpid()}"
+    store.set(prefix + str(rank), me)
+    keys = [prefix + str(r) for r in range(world)]
+    start = time.time()
+    try:
+        store.wait(keys, datetime.timedelta(seconds=timeout_s))
+    except Exception:
+        present = {
+            r: store.get(prefix + str(r)).decode() for r in range(world) if store.check([prefix + str(r)])
+        }
+        missing = [r for r in range(world) if r not in present]
+        recorder.write(
+            {
+                "t": "probe",
+                "ok": False,
+                "missing": missing,
+                "present": {str(r): v for r, v in present.items()},
+                "waited": time.time() - start,
+            }
+        )
+        recorder.close()
+        print(
+            f"ncclcheck: ranks {missing} never checked in within {timeout_s:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(PROBE_FAILED_EXIT)
+    recorder.write({"t": "probe", "ok": True, "waited": time.time() - start})
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        print("usage: python -m ncclcheck.record.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        sys.exit(2)
+    script = os.path.abspath(sys.argv[1])
+    env = os.environ
+    rank = int(env.get("RANK", "0"))
+    recorder = Recorder(
+        env[ENV_TRACE_DIR],
+        rank,
+        train_steps=int(env.get(ENV_TRAIN_STEPS, "5")),
+        eval_passes=int(env.get(ENV_EVAL_PASSES, "1")),
+        max_train_passes=int(env.get(ENV_MAX_TRAIN_PASSES, "10")),
+    )
+    recorder.hello(script)
+    frames.add_user_root(os.path.dirname(script))
+    install(recorder)
+    probe_timeout = float(env.get(ENV_PROBE_TIMEOUT, "0"))
+    if probe_timeout > 0:
+        check_in(recorder, probe_timeout)
+
+    # As `python SCRIPT ARGS` would: argv, sys.path[0] is the script's folder.
+    sys.argv = [script, *sys.argv[2:]]
+    sys.path[0] = os.path.dirname(script)
+    try:
+        runpy.run_path(script, run_name="__main__")
+        recorder.exit("returned", 0)
+    except DryRunComplete:
+        recorder.exit("dry-run-complete", 0)
+        recorder.close()
+        # Skip atexit hooks and destructors: they may issue collectives of their own.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        recorder.exit("sys.exit", code)
+        raise
+    except BaseException as exc:
+        recorder.exit("exception", 1, error=_describe_exception(exc))
+        raise
+    finally:
+        recorder.close()
+
+
+def _describe_exception(exc: BaseException) -> str:
+    where = ""
+    for summary in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frames.is_user_file(summary.filename):
+            where = f" at {summary.filename}:{summary.lineno} in {summary.name}"
+            break
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+if __name__ == "__main__":
+    main()

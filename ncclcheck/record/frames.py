@@ -1,0 +1,78 @@
+"""Which frames are the user's own code: the first frame outside the standard
+library, installed packages (torch, accelerate, lightning, transformers, ...)
+and ncclcheck itself. Decided once per code object, so the hot path is one dict
+lookup per frame."""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+from types import CodeType, FrameType
+
+import ncclcheck
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots: set[str] = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    for path in [*site.getsitepackages(), site.getusersitepackages()]:
+        roots.add(os.path.realpath(path))
+    roots.add(os.path.realpath(os.path.dirname(ncclcheck.__file__)))
+    for name in (
+        "torch",
+        "accelerate",
+        "lightning",
+        "pytorch_lightning",
+        "transformers",
+        "torchmetrics",
+        "deepspeed",
+    ):
+        module = sys.modules.get(name)
+        module_file = getattr(module, "__file__", None) if module is not None else None
+        if module_file:
+            roots.add(os.path.realpath(os.path.dirname(module_file)))
+    return tuple(sorted(root + os.sep for root in roots))
+
+
+_ROOTS = _library_roots()
+_USER_ROOTS: tuple[str, ...] = ()
+_IS_USER: dict[CodeType, bool] = {}
+
+
+def add_user_root(folder: str) -> None:
+    """Count ``folder`` as user code even inside site-packages (the script's own folder)."""
+    global _USER_ROOTS
+    _USER_ROOTS = (*_USER_ROOTS, os.path.realpath(folder) + os.sep)
+    _IS_USER.clear()
+
+
+def is_user_file(filename: str) -> bool:
+    if filename.startswith("<"):
+        return False
+    real = os.path.realpath(filename)
+    if _USER_ROOTS and real.startswith(_USER_ROOTS):
+        return True
+    return not real.startswith(_ROOTS)
+
+
+def is_user_code(code: CodeType) -> bool:
+    known = _IS_USER.get(code)
+    if known is None:
+        known = _IS_USER[code] = is_user_file(code.co_filename)
+    return known
+
+
+def user_frames(frame: FrameType | None, limit: int = 24) -> list[tuple[str, int, str]]:
+    """The user's frames from ``frame`` outwards, innermost first: (file, line, function)."""
+    found: list[tuple[str, int, str]] = []
+    while frame is not None and len(found) < limit:
+        code = frame.f_code
+        if is_user_code(code):
+            found.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    return found

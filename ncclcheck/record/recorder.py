@@ -1,0 +1,575 @@
+"""The recorder that runs inside each rank of a dry run.
+
+It wraps the public collectives of torch.distributed (object collectives and
+p2p included), DDP's gradient buckets (through a comm hook) and buffer
+broadcasts, follows phases (Module.train()/eval(), grad mode) and DataLoader
+passes, and writes one JSON line per event to this rank's trace file *before*
+the collective runs: a rank that aborts or is killed inside a collective still
+leaves its record. It also enforces the dry-run budget (a few train steps per
+pass, every eval pass in full, an aligned stop).
+
+Trace lines (``"t"`` is the kind):
+
+- ``hello``: rank, local_rank, world_size, group_rank, host, pid, script
+- ``init``: the process group was initialised (backend)
+- ``call``: one collective: n (per rank), op, group, group_ranks, seq (per
+  group), shapes, dtypes, device, async, phase, loader position, site, stack
+- ``pass``: a DataLoader pass started or ended (name, role, len, sampler, batches)
+- ``batch``: a batch was drawn (loader name, pass, index): progress and position
+- ``phase``: the phase changed (train/eval)
+- ``exit``: how the user's script ended
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ncclcheck.record.frames import is_user_code, user_frames
+
+# Every public collective and p2p operation of torch.distributed that a user or
+# a library calls through the module. Object collectives call tensor
+# collectives inside; those inner calls are not recorded twice (see _Depth).
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "_broadcast_coalesced",  # DDP's parameter and buffer broadcasts
+)
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+ENV_TRACE_DIR = "NCCLCHECK_TRACE_DIR"
+ENV_TRAIN_STEPS = "NCCLCHECK_TRAIN_STEPS"
+ENV_EVAL_PASSES = "NCCLCHECK_EVAL_PASSES"
+ENV_MAX_TRAIN_PASSES = "NCCLCHECK_MAX_TRAIN_PASSES"
+ENV_DRY_RUN = "NCCLCHECK_DRY_RUN"
+
+_EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
+
+
+class DryRunComplete(BaseException):
+    """Raised on every rank at the same logical point to end the dry run.
+
+    A BaseException, so that a script's ``except Exception`` does not swallow it.
+    """
+
+
+class _Depth(threading.local):
+    inside = 0  # > 0 while a recorded collective (or DDP hook) runs on this thread
+
+
+def _describe_group(group: Any) -> tuple[str, list[int]]:
+    import torch.distributed as dist
+
+    resolved = group if group is not None else dist.group.WORLD
+    try:
+        name = str(resolved.group_name)
+    except Exception:  # a group object of another kind
+        name = repr(resolved)
+    try:
+        ranks = list(dist.get_process_group_ranks(resolved))
+    except Exception:
+        ranks = []
+    return name, ranks
+
+
+def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]], depth: int = 0) -> None:
+    """(shape, dtype, device) of the tensors in a call's arguments (lists of lists too)."""
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        facts.append((tuple(values.shape), str(values.dtype)[6:], values.device.type))
+    elif isinstance(values, (list, tuple)) and depth < 2:
+        for value in values:
+            _tensor_signature(value, facts, depth + 1)
+
+
+class Recorder:
+    """One per rank process. Thread-safe: DDP hooks may run on autograd threads."""
+
+    def __init__(
+        self, trace_dir: str, rank: int, train_steps: int, eval_passes: int, max_train_passes: int
+    ) -> None:
+        os.makedirs(trace_dir, mode=0o700, exist_ok=True)
+        path = os.path.join(trace_dir, f"rank-{rank:05d}.jsonl")
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
+        self._lock = threading.Lock()
+        self._depth = _Depth()
+        self.rank = rank
+        self.train_steps = train_steps
+        self.eval_passes = eval_passes
+        self.max_train_passes = max_train_passes
+        self._calls = 0
+        self._group_seq: dict[str, int] = {}
+        self._group_cache: dict[int, tuple[str, list[int]]] = {}
+        self._module_eval = False
+        self._phase = "train"
+        self._loader_names: dict[int, str] = {}
+        self._position: dict[str, Any] | None = None  # the loader batch being processed
+        self._eval_passes_done = 0
+        self._train_passes = 0
+        self._backward_site: list[tuple[str, int, str]] = []
+        self._static: dict[tuple[Any, ...], str] = {}
+        self._group_names: dict[int, str] = {}
+        self._position_json = ""
+        self.in_backward = 0  # autograd runs with grad mode off: that is not evaluation
+        self.stop_reason: str | None = None
+
+    # -- writing -----------------------------------------------------------------
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            os.write(self._fd, line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+    def hello(self, script: str) -> None:
+        env = os.environ
+        self.write(
+            {
+                "t": "hello",
+                "rank": self.rank,
+                "local_rank": int(env.get("LOCAL_RANK", "0")),
+                "world_size": int(env.get("WORLD_SIZE", "1")),
+                "group_rank": int(env.get("GROUP_RANK", "0")),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "script": script,
+                "time": time.time(),
+            }
+        )
+
+    def exit(self, how: str, code: int, error: str | None = None) -> None:
+        record: dict[str, Any] = {
+            "t": "exit",
+            "how": how,
+            "code": code,
+            "time": time.time(),
+            "phase": self.phase,
+            "calls": self._calls,
+        }
+        if error:
+            record["error"] = error
+        if self.stop_reason:
+            record["stop"] = self.stop_reason
+        self.write(record)
+
+    # -- phases ------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        import torch
+
+        if self._module_eval:
+            return "eval"
+        return "eval" if not (self.in_backward or torch.is_grad_enabled()) else "train"
+
+    def _note_phase(self) -> str:
+        phase = self.phase
+        if phase != self._phase:
+            self._phase = phase
+            self.write({"t": "phase", "phase": phase, "time": time.time()})
+        return phase
+
+    def set_module_mode(self, training: bool) -> None:
+        self._module_eval = not training
+        self._note_phase()
+
+    # -- collectives ---------------------------------------------------------------
+
+    def _group(self, group: Any) -> tuple[str, list[int]]:
+        key = id(group)
+        cached = self._group_cache.get(key)
+        if cached is None:
+            cached = self._group_cache[key] = _describe_group(group)
+        return cached
+
+    def record_call(
+        self,
+        op: str,
+        group: Any,
+        tensors: Any,
+        async_op: bool,
+        source: str,
+        caller: Any,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Write one call line before the collective runs.
+
+        The hot path of the dry run: everything that repeats from call to call
+        (the stack, the group, shapes, phase) is encoded once per distinct call
+        and cached; a call costs a frame walk, a dict lookup and one write.
+        """
+        frame_key: list[tuple[Any, int]] = []
+        frame = caller
+        while frame is not None and len(frame_key) < 64:
+            frame_key.append((frame.f_code, frame.f_lineno))
+            frame = frame.f_back
+        facts: list[tuple[tuple[int, ...], str, str]] = []
+        _tensor_signature(tensors, facts)
+        phase = self._note_phase()
+        key = (
+            op,
+            id(group),
+            tuple(frame_key),
+            tuple(facts),
+            async_op,
+            source,
+            phase,
+            None if extra is None else tuple(sorted(extra.items())),
+        )
+        static = self._static.get(key)
+        if static is None:
+            static = self._encode_static(key, op, group, facts, async_op, source, phase, caller, extra)
+        with self._lock:
+            self._calls += 1
+            name = self._group_names[id(group)]
+            seq = self._group_seq.get(name, 0)
+            self._group_seq[name] = seq + 1
+            line = (
+                f'{{"t":"call","n":{self._calls},"seq":{seq},"time":{time.time():.6f}'
+                f"{self._position_json}{static}}}\n"
+            )
+            os.write(self._fd, line.encode())
+
+    def _encode_static(
+        self,
+        key: tuple[Any, ...],
+        op: str,
+        group: Any,
+        facts: list[tuple[tuple[int, ...], str, str]],
+        async_op: bool,
+        source: str,
+        phase: str,
+        caller: Any,
+        extra: dict[str, Any] | None,
+    ) -> str:
+        frames = user_frames(caller)
+        if not frames and self._backward_site:
+            frames = self._backward_site  # a hook on an autograd thread: the backward() site
+        name, ranks = self._group(group)
+        self._group_names[id(group)] = name
+        fields: dict[str, Any] = {
+            "op": op,
+            "group": name,
+            "group_ranks": ranks,
+            "shapes": [list(shape) for shape, _, _ in facts],
+            "dtypes": [dtype for _, dtype, _ in facts],
+            "device": ",".join(sorted({device for _, _, device in facts})) or "cpu",
+            "async": async_op,
+            "phase": phase,
+            "src": source,
+            "stack": [list(f) for f in reversed(frames)],
+            **(extra or {}),
+        }
+        encoded = "," + json.dumps(fields, separators=(",", ":"))[1:-1]
+        if len(self._static) > 10_000:  # a script that never repeats a call: stay bounded
+            self._static.clear()
+        self._static[key] = encoded
+        return encoded
+
+    def wrap_collective(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        import inspect
+        import sys
+
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):  # a pybind builtin (_broadcast_coalesced)
+            params = []
+        group_index = params.index("group") if "group" in params else None
+        is_p2p = op in P2P
+        peer_names = [p for p in ("dst", "src", "group_dst", "group_src") if p in params]
+        depth = self._depth
+
+        @functools.wraps(fn)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if depth.inside:
+                return fn(*args, **kwargs)
+            group = kwargs.get("group")
+            if group is None and group_index is not None and len(args) > group_index:
+                group = args[group_index]
+            if op == "_broadcast_coalesced" and args:
+                group = args[0]  # (process_group, tensors, buffer_size, src)
+            extra: dict[str, Any] | None = None
+            if is_p2p:
+                extra = {}
+                for peer in peer_names:
+                    position = params.index(peer)
+                    value = kwargs.get(peer, args[position] if len(args) > position else None)
+                    if value is not None:
+                        extra["peer"] = value
+            tensors = list(args) + list(kwargs.values())
+            async_op = bool(kwargs.get("async_op", False))
+            self.record_call(op, group, tensors, async_op, "python", sys._getframe(1), extra)
+            depth.inside += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.inside -= 1
+
+        recorded.__ncclcheck_wrapped__ = fn  # type: ignore[attr-defined]
+        return recorded
+
+    # -- DDP -----------------------------------------------------------------------
+
+    def ddp_hook(self, model: Any, bucket: Any) -> Any:
+        """A comm hook that records the bucket, then does what DDP would have done."""
+        import sys
+
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        buffer = bucket.buffer()
+        self.record_call(
+            "all_reduce",
+            model.process_group,
+            [buffer],
+            True,
+            "ddp",
+            sys._getframe(1),
+            {"bucket": bucket.index()},
+        )
+        user_hook = model.__dict__.get("_ncclcheck_user_hook")
+        self._depth.inside += 1
+        try:
+            if user_hook is not None:
+                state, hook = user_hook
+                return hook(state, bucket)
+            return allreduce_hook(model.process_group, bucket)
+        finally:
+            self._depth.inside -= 1
+
+    def note_backward(self, caller: Any) -> None:
+        self._backward_site = user_frames(caller)
+
+    # -- loaders and the budget ------------------------------------------------------
+
+    def loader_name(self, loader: Any, caller: Any) -> str:
+        key = id(loader)
+        known = self._loader_names.get(key)
+        if known:
+            return known
+        name = None
+        frame = caller
+        for _ in range(8):  # the outermost user frame that names it: where it was made
+            if frame is None:
+                break
+            if is_user_code(frame.f_code):
+                for scope in (frame.f_locals, frame.f_globals):
+                    var = _name_of(loader, scope)
+                    if var is not None:
+                        name = var
+                        break
+            frame = frame.f_back
+        if name is None or name in self._loader_names.values():
+            name = f"{name or 'loader'}#{len(self._loader_names)}"
+        self._loader_names[key] = name
+        return name
+
+    def track(self, loader: Any, iterator: Iterator[Any], caller: Any) -> Iterator[Any]:
+        return _TrackedIterator(self, loader, iterator, self.loader_name(loader, caller))
+
+    def pass_started(self, tracked: _TrackedIterator) -> None:
+        self.write({"t": "pass", "event": "start", **tracked.facts(), "time": time.time()})
+
+    def pass_ended(self, tracked: _TrackedIterator, exhausted: bool) -> None:
+        self._position = None
+        self._position_json = ""
+        if tracked.role == "eval" and exhausted:
+            self._eval_passes_done += 1
+        elif tracked.role == "train":
+            self._train_passes += 1
+        self.write(
+            {
+                "t": "pass",
+                "event": "end",
+                "exhausted": exhausted,
+                **tracked.facts(),
+                "time": time.time(),
+            }
+        )
+
+    def batch_drawn(self, tracked: _TrackedIterator) -> None:
+        self._position = {
+            "loader": tracked.name,
+            "pass": tracked.pass_index,
+            "batch": tracked.index,
+            "role": tracked.role,
+        }
+        self._position_json = ',"pos":' + json.dumps(self._position, separators=(",", ":"))
+        self.write({"t": "batch", **self._position, "phase": self._note_phase(), "time": time.time()})
+
+    def budget_check(self, tracked: _TrackedIterator) -> None:
+        """Called before a train batch is drawn: end the pass or the dry run here."""
+        if tracked.role != "train" or tracked.index < self.train_steps:
+            return
+        if self._eval_passes_done >= self.eval_passes:
+            self.stop_reason = (
+                f"stopped after {self._eval_passes_done} complete eval pass(es) and "
+                f"{self.train_steps} train steps of the next train pass"
+            )
+            raise DryRunComplete(self.stop_reason)
+        if self._train_passes + 1 >= self.max_train_passes:
+            self.stop_reason = (
+                f"stopped after {self.max_train_passes} train passes without a complete eval pass"
+            )
+            raise DryRunComplete(self.stop_reason)
+        raise StopIteration
+
+
+def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
+    """The variable in ``scope`` bound to ``loader``, or to a wrapper of it
+    (accelerate's DataLoaderShard keeps the real loader as ``base_dataloader``)."""
+    for var, value in scope.items():
+        if var.startswith("_") or var == "self":
+            continue
+        if value is loader:
+            return var
+        if "DataLoader" in type(value).__name__ and (getattr(value, "base_dataloader", None) is loader):
+            return var
+    return None
+
+
+_pass_counter = itertools.count()
+
+
+class _TrackedIterator:
+    """Wraps a DataLoader iterator: counts batches, knows its role, applies the budget."""
+
+    def __init__(self, recorder: Recorder, loader: Any, inner: Iterator[Any], name: str) -> None:
+        self._recorder = recorder
+        self._loader = loader
+        self._inner = inner
+        self.name = name
+        self.pass_index = next(_pass_counter)
+        self.index = 0
+        self.role = self._guess_role()
+        self._ended = False
+        recorder.pass_started(self)
+
+    def _guess_role(self) -> str:
+        if self._recorder.phase == "eval":
+            return "eval"
+        lowered = self.name.lower()
+        return "eval" if any(hint in lowered for hint in _EVAL_NAME_HINTS) else "train"
+
+    def facts(self) -> dict[str, Any]:
+        from torch.utils.data.distributed import DistributedSampler
+
+        loader = self._loader
+        sampler = getattr(loader, "sampler", None)
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        inner_sampler = getattr(batch_sampler, "sampler", None)
+        # DistributedSampler, or a framework's own sharding (accelerate's
+        # BatchSamplerShard / IterableDatasetShard, DistributedBatchSampler, ...)
+        distributed = (
+            isinstance(sampler, DistributedSampler)
+            or isinstance(inner_sampler, DistributedSampler)
+            or any(
+                "Shard" in type(part).__name__ or "Distributed" in type(part).__name__
+                for part in (sampler, batch_sampler, getattr(loader, "dataset", None))
+                if part is not None
+            )
+        )
+        try:
+            length: int | None = len(loader)
+        except TypeError:
+            length = None
+        return {
+            "loader": self.name,
+            "pass": self.pass_index,
+            "role": self.role,
+            "batches": self.index,
+            "len": length,
+            "sampler": type(sampler).__name__ if sampler is not None else None,
+            "distributed_sampler": distributed,
+            "dataset": type(getattr(loader, "dataset", None)).__name__,
+            "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
+        }
+
+    def __iter__(self) -> _TrackedIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        if self.role == "train" and self._recorder.phase == "eval":
+            self.role = "eval"  # iterated before model.eval(): the first batch tells
+        try:
+            self._recorder.budget_check(self)
+            batch = next(self._inner)
+        except StopIteration:
+            self._end(exhausted=self.index >= (self._safe_len() or self.index))
+            raise
+        except DryRunComplete:
+            self._end(exhausted=False)
+            raise
+        self.index += 1
+        self._recorder.batch_drawn(self)
+        return batch
+
+    def _safe_len(self) -> int | None:
+        try:
+            return len(self._loader)
+        except TypeError:
+            return None
+
+    def _end(self, exhausted: bool) -> None:
+        if not self._ended:
+            self._ended = True
+            self._recorder.pass_ended(self, exhausted)
+
+
+def _sample_ids(loader: Any, limit: int = 256) -> list[int] | None:
+    """The first dataset indices this rank's eval loader visits, for overlap checks.
+
+    Only for samplers that need no random state (iterating a RandomSampler would
+    change the script's random numbers).
+    """
+    from torch.utils.data import RandomSampler, Subset
+
+    sampler = getattr(loader, "sampler", None)
+    if sampler is None or isinstance(sampler, RandomSampler):
+        return None
+    if getattr(sampler, "shuffle", False) and not hasattr(sampler, "seed"):
+        return None
+    try:
+        indices = list(itertools.islice(iter(sampler), limit))
+    except Exception:
+        return None
+    dataset = getattr(loader, "dataset", None)
+    while isinstance(dataset, Subset):
+        indices = [int(dataset.indices[i]) for i in indices]
+        dataset = dataset.dataset
+    return [int(i) for i in indices]

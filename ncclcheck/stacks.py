@@ -1,0 +1,131 @@
+"""Live Python stacks of rank processes, with py-spy (shared by preflight's
+watchdog and doctor). Dumps run in parallel, each bounded by a timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import psutil
+
+from ncclcheck.errors import InputError, StackPermissionError
+from ncclcheck.model import Frame
+
+# Frames of these files mean "waiting for other ranks".
+_COLLECTIVE_FILES = ("torch/distributed/", "ncclcheck/record/recorder.py")
+_COLLECTIVE_FUNCTIONS = ("_engine_run_backward",)  # DDP's bucket all_reduce waits in backward
+
+
+@dataclass
+class ThreadStack:
+    thread_id: int
+    name: str | None
+    frames: list[Frame]  # innermost first, as py-spy prints them
+    active: bool = False
+
+
+@dataclass
+class ProcessStack:
+    pid: int
+    threads: list[ThreadStack] = field(default_factory=list)
+    status: str = ""  # psutil status: running, sleeping, stopped, zombie, ...
+    error: str | None = None
+
+    @property
+    def main(self) -> ThreadStack | None:
+        for thread in self.threads:
+            if thread.thread_id and thread.name in (None, "MainThread") and thread.frames:
+                return thread
+        return self.threads[0] if self.threads else None
+
+    @property
+    def in_collective(self) -> bool:
+        main = self.main
+        if main is None:
+            return False
+        return any(
+            any(marker in frame.file for marker in _COLLECTIVE_FILES)
+            or frame.function in _COLLECTIVE_FUNCTIONS
+            for frame in main.frames
+        )
+
+
+def find_py_spy() -> str:
+    """py-spy next to this interpreter (a venv's bin), else on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("py-spy")
+    if found is None:
+        raise InputError(
+            "py-spy is not installed or not on PATH",
+            hint="pip install py-spy (ncclcheck depends on it), or put it on PATH.",
+        )
+    return found
+
+
+def dump_stack(
+    pid: int,
+    timeout: float = 10.0,
+    native: bool = False,
+    nonblocking: bool = False,
+    py_spy: str | None = None,
+) -> ProcessStack:
+    argv = [py_spy or find_py_spy(), "dump", "--pid", str(pid), "--json", "--full-filenames"]
+    if native:
+        argv.append("--native")
+    if nonblocking:
+        argv.append("--nonblocking")
+    result = ProcessStack(pid)
+    try:
+        result.status = psutil.Process(pid).status()
+    except psutil.Error:
+        result.status = "gone"
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        result.error = f"py-spy did not answer within {timeout:.0f} s"
+        return result
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        text = message[0] if message else f"py-spy exited with {done.returncode}"
+        if "Permission denied" in done.stderr or "Operation not permitted" in done.stderr:
+            raise StackPermissionError(f"no permission to read the stack of pid {pid}: {text}")
+        result.error = text
+        return result
+    try:
+        data = json.loads(done.stdout)
+    except ValueError:
+        result.error = "py-spy printed something that is not JSON"
+        return result
+    for thread in data:
+        frames = [
+            Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
+            for f in thread.get("frames", [])
+        ]
+        result.threads.append(
+            ThreadStack(
+                int(thread.get("thread_id", 0)),
+                thread.get("thread_name"),
+                frames,
+                bool(thread.get("active", False)),
+            )
+        )
+    return result
+
+
+def dump_stacks(
+    pids: list[int], timeout: float = 10.0, native: bool = False, nonblocking: bool = False
+) -> dict[int, ProcessStack]:
+    """Stacks of every pid, dumped in parallel."""
+    if not pids:
+        return {}
+    py_spy = find_py_spy()
+    with ThreadPoolExecutor(max_workers=min(32, len(pids))) as pool:
+        futures = {pid: pool.submit(dump_stack, pid, timeout, native, nonblocking, py_spy) for pid in pids}
+        return {pid: future.result() for pid, future in futures.items()}

@@ -1,0 +1,315 @@
+"""preflight on real torchrun ranks (gloo, CPU): every playbook, the acceptance
+scripts, bad input, and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import psutil
+import pytest
+
+from ncclcheck.catalogue import load_catalogue
+
+from .conftest import PLAYBOOKS, REPO, run_bounded
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
+PLAYBOOK_IDS = load_catalogue(PLAYBOOKS).ids
+STALL = "6"  # seconds without progress before preflight calls it a hang
+BOUND_S = 150
+
+pytestmark = pytest.mark.ranks
+
+
+def preflight(*args: str, cwd: Path = REPO, bound: float = BOUND_S, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    argv = [
+        sys.executable,
+        "-m",
+        "ncclcheck",
+        "preflight",
+        "--json",
+        "--stall-timeout",
+        STALL,
+        *args,
+    ]
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=bound,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    report = json.loads(proc.stdout) if proc.stdout.strip() else None
+    if report is not None:
+        jsonschema.validate(report, SCHEMA)
+    return proc, report
+
+
+def leftover_ranks(marker: str) -> list[psutil.Process]:
+    """Processes whose command line names the script: what preflight must not leave."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if marker in cmdline and proc.pid != os.getpid():
+            found.append(proc)
+    return found
+
+
+@pytest.mark.parametrize("cause", PLAYBOOK_IDS)
+def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(catalogue, cause: str) -> None:
+    playbook = catalogue.get(cause)
+    expect = playbook.repro
+    script = playbook.repro_path.relative_to(REPO)
+    proc, report = preflight(f"--nproc-per-node={expect.nproc}", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report is not None and report["verdict"] != "aligned"
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert errors, report
+    finding = errors[0]
+    assert finding["cause"] == cause, json.dumps(finding, indent=1)
+    site_file = (playbook.folder / expect.site_file).relative_to(REPO)
+    assert finding["site"] == f"{site_file}:{expect.site_line(playbook.folder)}", finding
+    assert finding["ranks"] == expect.ranks, finding
+    assert finding["absent_ranks"] == expect.absent_ranks, finding
+    assert finding["fix"] == playbook.fix.direct
+    assert not leftover_ranks(str(playbook.repro_path))
+
+
+@pytest.mark.parametrize("cause", PLAYBOOK_IDS)
+def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
+    playbook = catalogue.get(cause)
+    # The straggler's simulated slow write lasts 1.2x the process-group timeout,
+    # in the background once fixed: a short timeout keeps it under the stall timeout.
+    proc, report = preflight(
+        f"--nproc-per-node={playbook.repro.nproc}",
+        str(playbook.fixed_path),
+        env={"REPRO_TIMEOUT_S": "3"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report is not None and report["verdict"] == "aligned", report
+    assert not [f for f in report["findings"] if f["severity"] == "error"]
+
+
+def test_uneven_repro_reports_exact_eval_batches() -> None:
+    proc, report = preflight("--nproc-per-node=4", str(SCRIPTS / "eval_shards_4_3_3_3.py"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    assert [r["eval_batches"] for r in report["ranks"]] == [4, 3, 3, 3]
+    warnings = {f["cause"]: f for f in report["findings"]}
+    assert warnings["uneven-eval-batches"]["severity"] == "warning"
+    assert "rank 0: 4, rank 1: 3, rank 2: 3, rank 3: 3" in warnings["uneven-eval-batches"]["message"]
+    assert warnings["missing-distributed-sampler"]["severity"] == "warning"
+
+
+def test_accelerate_gather_under_main_process_points_at_user_code() -> None:
+    pytest.importorskip("accelerate")
+    script = SCRIPTS / "accelerate_main_only_eval.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert (
+        finding["site"]
+        == f"tests/scripts/accelerate_main_only_eval.py:{_line(script, 'accelerator.gather(')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert any("accelerator.is_main_process" in line for line in finding["evidence"])
+    # accelerate shards its loaders itself: no missing-sampler warning
+    assert all(f["cause"] != "missing-distributed-sampler" for f in report["findings"])
+
+
+def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -> None:
+    project = SCRIPTS / "helper_project"
+    proc, report = preflight("--nproc-per-node=2", "train.py", cwd=project)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert finding["site"] == f"metrics.py:{_line(project / 'metrics.py', 'dist.all_reduce(stats)')}"
+    chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
+    assert "main() at train.py" in chain and "log_validation() at metrics.py" in chain
+    assert "mean_loss() at metrics.py" in chain
+    assert any("`if is_main`" in line for line in finding["evidence"])
+
+
+def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
+    script = PLAYBOOKS / "collective-shape-mismatch" / "repro.py"
+    _proc, report = preflight("--nproc-per-node=2", str(script))
+    assert report["verdict"] == "crash"
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-shape-mismatch"
+    shapes = [line for line in finding["evidence"] if "all_gather" in line]
+    assert len(shapes) == 2  # each rank's write-ahead record, with its own shape
+    assert shapes[0] != shapes[1]
+    exited = {r["rank"]: r["exit_code"] for r in report["ranks"]}
+    assert -6 in exited.values()  # gloo's abort: SIGABRT
+
+
+def test_no_eval_phase_is_said_not_failed() -> None:
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    assert "no eval phase was seen" in report["summary"]["note"]
+
+
+def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
+    script = str(PLAYBOOKS / "rank-conditional-collective" / "repro.py")
+    port = _free_port()
+    nodes = []
+    for node in (0, 1):
+        argv = [
+            sys.executable,
+            "-m",
+            "ncclcheck",
+            "preflight",
+            "--json",
+            "--stall-timeout",
+            STALL,
+            "--nnodes=2",
+            f"--node-rank={node}",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=localhost:{port}",
+            "--rdzv-id=two-nodes",
+            f"--trace-dir={tmp_path / f'node{node}'}",
+            script,
+        ]
+        nodes.append(
+            subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        )
+    for proc in nodes:
+        out, err = proc.communicate(timeout=BOUND_S)
+        # rank 0's node sees the hang; rank 1's barrier may fail first when rank 0 is stopped
+        assert json.loads(out)["verdict"] in ("hang", "crash"), err[-2000:]
+    assert sorted(p.name for p in tmp_path.rglob("rank-*.jsonl")) == [
+        "rank-00000.jsonl",
+        "rank-00001.jsonl",
+    ]
+    proc, report = preflight("--from", str(tmp_path))
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-conditional-collective",
+        [0],
+        [1],
+    )
+
+
+# -- no process outlives preflight ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "rank-conditional-collective/fixed.py",
+        "rank-conditional-collective/repro.py",
+        "rank-crashed/repro.py",
+        "transport-hang/repro.py",
+    ],
+)
+def test_no_process_outlives_preflight(script: str) -> None:
+    path = PLAYBOOKS / script
+    proc, _report = preflight("--nproc-per-node=2", str(path))
+    assert proc.returncode in (0, 1)
+    assert not leftover_ranks(str(path))
+
+
+def test_sigint_stops_the_dry_run_and_reaps_it() -> None:
+    path = PLAYBOOKS / "straggler" / "repro.py"  # keeps running for a long while
+    argv = [
+        sys.executable,
+        "-m",
+        "ncclcheck",
+        "preflight",
+        "--json",
+        "--stall-timeout",
+        "60",
+        "--nproc-per-node=2",
+        str(path),
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(leftover_ranks(str(path))) < 3:
+        time.sleep(0.5)
+    assert len(leftover_ranks(str(path))) >= 3  # torchrun and its two ranks are up
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode in (0, 1), err[-2000:]
+    assert "interrupted" in json.loads(out)["summary"]
+    assert not leftover_ranks(str(path))
+
+
+# -- bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["no/such/train.py"], "no/such/train.py: no such file"),
+        ([str(SCRIPTS)], "is a directory"),
+        ([str(SCRIPTS / "syntax_error.py")], "syntax error"),
+        (["--nproc-per-node=0", str(SCRIPTS / "train_only.py")], "at least 1"),
+        (
+            [str(SCRIPTS / "no_process_group.py")],
+            "never called torch.distributed.init_process_group",
+        ),
+        ([str(SCRIPTS / "needs_args.py")], "failed on every rank before init_process_group"),
+        (["--bogus-option", str(SCRIPTS / "train_only.py")], "No such option"),
+    ],
+)
+def test_bad_input_is_one_clear_error_with_exit_2(args: list[str], message: str) -> None:
+    result = run_bounded([sys.executable, "-m", "ncclcheck", "preflight", *args], 120, cwd=REPO)
+    assert result.returncode == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_script_arguments_show_the_scripts_own_message() -> None:
+    result = run_bounded(
+        [sys.executable, "-m", "ncclcheck", "preflight", str(SCRIPTS / "needs_args.py")],
+        120,
+        cwd=REPO,
+    )
+    assert "the following arguments are required: --epochs" in result.output
+
+
+def test_script_arguments_are_passed_unchanged() -> None:
+    result = run_bounded(
+        [
+            sys.executable,
+            "-m",
+            "ncclcheck",
+            "preflight",
+            "--nproc-per-node=2",
+            str(SCRIPTS / "needs_args.py"),
+            "--epochs",
+            "1",
+        ],
+        120,
+        cwd=REPO,
+    )
+    # with its argument the script parses fine, then never initialises a process group
+    assert result.returncode == 2
+    assert "never called torch.distributed.init_process_group" in result.output
+
+
+def _line(path: Path, fragment: str) -> int:
+    lines = path.read_text().splitlines()
+    (number,) = [n for n, text in enumerate(lines, 1) if fragment in text]
+    return number
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
