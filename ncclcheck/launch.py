@@ -78,8 +78,10 @@ class DryRunSettings:
 @dataclass
 class Progress:
     ranks_up: int = 0
-    records: int = 0
+    records: int = 0  # bytes of trace written, all ranks
     elapsed: float = 0.0
+    collectives: int = 0  # the most any rank has issued
+    phase: str = ""  # rank 0's, or the first rank's that has one
 
 
 @dataclass
@@ -149,18 +151,42 @@ def parse_torchrun_failures(log: str) -> tuple[dict[int, int], int | None]:
     return exits, first
 
 
-def _last_record_kind(path: Path) -> str | None:
+def _tail_records(path: Path, size: int = 4096) -> list[dict[str, object]]:
+    """The complete lines at the end of a trace file, parsed; cheap on big files."""
     import json
 
     try:
         with path.open("rb") as handle:
             handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 4096))
+            end = handle.tell()
+            handle.seek(max(0, end - size))
             lines = handle.read().splitlines()
-        return str(json.loads(lines[-1])["t"]) if lines else None
-    except (OSError, ValueError, KeyError, IndexError):
-        return None
+    except OSError:
+        return []
+    records = []
+    for line in lines[1:] if end > size else lines:  # the first may be cut
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
+def _last_record_kind(path: Path) -> str | None:
+    records = _tail_records(path)
+    return str(records[-1].get("t")) if records else None
+
+
+def _progress_facts(trace_dir: Path) -> tuple[int, str]:
+    """(most collectives issued by a rank, the lowest rank's phase) from the trace tails."""
+    most, phase = 0, ""
+    for path in sorted(trace_dir.glob(TRACE_GLOB)):
+        for record in reversed(_tail_records(path)):
+            if record.get("t") == "call":
+                most = max(most, int(record.get("n", 0)))  # type: ignore[call-overload]
+                phase = phase or str(record.get("phase", ""))
+                break
+    return most, phase
 
 
 def _all_quiet_ranks_finished(trace_dir: Path) -> bool:
@@ -263,6 +289,7 @@ def _watch(
 ) -> None:
     last_size = (-1, -1)
     last_progress = time.monotonic()
+    last_report = 0.0
     while True:
         returncode = proc.poll()
         if returncode is not None:
@@ -272,8 +299,18 @@ def _watch(
         size = _trace_size(trace_dir)
         if size != last_size:
             last_size, last_progress = size, now
-        if on_progress is not None:
-            on_progress(Progress(ranks_up=size[0], records=size[1], elapsed=now - start))
+        if on_progress is not None and now - last_report >= 1.0:
+            last_report = now
+            collectives, phase = _progress_facts(trace_dir)
+            on_progress(
+                Progress(
+                    ranks_up=size[0],
+                    records=size[1],
+                    elapsed=now - start,
+                    collectives=collectives,
+                    phase=phase,
+                )
+            )
         if interrupted.is_set():
             result.interrupted = True
             return

@@ -24,8 +24,8 @@ class _ProgressLine:
         if not self.enabled:
             return
         sys.stderr.write(
-            f"\r  ranks up {progress.ranks_up}/{self.world}  trace {progress.records // 1024} KiB"
-            f"  {progress.elapsed:5.1f} s "
+            f"\r  ranks up {progress.ranks_up}/{self.world}  phase {progress.phase or '-':<5}"
+            f"  collectives {progress.collectives:<6}  {progress.elapsed:5.1f} s "
         )
         sys.stderr.flush()
         self.shown = True
