@@ -74,7 +74,8 @@ class Diagnoser:
         if call.position:
             step = f", {call.position.get('loader')} batch {call.position.get('batch')}"
         via = " (DDP gradient bucket)" if call.source == "ddp" else ""
-        return f"{call.op}{via} {dtype}{shapes} at {where} in {function}() ({call.phase}{step})"
+        tensors = f" {dtype}{shapes}" if shapes else ""
+        return f"{call.op}{via}{tensors} at {where} in {function}() ({call.phase}{step})"
 
     def exit_of(self, rank: int) -> tuple[str, int | None]:
         """How a rank ended: ("running"|"returned"|"dry-run-complete"|"exception"|"killed", code)."""
@@ -503,7 +504,7 @@ class Diagnoser:
                     )
                     return self.finding(
                         "rank-conditional-collective",
-                        f"only {_who(made)} reach {call.op} at {self.site(call.site)}"
+                        f"only {_who(made)} reached {call.op} at {self.site(call.site)}"
                         f" in {call.site.function if call.site else '?'}(), under "
                         f"`if {guard.text}`; {_who(other)} never called it",
                         ranks=made,
