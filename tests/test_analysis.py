@@ -1,0 +1,211 @@
+"""The pure analysis code on synthetic traces: alignment, source reading, diagnosis."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ncclcheck.analyze import source
+from ncclcheck.analyze.align import Mismatch, compare, divergences
+from ncclcheck.diagnose import Evidence, diagnose
+from ncclcheck.errors import InputError
+from ncclcheck.model import CollectiveCall, Frame
+from ncclcheck.traces import RankTrace, load_rank_trace
+
+
+def call(
+    rank: int,
+    seq: int,
+    op: str = "all_reduce",
+    line: int = 10,
+    shape: int = 2,
+    group: str = "0",
+    batch: int | None = None,
+    time: float = 0.0,
+    path: str = "train.py",
+) -> CollectiveCall:
+    site = Frame(path, line, "main")
+    return CollectiveCall(
+        rank=rank,
+        seq=seq,
+        op=op,
+        group=group,
+        group_ranks=[0, 1],
+        shapes=[[shape]],
+        dtypes=["float32"],
+        site=site,
+        user_stack=[site],
+        time=time or seq,
+        position=None if batch is None else {"loader": "val_loader", "batch": batch, "role": "eval"},
+    )
+
+
+def test_identical_histories_do_not_diverge() -> None:
+    history = {r: [call(r, 0), call(r, 1, op="barrier", line=12)] for r in (0, 1)}
+    assert divergences(history) == []
+
+
+@pytest.mark.parametrize(
+    ("one", "two", "kind"),
+    [
+        (call(0, 0), None, Mismatch.MISSING),
+        (call(0, 0), call(1, 0, op="barrier"), Mismatch.OP),
+        (call(0, 0), call(1, 0, line=99), Mismatch.SITE),
+        (call(0, 0, batch=3), call(1, 0, batch=4), Mismatch.STEP),
+        (call(0, 0, shape=12), call(1, 0, shape=7), Mismatch.SHAPE),
+    ],
+)
+def test_compare_names_the_kind_of_mismatch(one, two, kind) -> None:  # type: ignore[no-untyped-def]
+    assert compare({0: one, 1: two}) is kind
+
+
+def test_first_divergence_is_found_by_site_even_when_ops_and_shapes_pair() -> None:
+    # rank 1 skips the in-loop all_reduce once; its post-loop all_reduce (same op,
+    # same shape) would pair silently with rank 0's last in-loop one.
+    rank0 = [call(0, 0, line=10), call(0, 1, line=10), call(0, 2, line=20)]
+    rank1 = [call(1, 0, line=10), call(1, 1, line=20)]
+    (found,) = divergences({0: rank0, 1: rank1})
+    assert (found.seq, found.kind) == (1, Mismatch.SITE)
+    assert found.majority() == ([0], [1])
+
+
+def test_members_without_traces_are_not_held_against_the_others() -> None:
+    history = {0: [call(0, 0)]}  # rank 1's node sent no traces
+    assert divergences(history) == []
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_condition_kinds(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        import torch.distributed as dist
+
+        def main(rank, loss, accelerator, best):
+            is_main = rank == 0
+            if is_main:
+                pass
+            if dist.get_rank() != 0:
+                pass
+            if accelerator.is_main_process:
+                pass
+            if not torch.isfinite(loss):
+                pass
+            if loss.item() < best:
+                pass
+    """,
+    )
+    kinds = [guard.kind for line in (7, 9, 11, 13, 15) for guard in source.guards_of(path, line)]
+    assert kinds == ["rank", "rank", "rank", "data", "data"]
+
+
+def test_early_exits_and_loops(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        def save(rank):
+            if rank != 0:
+                return
+            write()
+            barrier()
+
+        def train(loader, target):
+            for epoch in range(3):
+                for batch in loader:
+                    step(batch)
+                if evaluate() < target:
+                    break
+            barrier()
+
+        def evaluate_all(loader):
+            for batch in loader:
+                try:
+                    reduce(batch)
+                except ValueError:
+                    log()
+    """,
+    )
+    function = source.enclosing_function(path, 6)
+    (exit_,) = source.conditional_exits(path, function, 6)
+    assert (exit_.statement, exit_.kind, exit_.line) == ("return", "rank", 4)
+    loops = source.enclosing_loops(path, 11)
+    assert [loop.lineno for loop in loops] == [10, 9]
+    (brk,) = source.conditional_exits(path, loops[1])
+    assert (brk.statement, brk.kind, brk.text) == ("break", "other", "evaluate() < target")
+    assert source.swallowing_try(path, 19) is not None
+    assert source.swallowing_try(path, 11) is None
+
+
+def trace(rank: int, calls: list[CollectiveCall], exit_: dict | None = None) -> RankTrace:  # type: ignore[type-arg]
+    return RankTrace(
+        rank=rank, host="node", pid=100 + rank, world_size=2, initialised=True, calls=calls, exit=exit_
+    )
+
+
+def test_diagnosis_of_a_rank_branch_from_synthetic_traces(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        def main(rank):
+            if rank == 0:
+                all_reduce()
+            barrier()
+    """,
+    )
+    rank0 = [call(0, 0, line=4, path=path)]
+    rank1 = [call(1, 0, op="barrier", line=5, path=path)]
+    report = diagnose(
+        Evidence(
+            traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True, cwd=str(tmp_path)
+        )
+    )
+    finding = report.findings[0]
+    assert (finding.cause, finding.site, finding.ranks, finding.absent_ranks) == (
+        "rank-conditional-collective",
+        "train.py:4",
+        [0],
+        [1],
+    )
+    assert report.verdict.value == "hang"
+
+
+def test_diagnosis_of_an_order_cycle_across_groups() -> None:
+    rank0 = [call(0, 0, group="0", line=7)]
+    rank1 = [call(1, 0, group="1", line=7)]
+    report = diagnose(Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True))
+    assert report.findings[0].cause == "collective-order-mismatch"
+
+
+def test_diagnosis_of_a_dead_rank() -> None:
+    rank0 = [call(0, 0), call(0, 1, line=30)]
+    rank1 = [call(1, 0)]
+    report = diagnose(
+        Evidence(
+            traces={0: trace(0, rank0), 1: trace(1, rank1)},
+            world_size=2,
+            rank_exits={1: -9, 0: -15},
+            first_failure=1,
+        )
+    )
+    finding = report.findings[0]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == ("rank-crashed", [0], [1])
+    assert any("SIGKILL" in line for line in finding.evidence)
+    assert report.verdict.value == "crash"
+
+
+def test_trace_reader_skips_a_truncated_last_line_and_rejects_garbage(tmp_path: Path) -> None:
+    hello = json.dumps({"t": "hello", "rank": 0, "world_size": 2, "pid": 1, "host": "h"})
+    path = tmp_path / "rank-00000.jsonl"
+    path.write_text(hello + "\n" + '{"t":"call","n":1,"op":"all_red')
+    assert load_rank_trace(path).calls == []
+    path.write_text(hello + "\nnot json\n" + hello + "\n")
+    with pytest.raises(InputError, match=r"rank-00000\.jsonl:2: not a trace line"):
+        load_rank_trace(path)
