@@ -74,7 +74,7 @@ def test_unknown_playbook_is_exit_2_with_the_known_ids() -> None:
 
 @pytest.mark.parametrize(
     "args",
-    [("doctor", "--pid", "1"), ("lint", "x.py"), ("probe",)],
+    [("lint", "x.py"), ("probe",)],
 )
 def test_commands_not_built_yet_say_so_with_exit_2(args: tuple[str, ...]) -> None:
     result = invoke(*args)

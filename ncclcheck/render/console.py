@@ -95,6 +95,13 @@ def print_report(report: Report) -> None:
                 escape(rank.where or ""),
             )
         out.print(table)
+    classes = report.summary.get("classes")
+    if isinstance(classes, list) and classes:
+        out.print("\n[bold]Stack classes[/]")
+        for cls in classes:
+            out.print(f"  ranks [bold]{cls['ranks']}[/]: {escape(str(cls['blocking']))}")
+            for frame in cls["frames"]:
+                out.print(f"    {escape(str(frame))}")
     for finding in report.findings:
         colour = "red" if finding.severity is Severity.ERROR else "yellow"
         out.print()

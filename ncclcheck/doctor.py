@@ -1,0 +1,437 @@
+"""doctor: diagnose a job that is stuck right now, from the stacks of all its ranks.
+
+Works on any job: no environment variable, no change to its code. From one pid
+(a torchrun agent, a rank, or a launcher such as a shell, srun or mpirun) it
+finds the rank processes on this host by their environment (RANK, WORLD_SIZE,
+LOCAL_RANK, GROUP_RANK, TORCHELASTIC_RUN_ID), dumps their stacks with py-spy in
+parallel, merges them into classes of identical stacks (as LLNL's STAT does for
+MPI jobs) and matches the classes to the catalogue. It only reads: the job is
+neither written to nor signalled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+from dataclasses import dataclass, field
+
+import psutil
+
+from ncclcheck.analyze import source
+from ncclcheck.analyze.align import Divergence, Mismatch
+from ncclcheck.diagnose import Diagnoser, Evidence, relative
+from ncclcheck.errors import InputError, StackPermissionError
+from ncclcheck.model import (
+    CollectiveCall,
+    Finding,
+    Frame,
+    RankState,
+    RankStatus,
+    Report,
+    Severity,
+    Verdict,
+    format_ranks,
+)
+from ncclcheck.record.frames import is_user_file
+from ncclcheck.stacks import ProcessStack, dump_stacks
+
+_COLLECTIVE_NAMES = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "all_to_all",
+        "all_to_all_single",
+        "broadcast",
+        "reduce",
+        "gather",
+        "scatter",
+        "barrier",
+        "monitored_barrier",
+        "all_gather_object",
+        "broadcast_object_list",
+        "gather_object",
+        "scatter_object_list",
+        "send",
+        "recv",
+        "batch_isend_irecv",
+    }
+)
+
+
+@dataclass
+class RankProcess:
+    pid: int
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    group_rank: int = 0
+    run_id: str = ""
+    host: str = field(default_factory=socket.gethostname)
+    status: str = ""
+
+
+@dataclass
+class StackClass:
+    """Ranks whose relevant stacks are identical."""
+
+    ranks: list[int]
+    blocking: str  # all_reduce, barrier, DataLoader, sleep, compute, ...
+    in_collective: bool
+    frames: list[Frame]  # the user's frames, outermost first
+
+    @property
+    def site(self) -> Frame | None:
+        return self.frames[-1] if self.frames else None
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.AccessDenied:
+        raise StackPermissionError(f"no permission to read the environment of pid {proc.pid}") from None
+    except psutil.Error:
+        return {}
+
+
+def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
+    """The rank processes reachable from ``pids``; and the Python processes seen if none is a rank."""
+    roots: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            raise InputError(f"no process with pid {pid}") from None
+        env = _environ(proc)
+        if "RANK" in env and "WORLD_SIZE" in env:
+            parent = proc.parent()  # a rank: look from its agent, to find its siblings too
+            if parent is not None and "RANK" not in _environ(parent):
+                proc = parent
+        roots.append(proc)
+    seen: dict[int, RankProcess] = {}
+    pythons: list[psutil.Process] = []
+    for root in roots:
+        for proc in [root, *root.children(recursive=True)]:
+            env = _environ(proc)
+            if "RANK" not in env or "WORLD_SIZE" not in env:
+                if _is_python(proc):
+                    pythons.append(proc)
+                continue
+            parent = proc.parent()
+            if parent is not None and _environ(parent).get("RANK") == env["RANK"]:
+                continue  # a DataLoader worker inherits its rank's environment
+            seen[proc.pid] = RankProcess(
+                pid=proc.pid,
+                rank=int(env["RANK"]),
+                world_size=int(env["WORLD_SIZE"]),
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+                group_rank=int(env.get("GROUP_RANK", "0")),
+                run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+                status=_status(proc),
+            )
+    return sorted(seen.values(), key=lambda r: r.rank), pythons
+
+
+def _is_python(proc: psutil.Process) -> bool:
+    try:
+        return "python" in os.path.basename(proc.exe() or proc.name()).lower()
+    except psutil.Error:
+        return False
+
+
+def _status(proc: psutil.Process) -> str:
+    try:
+        return str(proc.status())
+    except psutil.Error:
+        return "gone"
+
+
+def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
+    """What the main thread waits in: (a collective's name, True) or (what else, False)."""
+    main = stack.main
+    if main is None:
+        return ("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
+    for frame in main.frames:  # innermost first
+        if "torch/distributed/" in frame.file and frame.function in _COLLECTIVE_NAMES:
+            return (frame.function, True)
+        if frame.function == "_engine_run_backward":
+            return ("all_reduce (DDP gradient buckets, in backward)", True)
+    for frame in main.frames:
+        if "torch/utils/data/" in frame.file:
+            return ("DataLoader", False)
+    if main.frames and main.frames[0].function in ("sleep", "wait", "join", "_wait_for_tstate_lock"):
+        return (main.frames[0].function, False)
+    if stack.status == "stopped":
+        return ("stopped (SIGSTOP)", False)
+    return ("compute or I/O", False)
+
+
+def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
+    classes: dict[tuple[object, ...], StackClass] = {}
+    for rank, stack in sorted(stacks.items()):
+        blocking, in_collective = blocking_call(stack)
+        frames = [f for f in reversed(stack.main.frames) if is_user_file(f.file)] if stack.main else []
+        key = (blocking, tuple((f.file, f.line, f.function) for f in frames))
+        if key not in classes:
+            classes[key] = StackClass([], blocking, in_collective, frames)
+        classes[key].ranks.append(rank)
+    return sorted(classes.values(), key=lambda c: c.ranks[0])
+
+
+def run_doctor(
+    pids: list[int], native: bool = False, nonblocking: bool = False, timeout: float = 10.0
+) -> Report:
+    ranks, pythons = discover(pids)
+    if not ranks:
+        if not pythons:
+            raise InputError(
+                f"pid {', '.join(map(str, pids))}: no Python process there",
+                hint="Give the pid of a rank, of torchrun, or of the launcher that started it.",
+            )
+        return _not_distributed(pythons, native, nonblocking, timeout)
+    by_pid = dump_stacks([r.pid for r in ranks], timeout=timeout, native=native, nonblocking=nonblocking)
+    stacks = {r.rank: by_pid[r.pid] for r in ranks}
+    failed = [r.rank for r in ranks if stacks[r.rank].error and not stacks[r.rank].threads]
+    if failed and len(failed) == len(ranks):
+        raise InputError(f"py-spy could not read any rank: {stacks[ranks[0].rank].error}")
+    # a frozen rank (SIGSTOP, D state) may yield no stack: it still forms a class
+    classes = merge_stacks({r: s for r, s in stacks.items() if s.threads or s.status == "stopped"})
+    world = max(r.world_size for r in ranks)
+    report = Report(command="doctor", verdict=Verdict.HANG, world_size=world)
+    for proc in ranks:
+        stack = stacks[proc.rank]
+        blocking, in_collective = blocking_call(stack)
+        user = [f for f in stack.main.frames if is_user_file(f.file)] if stack.main else []
+        report.ranks.append(
+            RankState(
+                rank=proc.rank,
+                host=proc.host,
+                pid=proc.pid,
+                phase=None,
+                state=RankStatus.IN_COLLECTIVE if in_collective else RankStatus.STUCK,
+                where=(
+                    f"{relative(user[0].file, os.getcwd())}:{user[0].line} in {user[0].function} ({blocking})"
+                )
+                if user
+                else blocking,
+            )
+        )
+    report.findings = diagnose_classes(classes, world, [r.rank for r in ranks])
+    report.summary["classes"] = [
+        {
+            "ranks": format_ranks(c.ranks),
+            "blocking": c.blocking,
+            "frames": [f"{relative(f.file, os.getcwd())}:{f.line} in {f.function}" for f in c.frames],
+        }
+        for c in classes
+    ]
+    return report
+
+
+def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) -> list[Finding]:
+    """The playbooks' doctor signals, applied to the merged stack classes."""
+    missing = sorted(set(range(world)) - set(found))
+    evidence = [f"{_who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
+    waiting = [c for c in classes if c.in_collective]
+    outside = [c for c in classes if not c.in_collective]
+    diagnoser = Diagnoser(Evidence(traces={}, world_size=world))
+    if missing:
+        ranks = sorted(r for c in classes for r in c.ranks)
+        return [
+            diagnoser.finding(
+                "rank-crashed",
+                f"{_who(missing)} of {world} are not running on this host while {_who(ranks)} wait",
+                ranks=ranks,
+                absent_ranks=missing,
+                op=waiting[0].blocking if waiting else None,
+                site=_site(waiting[0]) if waiting else None,
+                evidence=[*evidence, "a rank on another host? run doctor there too, with --dump-to"],
+            )
+        ]
+    frozen = sorted(r for c in outside if c.blocking.startswith("stopped") for r in c.ranks)
+    if len(waiting) == 1 and len(outside) == (1 if frozen else 0):
+        only = waiting[0]
+        if frozen:
+            evidence.append(f"{_who(frozen)} frozen: process state stopped, stack unreadable")
+        return [
+            diagnoser.finding(
+                "transport-hang",
+                f"every rank is in {only.blocking} at {_site(only)}"
+                + (f" or frozen ({_who(frozen)})" if frozen else "")
+                + ": the code is aligned, the transport is not; run `ncclcheck probe` with the "
+                "same launcher options",
+                ranks=sorted(only.ranks + frozen),
+                absent_ranks=[],
+                op=only.blocking,
+                site=_site(only),
+                evidence=evidence,
+            )
+        ]
+    if waiting and outside:
+        late = sorted(r for c in outside for r in c.ranks)
+        ranks = sorted(r for c in waiting for r in c.ranks)
+        return [
+            diagnoser.finding(
+                "straggler",
+                f"{_who(ranks)} wait in {waiting[0].blocking} while {_who(late)} are busy outside any "
+                f"collective ({outside[0].blocking} at {_where(outside[0])})",
+                ranks=ranks,
+                absent_ranks=late,
+                op=waiting[0].blocking,
+                site=_site(waiting[0]),
+                evidence=evidence,
+            )
+        ]
+    if len(waiting) >= 2:
+        looped = _left_loop(waiting, diagnoser, evidence)
+        if looped is not None:
+            return [looped]
+        # Ranks wait in different collectives: read the source as preflight does,
+        # the smaller class being the one that took the branch.
+        small, big = sorted(waiting, key=lambda c: (len(c.ranks), c.ranks[0]))[:2]
+        calls: dict[int, CollectiveCall | None] = {}
+        for cls in (small, big):
+            for rank in cls.ranks:
+                calls[rank] = CollectiveCall(
+                    rank=rank,
+                    seq=0,
+                    op=cls.blocking,
+                    group="?",
+                    group_ranks=[],
+                    site=cls.site,
+                    user_stack=cls.frames,
+                )
+        divergence = Divergence("?", 0, Mismatch.SITE, sorted(calls), calls)
+        finding = diagnoser.branch(divergence, small.ranks, big.ranks, evidence)
+        if small.blocking == big.blocking and finding.message.endswith("at that point"):
+            finding = diagnoser.finding(
+                "collective-order-mismatch",
+                f"{_who(small.ranks)} and {_who(big.ranks)} wait in {small.blocking} at different "
+                f"sites ({_site(small)} and {_site(big)}): their collective sequences differ",
+                ranks=small.ranks,
+                absent_ranks=big.ranks,
+                op=small.blocking,
+                site=_site(small),
+                evidence=evidence,
+            )
+        return [finding]
+    return [
+        Finding(
+            cause="straggler",
+            severity=Severity.WARNING,
+            message="no rank is inside a collective: the job is slow or stuck outside communication",
+            ranks=found,
+            evidence=evidence,
+        )
+    ]
+
+
+def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]) -> Finding | None:
+    """Some ranks still in a loop's collective, the others past the loop in the same function.
+
+    A try whose handler swallows errors around the call: rank-exception. A loop
+    with no conditional exit: it ran a different number of times per rank, which
+    for a loader loop means loaders of different lengths (uneven-eval-batches).
+    """
+    for inside in waiting:
+        for outside in waiting:
+            if inside is outside or inside.site is None or not outside.frames:
+                continue
+            shared = list(
+                itertools.takewhile(
+                    lambda pair: (pair[0].file, pair[0].function) == (pair[1].file, pair[1].function),
+                    zip(inside.frames, outside.frames, strict=False),
+                )
+            )
+            if not shared:
+                continue
+            here, there = inside.frames[len(shared) - 1], outside.frames[len(shared) - 1]
+            # the shared function's loops that the other side is outside of, then the
+            # loops of the functions below it, which the other side has left entirely
+            candidates = [(here, there.line)] + [(f, None) for f in inside.frames[len(shared) :]]
+            for frame, other_line in candidates:
+                loops = source.enclosing_loops(frame.file, frame.line)
+                if other_line is not None and any(source.contains(lp, other_line) for lp in loops):
+                    continue  # both sides inside one loop: they drifted apart, they did not leave it
+                if not loops:
+                    continue
+                if any(
+                    g.statement in ("break", "return")
+                    for loop in loops
+                    for g in source.conditional_exits(frame.file, loop)
+                ):
+                    return None  # a break or return decided: the source-reading diagnosis says which
+                return _loop_finding(inside, outside, frame, loops[0], diagnoser, evidence)
+    return None
+
+
+def _loop_finding(
+    inside: StackClass,
+    outside: StackClass,
+    frame: Frame,
+    loop: object,
+    diagnoser: Diagnoser,
+    evidence: list[str],
+) -> Finding:
+    assert inside.site is not None
+    if source.swallowing_try(inside.site.file, inside.site.line) is not None:
+        cause = "rank-exception"
+        message = (
+            f"{_who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
+            f"errors, while {_who(outside.ranks)} are past the loop: they skipped one of its "
+            f"collectives"
+        )
+    else:
+        cause = "uneven-eval-batches"
+        message = (
+            f"{_who(inside.ranks)} are still in the loop at "
+            f"{relative(frame.file, os.getcwd())}:{getattr(loop, 'lineno', '?')} (in "
+            f"{inside.blocking}), {_who(outside.ranks)} already left it: the loop ran fewer "
+            f"times on them"
+        )
+    return diagnoser.finding(
+        cause,
+        message,
+        ranks=inside.ranks,
+        absent_ranks=outside.ranks,
+        op=inside.blocking,
+        site=_site(inside),
+        evidence=evidence,
+    )
+
+
+def _not_distributed(
+    pythons: list[psutil.Process], native: bool, nonblocking: bool, timeout: float
+) -> Report:
+    """No rank here: say so, with the stack of what is there."""
+    stacks = dump_stacks(
+        [p.pid for p in pythons[:4]], timeout=timeout, native=native, nonblocking=nonblocking
+    )
+    lines = []
+    for pid, stack in stacks.items():
+        frames = stack.main.frames[:8] if stack.main else []
+        lines.append(
+            f"pid {pid}: "
+            + " <- ".join(f"{f.function} ({relative(f.file, os.getcwd())}:{f.line})" for f in frames)
+        )
+    raise InputError(
+        "not a distributed job: no process there has RANK and WORLD_SIZE in its environment",
+        hint="Its stack, innermost first:\n  " + "\n  ".join(lines or ["(none readable)"]),
+    )
+
+
+def _who(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
+
+
+def _site(cls: StackClass) -> str | None:
+    return f"{relative(cls.site.file, os.getcwd())}:{cls.site.line}" if cls.site else None
+
+
+def _where(cls: StackClass) -> str:
+    if not cls.frames:
+        return "?"
+    return " -> ".join(f"{f.function}() {relative(f.file, os.getcwd())}:{f.line}" for f in cls.frames)

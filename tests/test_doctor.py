@@ -1,0 +1,188 @@
+"""doctor on real hung jobs: torchrun with gloo and a long backend timeout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ncclcheck.proctree import kill_tree
+
+from .conftest import PLAYBOOKS, REPO, run_bounded
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+pytestmark = pytest.mark.ranks
+
+
+@dataclass
+class HungJob:
+    shell: subprocess.Popen[bytes]
+    script: Path
+
+    def agent(self) -> psutil.Process:
+        return next(
+            p
+            for p in psutil.Process(self.shell.pid).children(recursive=True)
+            if "torch.distributed.run" in " ".join(p.cmdline())
+        )
+
+    def ranks(self) -> list[psutil.Process]:
+        return [p for p in self.agent().children() if "RANK" in p.environ()]
+
+
+def doctor(*pids: int, cwd: Path = REPO) -> tuple[int, dict]:  # type: ignore[type-arg]
+    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json"]
+    for pid in pids:
+        argv += ["--pid", str(pid)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd, check=False)
+    return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
+    """torchrun started from a shell, as people do; returns once every rank is stuck."""
+    command = (
+        f"REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
+        f"--nproc-per-node={nproc} {script}"
+    )
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        cwd=cwd,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    job = HungJob(shell, script)
+    deadline = time.monotonic() + 90
+    previous = None
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        try:
+            if len(job.ranks()) < nproc:
+                continue
+        except (StopIteration, psutil.Error):
+            continue
+        _code, report = doctor(job.agent().pid, cwd=cwd)
+        summary = json.dumps(report.get("summary", {}).get("classes"))
+        if report.get("findings") and summary == previous:
+            return job  # two looks in a row agree: nothing moves any more
+        previous = summary
+    stop(job)
+    raise AssertionError(f"{script} did not settle into a hang")
+
+
+def stop(job: HungJob) -> None:
+    kill_tree(job.shell.pid)
+    job.shell.wait(timeout=30)
+
+
+@pytest.fixture
+def hung_conditional() -> Iterator[HungJob]:
+    job = start_hung(PLAYBOOKS / "rank-conditional-collective" / "repro.py", 2)
+    yield job
+    stop(job)
+
+
+@pytest.mark.parametrize(
+    "cause",
+    [
+        "rank-conditional-collective",
+        "uneven-eval-batches",
+        "rank-early-exit",
+        "unsynchronized-decision",
+        "rank-exception",
+        "straggler",
+        "transport-hang",
+    ],
+)
+def test_doctor_names_cause_site_and_ranks_of_a_hung_repro(catalogue, cause: str) -> None:
+    playbook = catalogue.get(cause)
+    job = start_hung(playbook.repro_path, playbook.repro.nproc)
+    try:
+        code, report = doctor(job.agent().pid)
+    finally:
+        stop(job)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == cause, finding
+    if cause != "unsynchronized-decision":  # doctor points at the waiting call, not the decision
+        site = f"{playbook.folder.relative_to(REPO) / 'repro.py'}:{playbook.repro.site_line(playbook.folder)}"
+        assert finding["site"] == site, finding
+    expected = sorted(playbook.repro.ranks + playbook.repro.absent_ranks)
+    assert sorted(finding["ranks"] + finding["absent_ranks"]) == expected
+
+
+def test_attach_by_agent_rank_or_shell_gives_the_same_diagnosis(hung_conditional: HungJob) -> None:
+    job = hung_conditional
+    pids = [job.agent().pid, job.ranks()[1].pid, job.shell.pid]
+    findings = []
+    for pid in pids:
+        code, report = doctor(pid)
+        assert code == 1
+        assert [r["rank"] for r in report["ranks"]] == [0, 1]
+        findings.append({k: report["findings"][0][k] for k in ("cause", "site", "ranks")})
+    assert findings[0] == findings[1] == findings[2]
+    assert findings[0]["cause"] == "rank-conditional-collective"
+
+
+def test_the_job_is_unchanged_after_doctor(hung_conditional: HungJob) -> None:
+    job = hung_conditional
+    before = [(p.pid, p.status()) for p in job.ranks()]
+    _code, first = doctor(job.agent().pid)
+    _code, second = doctor(job.agent().pid)
+    after = [(p.pid, p.status()) for p in job.ranks()]
+    assert before == after  # still running, nothing signalled or stopped
+    assert first["summary"]["classes"] == second["summary"]["classes"]
+
+
+def test_collective_hidden_in_a_helper_module() -> None:
+    project = SCRIPTS / "helper_project"
+    job = start_hung(Path("train.py"), 2, cwd=project)
+    try:
+        _code, report = doctor(job.agent().pid, cwd=project)
+    finally:
+        stop(job)
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert finding["site"].startswith("metrics.py:")
+    assert any("`if is_main`" in line for line in finding["evidence"])
+
+
+def test_a_single_python_process_is_not_a_distributed_job() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    try:
+        time.sleep(1.0)
+        result = run_bounded(
+            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(proc.pid)], 60, cwd=REPO
+        )
+    finally:
+        proc.kill()
+        proc.wait()
+    assert result.returncode == 2
+    assert "not a distributed job" in result.output
+    assert "<module>" in result.output  # its stack
+
+
+@pytest.mark.parametrize("kind", ["missing", "not-python"])
+def test_bad_pids_are_exit_2(kind: str) -> None:
+    helper = None
+    if kind == "missing":
+        pid = 4_000_000  # above pid_max
+    else:
+        helper = subprocess.Popen(["sleep", "30"])
+        pid = helper.pid
+    try:
+        result = run_bounded([sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(pid)], 60, cwd=REPO)
+    finally:
+        if helper is not None:
+            helper.kill()
+            helper.wait()
+    assert result.returncode == 2, result.output
+    assert ("no process with pid" if kind == "missing" else "no Python process") in result.output
+    assert "Traceback" not in result.output
