@@ -34,32 +34,11 @@ from ncclcheck.model import (
     format_ranks,
 )
 from ncclcheck.record.frames import is_user_file
+from ncclcheck.record.recorder import COLLECTIVES, P2P
 from ncclcheck.stacks import ProcessStack, dump_stacks
 
-_COLLECTIVE_NAMES = frozenset(
-    {
-        "all_reduce",
-        "all_gather",
-        "all_gather_into_tensor",
-        "reduce_scatter",
-        "reduce_scatter_tensor",
-        "all_to_all",
-        "all_to_all_single",
-        "broadcast",
-        "reduce",
-        "gather",
-        "scatter",
-        "barrier",
-        "monitored_barrier",
-        "all_gather_object",
-        "broadcast_object_list",
-        "gather_object",
-        "scatter_object_list",
-        "send",
-        "recv",
-        "batch_isend_irecv",
-    }
-)
+# the torch.distributed functions a rank can wait in (what the recorder wraps)
+_COLLECTIVE_NAMES = frozenset(COLLECTIVES) | frozenset(P2P)
 
 
 @dataclass
