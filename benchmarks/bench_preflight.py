@@ -15,7 +15,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,28 +23,35 @@ REPO = HERE.parent
 LOOP = HERE / "allreduce_loop.py"
 
 
-def run_loop(mode: str, iterations: int) -> float:
+def run_loop(mode: str, iterations: int) -> dict[str, float]:
     env = {**os.environ, "BENCH_MODE": mode, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    if mode == "recorder":
-        trace_dir = tempfile.mkdtemp(prefix="ncclcheck-bench-")
-        env.update(NCCLCHECK_TRACE_DIR=trace_dir, NCCLCHECK_PROBE_TIMEOUT="0")
-        argv = [*launcher, "--module", "ncclcheck.record.bootstrap", str(LOOP), str(iterations)]
-    else:
-        if mode == "detail":
-            env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-        argv = [*launcher, str(LOOP), str(iterations)]
+    if mode == "detail":
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(LOOP),
+        str(iterations),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600, check=True)
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return float(json.loads(line[len("RESULT ") :])["us_per_call"])
+    return {k: float(v) for k, v in json.loads(line[len("RESULT ") :]).items()}
 
 
-def recorder_overhead(repeats: int, iterations: int) -> dict[str, float]:
-    samples: dict[str, list[float]] = {"plain": [], "recorder": [], "detail": []}
-    for _ in range(repeats):  # interleaved, so drift on the machine hits all three alike
-        for mode in samples:
-            samples[mode].append(run_loop(mode, iterations))
-    return {mode: statistics.median(values) for mode, values in samples.items()}
+def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
+    """Per-call microseconds: plain and recorder from the same processes (alternating
+    blocks), and plain and DETAIL runs one after the other, repeated."""
+    samples: dict[str, list[float]] = {"plain": [], "recorder": [], "detail_plain": [], "detail": []}
+    for _ in range(repeats):
+        both = run_loop("interleaved", iterations)
+        samples["plain"].append(both["plain"])
+        samples["recorder"].append(both["recorder"])
+        samples["detail_plain"].append(run_loop("plain", iterations)["plain"])
+        samples["detail"].append(run_loop("detail", iterations)["detail"])
+    return samples
 
 
 def time_to_verdict() -> tuple[float, dict[str, object]]:
@@ -78,16 +84,24 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3000)
     args = parser.parse_args()
 
-    medians = recorder_overhead(args.repeats, args.iterations)
-    plain = medians["plain"]
-    print(f"small gloo all_reduce, 2 ranks, median of {args.repeats} runs x {args.iterations} calls")
+    samples = recorder_overhead(args.repeats, args.iterations)
+    median = {k: statistics.median(v) for k, v in samples.items()}
+    ratios = [r / p for r, p in zip(samples["recorder"], samples["plain"], strict=True)]
+    print(
+        f"small gloo all_reduce, 2 ranks, {args.repeats} runs x {args.iterations} calls "
+        f"(medians; plain and recorder alternate in blocks of 100 calls in the same processes)"
+    )
     print(f"  {'mode':<34}{'us/call':>9}{'vs plain':>10}")
-    for mode, label in (
-        ("plain", "plain torch.distributed"),
-        ("recorder", "ncclcheck recorder"),
-        ("detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL"),
-    ):
-        print(f"  {label:<34}{medians[mode]:>9.1f}{medians[mode] / plain:>9.2f}x")
+    print(f"  {'plain torch.distributed':<34}{median['plain']:>9.1f}{1:>9.2f}x")
+    print(
+        f"  {'ncclcheck recorder':<34}{median['recorder']:>9.1f}"
+        f"{statistics.median(ratios):>9.2f}x   (per run: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
+    )
+    detail_ratio = median["detail"] / median["detail_plain"]
+    print(
+        f"  {'TORCH_DISTRIBUTED_DEBUG=DETAIL':<34}{median['detail']:>9.1f}{detail_ratio:>9.2f}x"
+        f"   (vs separate plain runs: {median['detail_plain']:.1f} us)"
+    )
 
     elapsed, finding = time_to_verdict()
     print("\ntime to a verdict, uneven-eval-batches repro, 4 ranks (stall timeout 15 s)")
