@@ -216,7 +216,7 @@ class Diagnoser:
             summary["stopped"] = self.ev.stopped
         if len(self.ev.traces) < self.ev.world_size:
             summary["partial"] = (
-                f"traces of {_who(sorted(self.ev.traces))} of {self.ev.world_size} "
+                f"traces of {who(sorted(self.ev.traces))} of {self.ev.world_size} "
                 f"only: gather every node's --trace-dir in one folder and run "
                 f"`ncclcheck preflight --from DIR` for the whole picture"
             )
@@ -243,7 +243,7 @@ class Diagnoser:
             call = calls[made[0]]
             return self.finding(
                 "collective-shape-mismatch",
-                f"{_who(first.members)} call {call.op if call else '?'} at the same "
+                f"{who(first.members)} call {call.op if call else '?'} at the same "
                 f"site with different shapes or dtypes",
                 ranks=first.members,
                 absent_ranks=[],
@@ -258,7 +258,7 @@ class Diagnoser:
         if dead:
             return self.crashed(dead, first)
 
-        uneven = self.uneven_eval(first, made, other, evidence)
+        uneven = self.uneven_eval(first, evidence)
         if uneven is not None:
             return uneven
 
@@ -285,17 +285,17 @@ class Diagnoser:
                     call_one = one.calls[one.present[0]]
                     call_two = two.calls[two.present[0]]
                     evidence = [
-                        f"group {one.group}: {_who(one.present)} are in "
-                        f"{self.describe_call(call_one)}; {_who(one.absent)} have not "
+                        f"group {one.group}: {who(one.present)} are in "
+                        f"{self.describe_call(call_one)}; {who(one.absent)} have not "
                         f"made that call",
-                        f"group {two.group}: {_who(two.present)} are in "
-                        f"{self.describe_call(call_two)}; {_who(two.absent)} have not "
+                        f"group {two.group}: {who(two.present)} are in "
+                        f"{self.describe_call(call_two)}; {who(two.absent)} have not "
                         f"made that call",
                         "each side waits for the other in a different process group: a cycle",
                     ]
                     return self.finding(
                         "collective-order-mismatch",
-                        f"{_who(one.present)} and {_who(two.present)} "
+                        f"{who(one.present)} and {who(two.present)} "
                         f"issue the same collectives in a different order across process groups "
                         f"{one.group} and {two.group}",
                         ranks=one.present,
@@ -328,10 +328,10 @@ class Diagnoser:
                 call = divergence.calls[survivors[0]]
                 site = self.site(call.site if call else None)
                 op = call.op if call else None
-                evidence.append(f"{_who(survivors)} waited in {self.describe_call(call)}")
+                evidence.append(f"{who(survivors)} waited in {self.describe_call(call)}")
         return self.finding(
             "rank-crashed",
-            f"{_who(dead)} died" + (f" while {_who(survivors)} waited in {op}" if survivors else ""),
+            f"{who(dead)} died" + (f" while {who(survivors)} waited in {op}" if survivors else ""),
             ranks=survivors,
             absent_ranks=dead,
             op=op,
@@ -339,9 +339,7 @@ class Diagnoser:
             evidence=evidence,
         )
 
-    def uneven_eval(
-        self, first: Divergence, made: list[int], other: list[int], evidence: list[str]
-    ) -> Finding | None:
+    def uneven_eval(self, first: Divergence, evidence: list[str]) -> Finding | None:
         """Some ranks still in an eval loop's per-batch collective, the others past it."""
         inside = sorted(
             r for r, c in first.calls.items() if c is not None and (c.position or {}).get("role") == "eval"
@@ -375,8 +373,8 @@ class Diagnoser:
         return self.finding(
             cause,
             f"eval loaders yield different numbers of batches per rank; "
-            f"{_who(inside)} made a per-batch {call.op} that "
-            f"{_who(outside)} never made",
+            f"{who(inside)} made a per-batch {call.op} that "
+            f"{who(outside)} never made",
             ranks=inside,
             absent_ranks=outside,
             op=call.op,
@@ -408,7 +406,7 @@ class Diagnoser:
         step = earlier.position or {}
         evidence = [
             *evidence,
-            f"{_who(skipped)} made no {earlier.op} at "
+            f"{who(skipped)} made no {earlier.op} at "
             f"{self.site(site)} for {step.get('loader')} batch {step.get('batch')}",
         ]
         cause, reason = "data-dependent-branch", ""
@@ -436,7 +434,7 @@ class Diagnoser:
             evidence.append(reason)
         return self.finding(
             cause,
-            f"{_who(skipped)} skipped the {earlier.op} at {self.site(site)} for one "
+            f"{who(skipped)} skipped the {earlier.op} at {self.site(site)} for one "
             f"step ({step.get('loader')} batch {step.get('batch')}); their later calls pair with "
             f"the other ranks' earlier ones",
             ranks=did,
@@ -465,8 +463,8 @@ class Diagnoser:
             cause="straggler",
             severity=Severity.ERROR,
             message=(
-                f"{_who(made)} waited in {call.op if call else '?'} for "
-                f"{_who(late)}, still busy outside any collective "
+                f"{who(made)} waited in {call.op if call else '?'} for "
+                f"{who(late)}, still busy outside any collective "
                 f"({self.ev.stall_seconds:.0f} s without progress)"
             ),
             ranks=made,
@@ -500,13 +498,13 @@ class Diagnoser:
                 if guard.kind == source.RANK:
                     evidence.append(
                         f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))}"
-                        f" sends {_who(made)} to it"
+                        f" sends {who(made)} to it"
                     )
                     return self.finding(
                         "rank-conditional-collective",
-                        f"only {_who(made)} reached {call.op} at {self.site(call.site)}"
+                        f"only {who(made)} reached {call.op} at {self.site(call.site)}"
                         f" in {call.site.function if call.site else '?'}(), under "
-                        f"`if {guard.text}`; {_who(other)} never called it",
+                        f"`if {guard.text}`; {who(other)} never called it",
                         ranks=made,
                         absent_ranks=other,
                         op=call.op,
@@ -533,10 +531,10 @@ class Diagnoser:
                 )
                 return self.finding(
                     cause,
-                    f"{_who(other)} left {frame.function}() early through the "
+                    f"{who(other)} left {frame.function}() early through the "
                     f"`{guard.statement}` at {self.site(Frame(frame.file, guard.line, ''))} and "
                     f"missed the {call.op} at {self.site(call.site)} that "
-                    f"{_who(made)} waited in",
+                    f"{who(made)} waited in",
                     ranks=made,
                     absent_ranks=other,
                     op=call.op,
@@ -568,14 +566,14 @@ class Diagnoser:
                     cause = _cause_of_exit(guard.kind)
                     where = self.site(Frame(inside.file, guard.line, ""))
                     evidence.append(
-                        f"{_who(outside_ranks)} left the loop at "
+                        f"{who(outside_ranks)} left the loop at "
                         f"{self.site(Frame(inside.file, loop.lineno, ''))} through `{guard.statement}`"
                         f" under `if {guard.text}` at {where}; "
-                        f"{_who(inside_ranks)} stayed in it"
+                        f"{who(inside_ranks)} stayed in it"
                     )
                     message = (
-                        f"{_who(outside_ranks)} and "
-                        f"{_who(inside_ranks)} decided differently at `if "
+                        f"{who(outside_ranks)} and "
+                        f"{who(inside_ranks)} decided differently at `if "
                         f"{guard.text}` ({where})"
                     )
                     if cause == "unsynchronized-decision":
@@ -592,8 +590,8 @@ class Diagnoser:
         # 4. nothing in the source explains it: report the place, plainly
         return self.finding(
             "rank-conditional-collective",
-            f"{_who(made)} called {call.op} at {self.site(call.site)}; "
-            f"{_who(other)} did something else at that point",
+            f"{who(made)} called {call.op} at {self.site(call.site)}; "
+            f"{who(other)} did something else at that point",
             ranks=made,
             absent_ranks=other,
             op=call.op,
@@ -623,7 +621,7 @@ class Diagnoser:
                 cause="straggler",
                 severity=Severity.ERROR,
                 message=(
-                    f"{_who(waiting)} waited in a collective for {_who(late)}, busy outside any collective"
+                    f"{who(waiting)} waited in a collective for {who(late)}, busy outside any collective"
                 ),
                 ranks=waiting,
                 absent_ranks=late,
@@ -636,7 +634,7 @@ class Diagnoser:
         frozen = [r for r, s in stacks.items() if s.status in ("stopped", "tracing-stop", "disk-sleep")]
         evidence = [f"every rank's last call: {self.describe_call(call)}"]
         if frozen:
-            evidence.append(f"{_who(frozen)} are frozen (process state stopped)")
+            evidence.append(f"{who(frozen)} are frozen (process state stopped)")
         return Finding(
             cause="transport-hang",
             severity=Severity.ERROR,
@@ -717,7 +715,7 @@ def _cause_of_exit(condition_kind: str) -> str:
     }.get(condition_kind, "unsynchronized-decision")
 
 
-def _who(ranks: list[int]) -> str:
+def who(ranks: list[int]) -> str:
     """'rank 0' or 'ranks 1-3': how a sentence names ranks."""
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 

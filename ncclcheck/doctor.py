@@ -20,7 +20,7 @@ import psutil
 
 from ncclcheck.analyze import source
 from ncclcheck.analyze.align import Divergence, Mismatch
-from ncclcheck.diagnose import Diagnoser, Evidence, relative
+from ncclcheck.diagnose import Diagnoser, Evidence, relative, who
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.model import (
     CollectiveCall,
@@ -213,7 +213,7 @@ def run_doctor(
 def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) -> list[Finding]:
     """The playbooks' doctor signals, applied to the merged stack classes."""
     missing = sorted(set(range(world)) - set(found))
-    evidence = [f"{_who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
+    evidence = [f"{who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
     waiting = [c for c in classes if c.in_collective]
     outside = [c for c in classes if not c.in_collective]
     diagnoser = Diagnoser(Evidence(traces={}, world_size=world))
@@ -222,7 +222,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         return [
             diagnoser.finding(
                 "rank-crashed",
-                f"{_who(missing)} of {world} are not running on this host while {_who(ranks)} wait",
+                f"{who(missing)} of {world} are not running on this host while {who(ranks)} wait",
                 ranks=ranks,
                 absent_ranks=missing,
                 op=waiting[0].blocking if waiting else None,
@@ -234,12 +234,12 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
     if len(waiting) == 1 and len(outside) == (1 if frozen else 0):
         only = waiting[0]
         if frozen:
-            evidence.append(f"{_who(frozen)} frozen: process state stopped, stack unreadable")
+            evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
         return [
             diagnoser.finding(
                 "transport-hang",
                 f"every rank is in {only.blocking} at {_site(only)}"
-                + (f" or frozen ({_who(frozen)})" if frozen else "")
+                + (f" or frozen ({who(frozen)})" if frozen else "")
                 + ": the code is aligned, the transport is not; run `ncclcheck probe` with the "
                 "same launcher options",
                 ranks=sorted(only.ranks + frozen),
@@ -255,7 +255,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         return [
             diagnoser.finding(
                 "straggler",
-                f"{_who(ranks)} wait in {waiting[0].blocking} while {_who(late)} are busy outside any "
+                f"{who(ranks)} wait in {waiting[0].blocking} while {who(late)} are busy outside any "
                 f"collective ({outside[0].blocking} at {_where(outside[0])})",
                 ranks=ranks,
                 absent_ranks=late,
@@ -288,7 +288,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         if small.blocking == big.blocking and finding.message.endswith("at that point"):
             finding = diagnoser.finding(
                 "collective-order-mismatch",
-                f"{_who(small.ranks)} and {_who(big.ranks)} wait in {small.blocking} at different "
+                f"{who(small.ranks)} and {who(big.ranks)} wait in {small.blocking} at different "
                 f"sites ({_site(small)} and {_site(big)}): their collective sequences differ",
                 ranks=small.ranks,
                 absent_ranks=big.ranks,
@@ -359,16 +359,16 @@ def _loop_finding(
     if source.swallowing_try(inside.site.file, inside.site.line) is not None:
         cause = "rank-exception"
         message = (
-            f"{_who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
-            f"errors, while {_who(outside.ranks)} are past the loop: they skipped one of its "
+            f"{who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
+            f"errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
             f"collectives"
         )
     else:
         cause = "uneven-eval-batches"
         message = (
-            f"{_who(inside.ranks)} are still in the loop at "
+            f"{who(inside.ranks)} are still in the loop at "
             f"{relative(frame.file, os.getcwd())}:{getattr(loop, 'lineno', '?')} (in "
-            f"{inside.blocking}), {_who(outside.ranks)} already left it: the loop ran fewer "
+            f"{inside.blocking}), {who(outside.ranks)} already left it: the loop ran fewer "
             f"times on them"
         )
     return diagnoser.finding(
@@ -400,10 +400,6 @@ def _not_distributed(
         "not a distributed job: no process there has RANK and WORLD_SIZE in its environment",
         hint="Its stack, innermost first:\n  " + "\n  ".join(lines or ["(none readable)"]),
     )
-
-
-def _who(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
 def _site(cls: StackClass) -> str | None:

@@ -88,13 +88,6 @@ def parse(path: str) -> ast.Module | None:
         return None
 
 
-def source_line(path: str, line: int) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8").splitlines()[line - 1].strip()
-    except (OSError, IndexError, UnicodeDecodeError):
-        return ""
-
-
 def contains(node: ast.AST, line: int) -> bool:
     start = getattr(node, "lineno", None)
     end = getattr(node, "end_lineno", None)
@@ -192,9 +185,6 @@ class Guard:
     line: int  # the if/while line, or the exit statement's line
     text: str  # the condition as written
     statement: str = "if"  # if | return | break | continue | raise | while
-
-    def describe(self, path: str) -> str:
-        return f"`{self.statement if self.statement != 'if' else 'if ' + self.text}` at {path}:{self.line}"
 
 
 def guards_of(path: str, line: int) -> list[Guard]:
