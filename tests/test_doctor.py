@@ -70,7 +70,10 @@ def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
             continue
         _code, report = doctor(job.agent().pid, cwd=cwd)
         summary = json.dumps(report.get("summary", {}).get("classes"))
-        if report.get("findings") and summary == previous:
+        # Every hanging repro ends with at least one rank waiting in a collective; before
+        # that, two looks can agree by chance (all ranks still importing torch, say).
+        waiting = any(r.get("state") == "in-collective" for r in report.get("ranks", []))
+        if waiting and report.get("findings") and summary == previous:
             return job  # two looks in a row agree: nothing moves any more
         previous = summary
     stop(job)
