@@ -38,14 +38,44 @@ def main() -> None:
 
         recorder = Recorder(tempfile.mkdtemp(prefix="ncclcheck-bench-"), dist.get_rank(), 5, 1, 10)
         recorded = recorder.wrap_collective("all_reduce", plain)
-        block = 100
+
+        # Short blocks in ABBA order, compared pair by pair: the latency of gloo on a
+        # shared VM jumps between regimes (300 us, then 3 ms) within seconds, so only
+        # neighbouring blocks are comparable.
+        # A busy-wait of 10 us before each plain call calibrates how this machine turns
+        # a few microseconds of work before a collective into latency.
+        def spin_then_plain(tensor: torch.Tensor) -> None:
+            end = time.perf_counter() + 10e-6
+            while time.perf_counter() < end:
+                pass
+            plain(tensor)
+
+        block = 20
+        variants = {"recorder": recorded, "spin10": spin_then_plain}
+        ratios: dict[str, list[float]] = {name: [] for name in variants}
         samples: dict[str, list[float]] = {"plain": [], "recorder": []}
-        for _ in range(max(1, iterations // (2 * block))):
-            dist.barrier()
-            samples["plain"].append(time_block(plain, value, block))
-            dist.barrier()
-            samples["recorder"].append(time_block(recorded, value, block))
+        for pair in range(max(1, iterations // (2 * block * len(variants)))):
+            for name, variant in variants.items():
+                order = (plain, variant) if pair % 2 == 0 else (variant, plain)
+                timed: dict[object, float] = {}
+                for call in order:
+                    dist.barrier()
+                    timed[call] = time_block(call, value, block)
+                ratios[name].append(timed[variant] / timed[plain])
+                if name == "recorder":
+                    samples["plain"].append(timed[plain])
+                    samples["recorder"].append(timed[recorded])
         result = {name: statistics.median(values) for name, values in samples.items()}
+        result["paired_ratio"] = statistics.median(ratios["recorder"])
+        result["spin10_ratio"] = statistics.median(ratios["spin10"])
+
+        # The recorder's own work per call, without the network: the same wrapper
+        # around a collective that returns at once, from the same stack depth.
+        def returns_at_once(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
+            return None
+
+        noop = recorder.wrap_collective("all_reduce", returns_at_once)
+        result["cpu_us"] = min(time_block(noop, value, 2000) for _ in range(5))
     else:
         dist.barrier()
         result[mode] = time_block(plain, value, iterations)

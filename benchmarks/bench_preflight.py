@@ -44,11 +44,19 @@ def run_loop(mode: str, iterations: int) -> dict[str, float]:
 def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
     """Per-call microseconds: plain and recorder from the same processes (alternating
     blocks), and plain and DETAIL runs one after the other, repeated."""
-    samples: dict[str, list[float]] = {"plain": [], "recorder": [], "detail_plain": [], "detail": []}
+    samples: dict[str, list[float]] = {
+        "plain": [],
+        "recorder": [],
+        "paired_ratio": [],
+        "spin10_ratio": [],
+        "cpu_us": [],
+        "detail_plain": [],
+        "detail": [],
+    }
     for _ in range(repeats):
         both = run_loop("interleaved", iterations)
-        samples["plain"].append(both["plain"])
-        samples["recorder"].append(both["recorder"])
+        for key in ("plain", "recorder", "paired_ratio", "spin10_ratio", "cpu_us"):
+            samples[key].append(both[key])
         samples["detail_plain"].append(run_loop("plain", iterations)["plain"])
         samples["detail"].append(run_loop("detail", iterations)["detail"])
     return samples
@@ -86,16 +94,25 @@ def main() -> None:
 
     samples = recorder_overhead(args.repeats, args.iterations)
     median = {k: statistics.median(v) for k, v in samples.items()}
-    ratios = [r / p for r, p in zip(samples["recorder"], samples["plain"], strict=True)]
+    ratios = samples["paired_ratio"]
     print(
         f"small gloo all_reduce, 2 ranks, {args.repeats} runs x {args.iterations} calls "
-        f"(medians; plain and recorder alternate in blocks of 100 calls in the same processes)"
+        f"(plain and recorded calls alternate in ABBA blocks of 20 in the same processes; "
+        f"ratio = median of neighbouring blocks)"
     )
     print(f"  {'mode':<34}{'us/call':>9}{'vs plain':>10}")
     print(f"  {'plain torch.distributed':<34}{median['plain']:>9.1f}{1:>9.2f}x")
     print(
         f"  {'ncclcheck recorder':<34}{median['recorder']:>9.1f}"
         f"{statistics.median(ratios):>9.2f}x   (per run: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
+    )
+    print(
+        f"  {'10 us busy-wait, then plain':<34}{'':>9}{median['spin10_ratio']:>9.2f}x"
+        f"   (how this machine turns work before a call into latency)"
+    )
+    print(
+        f"  {'recorder work alone (no network)':<34}{median['cpu_us']:>9.1f}"
+        f"{median['cpu_us'] / median['plain']:>9.2f}x   (around a collective that returns at once)"
     )
     detail_ratio = median["detail"] / median["detail_plain"]
     print(

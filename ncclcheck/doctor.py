@@ -76,6 +76,15 @@ def _environ(proc: psutil.Process) -> dict[str, str]:
         return {}
 
 
+def _peek_environ(proc: psutil.Process) -> dict[str, str]:
+    """The environment of a process we only glance at (a parent): unreadable is empty,
+    not an error, since it may belong to someone else (init, a container runtime)."""
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
 def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
     """The rank processes reachable from ``pids``; and the Python processes seen if none is a rank."""
     roots: list[psutil.Process] = []
@@ -87,7 +96,8 @@ def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
         env = _environ(proc)
         if "RANK" in env and "WORLD_SIZE" in env:
             parent = proc.parent()  # a rank: look from its agent, to find its siblings too
-            if parent is not None and "RANK" not in _environ(parent):
+            parent_env = _peek_environ(parent) if parent is not None and parent.pid != 1 else {}
+            if parent is not None and parent_env and "RANK" not in parent_env:
                 proc = parent
         roots.append(proc)
     seen: dict[int, RankProcess] = {}
@@ -100,7 +110,7 @@ def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
                     pythons.append(proc)
                 continue
             parent = proc.parent()
-            if parent is not None and _environ(parent).get("RANK") == env["RANK"]:
+            if parent is not None and _peek_environ(parent).get("RANK") == env["RANK"]:
                 continue  # a DataLoader worker inherits its rank's environment
             seen[proc.pid] = RankProcess(
                 pid=proc.pid,

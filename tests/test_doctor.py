@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -188,4 +190,49 @@ def test_bad_pids_are_exit_2(kind: str) -> None:
             helper.wait()
     assert result.returncode == 2, result.output
     assert ("no process with pid" if kind == "missing" else "no Python process") in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None or not Path("/usr/bin/python3").exists(),
+    reason="needs root and setpriv: a rank of another user, read without CAP_SYS_PTRACE",
+)
+def test_no_permission_to_read_a_rank_is_explained_with_exit_2() -> None:
+    # A "rank" owned by nobody, and doctor as root without CAP_SYS_PTRACE: what an
+    # engineer meets who is not the job's user, or in a container without the capability.
+    target = subprocess.Popen(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            "import time; time.sleep(60)",
+        ],
+        env={"RANK": "0", "WORLD_SIZE": "2", "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        time.sleep(0.5)
+        result = run_bounded(
+            [
+                "setpriv",
+                "--inh-caps=-sys_ptrace",
+                "--bounding-set=-sys_ptrace",
+                sys.executable,
+                "-m",
+                "ncclcheck",
+                "doctor",
+                "--pid",
+                str(target.pid),
+            ],
+            60,
+            cwd=REPO,
+        )
+    finally:
+        target.kill()
+        target.wait(timeout=10)
+    assert result.returncode == 2, result.output
+    assert f"no permission to read the stack of pid {target.pid}" in result.output
+    assert "SYS_PTRACE" in result.output and "ptrace_scope" in result.output
     assert "Traceback" not in result.output

@@ -205,6 +205,7 @@ def main() -> None:
     # As `python SCRIPT ARGS` would: argv, sys.path[0] is the script's folder.
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)
+    recorder.outermost_frame = sys._getframe()
     try:
         runpy.run_path(script, run_name="__main__")
         recorder.exit("returned", 0)

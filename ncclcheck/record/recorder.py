@@ -68,6 +68,10 @@ ENV_DRY_RUN = "NCCLCHECK_DRY_RUN"
 _EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
 
 
+_CALL_LINE = b'{"t":"call","n":%d,"seq":%d,"time":%.6f%b%b}\n'  # bytes %: cheaper than str + encode
+_KEY_FRAMES = 64  # frames of the caller's stack that tell one call site from another
+
+
 class DryRunComplete(BaseException):
     """Raised on every rank at the same logical point to end the dry run.
 
@@ -94,8 +98,21 @@ def _describe_group(group: Any) -> tuple[str, list[int]]:
     return name, ranks
 
 
+def _tensor_key(values: Any, key: list[Any], tensor_type: type, depth: int = 0) -> None:
+    """What tells one call's tensors from another's, cheaply: shape, dtype object and
+    device index (-1 on CPU), for the tensors in the arguments (lists of lists too).
+    Hashable without formatting anything; the readable form is made once per key."""
+    if isinstance(values, tensor_type):
+        key.append(values.shape)  # type: ignore[attr-defined]
+        key.append(values.dtype)  # type: ignore[attr-defined]
+        key.append(values.get_device())  # type: ignore[attr-defined]
+    elif isinstance(values, (list, tuple)) and depth < 2:
+        for value in values:
+            _tensor_key(value, key, tensor_type, depth + 1)
+
+
 def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]], depth: int = 0) -> None:
-    """(shape, dtype, device) of the tensors in a call's arguments (lists of lists too)."""
+    """(shape, dtype, device) of the tensors in a call's arguments, as the trace writes them."""
     import torch
 
     if isinstance(values, torch.Tensor):
@@ -130,10 +147,18 @@ class Recorder:
         self._eval_passes_done = 0
         self._train_passes = 0
         self._backward_site: list[tuple[str, int, str]] = []
-        self._static: dict[tuple[Any, ...], str] = {}
+        self._static: dict[tuple[Any, ...], bytes] = {}
+        self._pinned_codes: set[Any] = set()  # keeps the code ids in _static's keys unique
         self._group_names: dict[int, str] = {}
-        self._position_json = ""
+        self._position_bytes = b""
         self.in_backward = 0  # autograd runs with grad mode off: that is not evaluation
+        # The walk over the caller's stack stops here: the frames outside the user's
+        # script (the bootstrap, runpy) are the same for every call.
+        self.outermost_frame: Any = None
+        import torch  # not at module level: the CLI imports this module without torch
+
+        self._grad_enabled = torch.is_grad_enabled
+        self._tensor_type = torch.Tensor
         self.stop_reason: str | None = None
 
     # -- writing -----------------------------------------------------------------
@@ -184,11 +209,9 @@ class Recorder:
 
     @property
     def phase(self) -> str:
-        import torch
-
         if self._module_eval:
             return "eval"
-        return "eval" if not (self.in_backward or torch.is_grad_enabled()) else "train"
+        return "eval" if not (self.in_backward or self._grad_enabled()) else "train"
 
     def _note_phase(self) -> str:
         phase = self.phase
@@ -224,52 +247,49 @@ class Recorder:
 
         The hot path of the dry run: everything that repeats from call to call
         (the stack, the group, shapes, phase) is encoded once per distinct call
-        and cached; a call costs a frame walk, a dict lookup and one write.
+        and cached. A call costs a walk over the stack that reads each frame's code
+        and instruction offset (not its line number: computing f_lineno scans the
+        line table and cost 3x the rest of the walk), a dict lookup and one write.
         """
-        frame_key: list[tuple[Any, int]] = []
+        key: list[Any] = [op, id(group), async_op, source, self._note_phase()]
+        if extra is not None:
+            key.append(tuple(sorted(extra.items())))
+        _tensor_key(tensors, key, self._tensor_type)
+        append = key.append
         frame = caller
-        while frame is not None and len(frame_key) < 64:
-            frame_key.append((frame.f_code, frame.f_lineno))
+        outermost = self.outermost_frame
+        depth = 0
+        while frame is not None and frame is not outermost and depth < _KEY_FRAMES:
+            # Code objects by id: hashing a code object hashes its contents. The
+            # codes of every cached key stay referenced, so no id is reused.
+            append(id(frame.f_code))
+            append(frame.f_lasti)
             frame = frame.f_back
-        facts: list[tuple[tuple[int, ...], str, str]] = []
-        _tensor_signature(tensors, facts)
-        phase = self._note_phase()
-        key = (
-            op,
-            id(group),
-            tuple(frame_key),
-            tuple(facts),
-            async_op,
-            source,
-            phase,
-            None if extra is None else tuple(sorted(extra.items())),
-        )
-        static = self._static.get(key)
+            depth += 1
+        frozen = tuple(key)
+        static = self._static.get(frozen)
         if static is None:
-            static = self._encode_static(key, op, group, facts, async_op, source, phase, caller, extra)
+            static = self._encode_static(frozen, op, group, tensors, async_op, source, caller, extra)
         with self._lock:
             self._calls += 1
             name = self._group_names[id(group)]
             seq = self._group_seq.get(name, 0)
             self._group_seq[name] = seq + 1
-            line = (
-                f'{{"t":"call","n":{self._calls},"seq":{seq},"time":{time.time():.6f}'
-                f"{self._position_json}{static}}}\n"
-            )
-            os.write(self._fd, line.encode())
+            os.write(self._fd, _CALL_LINE % (self._calls, seq, time.time(), self._position_bytes, static))
 
     def _encode_static(
         self,
         key: tuple[Any, ...],
         op: str,
         group: Any,
-        facts: list[tuple[tuple[int, ...], str, str]],
+        tensors: Any,
         async_op: bool,
         source: str,
-        phase: str,
         caller: Any,
         extra: dict[str, Any] | None,
-    ) -> str:
+    ) -> bytes:
+        facts: list[tuple[tuple[int, ...], str, str]] = []
+        _tensor_signature(tensors, facts)
         frames = user_frames(caller)
         if not frames and self._backward_site:
             frames = self._backward_site  # a hook on an autograd thread: the backward() site
@@ -283,14 +303,21 @@ class Recorder:
             "dtypes": [dtype for _, dtype, _ in facts],
             "device": ",".join(sorted({device for _, _, device in facts})) or "cpu",
             "async": async_op,
-            "phase": phase,
+            "phase": self._phase,
             "src": source,
             "stack": [list(f) for f in reversed(frames)],
             **(extra or {}),
         }
-        encoded = "," + json.dumps(fields, separators=(",", ":"))[1:-1]
+        encoded = ("," + json.dumps(fields, separators=(",", ":"))[1:-1]).encode()
         if len(self._static) > 10_000:  # a script that never repeats a call: stay bounded
             self._static.clear()
+            self._pinned_codes.clear()
+        frame = caller
+        for _ in range(_KEY_FRAMES):
+            if frame is None:
+                break
+            self._pinned_codes.add(frame.f_code)
+            frame = frame.f_back
         self._static[key] = encoded
         return encoded
 
@@ -307,31 +334,40 @@ class Recorder:
         peer_names = [p for p in ("dst", "src", "group_dst", "group_src") if p in params]
         depth = self._depth
 
+        async_index = params.index("async_op") if "async_op" in params else None
+        peer_positions = [(name, params.index(name)) for name in peer_names]
+        get_frame = sys._getframe
+        record_call = self.record_call
+
         @functools.wraps(fn)
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            if depth.inside:
+            if depth.inside:  # a collective inside a collective (all_gather_object's all_gather)
                 return fn(*args, **kwargs)
-            group = kwargs.get("group")
+            if kwargs:
+                group = kwargs.get("group")
+                async_op = bool(kwargs.get("async_op", False))
+                tensors: tuple[Any, ...] = (*args, *kwargs.values())
+            else:
+                group, async_op, tensors = None, False, args
             if group is None and group_index is not None and len(args) > group_index:
                 group = args[group_index]
+            if async_index is not None and len(args) > async_index:
+                async_op = bool(args[async_index])
             if op == "_broadcast_coalesced" and args:
                 group = args[0]  # (process_group, tensors, buffer_size, src)
             extra: dict[str, Any] | None = None
             if is_p2p:
                 extra = {}
-                for peer in peer_names:
-                    position = params.index(peer)
+                for peer, position in peer_positions:
                     value = kwargs.get(peer, args[position] if len(args) > position else None)
                     if value is not None:
                         extra["peer"] = value
-            tensors = list(args) + list(kwargs.values())
-            async_op = bool(kwargs.get("async_op", False))
-            self.record_call(op, group, tensors, async_op, "python", sys._getframe(1), extra)
-            depth.inside += 1
+            record_call(op, group, tensors, async_op, "python", get_frame(1), extra)
+            depth.inside = 1
             try:
                 return fn(*args, **kwargs)
             finally:
-                depth.inside -= 1
+                depth.inside = 0
 
         recorded.__ncclcheck_wrapped__ = fn  # type: ignore[attr-defined]
         return recorded
@@ -399,7 +435,7 @@ class Recorder:
 
     def pass_ended(self, tracked: _TrackedIterator, exhausted: bool) -> None:
         self._position = None
-        self._position_json = ""
+        self._position_bytes = b""
         if tracked.role == "eval" and exhausted:
             self._eval_passes_done += 1
         elif tracked.role == "train":
@@ -421,7 +457,7 @@ class Recorder:
             "batch": tracked.index,
             "role": tracked.role,
         }
-        self._position_json = ',"pos":' + json.dumps(self._position, separators=(",", ":"))
+        self._position_bytes = (',"pos":' + json.dumps(self._position, separators=(",", ":"))).encode()
         self.write({"t": "batch", **self._position, "phase": self._note_phase(), "time": time.time()})
 
     def budget_check(self, tracked: _TrackedIterator) -> None:
