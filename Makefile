@@ -40,8 +40,8 @@ demo: $(STAMP) ## Preflight the rank-conditional-collective reproducer
 	-$(BIN)/ncclcheck preflight --nproc-per-node 2 $(SCRIPT)
 
 lint: $(STAMP) ## ruff and mypy
-	$(BIN)/ruff check ncclcheck tests benchmarks
-	$(BIN)/ruff format --check ncclcheck tests benchmarks
+	$(BIN)/ruff check ncclcheck tests benchmarks playbooks
+	$(BIN)/ruff format --check ncclcheck tests benchmarks playbooks
 	$(BIN)/mypy
 
 preflight: $(STAMP) ## Dry-run SCRIPT=path on NPROC ranks of this node

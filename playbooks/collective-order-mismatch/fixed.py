@@ -24,10 +24,13 @@ def synthetic_dataset(samples: int, seed: int) -> TensorDataset:
     return TensorDataset(features, labels)
 
 
-def sync_metrics(metrics: dict[str, tuple[torch.Tensor, dist.ProcessGroup | None]]) -> None:
+def sync_metrics(metrics: dict[str, tuple[torch.Tensor, dist.ProcessGroup | None]]) -> dict[str, float]:
+    totals = {}
     for name in sorted(metrics):  # FIX: the same order on every rank
         value, group = metrics[name]
         dist.all_reduce(value, group=group)
+        totals[name] = value.item()
+    return totals
 
 
 def main() -> None:
@@ -54,9 +57,9 @@ def main() -> None:
         optimizer.step()
         loss_sum += loss.detach() * len(labels)
         metrics["samples"][0].add_(len(labels))
-    sync_metrics(metrics)
+    totals = sync_metrics(metrics)
     if rank == 0:
-        total, samples = metrics["loss_sum"][0].item(), metrics["samples"][0].item()
+        total, samples = totals["loss_sum"], totals["samples"]
         print(f"train loss {total / samples:.4f} over {samples:.0f} samples", flush=True)
     dist.destroy_process_group()
 

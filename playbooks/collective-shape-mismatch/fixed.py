@@ -61,7 +61,7 @@ def main() -> None:
     padded = F.pad(mine, (0, longest - len(mine)), value=-1)
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded)
-    flagged = torch.cat([g[: int(n.item())] for g, n in zip(gathered, lengths)])
+    flagged = torch.cat([g[: int(n.item())] for g, n in zip(gathered, lengths, strict=True)])
     if rank == 0:
         print(f"{len(flagged)} flagged samples in all", flush=True)
     dist.destroy_process_group()

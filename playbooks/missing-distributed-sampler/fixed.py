@@ -53,9 +53,7 @@ def main() -> None:
     same_on_all_ranks = torch.Generator().manual_seed(1234)
     keep = (torch.rand(len(val_pool), generator=same_on_all_ranks) < 0.25).nonzero()
     val_subset = Subset(val_pool, keep.flatten().tolist())
-    val_loader = DataLoader(
-        val_subset, batch_size=8, sampler=DistributedSampler(val_subset, shuffle=False)
-    )
+    val_loader = DataLoader(val_subset, batch_size=8, sampler=DistributedSampler(val_subset, shuffle=False))
     model.eval()
     with torch.no_grad():
         for step, (features, labels) in enumerate(val_loader):

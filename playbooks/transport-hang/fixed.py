@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
+
 def synthetic_dataset(samples: int, seed: int) -> TensorDataset:
     gen = torch.Generator().manual_seed(seed)
     features = torch.randn(samples, 16, generator=gen)

@@ -56,9 +56,7 @@ def main() -> None:
     train_set, val_set = synthetic_dataset(256, seed=0), synthetic_dataset(49, seed=1)
     train_loader = DataLoader(train_set, batch_size=16, sampler=DistributedSampler(train_set))
     # FIX: DistributedSampler pads the shards to equal length
-    val_loader = DataLoader(
-        val_set, batch_size=4, sampler=DistributedSampler(val_set, shuffle=False)
-    )
+    val_loader = DataLoader(val_set, batch_size=4, sampler=DistributedSampler(val_set, shuffle=False))
 
     for features, labels in train_loader:
         optimizer.zero_grad()
