@@ -11,6 +11,7 @@ neither written to nor signalled.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import os
 import socket
@@ -61,6 +62,8 @@ class StackClass:
     blocking: str  # all_reduce, barrier, DataLoader, sleep, compute, ...
     in_collective: bool
     frames: list[Frame]  # the user's frames, outermost first
+    # per rank: what tells apart ranks waiting at the same line (see rank_state)
+    states: dict[int, dict[str, str]] = field(default_factory=dict)
 
     @property
     def site(self) -> Frame | None:
@@ -167,7 +170,63 @@ def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
         if key not in classes:
             classes[key] = StackClass([], blocking, in_collective, frames)
         classes[key].ranks.append(rank)
+        if in_collective:
+            classes[key].states[rank] = rank_state(stack, blocking)
     return sorted(classes.values(), key=lambda c: c.ranks[0])
+
+
+def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
+    """What tells apart ranks that wait at the same line, from py-spy's locals: the
+    process group the user's call passes (named after the variable that holds it)
+    and the values of the loop variables around each user frame. Ranks at one line
+    with different values are at different points of their collective sequences."""
+    main = stack.main
+    if main is None or not main.locals:
+        return {}
+    pairs = list(zip(main.frames, main.locals, strict=False))  # innermost first
+    user = [(f, values) for f, values in pairs if is_user_file(f.file)]
+    state: dict[str, str] = {}
+    if user:
+        site, site_locals = user[0]
+        group = source.group_argument(site.file, site.line, op)
+        if group is None:
+            state["process group"] = "the default group"
+        else:
+            text = site_locals.get(group.id) if isinstance(group, ast.Name) else None
+            if text is None:
+                state["process group"] = ast.unparse(group)
+            elif text == "None":
+                state["process group"] = "the default group"
+            else:
+                # an object: name it after the outermost user variable holding the same one
+                holders = [n for _f, values in reversed(user) for n, t in values.items() if t == text]
+                state["process group"] = holders[0] if holders else ast.unparse(group)
+    for frame, values in user:
+        for loop in source.enclosing_loops(frame.file, frame.line):
+            for target in source.loop_targets(loop):
+                text = values.get(target)
+                if text is not None and " at 0x" not in text:  # addresses differ by process
+                    state[f"{target} in {frame.function}()"] = text
+    return state
+
+
+def _state_split(cls: StackClass) -> tuple[list[list[int]], list[str]] | None:
+    """Ranks of one class grouped by the state values that differ among them."""
+    if len(cls.states) < 2:
+        return None
+    shared = set.intersection(*(set(state) for state in cls.states.values()))
+    differing = sorted(k for k in shared if len({state[k] for state in cls.states.values()}) > 1)
+    if not differing:
+        return None
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank, state in sorted(cls.states.items()):
+        groups.setdefault(tuple(state[k] for k in differing), []).append(rank)
+    parts = sorted(groups.values(), key=lambda ranks: (len(ranks), ranks[0]))
+    lines = [
+        f"{who(ranks)}: " + ", ".join(f"{k} = {v}" for k, v in zip(differing, values, strict=True))
+        for values, ranks in groups.items()
+    ]
+    return parts, lines
 
 
 def run_doctor(
@@ -181,7 +240,9 @@ def run_doctor(
                 hint="Give the pid of a rank, of torchrun, or of the launcher that started it.",
             )
         return _not_distributed(pythons, native, nonblocking, timeout)
-    by_pid = dump_stacks([r.pid for r in ranks], timeout=timeout, native=native, nonblocking=nonblocking)
+    by_pid = dump_stacks(
+        [r.pid for r in ranks], timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
+    )
     stacks = {r.rank: by_pid[r.pid] for r in ranks}
     failed = [r.rank for r in ranks if stacks[r.rank].error and not stacks[r.rank].threads]
     if failed and len(failed) == len(ranks):
@@ -243,6 +304,23 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
     frozen = sorted(r for c in outside if c.blocking.startswith("stopped") for r in c.ranks)
     if len(waiting) == 1 and len(outside) == (1 if frozen else 0):
         only = waiting[0]
+        split = _state_split(only)
+        if split is not None:
+            parts, lines = split
+            return [
+                diagnoser.finding(
+                    "collective-order-mismatch",
+                    f"every rank waits in {only.blocking} at {_site(only)}, but not at the same point "
+                    f"of its sequence: "
+                    + "; ".join(lines)
+                    + ". Each side waits for a call the other makes later (or on another group)",
+                    ranks=parts[0],
+                    absent_ranks=sorted(r for part in parts[1:] for r in part),
+                    op=only.blocking,
+                    site=_site(only),
+                    evidence=[*evidence, *lines],
+                )
+            ]
         if frozen:
             evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
         return [
@@ -361,7 +439,7 @@ def _loop_finding(
     inside: StackClass,
     outside: StackClass,
     frame: Frame,
-    loop: object,
+    loop: ast.stmt,
     diagnoser: Diagnoser,
     evidence: list[str],
 ) -> Finding:
@@ -377,10 +455,27 @@ def _loop_finding(
         cause = "uneven-eval-batches"
         message = (
             f"{who(inside.ranks)} are still in the loop at "
-            f"{relative(frame.file, os.getcwd())}:{getattr(loop, 'lineno', '?')} (in "
+            f"{relative(frame.file, os.getcwd())}:{loop.lineno} (in "
             f"{inside.blocking}), {who(outside.ranks)} already left it: the loop ran fewer "
             f"times on them"
         )
+        depth = inside.frames.index(frame) if frame in inside.frames else len(inside.frames) - 1
+        origin = source.loader_origin(
+            [(f.file, f.line) for f in inside.frames[: depth + 1]],
+            loop,
+        )
+        if origin is not None:
+            built = f"{origin.name} = DataLoader(...) at {relative(origin.file, os.getcwd())}:{origin.line}"
+            if origin.sampler is None and not origin.rank_sharded:
+                cause = "missing-distributed-sampler"
+                message += (
+                    f"; the loader ({built}) has no sampler and its dataset is not sharded by "
+                    f"rank, so each rank iterates a set of its own length"
+                )
+            else:
+                evidence.append(
+                    f"{built}, sampler: {origin.sampler or 'none, dataset sharded by rank by hand'}"
+                )
     return diagnoser.finding(
         cause,
         message,

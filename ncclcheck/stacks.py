@@ -27,6 +27,8 @@ class ThreadStack:
     name: str | None
     frames: list[Frame]  # innermost first, as py-spy prints them
     active: bool = False
+    # per frame, aligned with ``frames``: local variable -> py-spy's repr (with --locals)
+    locals: list[dict[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -75,8 +77,11 @@ def dump_stack(
     native: bool = False,
     nonblocking: bool = False,
     py_spy: str | None = None,
+    with_locals: bool = False,
 ) -> ProcessStack:
     argv = [py_spy or find_py_spy(), "dump", "--pid", str(pid), "--json", "--full-filenames"]
+    if with_locals:
+        argv.append("--locals")
     if native:
         argv.append("--native")
     if nonblocking:
@@ -114,18 +119,31 @@ def dump_stack(
                 thread.get("thread_name"),
                 frames,
                 bool(thread.get("active", False)),
+                [
+                    {str(v.get("name")): str(v.get("repr")) for v in (f.get("locals") or [])}
+                    for f in thread.get("frames", [])
+                ]
+                if with_locals
+                else [],
             )
         )
     return result
 
 
 def dump_stacks(
-    pids: list[int], timeout: float = 10.0, native: bool = False, nonblocking: bool = False
+    pids: list[int],
+    timeout: float = 10.0,
+    native: bool = False,
+    nonblocking: bool = False,
+    with_locals: bool = False,
 ) -> dict[int, ProcessStack]:
     """Stacks of every pid, dumped in parallel."""
     if not pids:
         return {}
     py_spy = find_py_spy()
     with ThreadPoolExecutor(max_workers=min(32, len(pids))) as pool:
-        futures = {pid: pool.submit(dump_stack, pid, timeout, native, nonblocking, py_spy) for pid in pids}
+        futures = {
+            pid: pool.submit(dump_stack, pid, timeout, native, nonblocking, py_spy, with_locals)
+            for pid in pids
+        }
         return {pid: future.result() for pid, future in futures.items()}

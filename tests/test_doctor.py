@@ -99,6 +99,8 @@ def hung_conditional() -> Iterator[HungJob]:
     [
         "rank-conditional-collective",
         "uneven-eval-batches",
+        "missing-distributed-sampler",
+        "collective-order-mismatch",
         "rank-early-exit",
         "unsynchronized-decision",
         "rank-exception",

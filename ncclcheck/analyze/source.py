@@ -261,3 +261,103 @@ def swallowing_try(path: str, line: int) -> ast.Try | None:
                 if not any(isinstance(n, ast.Raise) for n in ast.walk(handler)):
                     return node
     return None
+
+
+def loop_targets(loop: ast.stmt) -> list[str]:
+    """The names a for loop binds on each pass (``for step, (x, y) in ...``)."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return []
+    return [n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)]
+
+
+def _callee(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _calls_on_line(path: str, line: int) -> list[ast.Call]:
+    chain = enclosing_chain(path, line)
+    if not chain:
+        return []
+    return [
+        n
+        for n in ast.walk(chain[-1])
+        if isinstance(n, ast.Call) and n.lineno <= line <= (n.end_lineno or n.lineno)
+    ]
+
+
+def group_argument(path: str, line: int, op: str) -> ast.expr | None:
+    """The ``group=`` expression of the call to ``op`` at ``line``; None when the call
+    passes none (the default group)."""
+    for call in _calls_on_line(path, line):
+        if _callee(call) == op:
+            for keyword in call.keywords:
+                if keyword.arg == "group":
+                    return keyword.value
+    return None
+
+
+@dataclass(frozen=True)
+class LoaderOrigin:
+    """Where the loader a loop iterates was built, as far as the source tells."""
+
+    name: str  # the variable that holds it where it was built
+    file: str
+    line: int
+    sampler: str | None  # the sampler= expression's source, None when there is none
+    rank_sharded: bool  # built from a rank-dependent dataset (a hand-made shard)
+
+
+def loader_origin(frames: list[tuple[str, int]], loop: ast.stmt) -> LoaderOrigin | None:
+    """Follow the iterable of ``loop`` (in the innermost of ``frames``, outermost first)
+    back to the ``DataLoader(...)`` call that built it: through ``enumerate(x)`` or
+    ``tqdm(x)``, and from a parameter to the argument its caller passed."""
+    if not isinstance(loop, (ast.For, ast.AsyncFor)) or not frames:
+        return None
+    iterable = loop.iter
+    while isinstance(iterable, ast.Call) and iterable.args:  # enumerate(loader), tqdm(loader)
+        iterable = iterable.args[0]
+    if not isinstance(iterable, ast.Name):
+        return None
+    name = iterable.id
+    for depth in range(len(frames) - 1, -1, -1):
+        path, line = frames[depth]
+        function = enclosing_function(path, line)
+        scope: ast.AST | None = function if function is not None else parse(path)
+        if scope is None:
+            return None
+        for node in ast.walk(scope):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call)
+                and _callee(node.value) == "DataLoader"
+                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            ):
+                sampler = next(
+                    (k.value for k in node.value.keywords if k.arg in ("sampler", "batch_sampler")), None
+                )
+                return LoaderOrigin(
+                    name=name,
+                    file=path,
+                    line=node.lineno,
+                    sampler=ast.unparse(sampler) if sampler is not None else None,
+                    rank_sharded=name in rank_derived_names(scope),
+                )
+        # not built here: a parameter? then follow the argument its caller passed
+        if function is None or depth == 0:
+            return None
+        params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+        caller_path, caller_line = frames[depth - 1]
+        argument: ast.expr | None = None
+        for call in _calls_on_line(caller_path, caller_line):
+            if _callee(call) != function.name:
+                continue
+            argument = next((k.value for k in call.keywords if k.arg == name), None)
+            if argument is None and name in params:
+                index = params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
+                if 0 <= index < len(call.args):
+                    argument = call.args[index]
+        if not isinstance(argument, ast.Name):
+            return None
+        name = argument.id
+    return None
