@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import ast
 import itertools
+import json
 import os
 import socket
-from dataclasses import dataclass, field
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import NoReturn
 
 import psutil
 
@@ -34,7 +38,6 @@ from ncclcheck.model import (
     Verdict,
     format_ranks,
 )
-from ncclcheck.record.frames import is_user_file
 from ncclcheck.record.recorder import COLLECTIVES, P2P
 from ncclcheck.stacks import ProcessStack, dump_stacks
 
@@ -165,7 +168,7 @@ def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
     classes: dict[tuple[object, ...], StackClass] = {}
     for rank, stack in sorted(stacks.items()):
         blocking, in_collective = blocking_call(stack)
-        frames = [f for f in reversed(stack.main.frames) if is_user_file(f.file)] if stack.main else []
+        frames = list(reversed(_user_frames(stack)))
         key = (blocking, tuple((f.file, f.line, f.function) for f in frames))
         if key not in classes:
             classes[key] = StackClass([], blocking, in_collective, frames)
@@ -173,6 +176,12 @@ def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
         if in_collective:
             classes[key].states[rank] = rank_state(stack, blocking)
     return sorted(classes.values(), key=lambda c: c.ranks[0])
+
+
+def _user_frames(stack: ProcessStack) -> list[Frame]:
+    """The user's frames of the main thread, innermost first."""
+    main = stack.main
+    return [f for i, f in enumerate(main.frames) if main.is_user(i)] if main else []
 
 
 def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
@@ -183,8 +192,11 @@ def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
     main = stack.main
     if main is None or not main.locals:
         return {}
-    pairs = list(zip(main.frames, main.locals, strict=False))  # innermost first
-    user = [(f, values) for f, values in pairs if is_user_file(f.file)]
+    user = [  # innermost first
+        (f, values)
+        for i, (f, values) in enumerate(zip(main.frames, main.locals, strict=False))
+        if main.is_user(i)
+    ]
     state: dict[str, str] = {}
     if user:
         site, site_locals = user[0]
@@ -229,9 +241,10 @@ def _state_split(cls: StackClass) -> tuple[list[list[int]], list[str]] | None:
     return parts, lines
 
 
-def run_doctor(
+def collect(
     pids: list[int], native: bool = False, nonblocking: bool = False, timeout: float = 10.0
-) -> Report:
+) -> tuple[list[RankProcess], dict[int, ProcessStack]]:
+    """The rank processes reachable from ``pids`` on this host and their stacks, by rank."""
     ranks, pythons = discover(pids)
     if not ranks:
         if not pythons:
@@ -239,7 +252,7 @@ def run_doctor(
                 f"pid {', '.join(map(str, pids))}: no Python process there",
                 hint="Give the pid of a rank, of torchrun, or of the launcher that started it.",
             )
-        return _not_distributed(pythons, native, nonblocking, timeout)
+        _not_distributed(pythons, native, nonblocking, timeout)
     by_pid = dump_stacks(
         [r.pid for r in ranks], timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
     )
@@ -247,14 +260,86 @@ def run_doctor(
     failed = [r.rank for r in ranks if stacks[r.rank].error and not stacks[r.rank].threads]
     if failed and len(failed) == len(ranks):
         raise InputError(f"py-spy could not read any rank: {stacks[ranks[0].rank].error}")
-    # a frozen rank (SIGSTOP, D state) may yield no stack: it still forms a class
+    return ranks, stacks
+
+
+def run_doctor(
+    pids: list[int], native: bool = False, nonblocking: bool = False, timeout: float = 10.0
+) -> Report:
+    ranks, stacks = collect(pids, native, nonblocking, timeout)
+    return diagnose_ranks(ranks, stacks)
+
+
+# -- several hosts: each dumps its ranks, one reads them all ----------------------------
+
+DUMP_FORMAT = "ncclcheck-doctor-dump/1"
+
+
+def dump_to(
+    directory: Path, pids: list[int], native: bool = False, nonblocking: bool = False, timeout: float = 10.0
+) -> tuple[Path, list[RankProcess]]:
+    """Write this host's ranks and stacks to ``directory/<host>-node<N>.json``."""
+    ranks, stacks = collect(pids, native, nonblocking, timeout)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create {directory}: {exc.strerror}") from None
+    node = min(r.group_rank for r in ranks)
+    path = directory / f"{socket.gethostname()}-node{node}.json"
+    document = {
+        "format": DUMP_FORMAT,
+        "host": socket.gethostname(),
+        "time": time.time(),
+        "ranks": [{**asdict(r), "stack": stacks[r.rank].to_dict()} for r in ranks],
+    }
+    partial = path.with_suffix(".json.partial")  # readers never see half a file
+    partial.write_text(json.dumps(document), encoding="utf-8")
+    partial.replace(path)
+    return path, ranks
+
+
+def run_doctor_from(directory: Path) -> Report:
+    """One diagnosis from the dumps of several hosts (``doctor --dump-to`` on each)."""
+    if not directory.is_dir():
+        raise InputError(f"{directory}: no such directory")
+    files = sorted(directory.glob("*.json"))
+    ranks: dict[int, RankProcess] = {}
+    stacks: dict[int, ProcessStack] = {}
+    for path in files:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"{path}: not a doctor dump ({exc})") from None
+        if not isinstance(document, dict) or document.get("format") != DUMP_FORMAT:
+            raise InputError(f"{path}: not a doctor dump (no format {DUMP_FORMAT!r})")
+        try:
+            for entry in document["ranks"]:
+                proc = RankProcess(**{k: v for k, v in entry.items() if k != "stack"})
+                if proc.rank in ranks:
+                    raise InputError(
+                        f"{path}: rank {proc.rank} is also in another dump (two jobs in one directory?)"
+                    )
+                ranks[proc.rank] = proc
+                stacks[proc.rank] = ProcessStack.from_dict(entry["stack"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{path}: malformed doctor dump ({exc})") from None
+    if not ranks:
+        raise InputError(
+            f"{directory}: no doctor dumps (*.json) in it",
+            hint="On each host: ncclcheck doctor --pid PID --dump-to DIR",
+        )
+    return diagnose_ranks(sorted(ranks.values(), key=lambda r: r.rank), stacks)
+
+
+def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) -> Report:
+    """Merge the stacks into classes and name the cause."""
     classes = merge_stacks({r: s for r, s in stacks.items() if s.threads or s.status == "stopped"})
     world = max(r.world_size for r in ranks)
     report = Report(command="doctor", verdict=Verdict.HANG, world_size=world)
     for proc in ranks:
         stack = stacks[proc.rank]
         blocking, in_collective = blocking_call(stack)
-        user = [f for f in stack.main.frames if is_user_file(f.file)] if stack.main else []
+        user = _user_frames(stack)
         report.ranks.append(
             RankState(
                 rank=proc.rank,
@@ -489,7 +574,7 @@ def _loop_finding(
 
 def _not_distributed(
     pythons: list[psutil.Process], native: bool, nonblocking: bool, timeout: float
-) -> Report:
+) -> NoReturn:
     """No rank here: say so, with the stack of what is there."""
     stacks = dump_stacks(
         [p.pid for p in pythons[:4]], timeout=timeout, native=native, nonblocking=nonblocking

@@ -10,11 +10,13 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.model import Frame
+from ncclcheck.record.frames import is_user_file
 
 # Frames of these files mean "waiting for other ranks".
 _COLLECTIVE_FILES = ("torch/distributed/", "ncclcheck/record/recorder.py")
@@ -29,6 +31,36 @@ class ThreadStack:
     active: bool = False
     # per frame, aligned with ``frames``: local variable -> py-spy's repr (with --locals)
     locals: list[dict[str, str]] = field(default_factory=list)
+    # per frame: the user's own code? Decided on the host that dumped the stack, whose
+    # library paths (site-packages) may differ from those of the host that reads it.
+    user: list[bool] = field(default_factory=list)
+
+    def is_user(self, index: int) -> bool:
+        return self.user[index] if index < len(self.user) else is_user_file(self.frames[index].file)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "name": self.name,
+            "active": self.active,
+            "frames": [
+                {"file": f.file, "line": f.line, "function": f.function, "user": self.is_user(i)}
+                | ({"locals": self.locals[i]} if i < len(self.locals) else {})
+                for i, f in enumerate(self.frames)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ThreadStack:
+        frames = data.get("frames", [])
+        return cls(
+            int(data.get("thread_id", 0)),
+            data.get("name"),
+            [Frame(str(f["file"]), int(f["line"]), str(f["function"])) for f in frames],
+            bool(data.get("active", False)),
+            [dict(f.get("locals", {})) for f in frames] if all("locals" in f for f in frames) else [],
+            [bool(f.get("user", False)) for f in frames],
+        )
 
 
 @dataclass
@@ -37,6 +69,23 @@ class ProcessStack:
     threads: list[ThreadStack] = field(default_factory=list)
     status: str = ""  # psutil status: running, sleeping, stopped, zombie, ...
     error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "status": self.status,
+            "error": self.error,
+            "threads": [t.to_dict() for t in self.threads],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessStack:
+        return cls(
+            int(data["pid"]),
+            [ThreadStack.from_dict(t) for t in data.get("threads", [])],
+            str(data.get("status", "")),
+            data.get("error"),
+        )
 
     @property
     def main(self) -> ThreadStack | None:
@@ -125,6 +174,7 @@ def dump_stack(
                 ]
                 if with_locals
                 else [],
+                [is_user_file(f.file) for f in frames],
             )
         )
     return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -238,3 +239,94 @@ def test_no_permission_to_read_a_rank_is_explained_with_exit_2() -> None:
     assert f"no permission to read the stack of pid {target.pid}" in result.output
     assert "SYS_PTRACE" in result.output and "ptrace_scope" in result.output
     assert "Traceback" not in result.output
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
+    """Two torchrun agents (nodes) on this machine, one rank each: each host's doctor
+    sees half the job; their dumps together give the diagnosis."""
+    script = PLAYBOOKS / "rank-conditional-collective" / "repro.py"
+    port = _free_port()
+    shells = []
+    for node in (0, 1):
+        command = (
+            f"REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --nnodes=2 "
+            f"--node-rank={node} --nproc-per-node=1 --rdzv-backend=c10d "
+            f"--rdzv-endpoint=localhost:{port} --rdzv-id=doctor-two-nodes {script}"
+        )
+        shells.append(
+            subprocess.Popen(
+                ["/bin/sh", "-c", command],
+                cwd=REPO,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    jobs = [HungJob(shell, script) for shell in shells]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            try:
+                if all(len(job.ranks()) == 1 for job in jobs):
+                    break
+            except (StopIteration, psutil.Error):
+                continue
+        # past start-up: rank 0 in its all_reduce, rank 1 in its barrier
+        waiting = [False, False]
+        while not all(waiting) and time.monotonic() < deadline:
+            for index, job in enumerate(jobs):
+                _code, seen = doctor(job.agent().pid)
+                waiting[index] = any(r.get("state") == "in-collective" for r in seen.get("ranks", []))
+            time.sleep(1)
+        assert all(waiting), "the two-node job did not settle into its hang"
+        code, alone = doctor(jobs[0].agent().pid)
+        assert code == 1
+        assert alone["findings"][0]["cause"] == "rank-crashed"  # from one host, rank 1 is missing
+        assert alone["findings"][0]["absent_ranks"] == [1]
+        for job in jobs:
+            result = run_bounded(
+                [
+                    sys.executable,
+                    "-m",
+                    "ncclcheck",
+                    "doctor",
+                    "--pid",
+                    str(job.agent().pid),
+                    "--dump-to",
+                    str(tmp_path),
+                ],
+                60,
+                cwd=REPO,
+            )
+            assert result.returncode == 0, result.output
+    finally:
+        for job in jobs:
+            stop(job)
+    dumps = sorted(p.name for p in tmp_path.iterdir())
+    assert dumps == [f"{socket.gethostname()}-node0.json", f"{socket.gethostname()}-node1.json"]
+    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--from", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert done.returncode == 1, done.stderr
+    finding = json.loads(done.stdout)["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-conditional-collective",
+        [0],
+        [1],
+    )
+    assert finding["site"].startswith("playbooks/rank-conditional-collective/repro.py:")
+
+
+@pytest.mark.parametrize("content", ["", "{not json", '{"format": "something-else"}'])
+def test_from_a_directory_without_good_dumps_is_exit_2(tmp_path: Path, content: str) -> None:
+    if content:
+        (tmp_path / "host-node0.json").write_text(content)
+    result = run_bounded([sys.executable, "-m", "ncclcheck", "doctor", "--from", str(tmp_path)], 60, cwd=REPO)
+    assert result.returncode == 2, result.output
+    assert "doctor dump" in result.output and "Traceback" not in result.output

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
 
 from ncclcheck.cli.common import JSON_OPTION, emit_report
-from ncclcheck.doctor import run_doctor
+from ncclcheck.doctor import dump_to, run_doctor, run_doctor_from
+from ncclcheck.errors import UsageError
+from ncclcheck.model import format_ranks
 
 
 def doctor_command(
-    pid: list[int] = typer.Option(..., "--pid", help="A rank, torchrun agent or launcher pid (repeatable)."),
+    pid: list[int] = typer.Option(
+        [], "--pid", help="A rank, torchrun agent or launcher pid on this host (repeatable)."
+    ),
+    dump_dir: Path | None = typer.Option(
+        None,
+        "--dump-to",
+        help="Write this host's ranks and stacks to DIR/<host>-node<N>.json instead of diagnosing "
+        "(run on every host, then --from DIR once).",
+    ),
+    from_dir: Path | None = typer.Option(
+        None, "--from", help="Diagnose the dumps that --dump-to wrote on every host into DIR."
+    ),
     native: bool = typer.Option(False, "--native", help="Include native (C/C++) frames."),
     nonblocking: bool = typer.Option(
         False,
@@ -19,6 +35,22 @@ def doctor_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Dump and merge the stacks of every rank of a stuck job and name the cause."""
+    if from_dir is not None:
+        if pid or dump_dir is not None:
+            raise UsageError("--from reads dumps: give it without --pid and --dump-to")
+        emit_report(run_doctor_from(from_dir), as_json)
+    if not pid:
+        raise UsageError("give --pid PID (a rank, torchrun or its launcher), or --from DIR")
+    if dump_dir is not None:
+        path, ranks = dump_to(dump_dir, pid, native=native, nonblocking=nonblocking)
+        world = max(r.world_size for r in ranks)
+        described = f"ranks {format_ranks([r.rank for r in ranks])} of {world}"
+        if as_json:
+            typer.echo(
+                json.dumps({"dump": str(path), "host": ranks[0].host, "ranks": [r.rank for r in ranks]})
+            )
+        typer.echo(f"ncclcheck doctor: wrote {path} ({described})", err=True)
+        raise typer.Exit(0)
     emit_report(run_doctor(pid, native=native, nonblocking=nonblocking), as_json)
 
 
