@@ -60,15 +60,19 @@ class ReproExpectation:
     site_file: str
     ranks: list[int]
     absent_ranks: list[int]
+    # where `ncclcheck lint` reports repro.py (a fragment, like site); empty where the
+    # cause does not show in source (a straggler, a transport hang, a crashed rank)
+    lint_site: str = ""
 
-    def site_line(self, folder: Path) -> int:
-        """The 1-based line of ``site`` in ``site_file``; exactly one must match."""
+    def site_line(self, folder: Path, fragment: str | None = None) -> int:
+        """The 1-based line of ``site`` (or ``fragment``) in ``site_file``; exactly one must match."""
+        wanted = self.site if fragment is None else fragment
         path = folder / self.site_file
         lines = path.read_text(encoding="utf-8").splitlines()
-        hits = [n for n, text in enumerate(lines, 1) if self.site in text]
+        hits = [n for n, text in enumerate(lines, 1) if wanted in text]
         if len(hits) != 1:
             raise PlaybookError(
-                f"{folder / PLAYBOOK_FILE}: repro.site {self.site!r} matches {len(hits)} lines "
+                f"{folder / PLAYBOOK_FILE}: repro fragment {wanted!r} matches {len(hits)} lines "
                 f"of {self.site_file}, expected exactly one"
             )
         return hits[0]
@@ -121,8 +125,9 @@ _REPRO: dict[str, type] = {
     "site_file": str,
     "ranks": list,
     "absent_ranks": list,
+    "lint_site": str,
 }
-_REPRO_OPTIONAL = {"site_file"}
+_REPRO_OPTIONAL = {"site_file", "lint_site"}
 
 
 def default_root() -> Path:
@@ -214,6 +219,7 @@ def load_playbook(folder: Path) -> Playbook:
         site_file=raw_repro.get("site_file", REPRO_FILE),
         ranks=_int_list(raw_repro["ranks"], "repro.ranks", path),
         absent_ranks=_int_list(raw_repro["absent_ranks"], "repro.absent_ranks", path),
+        lint_site=raw_repro.get("lint_site", ""),
     )
     signals = data["signals"]
     return Playbook(

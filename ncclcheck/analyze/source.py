@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,12 +139,16 @@ def _names(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
     return names, attrs, calls
 
 
-def rank_derived_names(scope: ast.AST | None) -> set[str]:
-    """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``)."""
+def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = None) -> set[str]:
+    """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``).
+
+    ``nodes``: the scope's nodes where the caller has walked them already."""
     derived: set[str] = set()
     if scope is None:
         return derived
-    assignments = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    assignments = [
+        n for n in (ast.walk(scope) if nodes is None else nodes) if isinstance(n, (ast.Assign, ast.AnnAssign))
+    ]
     for _ in range(3):  # a few rounds reach chains like a = rank; b = a == 0
         before = len(derived)
         for node in assignments:
@@ -152,12 +157,22 @@ def rank_derived_names(scope: ast.AST | None) -> set[str]:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
-                for name in ast.walk(target):
-                    if isinstance(name, ast.Name):
-                        derived.add(name.id)
+                derived |= _bound_names(target)
         if len(derived) == before:
             break
     return derived
+
+
+def _bound_names(target: ast.expr) -> set[str]:
+    """The names an assignment target binds: ``a``, ``a, (b, *c)``; not the object of
+    ``state.rank = ...`` or ``ranks[i] = ...``, which keep their own meaning."""
+    if isinstance(target, ast.Name):
+        return {target.id}
+    if isinstance(target, ast.Starred):
+        return _bound_names(target.value)
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return {name for element in target.elts for name in _bound_names(element)}
+    return set()
 
 
 def _kind_of(expr: ast.AST, derived: set[str]) -> str:

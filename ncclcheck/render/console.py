@@ -72,28 +72,22 @@ def print_report(report: Report) -> None:
     )
     if report.ranks:
         table = Table(show_edge=False, pad_edge=False)
-        for column in (
-            "rank",
-            "host",
-            "pid",
-            "state",
-            "phase",
-            "collectives",
-            "eval batches",
-            "where",
-        ):
+        # doctor reads stacks, not traces: it knows no phase, call count or eval batches
+        traced = report.command != "doctor"
+        columns = ["rank", "host", "pid", "state"]
+        columns += ["phase", "collectives", "eval batches"] if traced else []
+        for column in [*columns, "where"]:
             table.add_column(column, no_wrap=column != "where")
         for rank in report.ranks:
-            table.add_row(
+            cells = [
                 str(rank.rank),
                 rank.host,
                 "" if rank.pid is None else str(rank.pid),
                 rank.state.value + ("" if rank.exit_code is None else f" ({rank.exit_code})"),
-                rank.phase or "",
-                str(rank.collectives),
-                _eval_batches(rank.eval_batches),
-                escape(rank.where or ""),
-            )
+            ]
+            if traced:
+                cells += [rank.phase or "", str(rank.collectives), _eval_batches(rank.eval_batches)]
+            table.add_row(*cells, escape(rank.where or ""))
         out.print(table)
     classes = report.summary.get("classes")
     if isinstance(classes, list) and classes:

@@ -1,0 +1,359 @@
+"""lint on the catalogue's scripts, on small sources written for each rule, and through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from ncclcheck.lint import run_lint
+
+from .conftest import PLAYBOOKS, REPO, run_bounded
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
+
+
+def lint_source(tmp_path: Path, source: str, name: str = "train.py") -> list[tuple[str, int, str]]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    findings, _ = run_lint([path])
+    return [(f.cause, f.line, f.severity) for f in findings]
+
+
+# -- the catalogue -------------------------------------------------------------------
+
+
+def test_every_repro_that_shows_in_source_is_flagged_at_its_line(catalogue) -> None:
+    for playbook in catalogue:
+        findings, _ = run_lint([playbook.repro_path])
+        expect = playbook.repro
+        if not expect.lint_site:
+            assert findings == [], (playbook.id, findings)
+            continue
+        line = expect.site_line(playbook.folder, expect.lint_site)
+        hits = [f for f in findings if f.cause == playbook.id and f.line == line]
+        assert hits, (playbook.id, line, [(f.cause, f.line) for f in findings])
+
+
+def test_every_fixed_script_is_clean(catalogue) -> None:
+    for playbook in catalogue:
+        findings, _ = run_lint([playbook.fixed_path])
+        assert findings == [], (playbook.id, findings)
+
+
+def test_a_collective_in_a_helper_module_is_reported_at_the_helper_with_the_chain() -> None:
+    findings, _ = run_lint([SCRIPTS / "helper_project" / "train.py"])
+    (finding,) = findings
+    assert finding.cause == "rank-conditional-collective"
+    assert finding.path.endswith("helper_project/metrics.py")
+    assert (
+        "dist.all_reduce(stats)"
+        in (SCRIPTS / "helper_project" / "metrics.py").read_text().splitlines()[finding.line - 1]
+    )
+    assert "is_main" in finding.message
+    chain = " ".join(finding.evidence)
+    assert "log_validation() called at" in chain and "mean_loss() called at" in chain
+
+
+def test_accelerate_gather_under_is_main_process() -> None:
+    findings, _ = run_lint([SCRIPTS / "accelerate_main_only_eval.py"])
+    causes = {(f.cause, f.severity) for f in findings}
+    assert ("rank-conditional-collective", "error") in causes
+    (gather,) = [f for f in findings if f.cause == "rank-conditional-collective"]
+    assert "accelerator.gather" in gather.message and "accelerator.is_main_process" in gather.message
+
+
+# -- rules, one small source each ------------------------------------------------------
+
+HEADER = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (  # derived rank flag
+            """
+            def log(x):
+                is_main = dist.get_rank() == 0
+                if is_main:
+                    dist.all_reduce(x)
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
+        (  # local_rank from the environment, the HF idiom
+            """
+            def step(args, x):
+                if args.local_rank in (-1, 0):
+                    dist.barrier()
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
+        (  # a clean exit on non-zero ranks ahead of a barrier
+            """
+            def save(x):
+                if dist.get_rank() != 0:
+                    sys.exit(0)
+                torch.save(x, "x.pt")
+                dist.barrier()
+            """,
+            ("rank-early-exit", "error"),
+        ),
+        (  # a continue under a NaN test skips the all_reduce after it
+            """
+            def train(batches):
+                for x in batches:
+                    if torch.isnan(x).any():
+                        continue
+                    dist.all_reduce(x)
+            """,
+            ("data-dependent-branch", "warning"),
+        ),
+        (  # a decision on the clock
+            """
+            def train(batches, start):
+                for x in batches:
+                    dist.all_reduce(x)
+                    if time.time() - start > 3600:
+                        break
+            """,
+            ("unsynchronized-decision", "warning"),
+        ),
+        (  # files listed in file-system order
+            """
+            def sync(folder):
+                for name in os.listdir(folder):
+                    dist.broadcast(torch.load(name), src=0)
+            """,
+            ("collective-order-mismatch", "warning"),
+        ),
+        (  # Lightning's rank_zero_only
+            """
+            from lightning.pytorch.utilities import rank_zero_only
+
+            @rank_zero_only
+            def report(x):
+                dist.all_reduce(x)
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
+        (  # Lightning: self.log(sync_dist=True) on global zero only
+            """
+            import lightning
+
+            class Module(lightning.LightningModule):
+                def validation_step(self, batch, index):
+                    loss = self.compute(batch)
+                    if self.trainer.is_global_zero:
+                        self.log("val_loss", loss, sync_dist=True)
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
+    ],
+)
+def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
+    found = lint_source(tmp_path, HEADER + textwrap.dedent(body))
+    assert expected in {(cause, severity) for cause, _line, severity in found}, found
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # rank 0 only prints and saves: no collective inside
+        """
+        def epoch_end(model, loss):
+            dist.all_reduce(loss)
+            if dist.get_rank() == 0:
+                print(loss.item())
+                torch.save(model.state_dict(), "model.pt")
+        """,
+        # both sides of the rank test make the same collective
+        """
+        def share(x, y):
+            if dist.get_rank() == 0:
+                dist.broadcast(x, src=0)
+            else:
+                dist.broadcast(y, src=0)
+        """,
+        # a condition that is the same on every rank
+        """
+        def maybe_sync(x):
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                dist.all_reduce(x)
+        """,
+        # point-to-point under a rank test is how send/recv pair up
+        """
+        def pipe(x):
+            if dist.get_rank() == 0:
+                dist.send(x, dst=1)
+            else:
+                dist.recv(x, src=0)
+        """,
+        # the value tested was all-reduced first: every rank sees the same number
+        """
+        def stop(flag):
+            for step in range(10):
+                dist.all_reduce(flag)
+                if flag.item() > 0:
+                    break
+                dist.barrier()
+        """,
+        # an error path: a raise fails the rank and torchrun stops the rest (a crash, not a wait)
+        """
+        def load(x, path):
+            if dist.get_rank() == 0 and not os.path.exists(path):
+                raise FileNotFoundError(path)
+            dist.broadcast(x, src=0)
+        """,
+        # a sorted listing is the same everywhere
+        """
+        def sync(folder):
+            for name in sorted(os.listdir(folder)):
+                dist.broadcast(torch.load(name), src=0)
+        """,
+    ],
+)
+def test_no_noise(tmp_path: Path, body: str) -> None:
+    assert lint_source(tmp_path, HEADER + textwrap.dedent(body)) == []
+
+
+def test_ignore_comments_silence_one_cause(tmp_path: Path) -> None:
+    source = HEADER + textwrap.dedent(
+        """
+        def log(x):
+            if dist.get_rank() == 0:  # ncclcheck: ignore[rank-conditional-collective]
+                dist.all_reduce(x)
+
+        def log2(x):
+            if dist.get_rank() == 0:
+                dist.all_reduce(x)  # ncclcheck: ignore[rank-early-exit]
+
+        def log3(x):
+            if dist.get_rank() == 0:
+                dist.all_reduce(x)  # ncclcheck: ignore
+        """
+    )
+    found = lint_source(tmp_path, source)
+    # only log2's stays: its comment names another cause
+    assert [cause for cause, _line, _sev in found] == ["rank-conditional-collective"]
+
+
+# -- the command line --------------------------------------------------------------------
+
+
+def ncclcheck(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ncclcheck", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def test_text_output_is_path_line_col_cause_message() -> None:
+    done = ncclcheck("lint", "playbooks/rank-early-exit/repro.py")
+    assert done.returncode == 1
+    line = PLAYBOOKS / "rank-early-exit"
+    site = (line / "repro.py").read_text().splitlines()
+    number = next(n for n, text in enumerate(site, 1) if "dist.barrier()  # nobody" in text)
+    assert done.stdout.startswith(f"playbooks/rank-early-exit/repro.py:{number}:5: rank-early-exit: ")
+    assert "1 error, 0 warnings in 1 file" in done.stderr
+
+
+def test_warnings_alone_exit_0() -> None:
+    done = ncclcheck("lint", "playbooks/missing-distributed-sampler/repro.py")
+    assert done.returncode == 0, done.stderr
+    assert ": missing-distributed-sampler: (warning) " in done.stdout
+
+
+def test_json_follows_the_contract() -> None:
+    done = ncclcheck("lint", "--json", "playbooks")
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    jsonschema.validate(report, SCHEMA)
+    assert report["command"] == "lint" and report["verdict"] == "misaligned"
+    causes = {f["cause"] for f in report["findings"]}
+    assert {"rank-conditional-collective", "rank-early-exit", "missing-distributed-sampler"} <= causes
+    assert all(f["fix"] for f in report["findings"])
+
+
+def test_sarif_for_code_scanning() -> None:
+    done = ncclcheck("lint", "--format", "sarif", "playbooks/rank-conditional-collective")
+    sarif = json.loads(done.stdout)
+    assert sarif["version"] == "2.1.0"
+    run = sarif["runs"][0]
+    rules = {rule["id"] for rule in run["tool"]["driver"]["rules"]}
+    (result,) = run["results"]
+    assert result["ruleId"] == "rank-conditional-collective" and result["ruleId"] in rules
+    assert result["level"] == "error"
+    location = result["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == "playbooks/rank-conditional-collective/repro.py"
+    assert location["region"]["startLine"] > 0
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: d / "missing.py", "no such file or directory"),
+        (lambda d: (d / "notes.txt").write_text("hello") and d / "notes.txt", "not a Python file"),
+        (lambda d: (d / "broken.py").write_text("def f(:\n") and d / "broken.py", "syntax error"),
+    ],
+)
+def test_bad_paths_are_one_line_and_exit_2(tmp_path: Path, make, message: str) -> None:  # type: ignore[no-untyped-def]
+    path = make(tmp_path)
+    done = ncclcheck("lint", str(path))
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_folders_are_recursed(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "sub" / "eval.py").write_text(
+        HEADER + "def f(x):\n    if dist.get_rank() == 0:\n        dist.all_reduce(x)\n"
+    )
+    (tmp_path / "pkg" / ".hidden").mkdir()
+    (tmp_path / "pkg" / ".hidden" / "skip.py").write_text("def f(:\n")  # not read
+    done = ncclcheck("lint", str(tmp_path / "pkg"))
+    assert done.returncode == 1, done.stderr
+    assert "eval.py:" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="pre-commit needs git")
+def test_pre_commit_hook_with_try_repo(tmp_path: Path) -> None:
+    pre_commit = Path(sys.executable).parent / "pre-commit"
+    if not pre_commit.exists():
+        pytest.skip("pre-commit is not installed")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text(
+        HEADER + "def f(x):\n    if dist.get_rank() == 0:\n        dist.barrier()\n"
+    )
+    env = {
+        **os.environ,
+        "PRE_COMMIT_HOME": str(tmp_path / "cache"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    for command in (["git", "init", "-q"], ["git", "add", "train.py"]):
+        subprocess.run(command, cwd=project, check=True, env=env, timeout=30)
+    result = run_bounded(
+        [str(pre_commit), "try-repo", str(REPO), "ncclcheck-lint", "--all-files"], 240, env=env, cwd=project
+    )
+    assert result.returncode == 1, result.output
+    assert "train.py:7:9: rank-conditional-collective:" in result.output  # the barrier
