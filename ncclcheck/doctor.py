@@ -14,15 +14,17 @@ from __future__ import annotations
 import ast
 import itertools
 import json
+import linecache
 import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import psutil
 
+from ncclcheck import flight_recorder
 from ncclcheck.analyze import source
 from ncclcheck.analyze.align import Divergence, Mismatch
 from ncclcheck.diagnose import Diagnoser, Evidence, relative, who
@@ -55,6 +57,8 @@ class RankProcess:
     run_id: str = ""
     host: str = field(default_factory=socket.gethostname)
     status: str = ""
+    # a Flight Recorder dump of this rank, read on its host (see flight_recorder.read_dump)
+    flight_recorder: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -127,6 +131,9 @@ def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
                 run_id=env.get("TORCHELASTIC_RUN_ID", ""),
                 status=_status(proc),
             )
+            fr_path = flight_recorder.dump_path(env, int(env["RANK"]))
+            if fr_path is not None:
+                seen[proc.pid].flight_recorder = flight_recorder.read_dump(fr_path)
     return sorted(seen.values(), key=lambda r: r.rank), pythons
 
 
@@ -159,6 +166,14 @@ def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
             return ("DataLoader", False)
     if main.frames and main.frames[0].function in ("sleep", "wait", "join", "_wait_for_tstate_lock"):
         return (main.frames[0].function, False)
+    if (
+        main.frames
+        and main.is_user(0)
+        and ".wait(" in linecache.getline(main.frames[0].file, main.frames[0].line)
+    ):
+        # `work.wait()` on an async_op=True collective: py-spy shows no frame for the
+        # C++ wait, only the user's line
+        return ("wait() on an async collective", True)
     if stack.status == "stopped":
         return ("stopped (SIGSTOP)", False)
     return ("compute or I/O", False)
@@ -355,6 +370,26 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
             )
         )
     report.findings = diagnose_classes(classes, world, [r.rank for r in ranks])
+    dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
+    recorded = flight_recorder.evidence(dumps)
+    if recorded and report.findings:
+        report.findings[0].evidence += recorded
+        parted = flight_recorder.disagreement(dumps)
+        if parted is not None and report.findings[0].cause in ("transport-hang", "straggler"):
+            # The stacks look alike, the Flight Recorder shows the sequences differ.
+            group, by_op = parted
+            sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
+            report.findings[0] = Diagnoser(Evidence(traces={}, world_size=world)).finding(
+                "collective-order-mismatch",
+                f"the ranks wait alike, but their Flight Recorders show different collectives at the "
+                f"same position on group {group}: "
+                + "; ".join(f"{who(r)} issued {op}" for op, r in sorted(by_op.items())),
+                ranks=sides[0],
+                absent_ranks=sorted(r for side in sides[1:] for r in side),
+                op=None,
+                site=report.findings[0].site,
+                evidence=report.findings[0].evidence,
+            )
     report.summary["classes"] = [
         {
             "ranks": format_ranks(c.ranks),

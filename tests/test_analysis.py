@@ -209,3 +209,64 @@ def test_trace_reader_skips_a_truncated_last_line_and_rejects_garbage(tmp_path: 
     path.write_text(hello + "\nnot json\n" + hello + "\n")
     with pytest.raises(InputError, match=r"rank-00000\.jsonl:2: not a trace line"):
         load_rank_trace(path)
+
+
+# -- Flight Recorder dumps -----------------------------------------------------------------
+
+
+def _fr_dump(entries: list[dict]) -> str:  # type: ignore[type-arg]
+    return json.dumps({"version": "2.10", "entries": entries})
+
+
+def _entry(seq: int, op: str, state: str = "scheduled") -> dict:  # type: ignore[type-arg]
+    return {
+        "collective_seq_id": seq,
+        "profiling_name": op,
+        "state": state,
+        "process_group": ["0", "default_pg"],
+        "is_p2p": False,
+    }
+
+
+def test_flight_recorder_dumps_give_the_last_call_per_group_and_the_disagreement(tmp_path: Path) -> None:
+    from ncclcheck import flight_recorder
+
+    (tmp_path / "fr_0").write_text(
+        _fr_dump([_entry(3, "nccl:all_reduce", "completed"), _entry(4, "nccl:all_reduce")])
+    )
+    (tmp_path / "fr_1").write_text(
+        _fr_dump([_entry(3, "nccl:all_reduce", "completed"), _entry(4, "nccl:barrier")])
+    )
+    env = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_")}
+    dumps = {rank: flight_recorder.read_dump(flight_recorder.dump_path(env, rank) or "") for rank in (0, 1)}
+    assert dumps[1]["last"]["0 (default_pg)"] == {
+        "group": "0 (default_pg)",
+        "seq": 4,
+        "op": "nccl:barrier",
+        "state": "scheduled",
+    }
+    assert flight_recorder.disagreement(dumps) == (
+        "0 (default_pg)",
+        {"nccl:all_reduce": [0], "nccl:barrier": [1]},
+    )
+    assert flight_recorder.evidence(dumps)[-1].startswith("Flight Recorder: the ranks disagree on group 0")
+
+
+def test_flight_recorder_is_off_without_its_buffer_and_pickles_are_never_unpickled(tmp_path: Path) -> None:
+    import pickle
+
+    from ncclcheck import flight_recorder
+
+    assert flight_recorder.dump_path({}, 0) is None
+    assert flight_recorder.dump_path({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}, 3) == "/tmp/nccl_trace_rank_3"
+    marker = tmp_path / "unpickled"
+
+    class Trap:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (open, (str(marker), "w"))
+
+    (tmp_path / "fr_0").write_bytes(pickle.dumps(Trap()))
+    dump = flight_recorder.read_dump(str(tmp_path / "fr_0"))
+    assert dump["format"] == "pickle" and "fr_trace" in dump["note"]
+    assert not marker.exists()
+    assert flight_recorder.read_dump(str(tmp_path / "missing")) == {}

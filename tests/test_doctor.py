@@ -288,8 +288,11 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
         assert all(waiting), "the two-node job did not settle into its hang"
         code, alone = doctor(jobs[0].agent().pid)
         assert code == 1
-        assert alone["findings"][0]["cause"] == "rank-crashed"  # from one host, rank 1 is missing
-        assert alone["findings"][0]["absent_ranks"] == [1]
+        # From one "host" the other rank is missing (c10d rendezvous, not --node-rank,
+        # decides which agent gets rank 0).
+        hosted = [r["rank"] for r in alone["ranks"]]
+        assert alone["findings"][0]["cause"] == "rank-crashed"
+        assert alone["findings"][0]["absent_ranks"] == [1 - hosted[0]]
         for job in jobs:
             result = run_bounded(
                 [
@@ -330,3 +333,40 @@ def test_from_a_directory_without_good_dumps_is_exit_2(tmp_path: Path, content: 
     result = run_bounded([sys.executable, "-m", "ncclcheck", "doctor", "--from", str(tmp_path)], 60, cwd=REPO)
     assert result.returncode == 2, result.output
     assert "doctor dump" in result.output and "Traceback" not in result.output
+
+
+def test_a_flight_recorder_dump_is_read_as_extra_evidence(tmp_path: Path) -> None:
+    """Both ranks wait in work.wait() at one line: the stacks alone look like a transport
+    hang; the JSON dumps the ranks wrote show rank 0 issued an all_reduce where rank 1
+    issued a barrier."""
+    prefix = tmp_path / "fr_rank_"
+    command = (
+        f"TORCH_FR_BUFFER_SIZE=200 TORCH_FR_DUMP_TEMP_FILE={prefix} REPRO_TIMEOUT_S=600 "
+        f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2 "
+        f"{SCRIPTS / 'flight_recorder_dump.py'}"
+    )
+    shell = subprocess.Popen(
+        ["/bin/sh", "-c", command],
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    job = HungJob(shell, SCRIPTS / "flight_recorder_dump.py")
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not all(Path(f"{prefix}{r}").exists() for r in (0, 1)):
+            time.sleep(1)
+        assert all(Path(f"{prefix}{r}").exists() for r in (0, 1)), "the ranks wrote no dumps"
+        time.sleep(2)  # into work.wait()
+        code, report = doctor(job.agent().pid)
+    finally:
+        stop(job)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-order-mismatch", finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert (
+        "Flight Recorder: the ranks disagree on group 0 (default_pg): rank 0: #4 gloo:all_reduce; "
+        "rank 1: #4 gloo:barrier" in finding["evidence"]
+    )
