@@ -48,20 +48,24 @@ def doctor(*pids: int, cwd: Path = REPO) -> tuple[int, dict]:  # type: ignore[ty
     return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
 
 
-def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
-    """torchrun started from a shell, as people do; returns once every rank is stuck."""
-    command = (
-        f"REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
-        f"--nproc-per-node={nproc} {script}"
-    )
-    shell = subprocess.Popen(
+def from_shell(command: str, cwd: Path = REPO) -> subprocess.Popen[bytes]:
+    """A job started from a shell in a session of its own, as people start torchrun."""
+    return subprocess.Popen(
         ["/bin/sh", "-c", command],
         cwd=cwd,
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    job = HungJob(shell, script)
+
+
+def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
+    """torchrun started from a shell, as people do; returns once every rank is stuck."""
+    command = (
+        f"REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
+        f"--nproc-per-node={nproc} {script}"
+    )
+    job = HungJob(from_shell(command, cwd), script)
     deadline = time.monotonic() + 90
     previous = None
     while time.monotonic() < deadline:
@@ -259,15 +263,7 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
             f"--node-rank={node} --nproc-per-node=1 --rdzv-backend=c10d "
             f"--rdzv-endpoint=localhost:{port} --rdzv-id=doctor-two-nodes {script}"
         )
-        shells.append(
-            subprocess.Popen(
-                ["/bin/sh", "-c", command],
-                cwd=REPO,
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
+        shells.append(from_shell(command))
     jobs = [HungJob(shell, script) for shell in shells]
     try:
         deadline = time.monotonic() + 90
@@ -345,14 +341,7 @@ def test_a_flight_recorder_dump_is_read_as_extra_evidence(tmp_path: Path) -> Non
         f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2 "
         f"{SCRIPTS / 'flight_recorder_dump.py'}"
     )
-    shell = subprocess.Popen(
-        ["/bin/sh", "-c", command],
-        cwd=REPO,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    job = HungJob(shell, SCRIPTS / "flight_recorder_dump.py")
+    job = HungJob(from_shell(command), SCRIPTS / "flight_recorder_dump.py")
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not all(Path(f"{prefix}{r}").exists() for r in (0, 1)):

@@ -222,6 +222,79 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             for name in sorted(os.listdir(folder)):
                 dist.broadcast(torch.load(name), src=0)
         """,
+        # The false positives met on accelerate and torch.distributed, kept as tests:
+        # "main process first" (accelerate's _goes_first): one barrier on each side
+        """
+        def main_process_first(is_main):
+            is_main = dist.get_rank() == 0
+            if not is_main:
+                dist.barrier()
+            yield
+            if is_main:
+                dist.barrier()
+        """,
+        # the object of `state.rank = ...` is not itself a rank value
+        """
+        def init(state, module):
+            state.rank = dist.get_rank()
+            if state.sync_module_states:
+                dist.broadcast(module.weight, src=0)
+        """,
+        # an early return decided by an inner, ordinary test under an outer rank test
+        # (torch.distributed.fsdp's _broadcast_state)
+        """
+        def broadcast_state(state):
+            if dist.get_rank() == 0:
+                if not isinstance(state, torch.Tensor):
+                    return state
+                tensor = state
+            else:
+                if not isinstance(state, dict):
+                    return state
+                tensor = torch.zeros(3)
+            dist.broadcast(tensor, src=0)
+            return tensor
+        """,
+        # an exit in one branch does not skip the collective of another branch
+        """
+        def load(kind, model):
+            if kind == "full":
+                if dist.get_rank() != 0:
+                    return None
+                state = torch.load("full.pt")
+            elif kind == "sharded":
+                state = torch.load(f"shard{dist.get_rank()}.pt")
+                dist.barrier()
+            return state
+        """,
+        # a dict filled on rank 0, then replaced by what rank 0 broadcast
+        """
+        def share(full):
+            ret = {}
+            if dist.get_rank() == 0:
+                for key, value in full.items():
+                    ret[key] = value
+            box = [ret]
+            dist.broadcast_object_list(box, src=0)
+            ret = box[0]
+            for key, value in ret.items():
+                dist.broadcast(value, src=0)
+        """,
+        # len() of a Python list is the same on every rank as a rule
+        """
+        def flush(keys, tensors):
+            if len(keys) >= 1:
+                dist.broadcast(tensors, src=0)
+        """,
+        # a loader factory: the caller prepares (shards) what it returns
+        """
+        from torch.utils.data import DataLoader
+
+        def loaders(accelerator, train_set, val_set):
+            train_loader = DataLoader(train_set, batch_size=8)
+            eval_loader = DataLoader(val_set, batch_size=8)
+            return train_loader, eval_loader
+        """,
     ],
 )
 def test_no_noise(tmp_path: Path, body: str) -> None:
