@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from ncclcheck.catalogue import load_catalogue
+from ncclcheck.traces import load_traces
 
 from .conftest import PLAYBOOKS, REPO, run_bounded
 
@@ -158,6 +159,21 @@ def test_no_eval_phase_is_said_not_failed() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == "aligned"
     assert "no eval phase was seen" in report["summary"]["note"]
+
+
+def test_fsdp2_collectives_are_recorded_as_training(tmp_path: Path) -> None:
+    """fully_shard issues dist.all_gather_single / reduce_scatter_single, its gathers
+    under a no_grad of its own: that is training, not evaluation."""
+    proc, report = preflight(
+        "--json", f"--trace-dir={tmp_path}", "--nproc-per-node=2", str(SCRIPTS / "fsdp2_train.py")
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    assert set(report["summary"]["collectives_per_phase"]) == {"train"}
+    traces = load_traces(tmp_path)
+    ops = {call.op for trace in traces.values() for call in trace.calls}
+    assert {"all_gather_single", "reduce_scatter_single"} <= ops, ops
+    assert len(traces[0].calls) == len(traces[1].calls) > 0
 
 
 def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:

@@ -130,6 +130,47 @@ def install(recorder: Recorder) -> None:
             recorder.in_backward -= 1
 
     torch.autograd.backward = backward
+    _track_user_no_grad(recorder)
+
+
+# Frames of torch's context-manager machinery, between a `with torch.no_grad()` (or a
+# `@torch.no_grad()` function) and the code that asked for it.
+_GRAD_MODE_FILES = ("torch/utils/_contextlib.py", "torch/autograd/grad_mode.py")
+
+
+def _track_user_no_grad(recorder: Recorder) -> None:
+    """Count the no_grad / inference_mode blocks the user's own code opens.
+
+    Evaluation is the user turning gradients off; libraries turn them off for their
+    own reasons (FSDP all-gathers parameters under no_grad in the forward of a
+    training step), and that is not evaluation.
+    """
+    import torch
+
+    def user_initiated(frame: Any) -> bool:
+        while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_GRAD_MODE_FILES):
+            frame = frame.f_back
+        return frame is not None and frames.is_user_code(frame.f_code)
+
+    for cls in (torch.no_grad, torch.inference_mode):
+        original_enter, original_exit = cls.__enter__, cls.__exit__
+
+        def enter(self: Any, _original: Any = original_enter) -> Any:
+            user = user_initiated(sys._getframe(1))
+            self._ncclcheck_user = user
+            if user:
+                recorder.user_no_grad += 1
+            return _original(self)
+
+        def exit_(self: Any, *exc: Any, _original: Any = original_exit) -> Any:
+            try:
+                return _original(self, *exc)
+            finally:
+                if getattr(self, "_ncclcheck_user", False):
+                    recorder.user_no_grad -= 1
+
+        cls.__enter__ = enter
+        cls.__exit__ = exit_
 
 
 def check_in(recorder: Recorder, timeout_s: float) -> None:

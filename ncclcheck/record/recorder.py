@@ -55,9 +55,13 @@ COLLECTIVES = (
     "broadcast_object_list",
     "gather_object",
     "scatter_object_list",
+    "all_gather_single",  # FSDP2's parameter all-gather (torch >= 2.12)
+    "reduce_scatter_single",  # FSDP2's gradient reduce-scatter
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
     "_broadcast_coalesced",  # DDP's parameter and buffer broadcasts
 )
-P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
 
 ENV_TRACE_DIR = "NCCLCHECK_TRACE_DIR"
 ENV_TRAIN_STEPS = "NCCLCHECK_TRAIN_STEPS"
@@ -152,6 +156,7 @@ class Recorder:
         self._group_names: dict[int, str] = {}
         self._position_bytes = b""
         self.in_backward = 0  # autograd runs with grad mode off: that is not evaluation
+        self.user_no_grad = 0  # no_grad/inference_mode blocks the user's code has open
         # The walk over the caller's stack stops here: the frames outside the user's
         # script (the bootstrap, runpy) are the same for every call.
         self.outermost_frame: Any = None
@@ -211,7 +216,10 @@ class Recorder:
     def phase(self) -> str:
         if self._module_eval:
             return "eval"
-        return "eval" if not (self.in_backward or self._grad_enabled()) else "train"
+        # gradients off by the user's own no_grad/inference_mode (a library's is not
+        # evaluation: FSDP gathers parameters under no_grad while training)
+        user_off = self.user_no_grad > 0 and not self._grad_enabled()
+        return "eval" if user_off and not self.in_backward else "train"
 
     def _note_phase(self) -> str:
         phase = self.phase
