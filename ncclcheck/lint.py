@@ -45,6 +45,8 @@ _EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE
 )
 _RANK_WORDS = RANK_NAMES | RANK_CALLS
+# collectives whose result is meaningful on one rank only
+_ROOTED = frozenset({"reduce", "gather", "gather_object", "scatter", "scatter_object_list"})
 # tests on a tensor's values: what differs between ranks that hold different data
 _TENSOR_VALUE_CALLS = frozenset({"isfinite", "isnan", "isinf", "item", "nonzero", "numel", "count_nonzero"})
 _IGNORE = re.compile(r"#\s*ncclcheck:\s*ignore(?:\[([a-z0-9\-, ]+)\])?")
@@ -105,6 +107,7 @@ class _Module:
     libraries: set[str] = field(default_factory=set)  # top-level packages imported
     wraps_ddp: bool = False  # the module wraps a model in DistributedDataParallel
     ddp_names: set[str] = field(default_factory=set)  # module-wide names bound to DDP(...)
+    shards_parameters: bool = False  # FSDP or DeepSpeed ZeRO: every forward gathers shards
     ignores: dict[int, set[str] | None] = field(default_factory=dict)  # line -> causes (None: all)
     all_nodes: list[ast.AST] = field(default_factory=list)  # one walk of the whole tree, reused
 
@@ -218,6 +221,10 @@ class Linter:
         for statement in module.tree.body:
             self._index_definitions(module, statement, None)
         module.ddp_names = _ddp_names(module.all_nodes)
+        text = "\n".join(module.lines)
+        module.shards_parameters = "deepspeed" in module.libraries or any(
+            word in text for word in ("FullyShardedDataParallel", "fully_shard(", "zero_stage", "stage3")
+        )
         module.wraps_ddp = bool(module.ddp_names) or "DistributedDataParallel(" in "\n".join(module.lines)
 
     def _index_definitions(self, module: _Module, node: ast.stmt, class_name: str | None) -> None:
@@ -349,6 +356,8 @@ class Linter:
             return f"{receiver}.compute() (torchmetrics syncs its states)"
         if attr == "save_checkpoint" and "deepspeed" in module.libraries:
             return f"{receiver}.save_checkpoint (DeepSpeed)"
+        if attr == "generate" and module.shards_parameters and not _keyword_true(call, "synced_gpus"):
+            return f"{receiver}.generate() without synced_gpus=True"
         if attr == "backward" and module.wraps_ddp:
             return f"{receiver}.backward() (DDP all-reduces the gradients)"
         return None
@@ -491,14 +500,27 @@ class Linter:
         """Names passed to a collective in ``scope``: their values agree across ranks after it."""
         key = id(scope)
         if key not in self._synced:
-            self._synced[key] = {
-                arg.id
-                for call in self.nodes(scope)
-                if isinstance(call, ast.Call) and self._direct_label(call, module, set()) is not None
-                for arg in call.args
-                if isinstance(arg, ast.Name)
-            }
+            synced: set[str] = set()
+            for call in self.nodes(scope):
+                if not isinstance(call, ast.Call):
+                    continue
+                label = self._direct_label(call, module, set())
+                if label is not None and label.split(".")[-1] not in _ROOTED:
+                    synced |= {arg.id for arg in call.args if isinstance(arg, ast.Name)}
+            self._synced[key] = synced
         return self._synced[key]
+
+    def rooted_names(self, scope: ast.AST, module: _Module) -> set[str]:
+        """Tensors passed to dist.reduce / gather / scatter: after the call their value is the
+        result on the destination rank only, and whatever is left on the others."""
+        return {
+            call.args[0].id
+            for call in self.nodes(scope)
+            if isinstance(call, ast.Call)
+            and call.args
+            and isinstance(call.args[0], ast.Name)
+            and (self._direct_label(call, module, set()) or "").split(".")[-1] in _ROOTED
+        }
 
     def _is_rank_local(
         self, value: ast.expr, module: _Module, function: _Function | None, synced: set[str], local: set[str]
@@ -745,6 +767,12 @@ def _walk(root: ast.AST, enter_scopes: bool) -> list[ast.AST]:
 
 def _walk_scope(root: ast.AST) -> list[ast.AST]:
     return _walk(root, enter_scopes=False)
+
+
+def _keyword_true(call: ast.Call, name: str) -> bool:
+    return any(
+        k.arg == name and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords
+    )
 
 
 def _reads_shape(expr: ast.expr) -> bool:
@@ -1013,6 +1041,8 @@ class _ScopeChecker:
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+            if names & self.linter.rooted_names(self.scope, self.module):
+                return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
             if names and names <= self.linter.synced_names(self.scope, self.module):
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
         if kind in (RANK, DATA):
@@ -1082,6 +1112,7 @@ class _ScopeChecker:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return  # checked as scopes of their own
         if isinstance(node, (ast.Return, ast.Break, ast.Continue, ast.Raise)) or _is_exit_call(node):
+            self.calls_here(node, guards)  # `return helper(x)`: the value runs before the exit
             # A raise (or a non-zero exit) fails the rank, and torchrun stops the others:
             # a crash (rank-crashed), not a silent wait. A clean sys.exit() leaves them waiting.
             if isinstance(node, ast.Raise) or (_is_exit_call(node) and not _clean_exit(node)):
@@ -1184,6 +1215,19 @@ class _ScopeChecker:
                 self.check_passed_containers(call)
         for call, collective in self.collectives_within(node) if self.scope_collectives else []:
             self.check_shapes(call, collective)
+            if (
+                collective.label.endswith("generate() without synced_gpus=True")
+                and len(collective.chain) == 1
+            ):
+                self.add(
+                    "data-dependent-branch",
+                    "warning",
+                    call,
+                    f"{collective.label}: generation runs one forward per new token and, with FSDP "
+                    f"or ZeRO-3, every forward all-gathers sharded parameters; ranks whose sequences "
+                    f"end sooner stop gathering and the others wait. Pass synced_gpus=True",
+                    collective,
+                )
             for guard, exit_node, _loop in self.pending_exits:
                 if not isinstance(exit_node, (ast.Break, ast.Continue)):
                     self.report_exit(guard, exit_node, call, collective)

@@ -92,6 +92,15 @@ import torch.distributed as dist
             """,
             ("rank-conditional-collective", "error"),
         ),
+        (  # a collective in a return value still runs before the return
+            """
+            def log(x):
+                if dist.get_rank() == 0:
+                    return dist.all_reduce(x)
+                return None
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
         (  # local_rank from the environment, the HF idiom
             """
             def step(args, x):
@@ -129,6 +138,27 @@ import torch.distributed as dist
                         break
             """,
             ("unsynchronized-decision", "warning"),
+        ),
+        (  # dist.reduce leaves the sum on dst only: the other ranks decide on their own value
+            """
+            def should_stop(loss):
+                dist.reduce(loss, dst=0)
+                if loss.item() < 0.1:
+                    return True
+                dist.barrier()
+                return False
+            """,
+            ("unsynchronized-decision", "warning"),
+        ),
+        (  # generate() under FSDP without synced_gpus: one gather per new token, per rank
+            """
+            from torch.distributed.fsdp import fully_shard
+
+            def sample(model, batch):
+                fully_shard(model)
+                return model.generate(batch, max_new_tokens=20)
+            """,
+            ("data-dependent-branch", "warning"),
         ),
         (  # files listed in file-system order
             """
@@ -285,6 +315,14 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
         def flush(keys, tensors):
             if len(keys) >= 1:
                 dist.broadcast(tensors, src=0)
+        """,
+        # generate() with synced_gpus=True keeps every rank stepping until all are done
+        """
+        from torch.distributed.fsdp import fully_shard
+
+        def sample(model, batch):
+            fully_shard(model)
+            return model.generate(batch, max_new_tokens=20, synced_gpus=True)
         """,
         # a loader factory: the caller prepares (shards) what it returns
         """
