@@ -54,10 +54,11 @@ doctor: $(STAMP) ## Diagnose the stuck job with PID=...
 	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
 	$(BIN)/ncclcheck doctor --pid $(PID)
 
-bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor on 4-32 hung ranks, lint speed
+bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4-32 ranks, lint speed, probe
 	$(BIN)/python benchmarks/bench_preflight.py
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_lint.py
+	$(BIN)/python benchmarks/bench_probe.py
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist

@@ -35,12 +35,6 @@ class PlaybookError(NcclcheckError):
     default_hint = "Each playbooks/<id>/playbook.toml must follow the fields listed in README.md."
 
 
-class NotBuiltYet(NcclcheckError):
-    """A command of the contract that this version does not implement yet."""
-
-    default_hint = "Nothing was checked; this version prints no result for it rather than a fake one."
-
-
 class StackPermissionError(NcclcheckError):
     """py-spy may not read another process's memory."""
 

@@ -72,13 +72,6 @@ def test_unknown_playbook_is_exit_2_with_the_known_ids() -> None:
     assert "Traceback" not in result.output
 
 
-def test_commands_not_built_yet_say_so_with_exit_2() -> None:
-    result = invoke("probe")
-    assert result.exit_code == 2
-    assert "not built in this version" in result.stderr
-    assert result.stdout == ""
-
-
 def test_an_internal_error_is_exit_3_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     import ncclcheck.cli.playbooks as module
 

@@ -4,16 +4,68 @@ from __future__ import annotations
 
 import typer
 
-from ncclcheck.cli.common import JSON_OPTION
-from ncclcheck.errors import NotBuiltYet
+from ncclcheck.cli.common import JSON_OPTION, emit_report
+from ncclcheck.launch import TorchrunOptions
+from ncclcheck.preflight import default_nproc
+from ncclcheck.probe import ProbeSettings, choose_backend, parse_layout, run_probe
 
 
 def probe_command(
-    nproc_per_node: int = typer.Option(2, "--nproc-per-node", help="Ranks on this node."),
+    nproc_per_node: int = typer.Option(
+        None, "--nproc-per-node", "--nproc_per_node", help="Ranks on this node (default: visible GPUs, or 2)."
+    ),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (torchrun's MIN:MAX form works)."),
+    node_rank: int = typer.Option(None, "--node-rank", "--node_rank", help="This node's rank."),
+    rdzv_backend: str = typer.Option(None, "--rdzv-backend", "--rdzv_backend"),
+    rdzv_endpoint: str = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint"),
+    rdzv_id: str = typer.Option(None, "--rdzv-id", "--rdzv_id"),
+    master_addr: str = typer.Option(None, "--master-addr", "--master_addr"),
+    master_port: int = typer.Option(None, "--master-port", "--master_port"),
+    backend: str = typer.Option(
+        "auto", "--backend", help="nccl, gloo, or auto (nccl where GPUs are visible)."
+    ),
+    max_bytes: int = typer.Option(
+        None,
+        "--max-bytes",
+        min=8,
+        help="Largest message of the bandwidth sweep (default: 1 MiB on CPU, 1 GiB on GPU).",
+    ),
+    repeats: int = typer.Option(5, "--repeats", min=1, help="Timed repeats per size (the median counts)."),
+    layout: str = typer.Option(
+        "", "--layout", help="Check a parallel layout's subgroups too, e.g. tp=2,dp=2."
+    ),
+    checkin_timeout: float = typer.Option(
+        20.0, "--checkin-timeout", min=1.0, help="Seconds the ranks wait for each other to check in."
+    ),
+    op_timeout: float = typer.Option(
+        60.0, "--op-timeout", min=1.0, help="The process group's timeout: no collective waits longer."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Check rendezvous, collective correctness and bandwidth across ranks."""
-    raise NotBuiltYet("probe is not built in this version")
+    """Check rendezvous, collective correctness and bandwidth across ranks (exit 1 on a failed
+    check or a missing rank)."""
+    torchrun = TorchrunOptions(
+        nproc_per_node=default_nproc() if nproc_per_node is None else nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
+    nodes = int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else 1
+    world = torchrun.nproc_per_node * nodes
+    chosen = choose_backend(backend)
+    settings = ProbeSettings(
+        backend=chosen,
+        max_bytes=max_bytes or ((1 << 30) if chosen == "nccl" else (1 << 20)),
+        repeats=repeats,
+        checkin_timeout=checkin_timeout,
+        op_timeout=op_timeout,
+        layout=parse_layout(layout, world),
+    )
+    emit_report(run_probe(torchrun, settings, world), as_json)
 
 
 def register(app: typer.Typer) -> None:

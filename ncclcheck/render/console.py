@@ -73,7 +73,7 @@ def print_report(report: Report) -> None:
     if report.ranks:
         table = Table(show_edge=False, pad_edge=False)
         # doctor reads stacks, not traces: it knows no phase, call count or eval batches
-        traced = report.command != "doctor"
+        traced = report.command == "preflight"
         columns = ["rank", "host", "pid", "state"]
         columns += ["phase", "collectives", "eval batches"] if traced else []
         for column in [*columns, "where"]:
@@ -89,6 +89,7 @@ def print_report(report: Report) -> None:
                 cells += [rank.phase or "", str(rank.collectives), _eval_batches(rank.eval_batches)]
             table.add_row(*cells, escape(rank.where or ""))
         out.print(table)
+    _print_probe_summary(out, report)
     classes = report.summary.get("classes")
     if isinstance(classes, list) and classes:
         out.print("\n[bold]Stack classes[/]")
@@ -125,3 +126,45 @@ def _eval_batches(value: object) -> str:
     if isinstance(value, dict):
         return ", ".join(f"{name}={count}" for name, count in value.items())
     return str(value)
+
+
+def _print_probe_summary(out: Console, report: Report) -> None:
+    """probe's checks, subgroups and bandwidth table (figures computed by probe.py)."""
+    if report.command != "probe":
+        return
+    checks = report.summary.get("checks") or []
+    if checks:
+        table = Table(title="checks on known values", show_edge=False, pad_edge=False)
+        for column in ("op", "ok on", "failed on", "note"):
+            table.add_column(column)
+        for row in checks:
+            table.add_row(
+                row["op"],
+                format_ranks(row["ok_on"]),
+                format_ranks(row["failed_on"]),
+                escape(row["skipped"] or ""),
+            )
+        out.print(table)
+    for name, entry in (report.summary.get("layout") or {}).items():
+        groups = " ".join(str(g) for g in entry["groups"])
+        out.print(f"  subgroups {name}: {groups}: {'ok' if entry['ok'] else '[red]FAILED[/]'}")
+    rows = report.summary.get("performance") or []
+    if rows:
+        backend = report.summary.get("backend")
+        table = Table(
+            title=f"bandwidth ({backend}, {report.world_size} ranks; busbw as nccl-tests computes it)",
+            show_edge=False,
+            pad_edge=False,
+        )
+        for column in ("op", "bytes", "time us", "algbw GB/s", "busbw GB/s", "slowest"):
+            table.add_column(column, justify="left" if column in ("op", "slowest") else "right")
+        for row in rows:
+            table.add_row(
+                row["op"],
+                str(row["bytes"]),
+                f"{row['time_us']:.1f}",
+                f"{row['algbw_GBps']:.4f}",
+                f"{row['busbw_GBps']:.4f}",
+                f"rank {row['slowest_rank']} ({row['slowest_host']})",
+            )
+        out.print(table)

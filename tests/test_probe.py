@@ -1,0 +1,100 @@
+"""probe on real torchrun ranks with gloo: figures, missing ranks, wrong results, subgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import psutil
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.ranks
+
+QUICK = ["--max-bytes", "1024", "--repeats", "2"]
+
+
+def probe(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict, float]:  # type: ignore[type-arg]
+    mark = uuid.uuid4().hex
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ncclcheck", "probe", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "NCCLCHECK_TEST_MARK": mark, **(env or {})},
+        check=False,
+    )
+    elapsed = time.monotonic() - start
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("NCCLCHECK_TEST_MARK") == mark:
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    assert left == [], f"processes outlived the probe: {left}"
+    return done, json.loads(done.stdout) if done.stdout.strip() else {}, elapsed
+
+
+def test_four_ranks_pass_and_give_the_bandwidth_table() -> None:
+    done, report, _ = probe("--nproc-per-node=4", *QUICK)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert report["verdict"] == "aligned" and report["findings"] == []
+    checks = {row["op"]: row for row in report["summary"]["checks"]}
+    assert {"all_reduce(sum)", "all_reduce(max)", "broadcast", "all_gather", "barrier"} <= set(checks)
+    assert all(row["ok_on"] == [0, 1, 2, 3] or row["skipped"] for row in checks.values())
+    rows = report["summary"]["performance"]
+    assert {row["op"] for row in rows} >= {"all_reduce", "all_gather", "broadcast"}
+    largest = max((r for r in rows if r["op"] == "all_reduce"), key=lambda r: r["bytes"])
+    assert largest["bytes"] == 512 and largest["time_us"] > 0
+    # nccl-tests' bus bandwidth for all_reduce: algbw x 2(n-1)/n = 1.5 on 4 ranks
+    assert largest["busbw_GBps"] == pytest.approx(largest["algbw_GBps"] * 1.5, rel=0.01, abs=1e-4)
+
+
+@pytest.mark.parametrize("fault", ["NCCLCHECK_PROBE_TEST_CRASH_RANK", "NCCLCHECK_PROBE_TEST_STALL_RANK"])
+def test_a_rank_that_never_checks_in_is_named(fault: str) -> None:
+    done, report, elapsed = probe("--nproc-per-node=2", "--checkin-timeout=5", *QUICK, env={fault: "1"})
+    assert done.returncode == 1, done.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-crashed"
+    assert finding["absent_ranks"] == [1] and finding["ranks"] == [0]
+    assert elapsed < 90  # the check-in timeout, not a collective's
+
+
+def test_a_rank_that_corrupts_its_contribution_is_named() -> None:
+    done, report, _ = probe("--nproc-per-node=4", *QUICK, env={"NCCLCHECK_PROBE_TEST_CORRUPT_RANK": "2"})
+    assert done.returncode == 1
+    named = {f["op"]: f for f in report["findings"]}
+    assert named["all_gather"]["ranks"] == [2], named["all_gather"]
+    assert "the wrong contribution came from rank 2" in named["all_gather"]["message"]
+    assert "all_reduce(sum)" in named
+
+
+def test_layout_subgroups_are_checked() -> None:
+    done, report, _ = probe("--nproc-per-node=4", "--layout", "tp=2,dp=2", *QUICK)
+    assert done.returncode == 0, done.stderr[-2000:]
+    layout = report["summary"]["layout"]
+    assert layout["tp"] == {"groups": [[0, 1], [2, 3]], "ok": True}
+    assert layout["dp"] == {"groups": [[0, 2], [1, 3]], "ok": True}
+
+
+def test_a_layout_that_does_not_cover_the_ranks_is_exit_2() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ncclcheck", "probe", "--nproc-per-node=4", "--layout", "tp=3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "covers 3 ranks, but the probe runs 4" in done.stderr and "Traceback" not in done.stderr
