@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ncclcheck.rendezvous import CheckInFailed, check_in
+
 ENV_OUT = "NCCLCHECK_PROBE_OUT"
 ENV_CONFIG = "NCCLCHECK_PROBE_CONFIG"
 # Test-only switches: make one rank fail in a chosen way (the tests need real faults).
@@ -68,36 +70,6 @@ def facts(backend: str) -> dict[str, Any]:
         found["device"] = f"cuda:{local} {torch.cuda.get_device_name(local)}"
         found["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     return found
-
-
-def check_in(rank: int, world: int, timeout_s: float) -> None:
-    """Announce this rank in torchrun's store and wait for the others, bounded."""
-    from torch.distributed import TCPStore
-
-    env = os.environ
-    run = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    prefix = f"ncclcheck-probe/{run}/"
-    store = TCPStore(
-        env["MASTER_ADDR"],
-        int(env["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    store.set(prefix + str(rank), f"{socket.gethostname()}|{env.get('GROUP_RANK', '0')}")
-    try:
-        store.wait([prefix + str(r) for r in range(world)], datetime.timedelta(seconds=timeout_s))
-    except Exception:
-        present = {
-            r: store.get(prefix + str(r)).decode() for r in range(world) if store.check([prefix + str(r)])
-        }
-        raise CheckInFailed(sorted(set(range(world)) - set(present)), present) from None
-
-
-class CheckInFailed(Exception):
-    def __init__(self, missing: list[int], present: dict[int, str]) -> None:
-        super().__init__(f"ranks {missing} never checked in")
-        self.missing = missing
-        self.present = present
 
 
 # -- correctness: every collective on known values ---------------------------------------
@@ -331,7 +303,7 @@ def main() -> None:
     if env.get(ENV_TEST_STALL_RANK) == str(rank):
         time.sleep(3600)
     try:
-        check_in(rank, world, config["checkin_timeout"])
+        check_in("probe", config["checkin_timeout"])
     except CheckInFailed as failed:
         out.save(
             stage="check-in failed",

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import typer
 
+from ncclcheck.launch import TorchrunOptions
 from ncclcheck.model import Report
+from ncclcheck.preflight import default_nproc
 from ncclcheck.render import console
 
 
@@ -18,6 +20,40 @@ class GlobalState:
 STATE = GlobalState()
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout, nothing else.")
+
+# torchrun's launch options, with torchrun's names (CONTRACT.md): preflight and probe
+NPROC_OPTION = typer.Option(
+    None, "--nproc-per-node", "--nproc_per_node", help="Ranks on this node (default: visible GPUs, or 2)."
+)
+NNODES_OPTION = typer.Option("1", "--nnodes", help="Nodes (torchrun's MIN:MAX form works).")
+NODE_RANK_OPTION = typer.Option(None, "--node-rank", "--node_rank", help="This node's rank.")
+RDZV_BACKEND_OPTION = typer.Option(None, "--rdzv-backend", "--rdzv_backend")
+RDZV_ENDPOINT_OPTION = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint")
+RDZV_ID_OPTION = typer.Option(None, "--rdzv-id", "--rdzv_id")
+MASTER_ADDR_OPTION = typer.Option(None, "--master-addr", "--master_addr")
+MASTER_PORT_OPTION = typer.Option(None, "--master-port", "--master_port")
+
+
+def torchrun_options(
+    nproc_per_node: int | None,
+    nnodes: str,
+    node_rank: int | None,
+    rdzv_backend: str | None,
+    rdzv_endpoint: str | None,
+    rdzv_id: str | None,
+    master_addr: str | None,
+    master_port: int | None,
+) -> TorchrunOptions:
+    return TorchrunOptions(
+        nproc_per_node=default_nproc() if nproc_per_node is None else nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
 
 
 def emit_report(report: Report, as_json: bool) -> None:

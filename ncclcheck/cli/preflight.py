@@ -7,9 +7,21 @@ from pathlib import Path
 
 import typer
 
-from ncclcheck.cli.common import JSON_OPTION, emit_report
-from ncclcheck.launch import DryRunSettings, Progress, TorchrunOptions
-from ncclcheck.preflight import default_nproc, report_from, run_preflight
+from ncclcheck.cli.common import (
+    JSON_OPTION,
+    MASTER_ADDR_OPTION,
+    MASTER_PORT_OPTION,
+    NNODES_OPTION,
+    NODE_RANK_OPTION,
+    NPROC_OPTION,
+    RDZV_BACKEND_OPTION,
+    RDZV_ENDPOINT_OPTION,
+    RDZV_ID_OPTION,
+    emit_report,
+    torchrun_options,
+)
+from ncclcheck.launch import DryRunSettings, Progress
+from ncclcheck.preflight import report_from, run_preflight
 
 
 class _ProgressLine:
@@ -39,19 +51,14 @@ class _ProgressLine:
 def preflight_command(
     script: str = typer.Argument(None, help="The training script, as you would pass it to torchrun."),
     script_args: list[str] = typer.Argument(None, help="The script's own arguments, unchanged."),
-    nproc_per_node: int = typer.Option(
-        None,
-        "--nproc-per-node",
-        "--nproc_per_node",
-        help="Ranks on this node (default: visible GPUs, or 2).",
-    ),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (torchrun's MIN:MAX form works)."),
-    node_rank: int = typer.Option(None, "--node-rank", "--node_rank", help="This node's rank."),
-    rdzv_backend: str = typer.Option(None, "--rdzv-backend", "--rdzv_backend"),
-    rdzv_endpoint: str = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint"),
-    rdzv_id: str = typer.Option(None, "--rdzv-id", "--rdzv_id"),
-    master_addr: str = typer.Option(None, "--master-addr", "--master_addr"),
-    master_port: int = typer.Option(None, "--master-port", "--master_port"),
+    nproc_per_node: int = NPROC_OPTION,
+    nnodes: str = NNODES_OPTION,
+    node_rank: int = NODE_RANK_OPTION,
+    rdzv_backend: str = RDZV_BACKEND_OPTION,
+    rdzv_endpoint: str = RDZV_ENDPOINT_OPTION,
+    rdzv_id: str = RDZV_ID_OPTION,
+    master_addr: str = MASTER_ADDR_OPTION,
+    master_port: int = MASTER_PORT_OPTION,
     train_steps: int = typer.Option(5, "--train-steps", min=1, help="Batches per pass over a train loader."),
     eval_passes: int = typer.Option(
         1, "--eval-passes", min=0, help="Complete eval passes before the dry run stops."
@@ -79,15 +86,8 @@ def preflight_command(
         return
     if script is None:
         raise typer.BadParameter("give the training script (or --from DIR)", param_hint="SCRIPT")
-    torchrun = TorchrunOptions(
-        nproc_per_node=default_nproc() if nproc_per_node is None else nproc_per_node,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id,
-        master_addr=master_addr,
-        master_port=master_port,
+    torchrun = torchrun_options(
+        nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
     )
     settings = DryRunSettings(
         train_steps=train_steps,

@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import typer
 
-from ncclcheck.cli.common import JSON_OPTION, emit_report
-from ncclcheck.launch import TorchrunOptions
-from ncclcheck.preflight import default_nproc
+from ncclcheck.cli.common import (
+    JSON_OPTION,
+    MASTER_ADDR_OPTION,
+    MASTER_PORT_OPTION,
+    NNODES_OPTION,
+    NODE_RANK_OPTION,
+    NPROC_OPTION,
+    RDZV_BACKEND_OPTION,
+    RDZV_ENDPOINT_OPTION,
+    RDZV_ID_OPTION,
+    emit_report,
+    torchrun_options,
+)
 from ncclcheck.probe import ProbeSettings, choose_backend, parse_layout, run_probe
 
 
 def probe_command(
-    nproc_per_node: int = typer.Option(
-        None, "--nproc-per-node", "--nproc_per_node", help="Ranks on this node (default: visible GPUs, or 2)."
-    ),
-    nnodes: str = typer.Option("1", "--nnodes", help="Nodes (torchrun's MIN:MAX form works)."),
-    node_rank: int = typer.Option(None, "--node-rank", "--node_rank", help="This node's rank."),
-    rdzv_backend: str = typer.Option(None, "--rdzv-backend", "--rdzv_backend"),
-    rdzv_endpoint: str = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint"),
-    rdzv_id: str = typer.Option(None, "--rdzv-id", "--rdzv_id"),
-    master_addr: str = typer.Option(None, "--master-addr", "--master_addr"),
-    master_port: int = typer.Option(None, "--master-port", "--master_port"),
+    nproc_per_node: int = NPROC_OPTION,
+    nnodes: str = NNODES_OPTION,
+    node_rank: int = NODE_RANK_OPTION,
+    rdzv_backend: str = RDZV_BACKEND_OPTION,
+    rdzv_endpoint: str = RDZV_ENDPOINT_OPTION,
+    rdzv_id: str = RDZV_ID_OPTION,
+    master_addr: str = MASTER_ADDR_OPTION,
+    master_port: int = MASTER_PORT_OPTION,
     backend: str = typer.Option(
         "auto", "--backend", help="nccl, gloo, or auto (nccl where GPUs are visible)."
     ),
@@ -44,15 +52,8 @@ def probe_command(
 ) -> None:
     """Check rendezvous, collective correctness and bandwidth across ranks (exit 1 on a failed
     check or a missing rank)."""
-    torchrun = TorchrunOptions(
-        nproc_per_node=default_nproc() if nproc_per_node is None else nproc_per_node,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id,
-        master_addr=master_addr,
-        master_port=master_port,
+    torchrun = torchrun_options(
+        nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
     )
     nodes = int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else 1
     world = torchrun.nproc_per_node * nodes

@@ -8,7 +8,6 @@ and ``sys.path[0]`` as ``python SCRIPT ARGS`` would have them.
 
 from __future__ import annotations
 
-import datetime
 import os
 import runpy
 import sys
@@ -16,6 +15,7 @@ import time
 import traceback
 from typing import Any
 
+from ncclcheck import rendezvous
 from ncclcheck.record import frames
 from ncclcheck.record.recorder import (
     COLLECTIVES,
@@ -179,42 +179,22 @@ def check_in(recorder: Recorder, timeout_s: float) -> None:
     Ranks that never arrive are named with the host their node's other ranks
     reported, instead of the first collective hanging on them.
     """
-    from torch.distributed import TCPStore
-
-    env = os.environ
-    world = int(env["WORLD_SIZE"])
-    rank = int(env["RANK"])
-    run = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    prefix = f"ncclcheck/{run}/checkin/"
-    store = TCPStore(
-        env["MASTER_ADDR"],
-        int(env["MASTER_PORT"]),
-        is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    me = f"{os.uname().nodename}|{env.get('GROUP_RANK', '0')}|{os.getpid()}"
-    store.set(prefix + str(rank), me)
-    keys = [prefix + str(r) for r in range(world)]
     start = time.time()
     try:
-        store.wait(keys, datetime.timedelta(seconds=timeout_s))
-    except Exception:
-        present = {
-            r: store.get(prefix + str(r)).decode() for r in range(world) if store.check([prefix + str(r)])
-        }
-        missing = [r for r in range(world) if r not in present]
+        rendezvous.check_in("checkin", timeout_s)
+    except rendezvous.CheckInFailed as failed:
         recorder.write(
             {
                 "t": "probe",
                 "ok": False,
-                "missing": missing,
-                "present": {str(r): v for r, v in present.items()},
+                "missing": failed.missing,
+                "present": {str(r): v for r, v in failed.present.items()},
                 "waited": time.time() - start,
             }
         )
         recorder.close()
         print(
-            f"ncclcheck: ranks {missing} never checked in within {timeout_s:.0f} s",
+            f"ncclcheck: ranks {failed.missing} never checked in within {timeout_s:.0f} s",
             file=sys.stderr,
             flush=True,
         )
