@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -126,10 +127,17 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
             if isinstance(pid, int):
                 kill_tree(pid)
     elapsed = time.monotonic() - start
-    exits, first_failure = parse_torchrun_failures(log_path.read_text(encoding="utf-8", errors="replace"))
+    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    exits, first_failure = parse_torchrun_failures(log_text)
+    log_tail = [line for line in log_text.splitlines() if line.strip()][-5:]
     ranks = {int(p.stem.split("-")[1]): _read(p) for p in sorted(out.glob("rank-*.json"))}
+    shutil.rmtree(out, ignore_errors=True)  # everything needed is read: leave no temporary folder
     world = max([world, *(int(d["world"]) for d in ranks.values() if isinstance(d.get("world"), int))])
-    return build_report(ranks, world, backend, exits, first_failure, timed_out, elapsed, settings)
+    report = build_report(ranks, world, backend, exits, first_failure, timed_out, elapsed, settings)
+    for finding in report.findings:
+        if finding.cause == "rank-crashed":  # what the ranks printed last says why
+            finding.evidence += [f"log: {line}" for line in log_tail]
+    return report
 
 
 def _read(path: Path) -> dict[str, Any]:
