@@ -59,6 +59,7 @@ bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_lint.py
 	$(BIN)/python benchmarks/bench_probe.py
+	$(BIN)/python benchmarks/bench_guard.py
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist

@@ -6,36 +6,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from workers import run_worker
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
 
 def plain(ranks: int, max_bytes: int, repeats: int) -> dict[int, float]:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={ranks}",
-            str(HERE / "allreduce_sizes.py"),
-            str(max_bytes),
-            str(repeats),
-            "10",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
-    return {int(k): v for k, v in json.loads(line[len("RESULT ") :]).items()}
+    result = run_worker("allreduce_sizes.py", ranks, str(max_bytes), str(repeats), "10")
+    return {int(k): v for k, v in result.items()}
 
 
 def probed(ranks: int, max_bytes: int, repeats: int) -> dict[int, dict[str, float]]:

@@ -1,0 +1,53 @@
+"""ncclcheck.guard on real torchrun ranks: uneven counts and absent ranks fail alike and fast."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, run_bounded
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "guard_phase.py"
+pytestmark = pytest.mark.ranks
+
+
+def run(mode: str, nproc: int):  # type: ignore[no-untyped-def]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(SCRIPT),
+    ]
+    env = {**os.environ, "MODE": mode, "PYTHONPATH": str(REPO)}
+    return run_bounded(argv, 120, env=env, cwd=REPO)
+
+
+def test_uneven_eval_counts_raise_the_same_error_on_every_rank() -> None:
+    result = run("uneven", 2)
+    lines = sorted(line for line in result.output.splitlines() if "MisalignedPhase" in line)
+    assert len(lines) == 2, result.output
+    messages = {re.sub(r"^rank \d after [\d.]+ s: ", "", line) for line in lines}
+    assert len(messages) == 1  # the same words on every rank
+    (message,) = messages
+    assert 'rank 0: {"steps": 4}' in message and 'rank 1: {"steps": 3}' in message
+    assert all(float(re.search(r"after ([\d.]+) s", line).group(1)) < 5 for line in lines)  # type: ignore[union-attr]
+
+
+def test_an_absent_rank_is_named_within_the_timeout() -> None:
+    result = run("absent", 2)
+    (line,) = [line for line in result.output.splitlines() if "AbsentRanks" in line]
+    assert line.startswith("rank 0 after ")
+    assert "rank 1 did not arrive within 5 s" in line
+    assert float(re.search(r"after ([\d.]+) s", line).group(1)) < 30  # type: ignore[union-attr]
+
+
+def test_aligned_counts_pass() -> None:
+    result = run("even", 2)
+    assert result.returncode == 0, result.output
+    assert result.output.count(": aligned") == 2
