@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncclcheck.analyze.source import DATA, RANK, RANK_CALLS, RANK_NAMES, _kind_of, rank_derived_names
+from ncclcheck.analyze.source import DATA, RANK, RANK_CALLS, RANK_NAMES, kind_of, rank_derived_names
 from ncclcheck.errors import InputError
 from ncclcheck.record.recorder import COLLECTIVES, P2P
 
@@ -643,7 +643,7 @@ class Linter:
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.mentions_rank(node)
                 for name in self.derived_names(node)
             }
-            sharded = bool(call.args) and _kind_of(call.args[0], scope_derived) == RANK
+            sharded = bool(call.args) and kind_of(call.args[0], scope_derived) == RANK
             if sharded:
                 found.append(
                     LintFinding(
@@ -897,7 +897,7 @@ class _ScopeChecker:
         if not (self.derived or self.linter.mentions_rank(scope)):
             return filled
         for node in self.linter.nodes(scope):
-            if not (isinstance(node, ast.If) and _kind_of(node.test, self.derived) == RANK):
+            if not (isinstance(node, ast.If) and kind_of(node.test, self.derived) == RANK):
                 continue
             for inner in (n for statement in node.body + node.orelse for n in _walk_scope(statement)):
                 if isinstance(inner, ast.Assign):
@@ -1036,7 +1036,7 @@ class _ScopeChecker:
             )
 
     def kind(self, test: ast.expr, branches: list[ast.stmt]) -> str:
-        kind = _kind_of(test, self.derived)
+        kind = kind_of(test, self.derived)
         if kind == DATA and not (_called_names(test) & _TENSOR_VALUE_CALLS or _reads_shape(test)):
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:
@@ -1130,7 +1130,7 @@ class _ScopeChecker:
                 isinstance(node.test, ast.Compare)
                 and kind == RANK
                 and all(
-                    _kind_of(side, self.derived) == RANK for side in [node.test.left, *node.test.comparators]
+                    kind_of(side, self.derived) == RANK for side in [node.test.left, *node.test.comparators]
                 )
             )
             guard = _Guard(kind, node.lineno, ast.unparse(node.test), balanced, peer)

@@ -153,7 +153,7 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
         before = len(derived)
         for node in assignments:
             value = node.value
-            if value is None or _kind_of(value, derived) != RANK:
+            if value is None or kind_of(value, derived) != RANK:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for target in targets:
@@ -175,7 +175,7 @@ def _bound_names(target: ast.expr) -> set[str]:
     return set()
 
 
-def _kind_of(expr: ast.AST, derived: set[str]) -> str:
+def kind_of(expr: ast.AST, derived: set[str]) -> str:
     names, attrs, calls = _names(expr)
     if (names | attrs) & (RANK_NAMES | derived) or calls & RANK_CALLS:
         return RANK
@@ -189,7 +189,7 @@ def condition_kind(path: str, test: ast.expr) -> str:
     tree = parse(path)
     function = enclosing_function(path, getattr(test, "lineno", 0))
     derived = rank_derived_names(function) | rank_derived_names(tree)
-    return _kind_of(test, derived)
+    return kind_of(test, derived)
 
 
 @dataclass(frozen=True)
