@@ -209,6 +209,22 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
+def start_torchrun(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+    """torchrun with its output in a private log, in a session of its own: Ctrl-C in the
+    terminal reaches ncclcheck, which then stops the run itself, instead of racing
+    torchrun's handlers."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as log:
+        return subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+
 def run_dry(
     script: str,
     script_args: list[str],
@@ -241,18 +257,7 @@ def run_dry(
     ]
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as log:
-        # A session of its own: Ctrl-C in the terminal reaches ncclcheck, which
-        # then stops the dry run itself, instead of racing torchrun's handlers.
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    proc = start_torchrun(argv, env, log_path)
     interrupted = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     on_main_thread = threading.current_thread() is threading.main_thread()

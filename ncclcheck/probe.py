@@ -22,7 +22,7 @@ from typing import Any
 
 from ncclcheck.diagnose import who
 from ncclcheck.errors import UsageError
-from ncclcheck.launch import TorchrunOptions, parse_torchrun_failures
+from ncclcheck.launch import TorchrunOptions, parse_torchrun_failures, start_torchrun
 from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Verdict
 from ncclcheck.probe_worker import BUS_FACTOR, CHECKIN_FAILED_EXIT, ENV_CONFIG, ENV_OUT
 from ncclcheck.proctree import kill_tree
@@ -101,15 +101,7 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
     # the whole probe is bounded: check-in, each stage's collectives, and a margin
     bound = settings.checkin_timeout + 4 * settings.op_timeout + 60
     start = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    proc = start_torchrun(argv, env, log_path)
     timed_out = False
     try:
         proc.wait(timeout=bound)
