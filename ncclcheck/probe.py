@@ -27,15 +27,9 @@ from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Ve
 from ncclcheck.probe_worker import BUS_FACTOR, CHECKIN_FAILED_EXIT, ENV_CONFIG, ENV_OUT
 from ncclcheck.proctree import kill_tree
 
-# What may differ between ranks without meaning anything: where each one is.
-_PER_RANK_SETTINGS = (
-    "LOCAL_RANK",
-    "RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "TORCHELASTIC_",
-    "CUDA_VISIBLE_DEVICES",
-)
+# Of the settings the worker collects (probe_worker._SETTINGS_PREFIXES), the one that
+# differs between ranks by design: which GPU each one sees.
+_PER_RANK_SETTINGS = ("CUDA_VISIBLE_DEVICES",)
 
 
 @dataclass

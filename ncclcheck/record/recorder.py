@@ -339,6 +339,7 @@ class Recorder:
             params = []
         group_index = params.index("group") if "group" in params else None
         is_p2p = op in P2P
+        group_is_first = op == "_broadcast_coalesced"  # (process_group, tensors, buffer_size, src)
         peer_names = [p for p in ("dst", "src", "group_dst", "group_src") if p in params]
         depth = self._depth
 
@@ -361,8 +362,8 @@ class Recorder:
                 group = args[group_index]
             if async_index is not None and len(args) > async_index:
                 async_op = bool(args[async_index])
-            if op == "_broadcast_coalesced" and args:
-                group = args[0]  # (process_group, tensors, buffer_size, src)
+            if group_is_first and args:
+                group = args[0]
             extra: dict[str, Any] | None = None
             if is_p2p:
                 extra = {}
