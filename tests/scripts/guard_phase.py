@@ -13,6 +13,13 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 from ncclcheck.guard import AbsentRanks, MisalignedPhase, aligned_phase
 
 
+def say(line: str) -> None:
+    # One write per line: the ranks share torchrun's stdout, and print() under
+    # PYTHONUNBUFFERED writes the text and its newline separately, so two ranks'
+    # lines can run together.
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> None:
     mode = os.environ["MODE"]
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=600))
@@ -27,11 +34,9 @@ def main() -> None:
             for _batch in loader:
                 dist.all_reduce(torch.ones(1))
     except (MisalignedPhase, AbsentRanks) as error:
-        print(
-            f"rank {rank} after {time.monotonic() - start:.1f} s: {type(error).__name__}: {error}", flush=True
-        )
+        say(f"rank {rank} after {time.monotonic() - start:.1f} s: {type(error).__name__}: {error}")
         os._exit(3)
-    print(f"rank {rank}: aligned", flush=True)
+    say(f"rank {rank}: aligned")
     dist.destroy_process_group()
 
 
