@@ -12,6 +12,10 @@ is named rather than waited for::
         for batch in val_loader:
             ...
 
+``watchdog(timeout=...)`` (see ncclcheck.watchdog) reports a collective that
+waits too long, with its site and what the other ranks do, before the backend's
+timeout.
+
 Depends on torch only. (The playbooks name torch's and accelerate's own fixes
 first: DistributedSampler padding, ``accelerator.gather_for_metrics``,
 ``torch.distributed.algorithms.Join``.)
@@ -24,6 +28,10 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from ncclcheck.watchdog import Watchdog, _open_phases, watchdog
+
+__all__ = ["AbsentRanks", "MisalignedPhase", "Watchdog", "aligned_phase", "check_aligned", "watchdog"]
 
 
 class MisalignedPhase(RuntimeError):
@@ -83,9 +91,14 @@ def check_aligned(name: str, *, timeout: float = 60.0, **counts: Any) -> None:
 
 @contextmanager
 def aligned_phase(name: str, *, timeout: float = 60.0, **counts: Any) -> Iterator[None]:
-    """``check_aligned`` on entry; the phase runs only when every rank agrees."""
+    """``check_aligned`` on entry; the phase runs only when every rank agrees.
+    While it runs, a ``watchdog`` report names it as the phase."""
     check_aligned(name, timeout=timeout, **counts)
-    yield
+    _open_phases.append(name)
+    try:
+        yield
+    finally:
+        _open_phases.pop()
 
 
 def _who(ranks: list[int]) -> str:
