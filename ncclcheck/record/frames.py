@@ -51,6 +51,11 @@ def add_user_root(folder: str) -> None:
     _IS_USER.clear()
 
 
+def treat_as_library(code: CodeType) -> None:
+    """Leave ``code`` out of the user's frames (a runner ncclcheck wrote into a user folder)."""
+    _IS_USER[code] = False
+
+
 def is_user_file(filename: str) -> bool:
     if filename.startswith("<"):
         return False

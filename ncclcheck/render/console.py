@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -64,8 +66,16 @@ def print_playbook(playbook: Playbook) -> None:
         out.print(f"[bold]Seen in[/]     {', '.join(playbook.references)}")
 
 
-def print_report(report: Report) -> None:
-    out = _console()
+def report_text(report: Report) -> str:
+    """The console report as plain text (no colour, 160 columns): for pytest's failure
+    messages and other places that are not a terminal."""
+    out = Console(file=io.StringIO(), width=160, no_color=True, highlight=False, soft_wrap=True)
+    print_report(report, out)
+    return out.file.getvalue()  # type: ignore[attr-defined,no-any-return]
+
+
+def print_report(report: Report, out: Console | None = None) -> None:
+    out = out or _console()
     style = _VERDICT_STYLE[report.verdict]
     out.print(
         f"[bold]ncclcheck {report.command}[/]: [{style}]{report.verdict.value}[/] ({report.world_size} ranks)"

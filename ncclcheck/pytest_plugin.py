@@ -1,0 +1,224 @@
+"""ncclcheck's pytest plugin (entry point ``pytest11``): "every rank meets at every
+collective" as a test.
+
+``@pytest.mark.ncclcheck(nproc=2)`` runs a test function on ``nproc`` real ranks
+(torchrun, gloo on CPU by default) with preflight's recorder on every rank. The
+test fails with ncclcheck's diagnosis (cause, ranks, call site, fix) when the
+ranks' collective histories differ, when a rank raises, or when the ranks stop
+making progress for ``stall_timeout`` seconds: a hang ends the test in seconds,
+never the session. The function may take ``rank``, ``world_size`` and
+``local_rank`` (each rank gets its own), its parametrize values and any fixture
+whose value pickles (``tmp_path`` is the same folder on every rank)::
+
+    @pytest.mark.ncclcheck(nproc=2)
+    def test_eval_metric_is_reduced_on_every_rank(rank, world_size):
+        loss = evaluate(model, val_loader)  # all-reduces inside
+        assert loss > 0
+
+``assert_aligned(script, nproc=2, args=[...])`` runs preflight on a training
+script from a test and fails with its findings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ncclcheck.launch import DryRunSettings, TorchrunOptions
+from ncclcheck.model import Report, Verdict
+from ncclcheck.pytest_ranks import RUNNER, TestSpec
+
+MARKER = "ncclcheck"
+_RANK_ARGUMENTS = ("rank", "world_size", "local_rank")
+# A test function is not a training loop: no loader is cut short, every pass runs.
+_UNLIMITED = 1_000_000_000
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(nproc=2, stall_timeout=10, timeout=300, backend='gloo'): run the test on nproc "
+        "real ranks and fail with ncclcheck's diagnosis when their collectives differ or they hang",
+    )
+
+
+@pytest.fixture
+def rank() -> int:
+    """This rank's number, in a test marked ncclcheck (0 in the controlling process)."""
+    return 0
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> int:
+    marker = request.node.get_closest_marker(MARKER)
+    return int(marker.kwargs.get("nproc", 2)) if marker is not None else 1
+
+
+@pytest.fixture
+def local_rank() -> int:
+    return 0
+
+
+_OPTIONS = {"nproc": 2, "stall_timeout": 10.0, "timeout": 300.0, "backend": "gloo"}
+
+
+def _options(item: pytest.Item, marker: pytest.Mark) -> tuple[int, float, float, str]:
+    if marker.args:
+        raise pytest.UsageError(f"{item.nodeid}: use ncclcheck(nproc=N), not positional arguments")
+    unknown = sorted(set(marker.kwargs) - set(_OPTIONS))
+    if unknown:
+        raise pytest.UsageError(
+            f"{item.nodeid}: unknown ncclcheck marker option(s) {unknown}; known: {', '.join(_OPTIONS)}"
+        )
+    values = {**_OPTIONS, **marker.kwargs}
+    nproc = int(values["nproc"])
+    if nproc < 1:
+        raise pytest.UsageError(f"{item.nodeid}: ncclcheck(nproc={nproc}): at least one rank")
+    return nproc, float(values["stall_timeout"]), float(values["timeout"]), str(values["backend"])
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Bad marker options stop the session at collection, before any rank starts."""
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is not None:
+            _options(item, marker)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    marker = pyfuncitem.get_closest_marker(MARKER)
+    if marker is None:
+        return None
+    nproc, stall_timeout, timeout, backend = _options(pyfuncitem, marker)
+    spec = _spec(pyfuncitem, backend)
+    from ncclcheck.errors import NcclcheckError
+
+    try:
+        report, log = _run_on_ranks(spec, nproc, stall_timeout, timeout)
+    except NcclcheckError as error:
+        pytest.fail(f"ncclcheck could not run the test on {nproc} ranks: {error}", pytrace=False)
+    if report.has_errors:
+        pytest.fail(_failure_text(report, log, f"({nproc} ranks)"), pytrace=False)
+    return True
+
+
+def _spec(item: pytest.Function, backend: str) -> TestSpec:
+    function = item.obj
+    module = item.module
+    if module is None or "<locals>" in function.__qualname__:
+        pytest.fail("ncclcheck: a test marked ncclcheck must be defined at module level", pytrace=False)
+    wanted = [name for name in inspect.signature(function).parameters if name not in _RANK_ARGUMENTS]
+    kwargs: dict[str, Any] = {}
+    for name in wanted:
+        if name == "self":
+            continue
+        value = item.funcargs.get(name)
+        try:
+            pickle.dumps(value)
+        except Exception as error:
+            pytest.fail(
+                f"ncclcheck: fixture {name!r} cannot be sent to the ranks ({type(error).__name__}: "
+                f"{error}); ranks get rank, world_size, local_rank, parameters and picklable fixtures",
+                pytrace=False,
+            )
+        kwargs[name] = value
+    return TestSpec(
+        module=module.__name__,
+        file=str(module.__file__),
+        qualname=function.__qualname__,
+        kwargs=kwargs,
+        sys_path=list(sys.path),
+        backend=backend,
+    )
+
+
+def _run_on_ranks(spec: TestSpec, nproc: int, stall_timeout: float, timeout: float) -> tuple[Report, str]:
+    from ncclcheck.preflight import run_preflight
+
+    folder = Path(tempfile.mkdtemp(prefix="ncclcheck-pytest-"))
+    try:
+        spec_path = folder / "spec.pickle"
+        spec_path.write_bytes(pickle.dumps(spec))
+        runner = folder / "run_test_on_rank.py"
+        runner.write_text(RUNNER)
+        outcome = run_preflight(
+            str(runner),
+            [str(spec_path)],
+            TorchrunOptions(nproc_per_node=nproc),
+            DryRunSettings(
+                train_steps=_UNLIMITED,
+                eval_passes=_UNLIMITED,
+                max_train_passes=_UNLIMITED,
+                stall_timeout=stall_timeout,
+                probe_timeout=min(30.0, timeout),
+                total_timeout=timeout,
+            ),
+            trace_dir=folder / "traces",
+        )
+        log = outcome.launch.log_tail(40) if outcome.launch is not None else ""
+        note = str(outcome.report.summary.get("note", ""))
+        if note.startswith("no eval phase"):  # a test function is not a train/eval loop
+            del outcome.report.summary["note"]
+        return outcome.report, log
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _failure_text(report: Report, log: str, what: str) -> str:
+    from ncclcheck.render.console import report_text
+
+    verdict = {
+        Verdict.MISALIGNED: "the ranks' collectives differ",
+        Verdict.HANG: "the ranks hung",
+        Verdict.CRASH: "a rank failed",
+    }.get(report.verdict, report.verdict.value)
+    text = f"ncclcheck: {verdict} {what}\n\n{report_text(report).rstrip()}"
+    if log:
+        text += "\n\nwhat the ranks printed (last lines):\n" + log
+    return text
+
+
+def assert_aligned(
+    script: str | Path,
+    nproc: int = 2,
+    args: Sequence[str] = (),
+    *,
+    train_steps: int = 5,
+    eval_passes: int = 1,
+    stall_timeout: float = 15.0,
+    timeout: float = 600.0,
+) -> Report:
+    """Run preflight on a training script; fail the calling test with the findings.
+
+    Returns the report when the ranks stayed aligned, for further asserts.
+    """
+    from ncclcheck.errors import NcclcheckError
+    from ncclcheck.preflight import run_preflight
+
+    try:
+        outcome = run_preflight(
+            str(script),
+            [str(arg) for arg in args],
+            TorchrunOptions(nproc_per_node=nproc),
+            DryRunSettings(
+                train_steps=train_steps,
+                eval_passes=eval_passes,
+                stall_timeout=stall_timeout,
+                total_timeout=timeout,
+            ),
+        )
+    except NcclcheckError as error:
+        pytest.fail(f"ncclcheck preflight could not check {script}: {error}", pytrace=False)
+    if outcome.report.has_errors:
+        log = outcome.launch.log_tail(20) if outcome.launch is not None else ""
+        pytest.fail(_failure_text(outcome.report, log, f"in {script} ({nproc} ranks)"), pytrace=False)
+    return outcome.report

@@ -1,0 +1,164 @@
+"""The pytest plugin, through pytest's own pytester: marked tests run on real ranks and
+fail with ncclcheck's cause and site, in seconds, without a stray process; assert_aligned
+runs preflight on a playbook's scripts."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import psutil
+import pytest
+
+from .conftest import PLAYBOOKS
+
+pytestmark = pytest.mark.ranks
+
+RANK_TESTS = """
+import pytest
+import torch
+import torch.distributed as dist
+
+
+def mean_metric(value):
+    tensor = torch.tensor([value])
+    dist.all_reduce(tensor)
+    return tensor.item() / dist.get_world_size()
+
+
+@pytest.mark.ncclcheck(nproc=2)
+def test_aligned(rank, world_size, tmp_path):
+    assert world_size == 2
+    assert mean_metric(float(rank)) == 0.5
+    (tmp_path / f"rank-{rank}").write_text("seen")  # the same folder on every rank
+
+
+@pytest.mark.ncclcheck(nproc=2, stall_timeout=4)
+def test_only_rank_zero_reduces(rank):
+    if rank == 0:
+        mean_metric(1.0)
+    dist.barrier()
+
+
+@pytest.mark.ncclcheck(nproc=2, stall_timeout=4)
+@pytest.mark.parametrize("size", [3])
+def test_gathers_another_shape_on_rank_one(rank, size):
+    gathered = [torch.zeros(size) for _ in range(2)]
+    dist.all_gather(gathered, torch.ones(size + rank))
+
+
+@pytest.mark.ncclcheck(nproc=2, stall_timeout=4)
+def test_one_rank_disagrees(rank):
+    mean_metric(1.0)
+    assert rank == 0, "rank 1 disagrees"
+
+
+@pytest.fixture
+def lock():
+    import threading
+
+    return threading.Lock()
+
+
+@pytest.mark.ncclcheck(nproc=2)
+def test_wants_an_unpicklable_fixture(lock):
+    pass
+"""
+
+
+def processes_marked(mark: str) -> list[int]:
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("NCCLCHECK_TEST_MARK") == mark:
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    return left
+
+
+def test_marked_tests_run_on_ranks_and_fail_with_the_cause_and_site(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("NCCLCHECK_TEST_MARK", mark)
+    path = pytester.makepyfile(test_on_ranks=RANK_TESTS)
+    lines = path.read_text().splitlines()
+
+    def line_of(fragment: str) -> int:
+        return next(number for number, text in enumerate(lines, 1) if fragment in text)
+
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", timeout=280)
+    elapsed = time.monotonic() - start
+    assert processes_marked(mark) == []
+    result.assert_outcomes(passed=1, failed=4, errors=0)
+    output = result.stdout.str()
+    assert elapsed < 200, elapsed  # four hung or failing tests, each stopped in seconds
+    (seen_by_rank_one,) = pytester.path.rglob("rank-1")  # tmp_path: one folder for every rank
+    assert (seen_by_rank_one.parent / "rank-0").read_text() == "seen"
+
+    reduces = line_of("dist.all_reduce(tensor)")
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_only_rank_zero_reduces _*",
+            "ncclcheck: the ranks hung (2 ranks)",
+            f"error rank-conditional-collective at test_on_ranks.py:{reduces}",
+            "*only rank 0 reached all_reduce*under `if rank == 0`*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_gathers_another_shape_on_rank_one?3? _*",
+            "error collective-shape-mismatch at test_on_ranks.py:" + str(line_of("dist.all_gather(")),
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_one_rank_disagrees _*",
+            "ncclcheck: a rank failed (2 ranks)",
+            "*AssertionError: rank 1 disagrees*",
+        ]
+    )
+    # a fixture that cannot travel to the ranks: a usage error, named, and no ranks started
+    assert "fixture 'lock' cannot be sent to the ranks" in output
+    assert "call chain on rank 0: test_only_rank_zero_reduces()" in output  # the runner is not shown
+
+
+def test_unknown_marker_options_are_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.ncclcheck(ranks=2)
+        def test_x():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=60)
+    assert result.ret != 0
+    assert "test_x: unknown ncclcheck marker option(s) ['ranks']" in result.stderr.str()
+    assert "collected 1 item" in result.stdout.str() and "no tests ran" in result.stdout.str()
+
+
+def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.Pytester) -> None:
+    folder = PLAYBOOKS / "uneven-eval-batches"
+    pytester.makepyfile(
+        f"""
+        from ncclcheck.pytest_plugin import assert_aligned
+
+        def test_repro():
+            assert_aligned({str(folder / "repro.py")!r}, nproc=2)
+
+        def test_fixed():
+            report = assert_aligned({str(folder / "fixed.py")!r}, nproc=2)
+            assert report.verdict.value == "aligned"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=280)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*_ test_repro _*", "ncclcheck: * in *repro.py (2 ranks)", "error uneven-eval-batches*"]
+    )
+    assert os.environ.get("NCCLCHECK_TRACE_DIR") is None
