@@ -99,15 +99,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if marker is None:
         return None
     nproc, stall_timeout, timeout, backend = _options(pyfuncitem, marker)
-    spec = _spec(pyfuncitem, backend)
-    from ncclcheck.errors import NcclcheckError
-
-    try:
-        report, log = _run_on_ranks(spec, nproc, stall_timeout, timeout)
-    except NcclcheckError as error:
-        pytest.fail(f"ncclcheck could not run the test on {nproc} ranks: {error}", pytrace=False)
-    if report.has_errors:
-        pytest.fail(_failure_text(report, log, f"({nproc} ranks)"), pytrace=False)
+    _run_on_ranks(_spec(pyfuncitem, backend), nproc, stall_timeout, timeout)
     return True
 
 
@@ -141,50 +133,64 @@ def _spec(item: pytest.Function, backend: str) -> TestSpec:
     )
 
 
-def _run_on_ranks(spec: TestSpec, nproc: int, stall_timeout: float, timeout: float) -> tuple[Report, str]:
-    from ncclcheck.preflight import run_preflight
-
+def _run_on_ranks(spec: TestSpec, nproc: int, stall_timeout: float, timeout: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="ncclcheck-pytest-"))
     try:
         spec_path = folder / "spec.pickle"
         spec_path.write_bytes(pickle.dumps(spec))
         runner = folder / "run_test_on_rank.py"
         runner.write_text(RUNNER)
-        outcome = run_preflight(
-            str(runner),
-            [str(spec_path)],
-            TorchrunOptions(nproc_per_node=nproc),
-            DryRunSettings(
-                train_steps=_UNLIMITED,
-                eval_passes=_UNLIMITED,
-                max_train_passes=_UNLIMITED,
-                stall_timeout=stall_timeout,
-                probe_timeout=min(30.0, timeout),
-                total_timeout=timeout,
-            ),
-            trace_dir=folder / "traces",
+        settings = DryRunSettings(
+            train_steps=_UNLIMITED,
+            eval_passes=_UNLIMITED,
+            max_train_passes=_UNLIMITED,
+            stall_timeout=stall_timeout,
+            probe_timeout=min(30.0, timeout),
+            total_timeout=timeout,
         )
-        log = outcome.launch.log_tail(40) if outcome.launch is not None else ""
-        note = str(outcome.report.summary.get("note", ""))
-        if note.startswith("no eval phase"):  # a test function is not a train/eval loop
-            del outcome.report.summary["note"]
-        return outcome.report, log
+        _preflight_or_fail(runner, [str(spec_path)], nproc, settings, f"({nproc} ranks)", folder / "traces")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _failure_text(report: Report, log: str, what: str) -> str:
+def _preflight_or_fail(
+    script: str | Path,
+    args: Sequence[str],
+    nproc: int,
+    settings: DryRunSettings,
+    what: str,
+    trace_dir: Path | None = None,
+) -> Report:
+    """Run preflight; fail the calling test with the report when it has errors."""
+    from ncclcheck.errors import NcclcheckError
+    from ncclcheck.preflight import run_preflight
     from ncclcheck.render.console import report_text
 
+    try:
+        outcome = run_preflight(
+            str(script),
+            [str(arg) for arg in args],
+            TorchrunOptions(nproc_per_node=nproc),
+            settings,
+            trace_dir,
+        )
+    except NcclcheckError as error:
+        pytest.fail(f"ncclcheck could not run {what}: {error}", pytrace=False)
+    report = outcome.report
+    if not report.has_errors:
+        return report
+    if trace_dir is not None and str(report.summary.get("note", "")).startswith("no eval phase"):
+        del report.summary["note"]  # a test function is not a train/eval loop
     verdict = {
         Verdict.MISALIGNED: "the ranks' collectives differ",
         Verdict.HANG: "the ranks hung",
         Verdict.CRASH: "a rank failed",
     }.get(report.verdict, report.verdict.value)
     text = f"ncclcheck: {verdict} {what}\n\n{report_text(report).rstrip()}"
+    log = outcome.launch.log_tail(40) if outcome.launch is not None else ""
     if log:
         text += "\n\nwhat the ranks printed (last lines):\n" + log
-    return text
+    pytest.fail(text, pytrace=False)
 
 
 def assert_aligned(
@@ -201,24 +207,7 @@ def assert_aligned(
 
     Returns the report when the ranks stayed aligned, for further asserts.
     """
-    from ncclcheck.errors import NcclcheckError
-    from ncclcheck.preflight import run_preflight
-
-    try:
-        outcome = run_preflight(
-            str(script),
-            [str(arg) for arg in args],
-            TorchrunOptions(nproc_per_node=nproc),
-            DryRunSettings(
-                train_steps=train_steps,
-                eval_passes=eval_passes,
-                stall_timeout=stall_timeout,
-                total_timeout=timeout,
-            ),
-        )
-    except NcclcheckError as error:
-        pytest.fail(f"ncclcheck preflight could not check {script}: {error}", pytrace=False)
-    if outcome.report.has_errors:
-        log = outcome.launch.log_tail(20) if outcome.launch is not None else ""
-        pytest.fail(_failure_text(outcome.report, log, f"in {script} ({nproc} ranks)"), pytrace=False)
-    return outcome.report
+    settings = DryRunSettings(
+        train_steps=train_steps, eval_passes=eval_passes, stall_timeout=stall_timeout, total_timeout=timeout
+    )
+    return _preflight_or_fail(script, args, nproc, settings, f"in {script} ({nproc} ranks)")

@@ -68,6 +68,21 @@ def torchrun_argv(script: Path, nproc: int, *args: str) -> list[str]:
     ]
 
 
+def processes_marked(mark: str) -> list[int]:
+    """The live processes whose environment carries NCCLCHECK_TEST_MARK=mark: what a
+    command started and failed to reap."""
+    import psutil
+
+    left = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("NCCLCHECK_TEST_MARK") == mark:
+                left.append(proc.pid)
+        except psutil.Error:
+            continue
+    return left
+
+
 @pytest.fixture(scope="session")
 def catalogue():  # type: ignore[no-untyped-def]
     from ncclcheck.catalogue import load_catalogue

@@ -9,10 +9,9 @@ import sys
 import time
 import uuid
 
-import psutil
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, processes_marked
 
 pytestmark = pytest.mark.ranks
 
@@ -34,13 +33,7 @@ def probe(
         check=False,
     )
     elapsed = time.monotonic() - start
-    left = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("NCCLCHECK_TEST_MARK") == mark:
-                left.append(proc.pid)
-        except psutil.Error:
-            continue
+    left = processes_marked(mark)
     assert left == [], f"processes outlived the probe: {left}"
     return done, json.loads(done.stdout) if done.stdout.strip() else {}, elapsed
 

@@ -8,10 +8,9 @@ import os
 import time
 import uuid
 
-import psutil
 import pytest
 
-from .conftest import PLAYBOOKS
+from .conftest import PLAYBOOKS, processes_marked
 
 pytestmark = pytest.mark.ranks
 
@@ -65,17 +64,6 @@ def lock():
 def test_wants_an_unpicklable_fixture(lock):
     pass
 """
-
-
-def processes_marked(mark: str) -> list[int]:
-    left = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.environ().get("NCCLCHECK_TEST_MARK") == mark:
-                left.append(proc.pid)
-        except psutil.Error:
-            continue
-    return left
 
 
 def test_marked_tests_run_on_ranks_and_fail_with_the_cause_and_site(
