@@ -54,7 +54,7 @@ doctor: $(STAMP) ## Diagnose the stuck job with PID=...
 	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
 	$(BIN)/ncclcheck doctor --pid $(PID)
 
-bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4-32 ranks, lint speed, probe
+bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4-32 ranks, lint speed, probe, guard
 	$(BIN)/python benchmarks/bench_preflight.py
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_lint.py

@@ -33,7 +33,7 @@ from typing import Any
 import pytest
 
 from ncclcheck.launch import DryRunSettings, TorchrunOptions
-from ncclcheck.model import Report, Verdict
+from ncclcheck.model import Report, Severity, Verdict
 from ncclcheck.pytest_ranks import RUNNER, TestSpec
 
 MARKER = "ncclcheck"
@@ -182,11 +182,13 @@ def _preflight_or_fail(
     if trace_dir is not None and str(report.summary.get("note", "")).startswith("no eval phase"):
         del report.summary["note"]  # a test function is not a train/eval loop
     verdict = {
-        Verdict.MISALIGNED: "the ranks' collectives differ",
-        Verdict.HANG: "the ranks hung",
-        Verdict.CRASH: "a rank failed",
-    }.get(report.verdict, report.verdict.value)
-    text = f"ncclcheck: {verdict} {what}\n\n{report_text(report).rstrip()}"
+        Verdict.MISALIGNED: "saw the ranks' collectives differ",
+        Verdict.HANG: "saw the ranks hang",
+        Verdict.CRASH: "saw a rank fail",
+    }.get(report.verdict, f"ended with {report.verdict.value}")
+    first_error = next((f for f in report.findings if f.severity is Severity.ERROR), None)
+    headline = f"found {first_error.cause}" if first_error is not None else verdict
+    text = f"ncclcheck {headline} {what}\n\n{report_text(report).rstrip()}"
     log = outcome.launch.log_tail(40) if outcome.launch is not None else ""
     if log:
         text += "\n\nwhat the ranks printed (last lines):\n" + log

@@ -67,7 +67,9 @@ class _Call:
 
     __slots__ = ("args", "frame", "group", "op", "phase", "seq", "site", "sites", "start", "thread", "work")
 
-    def __init__(self, op: str, group: Any, args: tuple[Any, ...], thread: int, phase: str, seq: int) -> None:
+    def __init__(
+        self, op: str, group: Any, args: tuple[Any, ...], thread: int, phase: str, seq: int, frame: FrameType
+    ) -> None:
         self.op = op
         self.group = group
         self.args = args
@@ -75,7 +77,7 @@ class _Call:
         self.start = time.monotonic()
         self.phase = phase
         self.seq = seq
-        self.frame: FrameType | None = None  # the caller, for a call that blocks in it
+        self.frame: FrameType | None = frame  # the caller, while the call blocks in it
         self.sites: list[tuple[CodeType, int]] = []  # (code, offset) outwards, for async calls
         self.work: Any = None
         self.site = "?"  # the user's call site, as the report named it
@@ -165,49 +167,56 @@ class Watchdog:
         track = self.track_completion
         grad_enabled = _grad_mode()
 
+        reported = self._reported
+        returned = self._returned
+
+        def tracked(call: _Call, convert: bool, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            """An asynchronous call, or one issued so (convert): keep its work for the
+            watching thread, which sees it complete (or not) on the device."""
+            call.sites = _sites(call.frame)
+            if convert:
+                kwargs["async_op"] = True
+            result = fn(*args, **kwargs)
+            if result is not None and hasattr(result, "is_completed"):
+                call.work = result
+                pending.append(call)
+            if not convert:
+                return result
+            if result is not None:
+                result.wait()  # what torch itself does for a synchronous call
+            return None
+
         @functools.wraps(fn)
         def watched(*args: Any, **kwargs: Any) -> Any:
             thread = get_ident()
             if thread in waiting:  # all_gather_object's inner all_gather: one call, not two
                 return fn(*args, **kwargs)
-            group = kwargs.get("group")
+            group = kwargs.get("group") if kwargs else None
             if group is None and group_index is not None and len(args) > group_index:
                 group = args[group_index]
             gid = id(group) if group is not None else 0
             seq = seqs[gid] = seqs.get(gid, 0) + 1
             phase = _open_phases[-1] if _open_phases else "train" if grad_enabled() else "eval"
-            call = _Call(op, group, args, thread, phase, seq)
-            is_async = async_index is not None and bool(
-                kwargs["async_op"] if "async_op" in kwargs else len(args) > async_index and args[async_index]
-            )
-            convert = (
-                async_index is not None
-                and not is_async
-                and (track or (track is None and _on_gpu(args)))
-                and async_index >= len(args)
-            )
-            if is_async or convert:
-                call.sites = _sites(get_frame(1))
-                if convert:
-                    kwargs["async_op"] = True
-            call.frame = get_frame(1)
+            call = _Call(op, group, args, thread, phase, seq, get_frame(1))
             waiting[thread] = call
             try:
-                result = fn(*args, **kwargs)
-                if is_async or convert:
-                    if result is not None and hasattr(result, "is_completed"):
-                        call.work = result
-                        pending.append(call)
-                    if convert:
-                        if result is not None:
-                            result.wait()
-                        return None
-                return result
+                if async_index is not None:
+                    if kwargs and "async_op" in kwargs:
+                        is_async = bool(kwargs["async_op"])
+                    else:
+                        is_async = len(args) > async_index and bool(args[async_index])
+                    if is_async:
+                        return tracked(call, False, args, kwargs)
+                    if async_index >= len(args) and (
+                        track or (track is None and _on_gpu(args or tuple(kwargs.values())))
+                    ):
+                        return tracked(call, True, args, kwargs)
+                return fn(*args, **kwargs)
             finally:
                 del waiting[thread]
                 call.frame = None
-                if call.work is None and id(call) in self._reported:
-                    self._returned(call)
+                if reported and call.work is None and id(call) in reported:
+                    returned(call)
 
         watched.__ncclcheck_watchdog__ = fn  # type: ignore[attr-defined]
         return watched
@@ -279,7 +288,16 @@ class Watchdog:
             lines.append("  stack of the waiting thread:")
         frame = sys._current_frames().get(call.thread)
         if frame is not None:
-            lines += ["    " + line for line in "".join(traceback.format_stack(frame)).rstrip().splitlines()]
+            stack = traceback.extract_stack(frame)
+            # From the watchdog's own wrapper inwards it is torch's wait: not worth a line each.
+            ours = next((i for i, f in enumerate(stack) if f.filename == __file__), len(stack))
+            lines += [
+                "    " + line for line in "".join(traceback.format_list(stack[:ours])).rstrip().splitlines()
+            ]
+            if ours < len(stack):
+                inner = stack[-1]
+                where = f"{os.path.basename(inner.filename)}:{inner.lineno}"
+                lines.append(f"    (then torch.distributed: {inner.name} waits at {where})")
         # This rank's own part first: if another rank aborts, the launcher may stop
         # this one before the summary below.
         self._emit(rank, "\n".join(lines) + "\n")
@@ -508,7 +526,14 @@ def _describe_waits(said: dict[int, dict[str, Any]], world: int) -> list[str]:
     for op, group, seq, _site in places:
         ops_by_seq.setdefault((group, seq), set()).add(op)
     shapes = {json.dumps(where.get("shapes")) for where in said.values()}
-    if any(len(ops) > 1 for ops in ops_by_seq.values()):
+    in_eval = sorted(r for r, where in said.items() if where.get("phase") == "eval")
+    if in_eval and len(in_eval) < len(said) and len(places) > 1:
+        left = sorted(set(said) - set(in_eval))
+        lines.append(
+            f"  likely: {_who(in_eval)} still in evaluation while {_who(left)} left it: an extra eval "
+            "step or an eval-only collective on one side (uneven-eval-batches, rank-conditional-collective)"
+        )
+    elif any(len(ops) > 1 for ops in ops_by_seq.values()):
         lines.append(
             "  likely: the ranks call different collectives at the same point: they took different "
             "paths through the code (rank-conditional-collective, collective-order-mismatch)"

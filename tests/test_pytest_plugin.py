@@ -91,7 +91,7 @@ def test_marked_tests_run_on_ranks_and_fail_with_the_cause_and_site(
     result.stdout.fnmatch_lines(
         [
             "*_ test_only_rank_zero_reduces _*",
-            "ncclcheck: the ranks hung (2 ranks)",
+            "ncclcheck found rank-conditional-collective (2 ranks)",
             f"error rank-conditional-collective at test_on_ranks.py:{reduces}",
             "*only rank 0 reached all_reduce*under `if rank == 0`*",
         ]
@@ -105,7 +105,7 @@ def test_marked_tests_run_on_ranks_and_fail_with_the_cause_and_site(
     result.stdout.fnmatch_lines(
         [
             "*_ test_one_rank_disagrees _*",
-            "ncclcheck: a rank failed (2 ranks)",
+            "ncclcheck found rank-crashed (2 ranks)",
             "*AssertionError: rank 1 disagrees*",
         ]
     )
@@ -147,6 +147,10 @@ def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=280)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["*_ test_repro _*", "ncclcheck: * in *repro.py (2 ranks)", "error uneven-eval-batches*"]
+        [
+            "*_ test_repro _*",
+            "ncclcheck found uneven-eval-batches in *repro.py (2 ranks)",
+            "error uneven-eval-batches*",
+        ]
     )
     assert os.environ.get("NCCLCHECK_TRACE_DIR") is None

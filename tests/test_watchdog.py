@@ -50,7 +50,8 @@ def test_ranks_in_different_collectives_are_named_with_their_sites(tmp_path: Pat
     assert "phase:  eval" in rank0 and "shapes: [1] float32 cpu" in rank0
     assert "stack of the waiting thread:" in rank0
     assert f"rank 1: barrier #2 on group 0 at {SCRIPT}:{barrier_line} in main()" in rank0
-    assert "(rank-conditional-collective, collective-order-mismatch)" in rank0
+    assert "likely: rank 0 still in evaluation while rank 1 left it" in rank0
+    assert "(uneven-eval-batches, rank-conditional-collective)" in rank0
     assert "in barrier" in rank1 and "phase:  train" in rank1
 
 
@@ -89,14 +90,17 @@ def test_tracking_completion_reports_a_synchronous_call_as_queued(tmp_path: Path
     assert "rank 1: barrier #2" in rank0
 
 
-def where(op: str, seq: int, site: str = "train.py:10", shapes: str = "[1] float32 cpu") -> dict[str, object]:
-    return {"op": op, "group": "0", "seq": seq, "site": site, "shapes": shapes}
+def where(
+    op: str, seq: int, site: str = "train.py:10", shapes: str = "[1] float32 cpu", phase: str = "train"
+) -> dict[str, object]:
+    return {"op": op, "group": "0", "seq": seq, "site": site, "shapes": shapes, "phase": phase}
 
 
 @pytest.mark.parametrize(
     ("said", "cause"),
     [
         ({0: where("all_reduce", 5), 1: where("barrier", 5)}, "rank-conditional-collective"),
+        ({0: where("all_reduce", 5, phase="eval"), 1: where("barrier", 5)}, "rank 0 still in evaluation"),
         ({0: where("all_reduce", 6), 1: where("all_reduce", 5)}, "uneven-eval-batches"),
         ({0: where("all_reduce", 5)}, "rank-crashed"),
         ({0: where("all_reduce", 5, "a.py:1"), 1: where("all_reduce", 5, "b.py:2")}, "order-mismatch"),
