@@ -4,6 +4,9 @@ site, phase and what the other ranks do, in seconds; a late one is reported, the
 from __future__ import annotations
 
 import os
+import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -112,3 +115,46 @@ def test_the_pattern_of_waits_names_a_cause(said: dict[int, dict[str, object]], 
     lines = _describe_waits(said, world=2)  # type: ignore[arg-type]
     (likely,) = [line for line in lines if line.strip().startswith("likely:")]
     assert cause in likely
+
+
+def test_stop_puts_torch_back() -> None:
+    import torch.distributed as dist
+
+    from ncclcheck.guard import watchdog
+
+    original = dist.all_reduce
+    with watchdog(timeout=60) as guard:
+        assert dist.all_reduce.__ncclcheck_watchdog__ is original  # type: ignore[attr-defined]
+        assert guard.interval == 5.0
+    assert dist.all_reduce is original
+
+
+def test_a_blocking_call_is_reported_once_then_said_to_return(tmp_path: Path) -> None:
+    # One process, no process group: a stand-in collective that blocks for 1 s.
+    from ncclcheck.watchdog import Watchdog
+
+    def all_reduce(tensor: object, op: object = None, group: object = None, async_op: bool = False) -> str:
+        time.sleep(1.0)
+        return "done"
+
+    guard = Watchdog(0.2, tmp_path, 0.05, None, False)
+    watched = guard._wrap("all_reduce", all_reduce)
+    thread = threading.Thread(target=guard._watch, daemon=True)
+    thread.start()
+    try:
+        assert watched(None) == "done"
+    finally:
+        guard._stop.set()
+        thread.join(5)
+    report, returned = guard.reports[0], guard.reports[-1]
+    assert len([r for r in guard.reports if "has waited" in r]) == 1
+    assert "in all_reduce (call #1 on group" in report
+    assert f"test_watchdog.py:{_line_of_call()} in test_a_blocking_call_is_reported_once" in report
+    assert re.search(r"all_reduce at .*test_watchdog\.py:\d+ in \w+\(\) returned after [\d.]+ s", returned)
+    assert guard._waiting == {}
+    assert (tmp_path / "rank-00000.txt").read_text().count("has waited") == 1
+
+
+def _line_of_call() -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(n for n, text in enumerate(lines, 1) if "assert watched(None) ==" in text)
