@@ -9,6 +9,7 @@ sites, the eval batch counts, the exits and the stacks say *why*.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 from ncclcheck.analyze import source
@@ -95,6 +96,11 @@ class Diagnoser:
             # torchrun's own SIGTERM to the survivors of a failure is not a death of its own
             return not (code == -15 and self.ev.first_failure not in (None, rank))
         return False
+
+    def stopped_by_launcher(self, rank: int) -> bool:
+        """torchrun's SIGTERM to the other ranks after one failed, before this rank went on."""
+        how, code = self.exit_of(rank)
+        return how == "killed" and code == -15 and self.ev.first_failure not in (None, rank)
 
     def fix(self, cause: str) -> str:
         return self.catalogue.get(cause).fix.direct if cause in self.catalogue else ""
@@ -257,6 +263,20 @@ class Diagnoser:
         dead = [r for r in first.absent if self.died(r)]
         if dead:
             return self.crashed(dead, first)
+        # A rank killed inside (or just after) its call, and the ranks that had not got
+        # there stopped by torchrun because of it: the divergence is the crash's echo.
+        # (SIGABRT is gloo's own abort on a mismatched collective: explained by the mismatch.)
+        killed_inside = [
+            r
+            for r in first.present
+            if self.died(r) and _signal_name(self.exit_of(r)[1]) not in (None, "SIGABRT")
+        ]
+        if killed_inside and first.absent and all(self.stopped_by_launcher(r) for r in first.absent):
+            return self.killed_in_call(killed_inside, first)
+
+        left = [r for r in first.absent if self.exit_of(r)[0] == "sys.exit"]
+        if left and len(left) == len(first.absent):
+            return self.exited_early(first, made, left, evidence)
 
         uneven = self.uneven_eval(first, evidence)
         if uneven is not None:
@@ -305,6 +325,48 @@ class Diagnoser:
                         evidence=evidence,
                     )
         return None
+
+    def exited_early(
+        self, first: Divergence, made: list[int], left: list[int], evidence: list[str]
+    ) -> Finding:
+        """The absent ranks ended the script (sys.exit) while the others went on to a call."""
+        call = first.calls[made[0]]
+        trace = self.ev.traces.get(left[0])
+        ended = str(trace.exit.get("error") or "") if trace and trace.exit else ""
+        where = _location_of(ended)
+        evidence = [*evidence, *(f"rank {r} ended: {self.exit_text(r)}" for r in left)]
+        return self.finding(
+            "rank-early-exit",
+            f"{who(left)} left the script early"
+            + (f" (sys.exit at {relative(where[0], self.ev.cwd)}:{where[1]})" if where else "")
+            + f" while {who(made)} went on to {call.op if call else '?'} at "
+            + f"{self.site(call.site if call else None)}",
+            ranks=made,
+            absent_ranks=left,
+            op=call.op if call else None,
+            site=f"{relative(where[0], self.ev.cwd)}:{where[1]}"
+            if where
+            else self.site(call.site if call else None),
+            evidence=evidence,
+        )
+
+    def exit_text(self, rank: int) -> str:
+        trace = self.ev.traces.get(rank)
+        how, code = self.exit_of(rank)
+        error = trace.exit.get("error") if trace and trace.exit else None
+        return str(error or f"{how}, exit code {code}")
+
+    def killed_in_call(self, dead: list[int], first: Divergence) -> Finding:
+        call = first.calls[dead[0]]
+        signal_name = _signal_name(self.exit_of(dead[0])[1])
+        finding = self.crashed(dead, None)
+        finding.message = (
+            f"{who(dead)} died ({signal_name}) in or right after {self.describe_call(call)}; "
+            f"torchrun then stopped {who(first.absent)} before reaching it"
+        )
+        finding.op = call.op if call else None
+        finding.site = self.site(call.site if call else None)
+        return finding
 
     def crashed(self, dead: list[int], divergence: Divergence | None) -> Finding:
         evidence = []
@@ -464,7 +526,7 @@ class Diagnoser:
             severity=Severity.ERROR,
             message=(
                 f"{who(made)} waited in {call.op if call else '?'} for "
-                f"{who(late)}, still busy outside any collective "
+                f"{who(late)}, still busy outside any collective{self.busy_where(late[0])} "
                 f"({self.ev.stall_seconds:.0f} s without progress)"
             ),
             ranks=made,
@@ -474,6 +536,17 @@ class Diagnoser:
             evidence=evidence,
             fix=self.fix("straggler"),
         )
+
+    def busy_where(self, rank: int) -> str:
+        """' (in its DataLoader, at data.py:30 in Shard.__getitem__)': where a late rank is."""
+        stack = self.ev.stacks.get(rank)
+        frames = stack.main.frames if stack is not None and stack.main else []
+        user = next((f for f in frames if _is_user(f.file)), None)
+        in_loader = any("torch/utils/data/" in f.file.replace("\\", "/") for f in frames)
+        parts = (["in its DataLoader"] if in_loader else []) + (
+            [f"at {self.site(user)} in {user.function}"] if user else []
+        )
+        return f" ({', '.join(parts)})" if parts else ""
 
     def branch(self, first: Divergence, made: list[int], other: list[int], evidence: list[str]) -> Finding:
         """Different calls (or none) at one position: read the source to see which branch."""
@@ -713,6 +786,12 @@ def _cause_of_exit(condition_kind: str) -> str:
         source.RANK: "rank-early-exit",
         source.DATA: "data-dependent-branch",
     }.get(condition_kind, "unsynchronized-decision")
+
+
+def _location_of(described: str) -> tuple[str, int] | None:
+    """(file, line) from an exit description's ' at FILE:LINE in FUNCTION' ending."""
+    match = re.search(r" at (.+):(\d+) in [^ ]+$", described)
+    return (match.group(1), int(match.group(2))) if match else None
 
 
 def who(ranks: list[int]) -> str:

@@ -296,7 +296,8 @@ def dump_to(
     """Write this host's ranks and stacks to ``directory/<host>-node<N>.json``."""
     ranks, stacks = collect(pids, native, nonblocking, timeout)
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        # private: stacks carry local variables' values
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"cannot create {directory}: {exc.strerror}") from None
     node = min(r.group_rank for r in ranks)
@@ -308,8 +309,13 @@ def dump_to(
         "ranks": [{**asdict(r), "stack": stacks[r.rank].to_dict()} for r in ranks],
     }
     partial = path.with_suffix(".json.partial")  # readers never see half a file
-    partial.write_text(json.dumps(document), encoding="utf-8")
-    partial.replace(path)
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(document))
+        partial.replace(path)
+    except OSError as exc:
+        raise InputError(f"cannot write {path}: {exc.strerror}") from None
     return path, ranks
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from ncclcheck.launch import (
     run_dry,
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
-from ncclcheck.traces import RankTrace, load_traces
+from ncclcheck.traces import TRACE_GLOB, RankTrace, load_traces
 
 
 @dataclass
@@ -82,7 +83,18 @@ def run_preflight(
 
 def report_from(folder: Path, launch: LaunchResult | None) -> Report:
     traces = load_traces(folder)
+    if not traces and launch is None:
+        empty = len(list(folder.rglob(TRACE_GLOB)))
+        raise InputError(
+            f"{folder}: its {empty} trace file(s) are empty (the ranks never started their bootstrap)"
+            if empty
+            else f"{folder}: no trace files (rank-*.jsonl) in it",
+            hint="Give --from the folder(s) preflight --trace-dir wrote on each node.",
+        )
     if not traces:
+        known = _launch_failure(launch)
+        if known is not None:
+            raise known
         tail = launch.log_tail(8) if launch else ""
         raise InputError(
             "no rank started: torchrun failed before running the script" + (f"\n{tail}" if tail else ""),
@@ -109,6 +121,38 @@ def report_from(folder: Path, launch: LaunchResult | None) -> Report:
     if launch is not None and launch.interrupted:
         report.summary["interrupted"] = "preflight was interrupted; the dry run was stopped"
     return report
+
+
+_PORT_IN_USE = re.compile(r"port: (\d+).*EADDRINUSE")
+_RENDEZVOUS_UNREACHABLE = re.compile(
+    r"(RendezvousConnectionError|RendezvousTimeoutError|DistNetworkError)[^\n]*?:\s*(.*)"
+)
+
+
+def _launch_failure(launch: LaunchResult | None) -> InputError | None:
+    """torchrun's own start-up failures, said in one line with what to do."""
+    if launch is None:
+        return None
+    try:
+        log = launch.log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    port = _PORT_IN_USE.search(log)
+    if port:
+        return InputError(
+            f"no rank started: the rendezvous port {port.group(1)} is already in use",
+            hint="Another job or a leftover torchrun holds it: pick a free --master-port, or give "
+            "none and let ncclcheck run torchrun --standalone on a free port.",
+        )
+    unreachable = _RENDEZVOUS_UNREACHABLE.search(log)
+    if unreachable:
+        return InputError(
+            f"no rank started: torchrun's rendezvous failed ({unreachable.group(1)}: "
+            f"{unreachable.group(2).strip()[:200]})",
+            hint="Check --rdzv-endpoint / --master-addr and --master-port: the first node must "
+            "be reachable from every node, with the same --nnodes and --rdzv-id everywhere.",
+        )
+    return None
 
 
 def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchResult | None) -> None:

@@ -22,6 +22,7 @@ script from a test and fails with its findings.
 from __future__ import annotations
 
 import inspect
+import os
 import pickle
 import shutil
 import sys
@@ -136,8 +137,12 @@ def _spec(item: pytest.Function, backend: str) -> TestSpec:
 def _run_on_ranks(spec: TestSpec, nproc: int, stall_timeout: float, timeout: float) -> None:
     folder = Path(tempfile.mkdtemp(prefix="ncclcheck-pytest-"))
     try:
+        # The one pickle ncclcheck reads: written here, 0600 in the 0700 folder just made,
+        # read by the ranks launched below (fixture values need it).
         spec_path = folder / "spec.pickle"
-        spec_path.write_bytes(pickle.dumps(spec))
+        fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(pickle.dumps(spec))
         runner = folder / "run_test_on_rank.py"
         runner.write_text(RUNNER)
         settings = DryRunSettings(

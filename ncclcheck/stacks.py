@@ -19,8 +19,14 @@ from ncclcheck.model import Frame
 from ncclcheck.record.frames import is_user_file
 
 # Frames of these files mean "waiting for other ranks".
-_COLLECTIVE_FILES = ("torch/distributed/", "ncclcheck/record/recorder.py")
+_COLLECTIVE_FILES = ("torch/distributed/",)
 _COLLECTIVE_FUNCTIONS = ("_engine_run_backward",)  # DDP's bucket all_reduce waits in backward
+# ncclcheck's own wrappers around a collective (the recorder's, the watchdog's); the
+# recorder's DataLoader wrapper is not one: a rank stuck in its data is not in a collective.
+_WRAPPER_FUNCTIONS = {
+    "ncclcheck/record/recorder.py": ("recorded", "ddp_hook"),
+    "ncclcheck/watchdog.py": ("watched", "tracked"),
+}
 
 
 @dataclass
@@ -102,12 +108,28 @@ class ProcessStack:
         return any(
             any(marker in frame.file for marker in _COLLECTIVE_FILES)
             or frame.function in _COLLECTIVE_FUNCTIONS
+            or any(
+                frame.file.replace("\\", "/").endswith(path) and frame.function in functions
+                for path, functions in _WRAPPER_FUNCTIONS.items()
+            )
             for frame in main.frames
         )
 
 
+ENV_PY_SPY = "NCCLCHECK_PY_SPY"
+
+
 def find_py_spy() -> str:
-    """py-spy next to this interpreter (a venv's bin), else on PATH."""
+    """$NCCLCHECK_PY_SPY when set, else py-spy next to this interpreter (a venv's bin),
+    else on PATH."""
+    chosen = os.environ.get(ENV_PY_SPY)
+    if chosen:
+        if not os.access(chosen, os.X_OK):
+            raise InputError(
+                f"py-spy not found at {chosen} (from ${ENV_PY_SPY})",
+                hint=f"Point {ENV_PY_SPY} at a py-spy executable, or unset it to use the one on PATH.",
+            )
+        return chosen
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if os.access(beside, os.X_OK):
         return beside

@@ -190,6 +190,11 @@ def load_rank_trace(path: Path) -> RankTrace:
         if trace is not None and isinstance(record.get("time"), (int, float)):
             trace.last_time = max(trace.last_time, float(record["time"]))
     if trace is None:
+        if any(line.strip() for line in lines):
+            raise InputError(
+                f"{path}: not a trace file (no complete first line)",
+                hint="Trace files are written by ncclcheck preflight; is this the right folder?",
+            )
         raise InputError(f"{path}: empty trace file (the rank never started its bootstrap)")
     return trace
 

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -310,6 +311,8 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
             stop(job)
     dumps = sorted(p.name for p in tmp_path.iterdir())
     assert dumps == [f"{socket.gethostname()}-node0.json", f"{socket.gethostname()}-node1.json"]
+    # private: the stacks carry local variables' values
+    assert all(stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600 for name in dumps)
     argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--from", str(tmp_path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
     assert done.returncode == 1, done.stderr

@@ -237,7 +237,8 @@ def test_no_process_outlives_preflight(script: str) -> None:
     assert not leftover_ranks(str(path))
 
 
-def test_sigint_stops_the_dry_run_and_reaps_it() -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signals) -> None:
     path = PLAYBOOKS / "straggler" / "repro.py"  # keeps running for a long while
     argv = [
         sys.executable,
@@ -256,7 +257,7 @@ def test_sigint_stops_the_dry_run_and_reaps_it() -> None:
         time.sleep(0.5)
     assert len(leftover_ranks(str(path))) >= 3  # torchrun and its two ranks are up
     time.sleep(3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode in (0, 1), err[-2000:]
     assert "interrupted" in json.loads(out)["summary"]

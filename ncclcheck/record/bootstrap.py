@@ -239,7 +239,7 @@ def main() -> None:
         os._exit(0)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        recorder.exit("sys.exit", code)
+        recorder.exit("sys.exit", code, error=_describe_exception(exc))  # where it left
         raise
     except BaseException as exc:
         recorder.exit("exception", 1, error=_describe_exception(exc))

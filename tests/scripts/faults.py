@@ -1,0 +1,63 @@
+"""Faults for preflight's hardening tests, on 2 ranks. FAULT:
+
+- sigkill: rank 1 is SIGKILLed while it waits in an all_reduce rank 0 joins late
+- segfault: rank 1 dereferences NULL (SIGSEGV) after its first collective
+- exit0: rank 1 leaves with exit status 0 before the second all_reduce
+- loader: rank 1's dataset blocks in __getitem__; rank 0 waits in the all_reduce
+- none: no fault; each rank prints the NCCLCHECK_DRY_RUN it sees
+"""
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Dataset
+
+
+class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.rank == 1 and index == 2:
+            time.sleep(3600)  # a stuck file system, a dead data server
+        return torch.ones(2)
+
+
+def main() -> None:
+    fault = os.environ["FAULT"]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(1))
+    if fault == "sigkill":
+        if rank == 1:
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        else:
+            time.sleep(3)
+        dist.all_reduce(torch.ones(2))
+    elif fault == "segfault":
+        if rank == 1:
+            ctypes.string_at(0)
+        dist.all_reduce(torch.ones(2))
+    elif fault == "exit0":
+        if rank == 1:
+            sys.exit(0)
+        dist.all_reduce(torch.ones(2))
+    elif fault == "none":
+        os.write(1, f"NCCLCHECK_DRY_RUN={os.environ.get('NCCLCHECK_DRY_RUN')}\n".encode())
+    elif fault == "loader":
+        for batch in DataLoader(SlowOnRankOne(rank), batch_size=2):
+            dist.all_reduce(batch)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
