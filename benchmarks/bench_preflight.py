@@ -15,8 +15,9 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from workers import timed_preflight
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -64,25 +65,7 @@ def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
 
 def time_to_verdict() -> tuple[float, dict[str, object]]:
     script = REPO / "playbooks" / "uneven-eval-batches" / "repro.py"
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ncclcheck",
-            "preflight",
-            "--json",
-            "--nproc-per-node=4",
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-    )
-    elapsed = time.perf_counter() - start
-    report = json.loads(done.stdout)
+    elapsed, report = timed_preflight("--nproc-per-node=4", str(script))
     return elapsed, report["findings"][0]
 
 

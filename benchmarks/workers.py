@@ -33,3 +33,21 @@ def run_worker(script: str, ranks: int, *args: str, env: dict[str, str] | None =
     line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
     result: dict[str, Any] = json.loads(line[len("RESULT ") :])
     return result
+
+
+def timed_preflight(*args: str, env: dict[str, str] | None = None) -> tuple[float, dict[str, Any]]:
+    """``ncclcheck preflight --json ARGS`` from the repository root: (wall seconds, report)."""
+    import time
+
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "ncclcheck", "preflight", "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=HERE.parent,
+        env={**os.environ, **(env or {})},
+    )
+    report: dict[str, Any] = json.loads(done.stdout)
+    return time.perf_counter() - start, report

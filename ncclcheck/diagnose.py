@@ -226,6 +226,12 @@ class Diagnoser:
                 f"only: gather every node's --trace-dir in one folder and run "
                 f"`ncclcheck preflight --from DIR` for the whole picture"
             )
+        mapped: dict[str, list[int]] = {}
+        for rank, trace in sorted(self.ev.traces.items()):
+            for kind, frame in trace.cpu_mapped:
+                mapped.setdefault(f"{kind} at {self.site(frame)}", []).append(rank)
+        if mapped:
+            summary["cpu"] = [f"{what} ({who(ranks)})" for what, ranks in mapped.items()]
         if not any(t.eval_passes for t in self.ev.traces.values()):
             summary["note"] = (
                 "no eval phase was seen: no loader was iterated in eval mode or under no_grad, "
@@ -565,25 +571,37 @@ class Diagnoser:
         chain = " -> ".join(f"{f.function}() at {self.site(f)}" for f in stack)
         evidence.append(f"call chain on rank {made[0]}: {chain}")
 
-        # 1. a rank test around the call, in the shared frame or below it
-        for frame in stack[max(common - 1, 0) :]:
-            for guard in source.guards_of(frame.file, frame.line):
-                if guard.kind == source.RANK:
-                    evidence.append(
-                        f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))}"
-                        f" sends {who(made)} to it"
-                    )
-                    return self.finding(
-                        "rank-conditional-collective",
-                        f"only {who(made)} reached {call.op} at {self.site(call.site)}"
-                        f" in {call.site.function if call.site else '?'}(), under "
-                        f"`if {guard.text}`; {who(other)} never called it",
-                        ranks=made,
-                        absent_ranks=other,
-                        op=call.op,
-                        site=self.site(call.site),
-                        evidence=evidence,
-                    )
+        # 1. a rank test around the call, in the shared frame or below it; the minority's
+        # call too (on 16 ranks, rank 0's lone all_reduce is the minority, not the barrier)
+        alt_made = sorted(
+            r
+            for r in other
+            if alt is not None
+            and (theirs := first.calls[r]) is not None
+            and (theirs.op, theirs.site) == (alt.op, alt.site)
+        )
+        sides = [(call, stack, made, other)]
+        if alt is not None and alt_made:
+            sides.append((alt, alt.user_stack, alt_made, sorted(set(first.members) - set(alt_made))))
+        for side_call, side_stack, side_made, side_other in sides:
+            for frame in side_stack[max(common - 1, 0) :]:
+                for guard in source.guards_of(frame.file, frame.line):
+                    if guard.kind == source.RANK:
+                        evidence.append(
+                            f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))}"
+                            f" sends {who(side_made)} to it"
+                        )
+                        return self.finding(
+                            "rank-conditional-collective",
+                            f"only {who(side_made)} reached {side_call.op} at {self.site(side_call.site)}"
+                            f" in {side_call.site.function if side_call.site else '?'}(), under "
+                            f"`if {guard.text}`; {who(side_other)} never called it",
+                            ranks=side_made,
+                            absent_ranks=side_other,
+                            op=side_call.op,
+                            site=self.site(side_call.site),
+                            evidence=evidence,
+                        )
         # 2. an early exit, in a function the absent ranks left, before the call
         for frame in stack[common:] or stack[-1:]:
             function = source.enclosing_function(frame.file, frame.line)

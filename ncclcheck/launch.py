@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ncclcheck.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
+from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.recorder import (
     ENV_DRY_RUN,
     ENV_EVAL_PASSES,
@@ -73,6 +74,7 @@ class DryRunSettings:
     stall_timeout: float = 15.0
     probe_timeout: float = 30.0  # 0 skips the rendezvous check-in
     total_timeout: float = 600.0
+    cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
 
 
 @dataclass
@@ -209,6 +211,36 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
+_BUSY_WINDOW_S = 2.0
+_BUSY_CORES = 0.3  # the job's CPU use, in cores, above which it is computing, not waiting
+
+
+def _ranks_busy(trace_dir: Path, interrupted: threading.Event) -> bool:
+    """Do the ranks use the CPU over a short window? Waiting in a collective does not."""
+    import psutil
+
+    processes = []
+    for pid in _rank_pids(trace_dir).values():
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.Error:
+            continue
+
+    def cpu_seconds() -> float:
+        total = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+                total += times.user + times.system
+            except psutil.Error:
+                continue
+        return total
+
+    before = cpu_seconds()
+    interrupted.wait(_BUSY_WINDOW_S)
+    return (cpu_seconds() - before) / _BUSY_WINDOW_S >= _BUSY_CORES
+
+
 def start_torchrun(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     """torchrun with its output in a private log, in a session of its own: Ctrl-C in the
     terminal reaches ncclcheck, which then stops the run itself, instead of racing
@@ -242,6 +274,7 @@ def run_dry(
         ENV_EVAL_PASSES: str(settings.eval_passes),
         ENV_MAX_TRAIN_PASSES: str(settings.max_train_passes),
         ENV_PROBE_TIMEOUT: str(settings.probe_timeout),
+        ENV_CPU: "1" if settings.cpu else "0",
         ENV_DRY_RUN: "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -294,6 +327,7 @@ def _watch(
 ) -> None:
     last_size = (-1, -1)
     last_progress = time.monotonic()
+    extended = 0.0  # quiet seconds forgiven because the ranks were computing
     last_report = 0.0
     while True:
         returncode = proc.poll()
@@ -303,7 +337,7 @@ def _watch(
         now = time.monotonic()
         size = _trace_size(trace_dir)
         if size != last_size:
-            last_size, last_progress = size, now
+            last_size, last_progress, extended = size, now, 0.0
         if on_progress is not None and now - last_report >= 1.0:
             last_report = now
             collectives, phase = _progress_facts(trace_dir)
@@ -327,8 +361,16 @@ def _watch(
             # (destroyed its process group): slow, perhaps, but it cannot hang on a peer
             last_progress = now
         elif now - last_progress > settings.stall_timeout:
+            quiet = now - last_progress
+            # Quiet but computing (16 ranks on 2 cores start up slowly): a hung rank
+            # waits without using the CPU. Forgiven up to 4x the stall timeout in all,
+            # so a rank busy forever is still caught (a straggler).
+            if extended + quiet < 4 * settings.stall_timeout and _ranks_busy(trace_dir, interrupted):
+                extended += quiet
+                last_progress = time.monotonic()
+                continue
             result.stalled = True
-            result.stall_seconds = now - last_progress
+            result.stall_seconds = extended + quiet
             pids = _rank_pids(trace_dir)
             by_pid = dump_stacks(list(pids.values()), timeout=10.0)
             result.stacks = {rank: by_pid[pid] for rank, pid in pids.items() if pid in by_pid}

@@ -62,7 +62,7 @@ class Frame:
         return cls(file=str(data["file"]), line=int(data["line"]), function=str(data["function"]))
 
 
-@dataclass
+@dataclass(slots=True)  # a long dry run holds one per recorded call
 class CollectiveCall:
     """One collective (or p2p operation) as a rank issued it, recorded before it ran.
 

@@ -75,6 +75,8 @@ def run_preflight(
     try:
         launch = run_dry(script, script_args, torchrun, settings, folder, on_progress)
         report = report_from(folder, launch)
+        if settings.cpu:
+            _refuse_what_cpu_could_not_map(folder, report)
     finally:
         if own_dir and not keep_traces:
             shutil.rmtree(folder, ignore_errors=True)
@@ -153,6 +155,25 @@ def _launch_failure(launch: LaunchResult | None) -> InputError | None:
             "be reachable from every node, with the same --nnodes and --rdzv-id everywhere.",
         )
     return None
+
+
+_CUDA_ERROR = re.compile(r"cuda|nvidia|nccl|cudnn", re.IGNORECASE)
+
+
+def _refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
+    """A rank that failed on a CUDA call --cpu does not map: say so (exit 2), not a crash."""
+    for trace in load_traces(folder).values():
+        error = str((trace.exit or {}).get("error") or "")
+        if trace.exit and trace.exit.get("how") == "exception" and _CUDA_ERROR.search(error):
+            mapped = report.summary.get("cpu") or []
+            raise InputError(
+                f"--cpu could not run this script on CPU: rank {trace.rank} failed with {error}",
+                hint=(
+                    "--cpu maps the backend, .cuda()/.to('cuda'), device='cuda', torch.cuda's "
+                    "device queries, DDP device_ids and autocast; not streams, events or custom "
+                    "kernels. Mapped before the failure: " + ("; ".join(map(str, mapped)) or "nothing")
+                ),
+            )
 
 
 def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchResult | None) -> None:

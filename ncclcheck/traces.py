@@ -8,7 +8,8 @@ a trace line is an error naming the file and the line.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ class RankTrace:
     passes: list[LoaderPass] = field(default_factory=list)
     exit: dict[str, Any] | None = None
     probe: dict[str, Any] | None = None
+    cpu_mapped: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --cpu
     phase: str = "train"
     last_time: float = 0.0
     path: Path | None = None
@@ -106,6 +108,48 @@ def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
     )
 
 
+_STATIC_START = ',"op":'  # the recorder writes n, seq, time and pos first, then the static fields
+
+
+class _CallReader:
+    """Call lines, parsed once per distinct call site: a loop's 100,000 calls share one
+    parsed template (stack frames, shapes, group ranks) and differ only in n, seq, time
+    and loader position, so memory grows by one small object per call."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self._templates: dict[str, CollectiveCall] = {}
+        self._positions: dict[str, dict[str, Any]] = {}
+
+    def read(self, line: str) -> CollectiveCall:
+        start = line.find(_STATIC_START)
+        if start < 0:
+            return _call(self.rank, json.loads(line))
+        static = line[start:].rstrip()
+        template = self._templates.get(static)
+        if template is None:
+            record = json.loads("{" + static[1:])
+            record.update(seq=0, n=0)
+            template = self._templates[static] = _call(self.rank, record)
+        head = line[:start]
+        position_at = head.find(',"pos":')
+        position = None
+        if position_at >= 0:
+            text = head[position_at + 7 :]
+            position = self._positions.get(text)
+            if position is None:
+                position = self._positions[text] = json.loads(text)
+            head = head[:position_at]
+        dynamic = json.loads(head + "}")
+        return replace(
+            template,
+            seq=int(dynamic["seq"]),
+            n=int(dynamic.get("n", 0)),
+            time=float(dynamic.get("time", 0.0)),
+            position=position,
+        )
+
+
 def _pass(record: dict[str, Any]) -> LoaderPass:
     return LoaderPass(
         loader=str(record["loader"]),
@@ -121,21 +165,36 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
 
 
 def load_rank_trace(path: Path) -> RankTrace:
-    trace: RankTrace | None = None
-    open_passes: dict[int, LoaderPass] = {}
     try:
-        lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            return _read_trace(path, handle)
     except OSError as exc:
         raise InputError(f"{path}: cannot read trace file ({exc.strerror})") from None
-    last = len(lines) - 1
+
+
+def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
+    """One pass over the lines, streamed: the file is never held whole."""
+    trace: RankTrace | None = None
+    calls: _CallReader | None = None
+    open_passes: dict[int, LoaderPass] = {}
+    content = False
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        content = True
+        if trace is not None and calls is not None and line.startswith('{"t":"call"'):
+            try:
+                trace.calls.append(calls.read(line))
+                trace.phase = trace.calls[-1].phase
+                trace.last_time = max(trace.last_time, trace.calls[-1].time)
+                continue
+            except (ValueError, KeyError, TypeError):
+                pass  # parse it the slow way below, for a precise error
         try:
             record = json.loads(line)
             kind = record["t"]
         except (ValueError, KeyError, TypeError):
-            if number - 1 == last:
+            if not line.endswith("\n"):
                 break  # the rank died while writing its last line
             raise InputError(
                 f"{path}:{number}: not a trace line",
@@ -153,6 +212,7 @@ def load_rank_trace(path: Path) -> RankTrace:
                     script=str(record.get("script", "")),
                     path=path,
                 )
+                calls = _CallReader(trace.rank)
             elif trace is None:
                 raise InputError(f"{path}:{number}: trace does not start with a hello line")
             elif kind == "call":
@@ -185,12 +245,15 @@ def load_rank_trace(path: Path) -> RankTrace:
                 trace.destroyed = True
             elif kind == "probe":
                 trace.probe = record
+            elif kind == "cpu":
+                file, line, function = record["site"]
+                trace.cpu_mapped.append((str(record["kind"]), Frame(str(file), int(line), str(function))))
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{path}:{number}: malformed {kind!r} trace line") from None
         if trace is not None and isinstance(record.get("time"), (int, float)):
             trace.last_time = max(trace.last_time, float(record["time"]))
     if trace is None:
-        if any(line.strip() for line in lines):
+        if content:
             raise InputError(
                 f"{path}: not a trace file (no complete first line)",
                 hint="Trace files are written by ncclcheck preflight; is this the right folder?",

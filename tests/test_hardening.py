@@ -141,3 +141,16 @@ def test_py_spy_missing_from_path_is_explained(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(InputError, match="py-spy is not installed or not on PATH"):
         stacks.find_py_spy()
+
+
+@pytest.mark.ranks
+def test_sixteen_ranks_on_two_cores_are_diagnosed_right() -> None:
+    # 16 ranks start slowly here; a quiet job that still computes is not called hung.
+    script = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
+    argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--nproc-per-node=16", str(script)]
+    result = run_bounded(argv, 400, cwd=REPO)
+    assert result.returncode == 1, result.output[-3000:]
+    finding = json.loads(result.output)["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert finding["site"] == "playbooks/rank-conditional-collective/repro.py:39"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], list(range(1, 16)))

@@ -67,6 +67,12 @@ def preflight_command(
         15.0, "--stall-timeout", min=1.0, help="Seconds without progress on any rank: a hang."
     ),
     no_probe: bool = typer.Option(False, "--no-probe", help="Skip the rendezvous check-in."),
+    cpu: bool = typer.Option(
+        False,
+        "--cpu",
+        help="Run a script written for NCCL/CUDA on CPU ranks with gloo (backend, .cuda(), "
+        "device='cuda' and the like are mapped; the report lists what was).",
+    ),
     probe_timeout: float = typer.Option(
         30.0, "--probe-timeout", min=1.0, help="Seconds the ranks wait for each other to check in."
     ),
@@ -94,6 +100,7 @@ def preflight_command(
         eval_passes=eval_passes,
         stall_timeout=stall_timeout,
         probe_timeout=0.0 if no_probe else probe_timeout,
+        cpu=cpu,
     )
     progress = _ProgressLine(torchrun.nproc_per_node)
     try:

@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from ncclcheck import rendezvous
-from ncclcheck.record import frames
+from ncclcheck.record import cpu_map, frames
 from ncclcheck.record.recorder import (
     COLLECTIVES,
     ENV_EVAL_PASSES,
@@ -219,6 +219,8 @@ def main() -> None:
     recorder.hello(script)
     frames.add_user_root(os.path.dirname(script))
     install(recorder)
+    if env.get(cpu_map.ENV_CPU) == "1":
+        cpu_map.install(recorder)
     probe_timeout = float(env.get(ENV_PROBE_TIMEOUT, "0"))
     if probe_timeout > 0:
         check_in(recorder, probe_timeout)

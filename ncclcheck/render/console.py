@@ -125,6 +125,11 @@ def print_report(report: Report, out: Console | None = None) -> None:
         if finding.fix:
             out.print(f"  [green]fix:[/] {escape(finding.fix)}")
         out.print(f"  [dim]more: ncclcheck playbooks {finding.playbook}[/]")
+    mapped = report.summary.get("cpu")
+    if isinstance(mapped, list) and mapped:
+        out.print("\n[bold]--cpu ran CUDA calls on CPU[/]")
+        for line in mapped:
+            out.print(f"  {escape(str(line))}")
     for key in ("stopped", "note", "partial", "interrupted"):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")

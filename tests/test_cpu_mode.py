@@ -1,0 +1,73 @@
+"""preflight --cpu: a script written for NCCL and CUDA, checked on CPU ranks with gloo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, run_bounded
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "gpu_style.py"
+pytestmark = pytest.mark.ranks
+
+
+def line_of(fragment: str) -> int:
+    lines = SCRIPT.read_text().splitlines()
+    return next(number for number, text in enumerate(lines, 1) if fragment in text)
+
+
+def preflight_cpu(mode: str):  # type: ignore[no-untyped-def]
+    argv = [
+        sys.executable,
+        "-m",
+        "ncclcheck",
+        "preflight",
+        "--cpu",
+        "--json",
+        "--stall-timeout",
+        "6",
+        str(SCRIPT),
+    ]
+    result = run_bounded(argv, 150, env={"MODE": mode}, cwd=REPO)
+    return result, (json.loads(result.output) if result.output.startswith("{") else None)
+
+
+def test_an_aligned_gpu_script_runs_on_cpu_and_says_what_was_mapped() -> None:
+    result, report = preflight_cpu("aligned")
+    assert result.returncode == 0, result.output
+    assert report["verdict"] == "aligned"
+    mapped = "\n".join(report["summary"]["cpu"])
+    site = "tests/scripts/gpu_style.py"
+    for expected in (
+        f"init_process_group('nccl') -> gloo at {site}:{line_of('init_process_group')}",
+        f"torch.cuda.set_device() at {site}:{line_of('set_device')}",
+        f"DistributedDataParallel(device_ids=...) -> CPU module at {site}:{line_of('DDP(')}",
+        f"Module.cuda() at {site}:{line_of('DDP(')}",
+        f'torch.zeros(device="cuda") at {site}:{line_of("torch.zeros(2")}',
+        f'torch.autocast("cuda") -> CPU bfloat16 at {site}:{line_of("autocast")}',
+    ):
+        assert expected in mapped, mapped
+    assert report["summary"]["eval_batches"] == {"0": 4, "1": 4}
+
+
+def test_a_rank_zero_evaluation_in_a_gpu_script_is_found_on_cpu() -> None:
+    result, report = preflight_cpu("rank0")
+    assert result.returncode == 1, result.output
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert finding["site"] == f"tests/scripts/gpu_style.py:{line_of('dist.all_reduce(total)')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
+def test_what_cpu_cannot_map_is_named_with_exit_2() -> None:
+    result, _ = preflight_cpu("stream")
+    assert result.returncode == 2, result.output
+    assert "--cpu could not run this script on CPU: rank" in result.output
+    assert (
+        f"torch.cuda.Stream requires CUDA support at {SCRIPT}:{line_of('torch.cuda.Stream()')}"
+        in result.output
+    )
+    assert "Traceback" not in result.output
