@@ -54,12 +54,13 @@ doctor: $(STAMP) ## Diagnose the stuck job with PID=...
 	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
 	$(BIN)/ncclcheck doctor --pid $(PID)
 
-bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4-32 ranks, lint speed, probe, guard
+bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4-64 ranks, lint speed, probe, guard, scale
 	$(BIN)/python benchmarks/bench_preflight.py
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_lint.py
 	$(BIN)/python benchmarks/bench_probe.py
 	$(BIN)/python benchmarks/bench_guard.py
+	$(BIN)/python benchmarks/bench_scale.py
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist

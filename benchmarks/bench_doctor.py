@@ -1,4 +1,4 @@
-"""doctor's wall time on hung jobs of 4, 8, 16 and 32 ranks (python benchmarks/bench_doctor.py).
+"""doctor's wall time on hung jobs of 4, 8, 16, 32 and 64 ranks (python benchmarks/bench_doctor.py).
 
 Each job is the rank-conditional-collective reproducer under torchrun with gloo on
 this machine: rank 0 waits in an all_reduce, the others in a barrier. Once it
@@ -78,7 +78,7 @@ def wait_for_hang(agent: subprocess.Popen[bytes], ranks: int, bound_s: float) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     print(f"ncclcheck doctor on a hung gloo job, {os.cpu_count()} CPUs, median of {args.repeats} runs")

@@ -28,6 +28,8 @@ def run_loop(mode: str, iterations: int) -> dict[str, float]:
     env = {**os.environ, "BENCH_MODE": mode, "OMP_NUM_THREADS": "1"}
     if mode == "detail":
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if mode == "flight_recorder":
+        env["TORCH_FR_BUFFER_SIZE"] = "20000"  # PyTorch's own record of every collective
     argv = [
         sys.executable,
         "-m",
@@ -44,7 +46,7 @@ def run_loop(mode: str, iterations: int) -> dict[str, float]:
 
 def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
     """Per-call microseconds: plain and recorder from the same processes (alternating
-    blocks), and plain and DETAIL runs one after the other, repeated."""
+    blocks), and plain, DETAIL and Flight Recorder runs one after the other, repeated."""
     samples: dict[str, list[float]] = {
         "plain": [],
         "recorder": [],
@@ -53,6 +55,7 @@ def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
         "cpu_us": [],
         "detail_plain": [],
         "detail": [],
+        "flight_recorder": [],
     }
     for _ in range(repeats):
         both = run_loop("interleaved", iterations)
@@ -60,6 +63,7 @@ def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
             samples[key].append(both[key])
         samples["detail_plain"].append(run_loop("plain", iterations)["plain"])
         samples["detail"].append(run_loop("detail", iterations)["detail"])
+        samples["flight_recorder"].append(run_loop("flight_recorder", iterations)["flight_recorder"])
     return samples
 
 
@@ -101,6 +105,11 @@ def main() -> None:
     print(
         f"  {'TORCH_DISTRIBUTED_DEBUG=DETAIL':<34}{median['detail']:>9.1f}{detail_ratio:>9.2f}x"
         f"   (vs separate plain runs: {median['detail_plain']:.1f} us)"
+    )
+    fr_ratio = median["flight_recorder"] / median["detail_plain"]
+    print(
+        f"  {'Flight Recorder (TORCH_FR_BUFFER_SIZE)':<34}{median['flight_recorder']:>9.1f}{fr_ratio:>9.2f}x"
+        f"   (vs the same separate plain runs)"
     )
 
     elapsed, finding = time_to_verdict()

@@ -226,12 +226,13 @@ class Diagnoser:
                 f"only: gather every node's --trace-dir in one folder and run "
                 f"`ncclcheck preflight --from DIR` for the whole picture"
             )
-        mapped: dict[str, list[int]] = {}
-        for rank, trace in sorted(self.ev.traces.items()):
-            for kind, frame in trace.cpu_mapped:
-                mapped.setdefault(f"{kind} at {self.site(frame)}", []).append(rank)
-        if mapped:
-            summary["cpu"] = [f"{what} ({who(ranks)})" for what, ranks in mapped.items()]
+        for key, attribute in (("cpu", "cpu_mapped"), ("perturbed", "perturbed")):
+            noted: dict[str, list[int]] = {}
+            for rank, trace in sorted(self.ev.traces.items()):
+                for kind, frame in getattr(trace, attribute):
+                    noted.setdefault(f"{kind} at {self.site(frame)}", []).append(rank)
+            if noted:
+                summary[key] = [f"{what} ({who(ranks)})" for what, ranks in noted.items()]
         if not any(t.eval_passes for t in self.ev.traces.values()):
             summary["note"] = (
                 "no eval phase was seen: no loader was iterated in eval mode or under no_grad, "
@@ -482,6 +483,15 @@ class Diagnoser:
             swallow = source.swallowing_try(site.file, site.line)
             loop = source.innermost_loop(site.file, site.line)
             exits = source.conditional_exits(site.file, loop, site.line) if loop else []
+            # the call may sit in a helper (step()): the loop that skipped it is a caller's
+            for frame in reversed(earlier.user_stack[:-1]):
+                if exits or loop is not None:
+                    break
+                loop = source.innermost_loop(frame.file, frame.line)
+                if loop is not None:
+                    # any exit of that loop: a break after the call ends the pass early too
+                    exits = source.conditional_exits(frame.file, loop)
+                    site = frame
             if swallow is not None:
                 cause = "rank-exception"
                 reason = (
@@ -674,6 +684,40 @@ class Diagnoser:
                         message,
                         ranks=outside_ranks,
                         absent_ranks=inside_ranks,
+                        op=call.op,
+                        site=where,
+                        evidence=evidence,
+                    )
+        # 3b. a function one side has returned from, whose loop the other is still in:
+        # the break or return that ended that loop early, and its condition
+        if 0 < common < len(stack) and len(alt_stack) <= common:
+            left_in = stack[common]
+            for loop in source.enclosing_loops(left_in.file, left_in.line):
+                exits = [
+                    g
+                    for g in source.conditional_exits(left_in.file, loop)
+                    if g.statement in ("break", "return")
+                ]
+                if exits:
+                    guard = exits[-1]
+                    cause = _cause_of_exit(guard.kind)
+                    where = self.site(Frame(left_in.file, guard.line, ""))
+                    evidence.append(
+                        f"{who(other)} left the loop at "
+                        f"{self.site(Frame(left_in.file, loop.lineno, ''))} in {left_in.function}() "
+                        f"through `{guard.statement}` under `if {guard.text}` at {where}; "
+                        f"{who(made)} stayed in it"
+                    )
+                    message = (
+                        f"{who(other)} and {who(made)} decided differently at `if {guard.text}` ({where})"
+                    )
+                    if cause == "unsynchronized-decision":
+                        message += ": its value differs per rank and was never synchronised"
+                    return self.finding(
+                        cause,
+                        message,
+                        ranks=other,
+                        absent_ranks=made,
                         op=call.op,
                         site=where,
                         evidence=evidence,

@@ -24,6 +24,7 @@ from pathlib import Path
 from ncclcheck.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
+from ncclcheck.record.perturb import ENV_PERTURB
 from ncclcheck.record.recorder import (
     ENV_DRY_RUN,
     ENV_EVAL_PASSES,
@@ -75,6 +76,7 @@ class DryRunSettings:
     probe_timeout: float = 30.0  # 0 skips the rendezvous check-in
     total_timeout: float = 600.0
     cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
+    perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
 
 
 @dataclass
@@ -275,6 +277,7 @@ def run_dry(
         ENV_MAX_TRAIN_PASSES: str(settings.max_train_passes),
         ENV_PROBE_TIMEOUT: str(settings.probe_timeout),
         ENV_CPU: "1" if settings.cpu else "0",
+        ENV_PERTURB: "1" if settings.perturb else "0",
         ENV_DRY_RUN: "1",
         "PYTHONUNBUFFERED": "1",
     }

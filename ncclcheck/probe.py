@@ -71,6 +71,8 @@ def choose_backend(requested: str) -> str:
 
 
 def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) -> Report:
+    if torchrun.nproc_per_node < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, not {torchrun.nproc_per_node}")
     backend = choose_backend(settings.backend)
     out = Path(tempfile.mkdtemp(prefix="ncclcheck-probe-"))
     config = {

@@ -52,6 +52,7 @@ class RankTrace:
     exit: dict[str, Any] | None = None
     probe: dict[str, Any] | None = None
     cpu_mapped: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --cpu
+    perturbed: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --perturb
     phase: str = "train"
     last_time: float = 0.0
     path: Path | None = None
@@ -245,9 +246,10 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
                 trace.destroyed = True
             elif kind == "probe":
                 trace.probe = record
-            elif kind == "cpu":
+            elif kind in ("cpu", "perturb"):
                 file, line, function = record["site"]
-                trace.cpu_mapped.append((str(record["kind"]), Frame(str(file), int(line), str(function))))
+                noted = (str(record["kind"]), Frame(str(file), int(line), str(function)))
+                (trace.cpu_mapped if kind == "cpu" else trace.perturbed).append(noted)
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{path}:{number}: malformed {kind!r} trace line") from None
         if trace is not None and isinstance(record.get("time"), (int, float)):

@@ -154,3 +154,10 @@ def test_sixteen_ranks_on_two_cores_are_diagnosed_right() -> None:
     assert finding["cause"] == "rank-conditional-collective"
     assert finding["site"] == "playbooks/rank-conditional-collective/repro.py:39"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], list(range(1, 16)))
+
+
+def test_probe_with_no_ranks_is_a_usage_error() -> None:
+    argv = [sys.executable, "-m", "ncclcheck", "probe", "--nproc-per-node", "0"]
+    result = run_bounded(argv, 60, cwd=REPO)
+    assert result.returncode == 2, result.output
+    assert "--nproc-per-node must be at least 1, not 0" in result.output

@@ -76,6 +76,12 @@ def preflight_command(
     probe_timeout: float = typer.Option(
         30.0, "--probe-timeout", min=1.0, help="Seconds the ranks wait for each other to check in."
     ),
+    perturb: bool = typer.Option(
+        False,
+        "--perturb",
+        help="Make rank-local values differ on purpose (.item() during eval, the clock), so "
+        "decisions on unsynchronised values show as a divergence.",
+    ),
     trace_dir: Path = typer.Option(
         None,
         "--trace-dir",
@@ -101,6 +107,7 @@ def preflight_command(
         stall_timeout=stall_timeout,
         probe_timeout=0.0 if no_probe else probe_timeout,
         cpu=cpu,
+        perturb=perturb,
     )
     progress = _ProgressLine(torchrun.nproc_per_node)
     try:

@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from ncclcheck import rendezvous
-from ncclcheck.record import cpu_map, frames
+from ncclcheck.record import cpu_map, frames, perturb
 from ncclcheck.record.recorder import (
     COLLECTIVES,
     ENV_EVAL_PASSES,
@@ -221,6 +221,8 @@ def main() -> None:
     install(recorder)
     if env.get(cpu_map.ENV_CPU) == "1":
         cpu_map.install(recorder)
+    if env.get(perturb.ENV_PERTURB) == "1":
+        perturb.install(recorder, rank)
     probe_timeout = float(env.get(ENV_PROBE_TIMEOUT, "0"))
     if probe_timeout > 0:
         check_in(recorder, probe_timeout)

@@ -125,11 +125,15 @@ def print_report(report: Report, out: Console | None = None) -> None:
         if finding.fix:
             out.print(f"  [green]fix:[/] {escape(finding.fix)}")
         out.print(f"  [dim]more: ncclcheck playbooks {finding.playbook}[/]")
-    mapped = report.summary.get("cpu")
-    if isinstance(mapped, list) and mapped:
-        out.print("\n[bold]--cpu ran CUDA calls on CPU[/]")
-        for line in mapped:
-            out.print(f"  {escape(str(line))}")
+    for key, title in (
+        ("cpu", "--cpu ran CUDA calls on CPU"),
+        ("perturbed", "--perturb made these rank-local values differ (rank 0 kept its own)"),
+    ):
+        noted = report.summary.get(key)
+        if isinstance(noted, list) and noted:
+            out.print(f"\n[bold]{title}[/]")
+            for line in noted:
+                out.print(f"  {escape(str(line))}")
     for key in ("stopped", "note", "partial", "interrupted"):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")

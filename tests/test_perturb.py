@@ -1,0 +1,74 @@
+"""preflight --perturb: decisions on values no rank shares (a local early-stopping loss, a
+local clock) stay hidden on identical data and show once the values differ on purpose."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, run_bounded
+
+SCRIPT = Path(__file__).resolve().parent / "scripts" / "local_decision.py"
+pytestmark = pytest.mark.ranks
+
+
+def line_of(fragment: str) -> int:
+    lines = SCRIPT.read_text().splitlines()
+    return next(number for number, text in enumerate(lines, 1) if fragment in text)
+
+
+def preflight(mode: str, *flags: str) -> dict:  # type: ignore[type-arg]
+    argv = [
+        sys.executable,
+        "-m",
+        "ncclcheck",
+        "preflight",
+        "--json",
+        "--eval-passes=8",
+        "--train-steps=3",
+        "--stall-timeout=6",
+        *flags,
+        str(SCRIPT),
+    ]
+    result = run_bounded(argv, 150, env={"MODE": mode}, cwd=REPO)
+    assert result.returncode in (0, 1), result.output
+    report: dict = json.loads(result.output)  # type: ignore[type-arg]
+    return report
+
+
+@pytest.mark.parametrize("mode", ["early_stop", "clock"])
+def test_identical_data_hides_the_local_decision(mode: str) -> None:
+    report = preflight(mode)
+    assert report["verdict"] == "aligned"
+    assert "perturbed" not in report["summary"]
+
+
+def test_perturbed_losses_show_an_unsynchronised_early_stop() -> None:
+    report = preflight("early_stop", "--perturb")
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision"
+    stop = line_of("break  # this rank's own loss")
+    assert finding["site"] == f"tests/scripts/local_decision.py:{stop}"
+    assert "decided differently at `if patience >= 1`" in finding["message"]
+    item = line_of(").item()")
+    assert report["summary"]["perturbed"] == [
+        f".item() (eval) at tests/scripts/local_decision.py:{item} (rank 1)"
+    ]
+
+
+def test_a_faster_clock_shows_an_unsynchronised_budget() -> None:
+    report = preflight("clock", "--perturb")
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision"
+    budget = line_of("break  # this rank's budget")
+    assert (
+        f"`break` under `if time.time() - start > 3600` at tests/scripts/local_decision.py:{budget}"
+        in " ".join(finding["evidence"])
+    )
+    assert any(
+        line.startswith("time.time() at tests/scripts/local_decision.py:")
+        for line in report["summary"]["perturbed"]
+    )
