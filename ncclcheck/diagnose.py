@@ -650,78 +650,14 @@ class Diagnoser:
                 (shared, alt_frame, made, other),
                 (alt_frame, shared, other, made),
             ):
-                for loop in source.enclosing_loops(inside.file, inside.line):
-                    if source.contains(loop, outside.line):
-                        break  # both sides are in this loop: it is not the one left
-                    exits = [
-                        g
-                        for g in source.conditional_exits(inside.file, loop)
-                        if g.statement in ("break", "return")
-                    ]
-                    if exits:
-                        break
-                else:
-                    exits = []
-                if exits:
-                    guard = exits[-1]
-                    cause = _cause_of_exit(guard.kind)
-                    where = self.site(Frame(inside.file, guard.line, ""))
-                    evidence.append(
-                        f"{who(outside_ranks)} left the loop at "
-                        f"{self.site(Frame(inside.file, loop.lineno, ''))} through `{guard.statement}`"
-                        f" under `if {guard.text}` at {where}; "
-                        f"{who(inside_ranks)} stayed in it"
-                    )
-                    message = (
-                        f"{who(outside_ranks)} and "
-                        f"{who(inside_ranks)} decided differently at `if "
-                        f"{guard.text}` ({where})"
-                    )
-                    if cause == "unsynchronized-decision":
-                        message += ": its value differs per rank and was never synchronised"
-                    return self.finding(
-                        cause,
-                        message,
-                        ranks=outside_ranks,
-                        absent_ranks=inside_ranks,
-                        op=call.op,
-                        site=where,
-                        evidence=evidence,
-                    )
-        # 3b. a function one side has returned from, whose loop the other is still in:
-        # the break or return that ended that loop early, and its condition
+                left = self.loop_left(inside, outside.line, inside_ranks, outside_ranks, call, evidence)
+                if left is not None:
+                    return left
+        # 3b. a function one side has returned from, whose loop the other is still in
         if 0 < common < len(stack) and len(alt_stack) <= common:
-            left_in = stack[common]
-            for loop in source.enclosing_loops(left_in.file, left_in.line):
-                exits = [
-                    g
-                    for g in source.conditional_exits(left_in.file, loop)
-                    if g.statement in ("break", "return")
-                ]
-                if exits:
-                    guard = exits[-1]
-                    cause = _cause_of_exit(guard.kind)
-                    where = self.site(Frame(left_in.file, guard.line, ""))
-                    evidence.append(
-                        f"{who(other)} left the loop at "
-                        f"{self.site(Frame(left_in.file, loop.lineno, ''))} in {left_in.function}() "
-                        f"through `{guard.statement}` under `if {guard.text}` at {where}; "
-                        f"{who(made)} stayed in it"
-                    )
-                    message = (
-                        f"{who(other)} and {who(made)} decided differently at `if {guard.text}` ({where})"
-                    )
-                    if cause == "unsynchronized-decision":
-                        message += ": its value differs per rank and was never synchronised"
-                    return self.finding(
-                        cause,
-                        message,
-                        ranks=other,
-                        absent_ranks=made,
-                        op=call.op,
-                        site=where,
-                        evidence=evidence,
-                    )
+            left = self.loop_left(stack[common], None, made, other, call, evidence)
+            if left is not None:
+                return left
         # 4. nothing in the source explains it: report the place, plainly
         return self.finding(
             "rank-conditional-collective",
@@ -731,6 +667,52 @@ class Diagnoser:
             absent_ranks=other,
             op=call.op,
             site=self.site(call.site),
+            evidence=evidence,
+        )
+
+    def loop_left(
+        self,
+        inside: Frame,
+        outside_line: int | None,
+        inside_ranks: list[int],
+        outside_ranks: list[int],
+        call: CollectiveCall,
+        evidence: list[str],
+    ) -> Finding | None:
+        """The loop around ``inside`` that the outside ranks left (one that does not hold
+        ``outside_line``; any, when they left the whole function), through which
+        break/return, under which condition."""
+        exits: list[source.Guard] = []
+        for loop in source.enclosing_loops(inside.file, inside.line):
+            if outside_line is not None and source.contains(loop, outside_line):
+                return None  # both sides are in this loop: it is not the one left
+            exits = [
+                g for g in source.conditional_exits(inside.file, loop) if g.statement in ("break", "return")
+            ]
+            if exits:
+                break
+        if not exits:
+            return None
+        guard = exits[-1]
+        cause = _cause_of_exit(guard.kind)
+        where = self.site(Frame(inside.file, guard.line, ""))
+        evidence.append(
+            f"{who(outside_ranks)} left the loop at {self.site(Frame(inside.file, loop.lineno, ''))} "
+            f"in {inside.function}() through `{guard.statement}` under `if {guard.text}` at {where}; "
+            f"{who(inside_ranks)} stayed in it"
+        )
+        message = (
+            f"{who(outside_ranks)} and {who(inside_ranks)} decided differently at `if {guard.text}` ({where})"
+        )
+        if cause == "unsynchronized-decision":
+            message += ": its value differs per rank and was never synchronised"
+        return self.finding(
+            cause,
+            message,
+            ranks=outside_ranks,
+            absent_ranks=inside_ranks,
+            op=call.op,
+            site=where,
             evidence=evidence,
         )
 

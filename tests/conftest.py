@@ -8,6 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,15 @@ def torchrun_argv(script: Path, nproc: int, *args: str) -> list[str]:
         str(script),
         *args,
     ]
+
+
+def ncclcheck(*args: str, env: dict[str, str] | None = None, bound_s: float = 150) -> tuple[Completed, Any]:
+    """``python -m ncclcheck ARGS`` from the repository root, bounded; with the JSON
+    document it printed, when it printed one (``--json``), else None."""
+    import json
+
+    result = run_bounded([sys.executable, "-m", "ncclcheck", *args], bound_s, env=env, cwd=REPO)
+    return result, (json.loads(result.output) if result.output.startswith("{") else None)
 
 
 def processes_marked(mark: str) -> list[int]:

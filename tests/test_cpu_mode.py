@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_bounded
+from .conftest import ncclcheck
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "gpu_style.py"
 pytestmark = pytest.mark.ranks
@@ -20,19 +18,7 @@ def line_of(fragment: str) -> int:
 
 
 def preflight_cpu(mode: str):  # type: ignore[no-untyped-def]
-    argv = [
-        sys.executable,
-        "-m",
-        "ncclcheck",
-        "preflight",
-        "--cpu",
-        "--json",
-        "--stall-timeout",
-        "6",
-        str(SCRIPT),
-    ]
-    result = run_bounded(argv, 150, env={"MODE": mode}, cwd=REPO)
-    return result, (json.loads(result.output) if result.output.startswith("{") else None)
+    return ncclcheck("preflight", "--cpu", "--json", "--stall-timeout", "6", str(SCRIPT), env={"MODE": mode})
 
 
 def test_an_aligned_gpu_script_runs_on_cpu_and_says_what_was_mapped() -> None:

@@ -3,13 +3,11 @@ local clock) stay hidden on identical data and show once the values differ on pu
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_bounded
+from .conftest import ncclcheck
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "local_decision.py"
 pytestmark = pytest.mark.ranks
@@ -21,22 +19,10 @@ def line_of(fragment: str) -> int:
 
 
 def preflight(mode: str, *flags: str) -> dict:  # type: ignore[type-arg]
-    argv = [
-        sys.executable,
-        "-m",
-        "ncclcheck",
-        "preflight",
-        "--json",
-        "--eval-passes=8",
-        "--train-steps=3",
-        "--stall-timeout=6",
-        *flags,
-        str(SCRIPT),
-    ]
-    result = run_bounded(argv, 150, env={"MODE": mode}, cwd=REPO)
+    options = ("--json", "--eval-passes=8", "--train-steps=3", "--stall-timeout=6", *flags)
+    result, report = ncclcheck("preflight", *options, str(SCRIPT), env={"MODE": mode})
     assert result.returncode in (0, 1), result.output
-    report: dict = json.loads(result.output)  # type: ignore[type-arg]
-    return report
+    return report  # type: ignore[no-any-return]
 
 
 @pytest.mark.parametrize("mode", ["early_stop", "clock"])
