@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ncclcheck.diagnose import Evidence, diagnose
 from ncclcheck.errors import InputError, UsageError
+from ncclcheck.lanes import Lanes, build_lanes
 from ncclcheck.launch import (
     DryRunSettings,
     LaunchResult,
@@ -28,6 +29,7 @@ class PreflightOutcome:
     report: Report
     trace_dir: Path
     launch: LaunchResult | None
+    lanes: Lanes | None = None  # for the HTML report, read before the traces are removed
 
 
 def check_script(script: str) -> Path:
@@ -58,6 +60,7 @@ def run_preflight(
     trace_dir: Path | None = None,
     keep_traces: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
+    want_lanes: bool = False,
 ) -> PreflightOutcome:
     if torchrun.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, not {torchrun.nproc_per_node}")
@@ -77,10 +80,11 @@ def run_preflight(
         report = report_from(folder, launch)
         if settings.cpu:
             _refuse_what_cpu_could_not_map(folder, report)
+        lanes = build_lanes(load_traces(folder)) if want_lanes else None
     finally:
         if own_dir and not keep_traces:
             shutil.rmtree(folder, ignore_errors=True)
-    return PreflightOutcome(report, folder, launch)
+    return PreflightOutcome(report, folder, launch, lanes)
 
 
 def report_from(folder: Path, launch: LaunchResult | None) -> Report:

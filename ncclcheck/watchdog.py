@@ -45,7 +45,7 @@ from pathlib import Path
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
-from ncclcheck.record.frames import is_user_code
+from ncclcheck.record.frames import is_user_code, shown_path
 from ncclcheck.record.recorder import COLLECTIVES, P2P
 
 ENV_DIRECTORY = "NCCLCHECK_WATCHDOG_DIR"
@@ -348,10 +348,10 @@ class Watchdog:
                 frame = frame.f_back
         for code, line in places:
             if is_user_code(code) and len(found) < 2:
-                found.append(f"{_short(code.co_filename)}:{line} in {code.co_name}()")
+                found.append(f"{shown_path(code.co_filename)}:{line} in {code.co_name}()")
         if not found and places:  # only library frames: name the innermost outside ncclcheck
             code, line = places[0]
-            found.append(f"{_short(code.co_filename)}:{line} in {code.co_name}()")
+            found.append(f"{shown_path(code.co_filename)}:{line} in {code.co_name}()")
         return (found[0] if found else "?"), (found[1] if len(found) > 1 else "")
 
     def _emit(self, rank: int, text: str) -> None:
@@ -418,14 +418,6 @@ def _line_of(code: CodeType, offset: int) -> int:
         if start <= offset < end and line is not None:
             return line
     return code.co_firstlineno
-
-
-def _short(filename: str) -> str:
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if relative.startswith("..") else relative
 
 
 def _shapes(args: tuple[Any, ...]) -> str:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import typer
 
+from ncclcheck.errors import InputError
+from ncclcheck.lanes import Lanes
 from ncclcheck.launch import TorchrunOptions
 from ncclcheck.model import Report
 from ncclcheck.preflight import default_nproc
@@ -56,8 +59,25 @@ def torchrun_options(
     )
 
 
-def emit_report(report: Report, as_json: bool) -> None:
-    """Print a report in the chosen form and exit with its code (0 clean, 1 errors found)."""
+REPORT_OPTION = typer.Option(
+    None,
+    "--report",
+    help="Also write the report as one self-contained HTML file (lanes per rank, the divergence marked).",
+)
+
+
+def emit_report(
+    report: Report, as_json: bool, html_path: Path | None = None, lanes: Lanes | None = None
+) -> None:
+    """Print a report in the chosen form and exit with its code (0 clean, 1 errors found);
+    with ``html_path``, write the HTML report there first."""
+    if html_path is not None:
+        from ncclcheck.render.html import report_html
+
+        try:
+            html_path.write_text(report_html(report, lanes), encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{html_path}: cannot write the HTML report ({exc.strerror})") from None
     if as_json:
         typer.echo(report.to_json())
     else:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ncclcheck.cli.common import JSON_OPTION, emit_report
+from ncclcheck.cli.common import JSON_OPTION, REPORT_OPTION, emit_report
 from ncclcheck.doctor import dump_to, run_doctor, run_doctor_from
 from ncclcheck.errors import UsageError
 from ncclcheck.model import format_ranks
@@ -33,12 +33,13 @@ def doctor_command(
         help="Do not pause the ranks while reading their stacks (faster, may be inconsistent).",
     ),
     as_json: bool = JSON_OPTION,
+    html_path: Path = REPORT_OPTION,
 ) -> None:
     """Dump and merge the stacks of every rank of a stuck job and name the cause."""
     if from_dir is not None:
         if pid or dump_dir is not None:
             raise UsageError("--from reads dumps: give it without --pid and --dump-to")
-        emit_report(run_doctor_from(from_dir), as_json)
+        emit_report(run_doctor_from(from_dir), as_json, html_path)
     if not pid:
         raise UsageError("give --pid PID (a rank, torchrun or its launcher), or --from DIR")
     if dump_dir is not None:
@@ -51,7 +52,7 @@ def doctor_command(
             )
         typer.echo(f"ncclcheck doctor: wrote {path} ({described})", err=True)
         raise typer.Exit(0)
-    emit_report(run_doctor(pid, native=native, nonblocking=nonblocking), as_json)
+    emit_report(run_doctor(pid, native=native, nonblocking=nonblocking), as_json, html_path)
 
 
 def register(app: typer.Typer) -> None:

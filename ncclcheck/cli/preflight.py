@@ -17,11 +17,14 @@ from ncclcheck.cli.common import (
     RDZV_BACKEND_OPTION,
     RDZV_ENDPOINT_OPTION,
     RDZV_ID_OPTION,
+    REPORT_OPTION,
     emit_report,
     torchrun_options,
 )
+from ncclcheck.lanes import build_lanes
 from ncclcheck.launch import DryRunSettings, Progress
 from ncclcheck.preflight import report_from, run_preflight
+from ncclcheck.traces import load_traces
 
 
 class _ProgressLine:
@@ -91,10 +94,13 @@ def preflight_command(
         None, "--from", help="Diagnose traces gathered from several nodes; runs nothing."
     ),
     as_json: bool = JSON_OPTION,
+    html_path: Path = REPORT_OPTION,
 ) -> None:
     """Dry-run the train and eval loops on every rank and report the first misaligned collective."""
     if from_dir is not None:
-        emit_report(report_from(from_dir, None), as_json)
+        report = report_from(from_dir, None)
+        lanes = build_lanes(load_traces(from_dir)) if html_path is not None else None
+        emit_report(report, as_json, html_path, lanes)
         return
     if script is None:
         raise typer.BadParameter("give the training script (or --from DIR)", param_hint="SCRIPT")
@@ -119,10 +125,11 @@ def preflight_command(
             trace_dir=trace_dir,
             keep_traces=trace_dir is not None,
             on_progress=progress,
+            want_lanes=html_path is not None,
         )
     finally:
         progress.close()
-    emit_report(outcome.report, as_json)
+    emit_report(outcome.report, as_json, html_path, outcome.lanes)
 
 
 def register(app: typer.Typer) -> None:

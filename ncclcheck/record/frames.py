@@ -81,3 +81,12 @@ def user_frames(frame: FrameType | None, limit: int = 24) -> list[tuple[str, int
             found.append((code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back
     return found
+
+
+def shown_path(path: str) -> str:
+    """A path as reports show it: relative when under the current folder, else whole."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if relative.startswith("..") else relative
