@@ -13,7 +13,7 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-fast demo lint preflight probe doctor bench clean
+.PHONY: help install browser test test-fast demo lint preflight probe doctor bench clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -27,7 +27,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## Create .venv with the CPU torch wheel and ncclcheck[test] (quick when done)
 
-test: $(STAMP) ## Install if needed, then run the whole test suite (real ranks included)
+browser: ## Debian's chromium, for the HTML report's browser test (skipped without it)
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& apt-get install -y -qq chromium >/dev/null 2>&1 && echo "installed chromium"; } \
+		|| echo "no chromium: the HTML report's browser test will be skipped"
+
+test: $(STAMP) browser ## Install if needed, then run the whole test suite (real ranks included)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## Only the tests that start no ranks

@@ -74,6 +74,8 @@ def _findings(report: Report) -> list[str]:
         ranks = (
             f"<p>ranks that did it: {escape(format_ranks(finding.ranks) or '-')}; "
             f"ranks that did not: {escape(format_ranks(finding.absent_ranks) or '-')}</p>"
+            if finding.ranks or finding.absent_ranks
+            else ""
         )
         evidence = "".join(f"<li>{escape(line)}</li>" for line in finding.evidence)
         out.append(
