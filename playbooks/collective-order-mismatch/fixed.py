@@ -61,6 +61,7 @@ def main() -> None:
     if rank == 0:
         total, samples = totals["loss_sum"], totals["samples"]
         print(f"train loss {total / samples:.4f} over {samples:.0f} samples", flush=True)
+    dist.barrier()  # leave together: gloo may abort a rank whose peer tore down first
     dist.destroy_process_group()
 
 

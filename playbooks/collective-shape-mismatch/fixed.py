@@ -64,6 +64,7 @@ def main() -> None:
     flagged = torch.cat([g[: int(n.item())] for g, n in zip(gathered, lengths, strict=True)])
     if rank == 0:
         print(f"{len(flagged)} flagged samples in all", flush=True)
+    dist.barrier()  # leave together: gloo may abort a rank whose peer tore down first
     dist.destroy_process_group()
 
 

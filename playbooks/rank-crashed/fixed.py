@@ -69,6 +69,7 @@ def main() -> None:
     dist.all_reduce(totals)
     if rank == 0:
         print(f"val loss {(totals[0] / totals[1]).item():.4f}", flush=True)
+    dist.barrier()  # leave together: gloo may abort a rank whose peer tore down first
     dist.destroy_process_group()
 
 

@@ -66,6 +66,7 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         print(f"val loss {(totals[0] / totals[1]).item():.4f} over {world} ranks", flush=True)
+    dist.barrier()  # leave together: gloo may abort a rank whose peer tore down first
     dist.destroy_process_group()
 
 

@@ -48,6 +48,7 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         print("training done", flush=True)
+    dist.barrier()  # leave together: gloo may abort a rank whose peer tore down first
     dist.destroy_process_group()
 
 

@@ -66,6 +66,7 @@ def main() -> None:
     dist.barrier()
     if rank == 0:
         print(f"val loss {val_loss:.4f}", flush=True)
+    dist.barrier()  # leave together: gloo may abort a rank whose peer tore down first
     dist.destroy_process_group()
 
 
