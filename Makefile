@@ -29,7 +29,7 @@ install: $(STAMP) ## Create .venv with the CPU torch wheel and ncclcheck[test] (
 
 browser: ## Debian's chromium, for the HTML report's browser test (skipped without it)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-		&& apt-get install -y -qq chromium >/dev/null 2>&1 && echo "installed chromium"; } \
+		&& timeout 300 apt-get install -y -qq chromium >/dev/null 2>&1 && echo "installed chromium"; } \
 		|| echo "no chromium: the HTML report's browser test will be skipped"
 
 test: $(STAMP) browser ## Install if needed, then run the whole test suite (real ranks included)
