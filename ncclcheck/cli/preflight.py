@@ -67,7 +67,10 @@ def preflight_command(
         1, "--eval-passes", min=0, help="Complete eval passes before the dry run stops."
     ),
     stall_timeout: float = typer.Option(
-        15.0, "--stall-timeout", min=1.0, help="Seconds without progress on any rank (and no CPU use): a hang."
+        15.0,
+        "--stall-timeout",
+        min=1.0,
+        help="Seconds without progress on any rank (and no CPU use): a hang.",
     ),
     no_probe: bool = typer.Option(False, "--no-probe", help="Skip the rendezvous check-in."),
     cpu: bool = typer.Option(
