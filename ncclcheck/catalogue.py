@@ -42,6 +42,9 @@ class Fix:
     direct: str
     structural: str
     ci_guard: str
+    # The direct fix in a framework's own terms, by lower-case framework name
+    # ("lightning"): said beside the finding when the collective came from it.
+    frameworks: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,7 @@ _TOP: dict[str, type] = {
     "repro": dict,
 }
 _SIGNALS: dict[str, type] = {"preflight": list, "doctor": list, "lint": list}
-_FIX: dict[str, type] = {"direct": str, "structural": str, "ci_guard": str}
+_FIX: dict[str, type] = {"direct": str, "structural": str, "ci_guard": str, "frameworks": dict}
 _REPRO: dict[str, type] = {
     "nproc": int,
     "outcome": str,
@@ -197,7 +200,9 @@ def load_playbook(folder: Path) -> Playbook:
 
     _check_table(data, _TOP, "", path, set())
     _check_table(data["signals"], _SIGNALS, "signals.", path, set())
-    _check_table(data["fix"], _FIX, "fix.", path, set())
+    _check_table(data["fix"], _FIX, "fix.", path, {"frameworks"})
+    frameworks = data["fix"].get("frameworks", {})
+    _check_table(frameworks, dict.fromkeys(frameworks, str), "fix.frameworks.", path, set())
     _check_table(data["repro"], _REPRO, "repro.", path, _REPRO_OPTIONAL)
 
     if data["id"] != folder.name:
@@ -233,7 +238,10 @@ def load_playbook(folder: Path) -> Playbook:
             doctor=_string_list(signals["doctor"], "signals.doctor", path),
             lint=_string_list(signals["lint"], "signals.lint", path),
         ),
-        fix=Fix(**{key: _paragraphs(data["fix"][key]) for key in _FIX}),
+        fix=Fix(
+            **{key: _paragraphs(data["fix"][key]) for key in ("direct", "structural", "ci_guard")},
+            frameworks={name.lower(): _paragraphs(text) for name, text in frameworks.items()},
+        ),
         repro=repro,
         folder=folder,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ncclcheck.analyze import source
@@ -76,7 +77,12 @@ class Diagnoser:
             step = f", {call.position.get('loader')} batch {call.position.get('batch')}"
         via = " (DDP gradient bucket)" if call.source == "ddp" else ""
         tensors = f" {dtype}{shapes}" if shapes else ""
-        return f"{call.op}{via}{tensors} at {where} in {function}() ({call.phase}{step})"
+        later = ""
+        if call.later is not None:
+            ran_in = call.later.ran_in
+            inside = f", inside {ran_in.function}() at {self.site(ran_in)}" if ran_in else ""
+            later = f"; {call.later.by} ran it later for {call.later.request}{inside}"
+        return f"{call.op}{via}{tensors} at {where} in {function}() ({call.phase}{step}{later})"
 
     def exit_of(self, rank: int) -> tuple[str, int | None]:
         """How a rank ended: ("running"|"returned"|"dry-run-complete"|"exception"|"killed", code)."""
@@ -115,7 +121,14 @@ class Diagnoser:
         op: str | None,
         site: str | None,
         evidence: list[str],
+        libraries: Sequence[str] = (),
     ) -> Finding:
+        """``libraries``: the packages on the call's stack; where the playbook gives its fix
+        in one's own terms (Lightning's self.log, accelerate's gather), that is said too."""
+        fixes = self.catalogue.get(cause).fix.frameworks if cause in self.catalogue else {}
+        framework_fixes = [f"with {name}: {fixes[name]}" for name in libraries if name in fixes]
+        if framework_fixes:
+            evidence = [*evidence, *framework_fixes]
         return Finding(
             cause=cause,
             severity=Severity.ERROR,
@@ -226,7 +239,7 @@ class Diagnoser:
                 f"only: gather every node's --trace-dir in one folder and run "
                 f"`ncclcheck preflight --from DIR` for the whole picture"
             )
-        for key, attribute in (("cpu", "cpu_mapped"), ("perturbed", "perturbed")):
+        for key, attribute in (("cpu", "cpu_mapped"), ("perturbed", "perturbed"), ("framework", "adapted")):
             noted: dict[str, list[int]] = {}
             for rank, trace in sorted(self.ev.traces.items()):
                 for kind, frame in getattr(trace, attribute):
@@ -611,6 +624,7 @@ class Diagnoser:
                             op=side_call.op,
                             site=self.site(side_call.site),
                             evidence=evidence,
+                            libraries=side_call.libraries,
                         )
         # 2. an early exit, in a function the absent ranks left, before the call
         for frame in stack[common:] or stack[-1:]:
@@ -641,6 +655,7 @@ class Diagnoser:
                     op=call.op,
                     site=self.site(call.site),
                     evidence=evidence,
+                    libraries=call.libraries,
                 )
         # 3. a loop one side left: the break/return that ended it, and its condition
         if common and alt_stack:
@@ -668,6 +683,7 @@ class Diagnoser:
             op=call.op,
             site=self.site(call.site),
             evidence=evidence,
+            libraries=call.libraries,
         )
 
     def loop_left(

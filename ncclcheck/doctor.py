@@ -40,6 +40,7 @@ from ncclcheck.model import (
     Verdict,
     format_ranks,
 )
+from ncclcheck.record.frames import framework_name
 from ncclcheck.record.recorder import COLLECTIVES, P2P
 from ncclcheck.stacks import ProcessStack, dump_stacks
 
@@ -71,6 +72,9 @@ class StackClass:
     frames: list[Frame]  # the user's frames, outermost first
     # per rank: what tells apart ranks waiting at the same line (see rank_state)
     states: dict[int, dict[str, str]] = field(default_factory=dict)
+    # a framework running a collective for an earlier call of the user's (see _DEFERRED)
+    deferred: Deferred | None = None
+    libraries: list[str] = field(default_factory=list)  # third-party packages on the stack
 
     @property
     def site(self) -> Frame | None:
@@ -179,14 +183,66 @@ def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
     return ("compute or I/O", False)
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """Framework code that runs a collective for a call the user made earlier, so the
+    user's frames on the stack (``trainer.fit``) do not show which call it was."""
+
+    file: str  # a path fragment of the framework's frame
+    function: str
+    what: str  # said in the evidence
+    library: str  # for the playbook's fix in that framework's terms
+    marker: str  # a lint finding about the user's call mentions this
+
+
+_DEFERRED = (
+    Deferred(
+        "logger_connector/result.py",
+        "compute",
+        "Lightning's epoch-end reduction of the values logged with self.log(..., sync_dist=True)",
+        "lightning",
+        "sync_dist=True",
+    ),
+)
+
+
+def _deferred_in(stack: ProcessStack) -> Deferred | None:
+    main = stack.main
+    for frame in main.frames if main else []:
+        path = frame.file.replace("\\", "/")
+        for known in _DEFERRED:
+            # py-spy qualifies methods with their class: _ResultMetric.compute
+            if path.endswith(known.file) and frame.function.rsplit(".", 1)[-1] == known.function:
+                return known
+    return None
+
+
+def _libraries(stack: ProcessStack) -> list[str]:
+    """Third-party packages on the main thread's stack (lightning, transformers), named
+    after their folder in site-packages: the playbooks give some fixes in their terms."""
+    main = stack.main
+    found: set[str] = set()
+    for index, frame in enumerate(main.frames if main else []):
+        path = frame.file.replace("\\", "/")
+        marker = path.rfind("-packages/")
+        if main is not None and not main.is_user(index) and marker >= 0:
+            name = framework_name(path[marker + len("-packages/") :].split("/", 1)[0])
+            if name is not None and not name.endswith(".py"):
+                found.add(name)
+    return sorted(found)
+
+
 def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
     classes: dict[tuple[object, ...], StackClass] = {}
     for rank, stack in sorted(stacks.items()):
         blocking, in_collective = blocking_call(stack)
         frames = list(reversed(_user_frames(stack)))
-        key = (blocking, tuple((f.file, f.line, f.function) for f in frames))
+        deferred = _deferred_in(stack) if in_collective else None
+        key = (blocking, tuple((f.file, f.line, f.function) for f in frames), deferred)
         if key not in classes:
-            classes[key] = StackClass([], blocking, in_collective, frames)
+            classes[key] = StackClass(
+                [], blocking, in_collective, frames, deferred=deferred, libraries=_libraries(stack)
+            )
         classes[key].ranks.append(rank)
         if in_collective:
             classes[key].states[rank] = rank_state(stack, blocking)
@@ -399,7 +455,7 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
     report.summary["classes"] = [
         {
             "ranks": format_ranks(c.ranks),
-            "blocking": c.blocking,
+            "blocking": c.blocking + (f" (inside {c.deferred.what})" if c.deferred else ""),
             "frames": [f"{relative(f.file, os.getcwd())}:{f.line} in {f.function}" for f in c.frames],
         }
         for c in classes
@@ -479,6 +535,9 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
             )
         ]
     if len(waiting) >= 2:
+        deferred = _deferred_finding(waiting, diagnoser, evidence)
+        if deferred is not None:
+            return [deferred]
         looped = _left_loop(waiting, diagnoser, evidence)
         if looped is not None:
             return [looped]
@@ -496,6 +555,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
                     group_ranks=[],
                     site=cls.site,
                     user_stack=cls.frames,
+                    libraries=cls.libraries,
                 )
         divergence = Divergence("?", 0, Mismatch.SITE, sorted(calls), calls)
         finding = diagnoser.branch(divergence, small.ranks, big.ranks, evidence)
@@ -520,6 +580,48 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
             evidence=evidence,
         )
     ]
+
+
+def _deferred_finding(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]) -> Finding | None:
+    """Ranks waiting in a collective a framework runs later (Lightning's epoch-end sync):
+    the stack cannot say which of the user's calls asked for it, so read the user's
+    source, as lint does, for such a call under a rank test."""
+    inside = next((c for c in waiting if c.deferred is not None and c.frames), None)
+    if inside is None or inside.deferred is None:
+        return None
+    from ncclcheck.lint import run_lint  # reads source: only for this case
+
+    known = inside.deferred
+    entry = Path(inside.frames[0].file)  # the script: lint follows its imports
+    try:
+        findings, _ = run_lint([entry]) if entry.is_file() else ([], None)
+    except Exception:  # unreadable source must not hide the stacks' own diagnosis
+        return None
+    asked = [f for f in findings if f.cause == "rank-conditional-collective" and known.marker in f.message]
+    if not asked:
+        return None
+    others = sorted(r for c in waiting if c is not inside for r in c.ranks)
+    first = asked[0]
+    site = f"{relative(first.path, os.getcwd())}:{first.line}"
+    return diagnoser.finding(
+        "rank-conditional-collective",
+        f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside {known.what}, while "
+        f"{who(others)} {_verb(others)} elsewhere: the source makes that call only on some ranks ({site})",
+        ranks=inside.ranks,
+        absent_ranks=others,
+        op=inside.blocking,
+        site=site,
+        evidence=[
+            *evidence,
+            f"{who(inside.ranks)}: {inside.blocking} inside {known.what}, called from {_where(inside)}",
+            *(f"source: {f.site}: {f.message}" for f in asked),
+        ],
+        libraries=[known.library],
+    )
+
+
+def _verb(ranks: list[int]) -> str:
+    return "waits" if len(ranks) == 1 else "wait"
 
 
 def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]) -> Finding | None:

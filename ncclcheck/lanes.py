@@ -44,6 +44,8 @@ def _lane_call(call: CollectiveCall, divergent: bool) -> LaneCall:
     shapes = ", ".join("x".join(str(d) for d in shape) or "scalar" for shape in call.shapes)
     dtype = call.dtypes[0] if call.dtypes else ""
     where = f"{shown_path(call.site.file)}:{call.site.line} in {call.site.function}()" if call.site else "?"
+    if call.later is not None:
+        where += f" (run later by {call.later.by} for {call.later.request})"
     return LaneCall(
         n=call.n,
         op=call.op + (" (DDP bucket)" if call.source == "ddp" else ""),

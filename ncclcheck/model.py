@@ -62,6 +62,28 @@ class Frame:
         return cls(file=str(data["file"]), line=int(data["line"]), function=str(data["function"]))
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A collective a framework ran later for a call of the user's: Lightning reduces a
+    value logged with ``self.log(..., sync_dist=True)`` when the epoch ends."""
+
+    by: str  # "Lightning"
+    request: str  # what the user called: "self.log('val_loss', sync_dist=True)"
+    ran_in: Frame | None  # the user's innermost frame when it ran (trainer.fit's line)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "by": self.by,
+            "request": self.request,
+            "ran_in": self.ran_in.to_dict() if self.ran_in else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Deferred:
+        ran_in = data.get("ran_in")
+        return cls(str(data["by"]), str(data["request"]), Frame.from_dict(ran_in) if ran_in else None)
+
+
 @dataclass(slots=True)  # a long dry run holds one per recorded call
 class CollectiveCall:
     """One collective (or p2p operation) as a rank issued it, recorded before it ran.
@@ -85,10 +107,13 @@ class CollectiveCall:
     site: Frame | None = None
     user_stack: list[Frame] = field(default_factory=list)
     time: float = 0.0
-    source: str = "python"  # "python" (wrapped call), "ddp" (comm hook)
+    source: str = "python"  # "python" (wrapped call), "ddp" (comm hook), "deferred" (see via)
     n: int = 0  # this rank's running count of calls, all groups together
     position: dict[str, Any] | None = None  # the loader batch being processed: loader, pass, batch
     peer: int | None = None  # p2p only
+    # A framework ran it later on the user's behalf; ``site`` is then where they asked for it.
+    later: Deferred | None = None
+    libraries: list[str] = field(default_factory=list)  # third-party packages on its stack
 
     @property
     def site_text(self) -> str:
@@ -103,6 +128,7 @@ class CollectiveCall:
         data = asdict(self)
         data["site"] = self.site.to_dict() if self.site else None
         data["user_stack"] = [f.to_dict() for f in self.user_stack]
+        data["later"] = self.later.to_dict() if self.later else None
         return data
 
     @classmethod
@@ -110,6 +136,7 @@ class CollectiveCall:
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["site"] = Frame.from_dict(data["site"]) if data.get("site") else None
         values["user_stack"] = [Frame.from_dict(f) for f in data.get("user_stack", [])]
+        values["later"] = Deferred.from_dict(data["later"]) if data.get("later") else None
         return cls(**values)
 
 

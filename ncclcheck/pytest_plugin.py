@@ -36,11 +36,12 @@ import pytest
 from ncclcheck.launch import DryRunSettings, TorchrunOptions
 from ncclcheck.model import Report, Severity, Verdict
 from ncclcheck.pytest_ranks import RUNNER, TestSpec
+from ncclcheck.record.frameworks import UNLIMITED_STEPS
 
 MARKER = "ncclcheck"
 _RANK_ARGUMENTS = ("rank", "world_size", "local_rank")
 # A test function is not a training loop: no loader is cut short, every pass runs.
-_UNLIMITED = 1_000_000_000
+_UNLIMITED = UNLIMITED_STEPS
 
 
 def pytest_configure(config: pytest.Config) -> None:

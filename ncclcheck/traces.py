@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclcheck.errors import InputError
-from ncclcheck.model import CollectiveCall, Frame
+from ncclcheck.model import CollectiveCall, Deferred, Frame
 
 TRACE_GLOB = "rank-*.jsonl"
 
@@ -53,6 +53,7 @@ class RankTrace:
     probe: dict[str, Any] | None = None
     cpu_mapped: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --cpu
     perturbed: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --perturb
+    adapted: list[tuple[str, Frame]] = field(default_factory=list)  # framework options the dry run set
     phase: str = "train"
     last_time: float = 0.0
     path: Path | None = None
@@ -106,7 +107,17 @@ def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
         n=int(record.get("n", 0)),
         position=record.get("pos"),
         peer=record.get("peer"),
+        later=_deferred(record.get("later")),
+        libraries=[str(name) for name in record.get("libs", [])],
     )
+
+
+def _deferred(record: dict[str, Any] | None) -> Deferred | None:
+    if not record:
+        return None
+    ran_in = record.get("in")
+    frame = Frame(str(ran_in[0]), int(ran_in[1]), str(ran_in[2])) if ran_in else None
+    return Deferred(str(record.get("by", "a framework")), str(record.get("for", "?")), frame)
 
 
 _STATIC_START = ',"op":'  # the recorder writes n, seq, time and pos first, then the static fields
@@ -246,10 +257,12 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
                 trace.destroyed = True
             elif kind == "probe":
                 trace.probe = record
-            elif kind in ("cpu", "perturb"):
+            elif kind in ("cpu", "perturb", "framework"):
                 file, line, function = record["site"]
                 noted = (str(record["kind"]), Frame(str(file), int(line), str(function)))
-                (trace.cpu_mapped if kind == "cpu" else trace.perturbed).append(noted)
+                {"cpu": trace.cpu_mapped, "perturb": trace.perturbed, "framework": trace.adapted}[
+                    kind
+                ].append(noted)
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{path}:{number}: malformed {kind!r} trace line") from None
         if trace is not None and isinstance(record.get("time"), (int, float)):

@@ -27,6 +27,7 @@ def _as_dict(playbook: Playbook) -> dict[str, Any]:
             "direct": playbook.fix.direct,
             "structural": playbook.fix.structural,
             "ci_guard": playbook.fix.ci_guard,
+            "frameworks": playbook.fix.frameworks,
         },
         "references": playbook.references,
         "repro": str(playbook.repro_path),

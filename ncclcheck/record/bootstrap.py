@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from ncclcheck import rendezvous
-from ncclcheck.record import cpu_map, frames, perturb
+from ncclcheck.record import cpu_map, frames, frameworks, perturb
 from ncclcheck.record.recorder import (
     COLLECTIVES,
     ENV_EVAL_PASSES,
@@ -89,7 +89,7 @@ def install(recorder: Recorder) -> None:
             result = original_train(self, mode)
         finally:
             in_train[0] = False
-        recorder.set_module_mode(bool(mode))
+        recorder.set_module_mode(self)
         return result
 
     nn.Module.train = train
@@ -219,6 +219,7 @@ def main() -> None:
     recorder.hello(script)
     frames.add_user_root(os.path.dirname(script))
     install(recorder)
+    frameworks.install(recorder)
     if env.get(cpu_map.ENV_CPU) == "1":
         cpu_map.install(recorder)
     if env.get(perturb.ENV_PERTURB) == "1":

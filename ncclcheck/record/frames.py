@@ -83,6 +83,19 @@ def user_frames(frame: FrameType | None, limit: int = 24) -> list[tuple[str, int
     return found
 
 
+# Packages that are not a training framework, on a stack: a finding names the others
+# (lightning, accelerate, transformers) to give the fix in their terms.
+NOT_FRAMEWORKS = frozenset({"torch", "ncclcheck", "__main__", "typing_extensions"})
+_FRAMEWORK_ALIASES = {"pytorch_lightning": "lightning"}
+
+
+def framework_name(package: str) -> str | None:
+    """The framework a top-level package name stands for, or None for torch and the like."""
+    if not package or package in NOT_FRAMEWORKS or package in sys.stdlib_module_names:
+        return None
+    return _FRAMEWORK_ALIASES.get(package, package)
+
+
 def shown_path(path: str) -> str:
     """A path as reports show it: relative when under the current folder, else whole."""
     try:

@@ -29,10 +29,12 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from ncclcheck.record.frames import is_user_code, user_frames
+from ncclcheck.record.frames import framework_name, is_user_code, user_frames
 
 # Every public collective and p2p operation of torch.distributed that a user or
 # a library calls through the module. Object collectives call tensor
@@ -126,6 +128,30 @@ def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]]
             _tensor_signature(value, facts, depth + 1)
 
 
+@dataclass(frozen=True)
+class DeferredOrigin:
+    """Where the user asked for a collective a framework runs later (see record/deferred.py)."""
+
+    token: int  # tells origins apart in the recorder's per-call-site cache
+    stack: list[list[Any]]  # the user's frames when they asked, outermost first
+    described: str  # what they called: "self.log('val_loss', sync_dist=True)"
+    framework: str
+
+
+def _libraries_on(frame: Any, outermost: Any) -> list[str]:
+    """The third-party packages on a call's stack (lightning, accelerate, transformers):
+    those that called the user's code or that the user called to reach the collective,
+    so a finding can give the fix in that framework's terms."""
+    found: set[str] = set()
+    while frame is not None and frame is not outermost:
+        if not is_user_code(frame.f_code):
+            name = framework_name(str(frame.f_globals.get("__name__", "")).partition(".")[0])
+            if name is not None:
+                found.add(name)
+        frame = frame.f_back
+    return sorted(found)
+
+
 class Recorder:
     """One per rank process. Thread-safe: DDP hooks may run on autograd threads."""
 
@@ -144,12 +170,16 @@ class Recorder:
         self._calls = 0
         self._group_seq: dict[str, int] = {}
         self._group_cache: dict[int, tuple[str, list[int]]] = {}
-        self._module_eval = False
+        # The module whose train()/eval() the user (or framework) called last: its
+        # ``training`` flag is read, not remembered, as Lightning restores the mode
+        # after validation by setting ``training`` on each submodule directly.
+        self._mode_module: Callable[[], Any] = lambda: None
         self._phase = "train"
         self._loader_names: dict[int, str] = {}
         self._position: dict[str, Any] | None = None  # the loader batch being processed
         self._eval_passes_done = 0
-        self._train_passes = 0
+        self._train_passes_started = 0
+        self._train_since_eval = 0  # train batches drawn since the last complete eval pass
         self._backward_site: list[tuple[str, int, str]] = []
         self._static: dict[tuple[Any, ...], bytes] = {}
         self._pinned_codes: set[Any] = set()  # keeps the code ids in _static's keys unique
@@ -160,6 +190,14 @@ class Recorder:
         # The walk over the caller's stack stops here: the frames outside the user's
         # script (the bootstrap, runpy) are the same for every call.
         self.outermost_frame: Any = None
+        # Set while a framework runs a collective the user asked for earlier (deferred.py).
+        self.deferred: DeferredOrigin | None = None
+        # False during an eval pass that is not the job's evaluation (Lightning's sanity
+        # check: two batches before training, often with the logging skipped).
+        self.counts_as_eval_pass: Callable[[], bool] = lambda: True
+        # Loaders a framework made and said what they are for (id -> name, role): the
+        # Trainer's train loader is drawn from before model.train() is called.
+        self.loader_hints: dict[int, tuple[str, str]] = {}
         import torch  # not at module level: the CLI imports this module without torch
 
         self._grad_enabled = torch.is_grad_enabled
@@ -214,7 +252,8 @@ class Recorder:
 
     @property
     def phase(self) -> str:
-        if self._module_eval:
+        module = self._mode_module()
+        if module is not None and not module.training:
             return "eval"
         # gradients off by the user's own no_grad/inference_mode (a library's is not
         # evaluation: FSDP gathers parameters under no_grad while training)
@@ -228,8 +267,18 @@ class Recorder:
             self.write({"t": "phase", "phase": phase, "time": time.time()})
         return phase
 
-    def set_module_mode(self, training: bool) -> None:
-        self._module_eval = not training
+    def set_module_mode(self, module: Any) -> None:
+        # The wrapped model, not the wrapper (DDP, DataParallel): Lightning restores the
+        # mode on its own module, inside the DDP wrapper it called eval() on.
+        for _ in range(4):
+            inner = getattr(module, "module", None)
+            if inner is None or not hasattr(inner, "training"):
+                break
+            module = inner
+        try:
+            self._mode_module = weakref.ref(module)
+        except TypeError:  # not weak-referenceable: hold it
+            self._mode_module = lambda: module
         self._note_phase()
 
     # -- collectives ---------------------------------------------------------------
@@ -274,6 +323,8 @@ class Recorder:
             append(frame.f_lasti)
             frame = frame.f_back
             depth += 1
+        if self.deferred is not None:
+            append(("deferred", self.deferred.token))
         frozen = tuple(key)
         static = self._static.get(frozen)
         if static is None:
@@ -316,6 +367,19 @@ class Recorder:
             "stack": [list(f) for f in reversed(frames)],
             **(extra or {}),
         }
+        libraries = _libraries_on(caller, self.outermost_frame)
+        if libraries:
+            fields["libs"] = libraries
+        deferred = self.deferred
+        if deferred is not None and deferred.stack:
+            # Sited where the user asked for it; where it ran goes beside it.
+            fields["stack"] = deferred.stack
+            fields["src"] = "deferred"
+            fields["later"] = {
+                "by": deferred.framework,
+                "for": deferred.described,
+                "in": list(frames[0]) if frames else None,
+            }
         encoded = ("," + json.dumps(fields, separators=(",", ":"))[1:-1]).encode()
         if len(self._static) > 10_000:  # a script that never repeats a call: stay bounded
             self._static.clear()
@@ -419,8 +483,9 @@ class Recorder:
         known = self._loader_names.get(key)
         if known:
             return known
-        name = None
-        frame = caller
+        hint = self.loader_hints.get(key)
+        name = hint[0] if hint is not None else None
+        frame = None if hint is not None else caller
         for _ in range(8):  # the outermost user frame that names it: where it was made
             if frame is None:
                 break
@@ -445,10 +510,8 @@ class Recorder:
     def pass_ended(self, tracked: _TrackedIterator, exhausted: bool) -> None:
         self._position = None
         self._position_bytes = b""
-        if tracked.role == "eval" and exhausted:
-            self._eval_passes_done += 1
-        elif tracked.role == "train":
-            self._train_passes += 1
+        if tracked.role == "eval" and exhausted and not tracked.counted:
+            self._eval_pass_complete(tracked)
         self.write(
             {
                 "t": "pass",
@@ -468,23 +531,53 @@ class Recorder:
         }
         self._position_bytes = (',"pos":' + json.dumps(self._position, separators=(",", ":"))).encode()
         self.write({"t": "batch", **self._position, "phase": self._note_phase(), "time": time.time()})
+        if tracked.role == "train":
+            self._train_since_eval += 1
+        elif not tracked.counted and tracked.index == tracked.length:
+            # Its last batch: a complete pass, though the caller may never ask for the
+            # StopIteration (Lightning stops at len(loader) and leaves the iterator).
+            self._eval_pass_complete(tracked)
+
+    def _eval_pass_complete(self, tracked: _TrackedIterator) -> None:
+        tracked.counted = True
+        if not self.counts_as_eval_pass():
+            return
+        self._eval_passes_done += 1
+        self._train_since_eval = 0
 
     def budget_check(self, tracked: _TrackedIterator) -> None:
-        """Called before a train batch is drawn: end the pass or the dry run here."""
-        if tracked.role != "train" or tracked.index < self.train_steps:
+        """Called before a train batch is drawn: end the pass or the dry run here.
+
+        The dry run ends at the same logical point on every rank: once the eval passes
+        are done and ``train_steps`` batches have been trained on since the last one
+        (the steps after an evaluation are where a rank-local decision taken in it
+        shows). A framework that stops a short epoch itself, by length (Lightning's
+        limit_train_batches), never asks for the batch past the budget; counting
+        batches since the evaluation, not within the pass, stops it all the same.
+        """
+        if tracked.role != "train":
+            if tracked.index == 0:  # the first batch of an eval pass that follows the budget
+                self._stop_if_done()
             return
-        if self._eval_passes_done >= self.eval_passes:
+        if tracked.index == 0:
+            self._train_passes_started += 1
+        self._stop_if_done()
+        if self._train_passes_started > self.max_train_passes:
+            self.stop_reason = (
+                f"stopped after {self.max_train_passes} train passes with "
+                f"{self._eval_passes_done} complete eval pass(es)"
+            )
+            raise DryRunComplete(self.stop_reason)
+        if tracked.index >= self.train_steps:
+            raise StopIteration
+
+    def _stop_if_done(self) -> None:
+        if self._eval_passes_done >= self.eval_passes and self._train_since_eval >= self.train_steps:
             self.stop_reason = (
                 f"stopped after {self._eval_passes_done} complete eval pass(es) and "
-                f"{self.train_steps} train steps of the next train pass"
+                f"{self._train_since_eval} train steps after the last"
             )
             raise DryRunComplete(self.stop_reason)
-        if self._train_passes + 1 >= self.max_train_passes:
-            self.stop_reason = (
-                f"stopped after {self.max_train_passes} train passes without a complete eval pass"
-            )
-            raise DryRunComplete(self.stop_reason)
-        raise StopIteration
 
 
 def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
@@ -513,11 +606,18 @@ class _TrackedIterator:
         self.name = name
         self.pass_index = next(_pass_counter)
         self.index = 0
+        self.hinted = False  # the role came from the framework that made the loader
         self.role = self._guess_role()
+        self.length = self._safe_len()
+        self.counted = False  # counted as a complete eval pass already
         self._ended = False
         recorder.pass_started(self)
 
     def _guess_role(self) -> str:
+        hint = self._recorder.loader_hints.get(id(self._loader))
+        if hint is not None:
+            self.hinted = True
+            return hint[1]
         if self._recorder.phase == "eval":
             return "eval"
         lowered = self.name.lower()
@@ -569,7 +669,7 @@ class _TrackedIterator:
     def __next__(self) -> Any:
         if self._ended:
             raise StopIteration
-        if self.role == "train" and self._recorder.phase == "eval":
+        if self.role == "train" and not self.hinted and self._recorder.phase == "eval":
             self.role = "eval"  # iterated before model.eval(): the first batch tells
         try:
             self._recorder.budget_check(self)

@@ -58,6 +58,8 @@ def print_playbook(playbook: Playbook) -> None:
     out.print(f"  [green]1. direct[/]      {escape(playbook.fix.direct)}")
     out.print(f"  [green]2. structural[/]  {escape(playbook.fix.structural)}")
     out.print(f"  [green]3. CI guard[/]    {escape(playbook.fix.ci_guard)}")
+    for framework, text in sorted(playbook.fix.frameworks.items()):
+        out.print(f"  [green]with {framework}[/]  {escape(text)}")
     out.print()
     launch = f"torchrun --nproc-per-node {playbook.repro.nproc}"
     out.print(f"[bold]Reproducer[/]  {launch} {playbook.repro_path}")
@@ -128,6 +130,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
     for key, title in (
         ("cpu", "--cpu ran CUDA calls on CPU"),
         ("perturbed", "--perturb made these rank-local values differ (rank 0 kept its own)"),
+        ("framework", "the dry run set the framework's own budget"),
     ):
         noted = report.summary.get(key)
         if isinstance(noted, list) and noted:
