@@ -16,6 +16,7 @@ from ncclcheck.proctree import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"
+FRAMEWORKS = REPO / "examples" / "frameworks"
 
 
 @dataclass

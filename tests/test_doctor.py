@@ -88,6 +88,15 @@ def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
     raise AssertionError(f"{script} did not settle into a hang")
 
 
+def doctor_on_hung(script: Path, nproc: int) -> tuple[int, dict]:  # type: ignore[type-arg]
+    """Start ``script`` under torchrun, wait until it hangs, run doctor on torchrun, reap."""
+    job = start_hung(script, nproc)
+    try:
+        return doctor(job.agent().pid)
+    finally:
+        stop(job)
+
+
 def stop(job: HungJob) -> None:
     kill_tree(job.shell.pid)
     job.shell.wait(timeout=30)
@@ -116,11 +125,7 @@ def hung_conditional() -> Iterator[HungJob]:
 )
 def test_doctor_names_cause_site_and_ranks_of_a_hung_repro(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
-    job = start_hung(playbook.repro_path, playbook.repro.nproc)
-    try:
-        code, report = doctor(job.agent().pid)
-    finally:
-        stop(job)
+    code, report = doctor_on_hung(playbook.repro_path, playbook.repro.nproc)
     assert code == 1
     finding = report["findings"][0]
     assert finding["cause"] == cause, finding

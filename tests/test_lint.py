@@ -15,7 +15,7 @@ import pytest
 
 from ncclcheck.lint import run_lint
 
-from .conftest import PLAYBOOKS, REPO, run_bounded
+from .conftest import FRAMEWORKS, PLAYBOOKS, REPO, run_bounded
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
@@ -64,11 +64,27 @@ def test_a_collective_in_a_helper_module_is_reported_at_the_helper_with_the_chai
 
 
 def test_accelerate_gather_under_is_main_process() -> None:
-    findings, _ = run_lint([SCRIPTS / "accelerate_main_only_eval.py"])
+    findings, _ = run_lint([FRAMEWORKS / "accelerate_misaligned.py"])
     causes = {(f.cause, f.severity) for f in findings}
     assert ("rank-conditional-collective", "error") in causes
     (gather,) = [f for f in findings if f.cause == "rank-conditional-collective"]
     assert "accelerator.gather" in gather.message and "accelerator.is_main_process" in gather.message
+
+
+def test_framework_examples_each_misaligned_script_once_and_no_aligned_one() -> None:
+    """accelerate's gather, Lightning's self.log(sync_dist=True) and a Trainer callback's
+    all_reduce, each under the framework's own rank test; the fixed scripts are clean."""
+    findings, _ = run_lint([FRAMEWORKS])
+    found = sorted((Path(f.path).name, f.cause, f.severity) for f in findings)
+    assert found == [
+        ("accelerate_misaligned.py", "rank-conditional-collective", "error"),
+        ("lightning_misaligned.py", "rank-conditional-collective", "error"),
+        ("transformers_misaligned.py", "rank-conditional-collective", "error"),
+    ]
+    conditions = {Path(f.path).name: f.message for f in findings}
+    assert "`self.trainer.is_global_zero`" in conditions["lightning_misaligned.py"]
+    assert "self.log(sync_dist=True)" in conditions["lightning_misaligned.py"]
+    assert "`state.is_world_process_zero`" in conditions["transformers_misaligned.py"]
 
 
 # -- rules, one small source each ------------------------------------------------------

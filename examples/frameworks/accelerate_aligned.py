@@ -1,4 +1,8 @@
-"""accelerate: evaluation under `accelerator.is_main_process` gathers: rank 0 waits alone."""
+"""accelerate, fixed: every process evaluates its shard and gathers; only the
+printing is the main process's.
+
+    ncclcheck preflight --nproc-per-node 2 examples/frameworks/accelerate_aligned.py
+"""
 
 import torch
 import torch.nn.functional as F
@@ -28,13 +32,13 @@ def main() -> None:
             optimizer.zero_grad()
             accelerator.backward(F.cross_entropy(model(features), labels))
             optimizer.step()
+        model.eval()
+        correct = 0
+        with torch.no_grad():
+            for features, labels in val_loader:
+                predictions = model(features).argmax(dim=1)
+                correct += accelerator.gather_for_metrics(predictions == labels).sum().item()
         if accelerator.is_main_process:
-            model.eval()
-            correct = 0
-            with torch.no_grad():
-                for features, labels in val_loader:
-                    predictions = model(features).argmax(dim=1)
-                    correct += accelerator.gather(predictions == labels).sum().item()
             print(f"epoch {epoch}: accuracy {correct}", flush=True)
         accelerator.wait_for_everyone()
 

@@ -1,0 +1,144 @@
+"""preflight and doctor on scripts built with accelerate, PyTorch Lightning and the
+transformers Trainer (examples/frameworks): real ranks, gloo on CPU.
+
+Each framework has an aligned script and a misaligned one; the finding must point
+at the user's line, never at the framework's code. The frameworks are in the test
+extra; a test whose framework is not installed is skipped and says which.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .conftest import FRAMEWORKS, REPO
+from .test_doctor import doctor_on_hung
+from .test_preflight import leftover_ranks, preflight
+
+pytestmark = pytest.mark.ranks
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str  # as the playbook's fix.frameworks and the finding's evidence say it
+    module: str  # what must be importable
+    site: str  # a fragment of the misaligned script's line the finding must name
+    guard: str  # the rank test that sends rank 0 there
+
+    def script(self, kind: str) -> Path:
+        return FRAMEWORKS / f"{self.name}_{kind}.py"
+
+    def site_text(self) -> str:
+        script = self.script("misaligned")
+        lines = script.read_text().splitlines()
+        (number,) = [n for n, text in enumerate(lines, 1) if self.site in text]
+        return f"{script.relative_to(REPO)}:{number}"
+
+    def require(self) -> None:
+        if importlib.util.find_spec(self.module) is None:
+            pytest.skip(f"{self.module} is not installed (pip install -e '.[test]' installs it)")
+
+
+FRAMEWORK_CASES = [
+    Framework("accelerate", "accelerate", "accelerator.gather(", "accelerator.is_main_process"),
+    Framework(
+        "lightning", "lightning", 'self.log("val_loss", loss, sync_dist=True)', "self.trainer.is_global_zero"
+    ),
+    Framework(
+        "transformers",
+        "transformers",
+        "dist.all_reduce(loss, op=dist.ReduceOp.MIN)",
+        "state.is_world_process_zero",
+    ),
+]
+IDS = [f.name for f in FRAMEWORK_CASES]
+LIGHTNING = FRAMEWORK_CASES[1]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
+def test_aligned_script_is_aligned(framework: Framework) -> None:
+    framework.require()
+    proc, report = preflight("--nproc-per-node=2", str(framework.script("aligned")))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "aligned", json.dumps(report["findings"], indent=1)
+    assert all(rank["eval_batches"] for rank in report["ranks"]), report["ranks"]
+    # the framework shards its loaders itself: no missing-sampler warning
+    assert not report["findings"], report["findings"]
+    assert not leftover_ranks(str(framework.script("aligned")))
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
+def test_misaligned_script_is_found_at_the_users_line(framework: Framework) -> None:
+    framework.require()
+    script = framework.script("misaligned")
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
+    assert finding["site"] == framework.site_text(), finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert any(f"`if {framework.guard}`" in line for line in finding["evidence"]), finding["evidence"]
+    # the playbook's fix in the framework's own terms
+    assert any(line.startswith(f"with {framework.name}: ") for line in finding["evidence"]), finding
+    assert not leftover_ranks(str(script))
+
+
+def test_lightning_sync_dist_is_sited_at_self_log_and_the_budget_is_lightnings() -> None:
+    """Lightning reduces a sync_dist value at the end of the epoch, deep inside
+    trainer.fit: the finding still names the self.log line, says when it ran, and
+    the dry run shortened the epoch through Lightning's own limit_train_batches."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    proc, report = preflight("--nproc-per-node=2", str(FRAMEWORKS / "lightning_misaligned.py"))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    evidence = report["findings"][0]["evidence"]
+    assert any(
+        "Lightning ran it later for self.log('val_loss', sync_dist=True), inside main()" in line
+        for line in evidence
+    ), evidence
+    chain = next(line for line in evidence if line.startswith("call chain on rank 0"))
+    assert chain.endswith(f"validation_step() at {LIGHTNING.site_text()}"), chain
+    assert report["summary"]["framework"] == [
+        f"Lightning Trainer limit_train_batches=5 (was 1.0) at "
+        f"{(FRAMEWORKS / 'lightning_misaligned.py').relative_to(REPO)}:"
+        f"{_line(FRAMEWORKS / 'lightning_misaligned.py', 'trainer = pl.Trainer(')} (ranks 0-1)"
+    ]
+
+
+def test_lightning_dry_run_validates_after_short_epochs_and_stops(tmp_path: Path) -> None:
+    """A 100-epoch Lightning run ends after the sanity check, one real validation and
+    the budget's train steps after it, not after 100 epochs."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    script = tmp_path / "long_fit.py"
+    source = (FRAMEWORKS / "lightning_aligned.py").read_text()
+    script.write_text(source.replace("max_epochs=2", "max_epochs=100"))
+    proc, report = preflight("--nproc-per-node=2", "--train-steps=3", str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "aligned"
+    assert (
+        report["summary"]["stopped"]
+        == "stopped after 1 complete eval pass(es) and 3 train steps after the last"
+    )
+    # sanity check (2 batches) + one validation (2 batches per rank)
+    assert [r["eval_batches"] for r in report["ranks"]] == [4, 4]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
+def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framework) -> None:
+    framework.require()
+    code, report = doctor_on_hung(framework.script("misaligned"), 2)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
+    assert finding["site"] == framework.site_text(), finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert any(line.startswith(f"with {framework.name}: ") for line in finding["evidence"]), finding
+    assert not leftover_ranks(str(framework.script("misaligned")))
+
+
+def _line(path: Path, fragment: str) -> int:
+    (number,) = [n for n, text in enumerate(path.read_text().splitlines(), 1) if fragment in text]
+    return number
