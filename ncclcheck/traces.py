@@ -8,7 +8,8 @@ a trace line is an error naming the file and the line.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,7 @@ class RankTrace:
     initialised: bool = False
     destroyed: bool = False  # destroy_process_group() was called
     backend: str | None = None
-    calls: list[CollectiveCall] = field(default_factory=list)
+    calls: Sequence[CollectiveCall] = field(default_factory=lambda: CallHistory())
     passes: list[LoaderPass] = field(default_factory=list)
     exit: dict[str, Any] | None = None
     probe: dict[str, Any] | None = None
@@ -123,42 +124,123 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
 _STATIC_START = ',"op":'  # the recorder writes n, seq, time and pos first, then the static fields
 
 
+class CallHistory(Sequence[CollectiveCall]):
+    """One rank's calls, held compactly: a loop's 100,000 calls share one parsed
+    template per call site (stack, shapes, group) and differ in seq, n, time and
+    loader position, kept here in arrays: 20 bytes per call. A call is rebuilt
+    from its template when it is read, so the analysis, which reads each call once
+    or twice, holds a few of them at a time, not the whole history."""
+
+    def __init__(self) -> None:
+        self._templates: list[CollectiveCall] = []
+        self._positions: list[dict[str, Any] | None] = [None]
+        self._template = array("i")
+        self._seq = array("i")
+        self._n = array("i")
+        self._time = array("d")
+        self._position = array("i")  # an index into _positions; 0 is none
+
+    def add_template(self, call: CollectiveCall) -> int:
+        self._templates.append(call)
+        return len(self._templates) - 1
+
+    def add_position(self, position: dict[str, Any]) -> int:
+        self._positions.append(position)
+        return len(self._positions) - 1
+
+    def add(self, template: int, seq: int, n: int, time: float, position: int = 0) -> None:
+        self._template.append(template)
+        self._seq.append(seq)
+        self._n.append(n)
+        self._time.append(time)
+        self._position.append(position)
+
+    def append(self, call: CollectiveCall) -> None:
+        """A call parsed whole (a line the fast reader did not take): its own template."""
+        position = self.add_position(call.position) if call.position else 0
+        self.add(self.add_template(call), call.seq, call.n, call.time, position)
+
+    def __len__(self) -> int:
+        return len(self._template)
+
+    def _get(self, index: int) -> CollectiveCall:
+        return replace(
+            self._templates[self._template[index]],
+            seq=self._seq[index],
+            n=self._n[index],
+            time=self._time[index],
+            position=self._positions[self._position[index]],
+        )
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self._get(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("call index out of range")
+        return self._get(index)
+
+    def __iter__(self) -> Iterator[CollectiveCall]:
+        for index in range(len(self)):
+            yield self._get(index)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def group_indices(self, skip_ops: frozenset[str]) -> dict[str, array[int]]:
+        """group -> the indices of this rank's calls on it, in order (ops in skip_ops left out)."""
+        by_template: list[str | None] = [
+            None if call.op in skip_ops else call.group for call in self._templates
+        ]
+        groups: dict[str, array[int]] = {}
+        for index, template in enumerate(self._template):
+            group = by_template[template]
+            if group is not None:
+                groups.setdefault(group, array("i")).append(index)
+        return groups
+
+    def last_phase_and_time(self) -> tuple[str, float]:
+        return self._templates[self._template[-1]].phase, self._time[-1]
+
+
 class _CallReader:
-    """Call lines, parsed once per distinct call site: a loop's 100,000 calls share one
-    parsed template (stack frames, shapes, group ranks) and differ only in n, seq, time
-    and loader position, so memory grows by one small object per call."""
+    """Call lines into a CallHistory, each distinct call site parsed once."""
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, history: CallHistory) -> None:
         self.rank = rank
-        self._templates: dict[str, CollectiveCall] = {}
-        self._positions: dict[str, dict[str, Any]] = {}
+        self._history = history
+        self._templates: dict[str, int] = {}
+        self._positions: dict[str, int] = {}
 
-    def read(self, line: str) -> CollectiveCall:
+    def read(self, line: str) -> None:
         start = line.find(_STATIC_START)
         if start < 0:
-            return _call(self.rank, json.loads(line))
+            self._history.append(_call(self.rank, json.loads(line)))
+            return
         static = line[start:].rstrip()
         template = self._templates.get(static)
         if template is None:
             record = json.loads("{" + static[1:])
             record.update(seq=0, n=0)
-            template = self._templates[static] = _call(self.rank, record)
+            template = self._templates[static] = self._history.add_template(_call(self.rank, record))
         head = line[:start]
         position_at = head.find(',"pos":')
-        position = None
+        position = 0
         if position_at >= 0:
             text = head[position_at + 7 :]
-            position = self._positions.get(text)
-            if position is None:
-                position = self._positions[text] = json.loads(text)
+            known = self._positions.get(text)
+            if known is None:
+                known = self._positions[text] = self._history.add_position(json.loads(text))
+            position = known
             head = head[:position_at]
         dynamic = json.loads(head + "}")
-        return replace(
-            template,
-            seq=int(dynamic["seq"]),
-            n=int(dynamic.get("n", 0)),
-            time=float(dynamic.get("time", 0.0)),
-            position=position,
+        self._history.add(
+            template, int(dynamic["seq"]), int(dynamic.get("n", 0)), float(dynamic.get("time", 0.0)), position
         )
 
 
@@ -188,6 +270,7 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
     """One pass over the lines, streamed: the file is never held whole."""
     trace: RankTrace | None = None
     calls: _CallReader | None = None
+    history = CallHistory()
     open_passes: dict[int, LoaderPass] = {}
     content = False
     for number, line in enumerate(lines, 1):
@@ -196,9 +279,9 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
         content = True
         if trace is not None and calls is not None and line.startswith('{"t":"call"'):
             try:
-                trace.calls.append(calls.read(line))
-                trace.phase = trace.calls[-1].phase
-                trace.last_time = max(trace.last_time, trace.calls[-1].time)
+                calls.read(line)
+                trace.phase, last_time = history.last_phase_and_time()
+                trace.last_time = max(trace.last_time, last_time)
                 continue
             except (ValueError, KeyError, TypeError):
                 pass  # parse it the slow way below, for a precise error
@@ -224,12 +307,14 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
                     script=str(record.get("script", "")),
                     path=path,
                 )
-                calls = _CallReader(trace.rank)
+                history = CallHistory()
+                trace.calls = history
+                calls = _CallReader(trace.rank, history)
             elif trace is None:
                 raise InputError(f"{path}:{number}: trace does not start with a hello line")
             elif kind == "call":
-                trace.calls.append(_call(trace.rank, record))
-                trace.phase = trace.calls[-1].phase
+                history.append(_call(trace.rank, record))
+                trace.phase = history.last_phase_and_time()[0]
             elif kind == "init":
                 trace.initialised = True
                 trace.backend = record.get("backend")

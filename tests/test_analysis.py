@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from ncclcheck.analyze import source
-from ncclcheck.analyze.align import Mismatch, compare, divergences
+from ncclcheck.analyze.align import P2P_OPS, Mismatch, compare, divergences
 from ncclcheck.diagnose import Evidence, diagnose
 from ncclcheck.errors import InputError
 from ncclcheck.model import CollectiveCall, Frame
-from ncclcheck.traces import RankTrace, load_rank_trace
+from ncclcheck.traces import CallHistory, RankTrace, load_rank_trace
 
 
 def call(
@@ -209,6 +209,62 @@ def test_trace_reader_skips_a_truncated_last_line_and_rejects_garbage(tmp_path: 
     path.write_text(hello + "\nnot json\n" + hello + "\n")
     with pytest.raises(InputError, match=r"rank-00000\.jsonl:2: not a trace line"):
         load_rank_trace(path)
+
+
+def test_a_compact_history_gives_back_the_calls_it_was_given(tmp_path: Path) -> None:
+    """Trace lines of two call sites in a loop (templates shared), a p2p call and one
+    line in the slow form: read back field for field, by index, slice and per group,
+    and aligned exactly as the same calls in a plain list."""
+    hello = json.dumps({"t": "hello", "rank": 0, "world_size": 2, "pid": 1, "host": "h"})
+    static = ',"op":"all_reduce","group":"0","group_ranks":[0,1],"shapes":[[4]],"dtypes":["float32"],'
+    lines = [hello]
+    for n in range(1, 7):
+        site = 10 if n % 2 else 20
+        position = f',"pos":{{"loader":"val","pass":0,"batch":{n},"role":"eval"}}' if n > 2 else ""
+        lines.append(
+            f'{{"t":"call","n":{n},"seq":{n - 1},"time":{n}.5{position}{static}'
+            f'"device":"cpu","async":false,"phase":"eval","src":"python","stack":[["t.py",{site},"f"]]}}'
+        )
+    lines.append(
+        json.dumps(
+            {
+                "t": "call",
+                "n": 7,
+                "seq": 0,
+                "time": 7.5,
+                "op": "send",
+                "group": "0",
+                "group_ranks": [0, 1],
+                "peer": 1,
+                "phase": "eval",
+                "stack": [["t.py", 30, "g"]],
+            }
+        )
+    )
+    path = tmp_path / "rank-00000.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    history = load_rank_trace(path).calls
+    assert isinstance(history, CallHistory) and len(history) == 7
+    assert [c.n for c in history] == [1, 2, 3, 4, 5, 6, 7]
+    assert [c.site_text for c in history[:3]] == ["t.py:10", "t.py:20", "t.py:10"]
+    assert history[-1].op == "send" and history[-1].peer == 1
+    assert history[0].position is None and history[4].position == {
+        "loader": "val",
+        "pass": 0,
+        "batch": 5,
+        "role": "eval",
+    }
+    assert (history[3].seq, history[3].time, history[3].shapes) == (3, 4.5, [[4]])
+    assert {group: list(indices) for group, indices in history.group_indices(P2P_OPS).items()} == {
+        "0": [0, 1, 2, 3, 4, 5]
+    }
+    plain = list(history)
+    other = [*plain[:5], call(1, 5, line=99)]
+    compact_found = divergences({0: history, 1: other})
+    plain_found = divergences({0: plain, 1: other})
+    assert [(d.group, d.seq, d.kind) for d in compact_found] == [("0", 5, Mismatch.SITE)]
+    assert [(d.group, d.seq, d.kind) for d in plain_found] == [("0", 5, Mismatch.SITE)]
+    assert compact_found[0].calls[0] == plain_found[0].calls[0]
 
 
 # -- Flight Recorder dumps -----------------------------------------------------------------

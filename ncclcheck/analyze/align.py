@@ -11,8 +11,10 @@ PyTorch's Flight Recorder analyzer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from ncclcheck.model import CollectiveCall
 
@@ -99,24 +101,50 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
     return None
 
 
+class _GroupCalls(Sequence[CollectiveCall]):
+    """One rank's calls on one group: a view of its history by index, so aligning a
+    long run rebuilds one call per rank at a time instead of copying the history."""
+
+    def __init__(self, calls: Sequence[CollectiveCall], indices: Sequence[int]) -> None:
+        self._calls = calls
+        self._indices = indices
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self._calls[i] for i in self._indices[index]]
+        return self._calls[self._indices[index]]
+
+
+def _indices_by_group(calls: Sequence[CollectiveCall]) -> dict[str, Sequence[int]]:
+    by_group = getattr(calls, "group_indices", None)  # traces.CallHistory knows without rebuilding
+    if by_group is not None:
+        return by_group(P2P_OPS)  # type: ignore[no-any-return]
+    groups: dict[str, list[int]] = {}
+    for index, call in enumerate(calls):
+        if call.op not in P2P_OPS:
+            groups.setdefault(call.group, []).append(index)
+    return dict(groups)
+
+
 def group_histories(
-    histories: dict[int, list[CollectiveCall]],
-) -> dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]]:
+    histories: Mapping[int, Sequence[CollectiveCall]],
+) -> dict[str, tuple[list[int], dict[int, Sequence[CollectiveCall]]]]:
     """group -> (member ranks, rank -> that rank's calls on the group in order)."""
-    groups: dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]] = {}
+    groups: dict[str, tuple[list[int], dict[int, Sequence[CollectiveCall]]]] = {}
     for rank, calls in histories.items():
-        for call in calls:
-            if call.op in P2P_OPS:
-                continue
-            members, per_rank = groups.setdefault(call.group, (list(call.group_ranks), {}))
-            if not members and call.group_ranks:
-                members.extend(call.group_ranks)
-            per_rank.setdefault(rank, []).append(call)
+        for group, indices in _indices_by_group(calls).items():
+            members, per_rank = groups.setdefault(group, ([], {}))
+            if not members:
+                members.extend(calls[indices[0]].group_ranks)
+            per_rank[rank] = _GroupCalls(calls, indices)
     return groups
 
 
 def divergences(
-    histories: dict[int, list[CollectiveCall]], ranks: list[int] | None = None
+    histories: Mapping[int, Sequence[CollectiveCall]], ranks: list[int] | None = None
 ) -> list[Divergence]:
     """The first divergence of every process group, earliest first.
 
@@ -127,13 +155,15 @@ def divergences(
     found: list[Divergence] = []
     for group, (members, per_rank) in group_histories(histories).items():
         members = [r for r in (members or sorted(per_rank)) if r in known]
-        length = max((len(per_rank.get(r, [])) for r in members), default=0)
+        length = max((len(per_rank.get(r, ())) for r in members), default=0)
         for seq in range(length):
-            calls = {
-                r: (per_rank.get(r, [])[seq] if seq < len(per_rank.get(r, [])) else None) for r in members
-            }
+            calls = {r: _nth(per_rank.get(r, ()), seq) for r in members}
             kind = compare(calls)
             if kind is not None:
                 found.append(Divergence(group, seq, kind, members, calls))
                 break
     return sorted(found, key=lambda d: d.earliest)
+
+
+def _nth(calls: Sequence[CollectiveCall], seq: int) -> CollectiveCall | None:
+    return calls[seq] if seq < len(calls) else None
