@@ -59,18 +59,10 @@ _FACTORIES = (
 class _Mapper:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
-        self.seen: set[tuple[str, str, int]] = set()
 
     def note(self, kind: str) -> None:
         """Write the first use of a mapping at each user call site."""
-        frame: Any = sys._getframe(2)
-        while frame is not None and not frames.is_user_code(frame.f_code):
-            frame = frame.f_back
-        site = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name) if frame else ("?", 0, "?")
-        key = (kind, site[0], site[1])
-        if key not in self.seen:
-            self.seen.add(key)
-            self.recorder.write({"t": "cpu", "kind": kind, "site": list(site)})
+        self.recorder.note_site("cpu", kind, frames.first_user_frame(sys._getframe(2)))
 
 
 def _is_cuda(device: Any) -> bool:

@@ -72,6 +72,13 @@ def is_user_code(code: CodeType) -> bool:
     return known
 
 
+def first_user_frame(frame: FrameType | None) -> FrameType | None:
+    """``frame`` or the nearest caller of it that is the user's own code."""
+    while frame is not None and not is_user_code(frame.f_code):
+        frame = frame.f_back
+    return frame
+
+
 def user_frames(frame: FrameType | None, limit: int = 24) -> list[tuple[str, int, str]]:
     """The user's frames from ``frame`` outwards, innermost first: (file, line, function)."""
     found: list[tuple[str, int, str]] = []

@@ -30,13 +30,12 @@ import functools
 import importlib.abc
 import importlib.machinery
 import sys
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from ncclcheck.record.frames import user_frames
+from ncclcheck.record.frames import first_user_frame, user_frames
 from ncclcheck.record.recorder import DeferredOrigin, Recorder
 
 # Lightning's modules, under the unified package and the standalone one.
@@ -148,16 +147,9 @@ def _patch_lightning_trainer(module: ModuleType, recorder: Recorder) -> None:
         if isinstance(interval, int) and not isinstance(interval, bool) and interval > budget:
             kwargs["val_check_interval"] = budget  # else Lightning refuses the short epoch
             changes.append(f"val_check_interval={budget} (was {interval})")
-        stack = user_frames(sys._getframe(1), limit=1)
+        where = first_user_frame(sys._getframe(1))
         for change in changes:
-            recorder.write(
-                {
-                    "t": "framework",
-                    "kind": f"Lightning Trainer {change}",
-                    "site": list(stack[0]) if stack else ["?", 0, "?"],
-                    "time": time.time(),
-                }
-            )
+            recorder.note_site("framework", f"Lightning Trainer {change}", where)
         original_init(self, *args, **kwargs)
         trainer = weakref.ref(self)
         # The sanity check validates a couple of batches before training: the dry run

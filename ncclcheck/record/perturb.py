@@ -39,17 +39,12 @@ def install(recorder: Recorder, rank: int) -> None:
     if rank == 0:
         return  # the reference: its values stay true, every other rank's differ from them
     noise = random.Random(1000 + rank)
-    seen: set[tuple[str, str, int]] = set()
 
     def user_caller(kind: str) -> bool:
         frame: Any = sys._getframe(2)
         if not frames.is_user_code(frame.f_code):
             return False
-        key = (kind, frame.f_code.co_filename, frame.f_lineno)
-        if key not in seen:
-            seen.add(key)
-            site = [frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name]
-            recorder.write({"t": "perturb", "kind": kind, "site": site, "time": time.time()})
+        recorder.note_site("perturb", kind, frame)
         return True
 
     original_item = torch.Tensor.item

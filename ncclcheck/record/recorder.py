@@ -184,6 +184,7 @@ class Recorder:
         self._static: dict[tuple[Any, ...], bytes] = {}
         self._pinned_codes: set[Any] = set()  # keeps the code ids in _static's keys unique
         self._group_names: dict[int, str] = {}
+        self._noted: set[tuple[str, str, str, int]] = set()  # see note_site
         self._position_bytes = b""
         self.in_backward = 0  # autograd runs with grad mode off: that is not evaluation
         self.user_no_grad = 0  # no_grad/inference_mode blocks the user's code has open
@@ -232,6 +233,20 @@ class Recorder:
                 "time": time.time(),
             }
         )
+
+    def note_site(self, record_type: str, kind: str, frame: Any) -> None:
+        """``{"t": record_type, "kind": kind, "site": [file, line, function]}``, written the
+        first time ``kind`` is seen at ``frame``'s line: what --cpu mapped, --perturb
+        changed or a framework adapter set, and where, for the report."""
+        if frame is not None:
+            file, line, function = frame.f_code.co_filename, int(frame.f_lineno), frame.f_code.co_name
+        else:
+            file, line, function = "?", 0, "?"
+        key = (record_type, kind, file, line)
+        if key in self._noted:
+            return
+        self._noted.add(key)
+        self.write({"t": record_type, "kind": kind, "site": [file, line, function], "time": time.time()})
 
     def exit(self, how: str, code: int, error: str | None = None) -> None:
         record: dict[str, Any] = {
