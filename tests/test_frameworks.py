@@ -142,3 +142,18 @@ def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framewor
 def _line(path: Path, fragment: str) -> int:
     (number,) = [n for n, text in enumerate(path.read_text().splitlines(), 1) if fragment in text]
     return number
+
+
+def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_path: Path) -> None:
+    """eval_strategy="steps" with eval_steps=50: a 5-step dry run would never evaluate
+    and would call the job aligned; the Trainer is given eval_steps=5 instead."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    source = (FRAMEWORKS / "transformers_misaligned.py").read_text()
+    assert 'eval_strategy="epoch",' in source
+    script = tmp_path / "eval_every_50_steps.py"
+    script.write_text(source.replace('eval_strategy="epoch",', 'eval_strategy="steps", eval_steps=50,'))
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert report["findings"][0]["cause"] == "rank-conditional-collective"
+    (changed,) = report["summary"]["framework"]
+    assert changed.startswith("transformers Trainer eval_steps=5 (was 50) at "), changed

@@ -163,10 +163,32 @@ def _patch_lightning_trainer(module: ModuleType, recorder: Recorder) -> None:
 
 def _patch_transformers_trainer(module: ModuleType, recorder: Recorder) -> None:
     """Name the Trainer's loaders and say what they are for: it draws the first train
-    batch before it calls model.train(), while the model is still in eval mode."""
+    batch before it calls model.train(), while the model is still in eval mode. And
+    evaluate within the budget: with eval_strategy="steps", an eval_steps larger than
+    --train-steps is lowered to it, or the dry run would end before any evaluation."""
     trainer_class = getattr(module, "Trainer", None)
     if trainer_class is None or hasattr(trainer_class, "_ncclcheck_patched"):
         return
+    original_init = trainer_class.__init__
+    budget = recorder.train_steps
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        training_args = getattr(self, "args", None)
+        strategy = str(getattr(training_args, "eval_strategy", ""))
+        steps = getattr(training_args, "eval_steps", None)
+        if budget >= UNLIMITED_STEPS or not strategy.lower().endswith("steps"):
+            return
+        if isinstance(steps, int) and steps > budget:  # a float is a fraction of the run: kept
+            try:
+                training_args.eval_steps = budget  # type: ignore[union-attr]
+            except (AttributeError, TypeError):  # arguments some version keeps frozen
+                return
+            where = first_user_frame(sys._getframe(1))
+            recorder.note_site("framework", f"transformers Trainer eval_steps={budget} (was {steps})", where)
+
+    functools.update_wrapper(init, original_init)
+    trainer_class.__init__ = init
     for method, name, role in (
         ("get_train_dataloader", "train_dataloader", "train"),
         ("get_eval_dataloader", "eval_dataloader", "eval"),
