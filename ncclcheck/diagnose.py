@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ncclcheck.analyze import source
-from ncclcheck.analyze.align import Divergence, Mismatch, divergences
+from ncclcheck.analyze.align import Divergence, Mismatch
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.model import (
     CollectiveCall,
@@ -28,7 +28,7 @@ from ncclcheck.model import (
     format_ranks,
 )
 from ncclcheck.stacks import ProcessStack
-from ncclcheck.traces import RankTrace
+from ncclcheck.traces import RankTrace, divergences_of
 
 
 @dataclass
@@ -150,8 +150,7 @@ class Diagnoser:
     # -- the report --------------------------------------------------------------------
 
     def report(self) -> Report:
-        histories = {rank: trace.calls for rank, trace in self.ev.traces.items()}
-        found = divergences(histories)
+        found = divergences_of(self.ev.traces)
         findings: list[Finding] = []
         complete = len(self.ev.traces) >= self.ev.world_size
         if found:
@@ -213,7 +212,7 @@ class Diagnoser:
                     pid=trace.pid,
                     exit_code=code if how != "running" else None,
                     phase=trace.phase,
-                    collectives=len(trace.calls),
+                    collectives=trace.collectives,
                     eval_batches=trace.eval_batches(),
                     state=state,
                     where=where,
@@ -224,8 +223,8 @@ class Diagnoser:
     def summary(self) -> dict[str, object]:
         per_phase: dict[str, int] = {}
         for trace in self.ev.traces.values():
-            for call in trace.calls:
-                per_phase[call.phase] = per_phase.get(call.phase, 0) + 1
+            for phase, count in trace.calls_per_phase().items():
+                per_phase[phase] = per_phase.get(phase, 0) + count
         eval_batches = {str(r): t.eval_batches() for r, t in sorted(self.ev.traces.items())}
         summary: dict[str, object] = {
             "collectives_per_phase": per_phase,

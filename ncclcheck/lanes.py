@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ncclcheck.analyze.align import divergences
 from ncclcheck.model import CollectiveCall
 from ncclcheck.record.frames import shown_path
-from ncclcheck.traces import RankTrace
+from ncclcheck.traces import RankTrace, divergences_of
 
 
 @dataclass
@@ -68,8 +67,7 @@ def _same(call: CollectiveCall, marked: CollectiveCall | None) -> bool:
 
 
 def build_lanes(traces: dict[int, RankTrace], before: int = 40, after: int = 8) -> Lanes:
-    histories = {rank: trace.calls for rank, trace in traces.items()}
-    found = divergences(histories)
+    found = divergences_of(traces)
     first = found[0] if found else None
     lanes: list[Lane] = []
     for rank, trace in sorted(traces.items()):
@@ -80,7 +78,7 @@ def build_lanes(traces: dict[int, RankTrace], before: int = 40, after: int = 8) 
         centre = next((i for i, c in enumerate(calls) if _same(c, marked)), len(calls))
         start = max(0, centre - before)
         shown = calls[start : centre + after + 1]
-        lane = Lane(rank, trace.host, len(calls), [_lane_call(c, _same(c, marked)) for c in shown])
+        lane = Lane(rank, trace.host, trace.collectives, [_lane_call(c, _same(c, marked)) for c in shown])
         if first is not None and rank in first.members and marked is None:
             lane.note = f"made no call #{first.seq + 1} on group {first.group}"
         lanes.append(lane)

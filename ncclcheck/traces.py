@@ -7,13 +7,16 @@ a trace line is an error naming the file and the line.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ncclcheck.analyze.align import Divergence, StreamAligner, divergences
 from ncclcheck.errors import InputError
 from ncclcheck.model import CollectiveCall, Deferred, Frame
 
@@ -58,6 +61,22 @@ class RankTrace:
     phase: str = "train"
     last_time: float = 0.0
     path: Path | None = None
+    # Set by load_traces, whose ``calls`` keeps only windows of the history (CallWindow).
+    call_count: int | None = None
+    phase_counts: dict[str, int] | None = None
+
+    @property
+    def collectives(self) -> int:
+        """How many collectives this rank called, whether or not ``calls`` holds them all."""
+        return self.call_count if self.call_count is not None else len(self.calls)
+
+    def calls_per_phase(self) -> dict[str, int]:
+        if self.phase_counts is not None:
+            return dict(self.phase_counts)
+        counts: dict[str, int] = {}
+        for call in self.calls:
+            counts[call.phase] = counts.get(call.phase, 0) + 1
+        return counts
 
     @property
     def eval_passes(self) -> list[LoaderPass]:
@@ -124,21 +143,13 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
 _STATIC_START = ',"op":'  # the recorder writes n, seq, time and pos first, then the static fields
 
 
-class CallHistory(Sequence[CollectiveCall]):
-    """One rank's calls, held compactly: a loop's 100,000 calls share one parsed
-    template per call site (stack, shapes, group) and differ in seq, n, time and
-    loader position, kept here in arrays: 20 bytes per call. A call is rebuilt
-    from its template when it is read, so the analysis, which reads each call once
-    or twice, holds a few of them at a time, not the whole history."""
+class _Templates:
+    """What the calls of one rank's trace share: one parsed call per call site, and the
+    distinct loader positions. _CallReader registers them; a call refers to both by index."""
 
     def __init__(self) -> None:
         self._templates: list[CollectiveCall] = []
-        self._positions: list[dict[str, Any] | None] = [None]
-        self._template = array("i")
-        self._seq = array("i")
-        self._n = array("i")
-        self._time = array("d")
-        self._position = array("i")  # an index into _positions; 0 is none
+        self._positions: list[dict[str, Any] | None] = [None]  # 0: no position
 
     def add_template(self, call: CollectiveCall) -> int:
         self._templates.append(call)
@@ -147,6 +158,22 @@ class CallHistory(Sequence[CollectiveCall]):
     def add_position(self, position: dict[str, Any]) -> int:
         self._positions.append(position)
         return len(self._positions) - 1
+
+
+class CallHistory(_Templates, Sequence[CollectiveCall]):
+    """One rank's calls, held compactly: a loop's 100,000 calls share one parsed
+    template per call site (stack, shapes, group) and differ in seq, n, time and
+    loader position, kept here in arrays: 20 bytes per call. A call is rebuilt
+    from its template when it is read, so the analysis, which reads each call once
+    or twice, holds a few of them at a time, not the whole history."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._template = array("i")
+        self._seq = array("i")
+        self._n = array("i")
+        self._time = array("d")
+        self._position = array("i")  # an index into _positions; 0 is none
 
     def add(self, template: int, seq: int, n: int, time: float, position: int = 0) -> None:
         self._template.append(template)
@@ -208,10 +235,96 @@ class CallHistory(Sequence[CollectiveCall]):
         return self._templates[self._template[-1]].phase, self._time[-1]
 
 
+class CallWindow(_Templates, Sequence[CollectiveCall]):
+    """One rank's calls as load_traces keeps them while it reads every rank's file in
+    turns: each call goes to the aligner (which keeps it only until every member of
+    its group has made its call at that position), the last RECENT calls are held,
+    and so are the calls around each divergence the aligner finds (for the lanes).
+    Memory does not grow with the length of the run; the sequence is the calls held,
+    in order, and RankTrace.call_count the number read."""
+
+    BEFORE = 40
+    AFTER = 16
+    # what a rank read in its last two turns: its call at a divergence found after a turn
+    RECENT = 2 * 64 + BEFORE + AFTER
+    MAX_WINDOWS = 8
+
+    def __init__(self, rank: int, aligner: StreamAligner) -> None:
+        self.rank = rank
+        self._aligner = aligner
+        super().__init__()
+        self._recent: deque[CollectiveCall] = deque(maxlen=self.RECENT)
+        self._kept: dict[int, CollectiveCall] = {}
+        self._keep_until = -1
+        self._windows = 0
+        self._held: list[CollectiveCall] | None = None
+        self.calls_read = 0
+        self.phases: dict[str, int] = {}
+
+    def add(self, template: int, seq: int, n: int, time: float, position: int = 0) -> None:
+        self.append(
+            replace(self._templates[template], seq=seq, n=n, time=time, position=self._positions[position])
+        )
+
+    def append(self, call: CollectiveCall) -> None:
+        self.calls_read += 1
+        self.phases[call.phase] = self.phases.get(call.phase, 0) + 1
+        self._recent.append(call)
+        if call.n <= self._keep_until:
+            self._kept[call.n] = call
+        self._held = None
+        self._aligner.add(self.rank, call)
+
+    def keep_around(self, call: CollectiveCall | None) -> None:
+        """Hold the calls around ``call`` (this rank's call at a divergence): those already
+        read, from the recent ones, and those still to come."""
+        if call is None or self._windows >= self.MAX_WINDOWS:
+            return
+        self._windows += 1
+        for recent in self._recent:
+            if call.n - self.BEFORE <= recent.n <= call.n + self.AFTER:
+                self._kept[recent.n] = recent
+        self._keep_until = max(self._keep_until, call.n + self.AFTER)
+        self._held = None
+
+    def last_phase_and_time(self) -> tuple[str, float]:
+        last = self._recent[-1]
+        return last.phase, last.time
+
+    def _calls(self) -> list[CollectiveCall]:
+        if self._held is None:
+            merged = dict(self._kept)
+            merged.update((call.n, call) for call in self._recent)
+            self._held = [merged[n] for n in sorted(merged)]
+        return self._held
+
+    def __len__(self) -> int:
+        return len(self._calls())
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._calls()[index]
+
+
+class Traces(dict[int, RankTrace]):
+    """Every rank's trace, and the first divergence of each process group, found while
+    the files were read (see CallWindow)."""
+
+    divergences: list[Divergence] | None = None
+
+
+def divergences_of(traces: Mapping[int, RankTrace]) -> list[Divergence]:
+    """The first divergence of each group: found while reading (load_traces), or from
+    the whole histories (traces built otherwise)."""
+    found = getattr(traces, "divergences", None)
+    if found is not None:
+        return list(found)
+    return divergences({rank: trace.calls for rank, trace in traces.items()})
+
+
 class _CallReader:
     """Call lines into a CallHistory, each distinct call site parsed once."""
 
-    def __init__(self, rank: int, history: CallHistory) -> None:
+    def __init__(self, rank: int, history: CallHistory | CallWindow) -> None:
         self.rank = rank
         self._history = history
         self._templates: dict[str, int] = {}
@@ -259,18 +372,27 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
 
 
 def load_rank_trace(path: Path) -> RankTrace:
+    """One rank's whole trace, every call held (compactly, in a CallHistory)."""
     try:
         with path.open(encoding="utf-8", errors="replace") as handle:
-            return _read_trace(path, handle)
+            steps = _read_trace(path, handle, lambda rank: CallHistory())
+            while True:
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
     except OSError as exc:
         raise InputError(f"{path}: cannot read trace file ({exc.strerror})") from None
 
 
-def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
-    """One pass over the lines, streamed: the file is never held whole."""
+def _read_trace(
+    path: Path, lines: Iterable[str], make_calls: Callable[[int], CallHistory | CallWindow]
+) -> Generator[None, None, RankTrace]:
+    """One pass over the lines, streamed: the file is never held whole. Yields after
+    each call line, so that several ranks' files can be read in turns."""
     trace: RankTrace | None = None
     calls: _CallReader | None = None
-    history = CallHistory()
+    history: CallHistory | CallWindow = CallHistory()
     open_passes: dict[int, LoaderPass] = {}
     content = False
     for number, line in enumerate(lines, 1):
@@ -282,6 +404,7 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
                 calls.read(line)
                 trace.phase, last_time = history.last_phase_and_time()
                 trace.last_time = max(trace.last_time, last_time)
+                yield
                 continue
             except (ValueError, KeyError, TypeError):
                 pass  # parse it the slow way below, for a precise error
@@ -307,7 +430,7 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
                     script=str(record.get("script", "")),
                     path=path,
                 )
-                history = CallHistory()
+                history = make_calls(trace.rank)
                 trace.calls = history
                 calls = _CallReader(trace.rank, history)
             elif trace is None:
@@ -362,19 +485,84 @@ def _read_trace(path: Path, lines: Iterable[str]) -> RankTrace:
     return trace
 
 
-def load_traces(folder: Path) -> dict[int, RankTrace]:
-    """All rank traces below ``folder`` (one file per rank, from one or several nodes)."""
+def load_traces(folder: Path) -> Traces:
+    """All rank traces below ``folder`` (one file per rank, from one or several nodes).
+
+    The files are read in turns, a few hundred calls of each at a time, and the
+    calls aligned as they arrive (StreamAligner): what is held is the calls some
+    rank has made and another not yet, plus windows of each history (CallWindow),
+    so memory stays flat however long the run was.
+    """
     if not folder.is_dir():
         raise InputError(f"{folder}: no such trace folder")
-    traces: dict[int, RankTrace] = {}
-    for path in sorted(folder.rglob(TRACE_GLOB)):
-        if path.stat().st_size == 0:
-            continue
-        trace = load_rank_trace(path)
-        if trace.rank in traces:
-            raise InputError(
-                f"{path}: a second trace for rank {trace.rank} (also {traces[trace.rank].path})",
-                hint="Give --from one run's traces: each node's --trace-dir, gathered in one folder.",
-            )
-        traces[trace.rank] = trace
+    aligner = StreamAligner()
+    windows: dict[int, CallWindow] = {}
+
+    def window(rank: int) -> CallWindow:
+        windows[rank] = CallWindow(rank, aligner)
+        return windows[rank]
+
+    def divergence_found(found: Divergence) -> None:
+        for rank, call in found.calls.items():
+            if rank in windows:
+                windows[rank].keep_around(call)
+
+    aligner.on_divergence = divergence_found
+    done_by_path: dict[Path, RankTrace] = {}
+    paths = [path for path in sorted(folder.rglob(TRACE_GLOB)) if path.stat().st_size > 0]
+    _allow_open_files(len(paths) + 64)
+    with contextlib.ExitStack() as files:
+        readers: list[tuple[Path, Generator[None, None, RankTrace]]] = []
+        for path in paths:
+            try:
+                handle = files.enter_context(path.open(encoding="utf-8", errors="replace"))
+            except OSError as exc:
+                raise InputError(f"{path}: cannot read trace file ({exc.strerror})") from None
+            readers.append((path, _read_trace(path, handle, window)))
+        while readers:
+            for path, reader in list(readers):
+                try:
+                    for _ in range(_CALLS_PER_TURN):
+                        next(reader)
+                except StopIteration as done:
+                    readers.remove((path, reader))
+                    done_by_path[path] = done.value
+                    aligner.rank_done(done.value.rank)
+                except OSError as exc:
+                    raise InputError(f"{path}: cannot read trace file ({exc.strerror})") from None
+            aligner.advance(set(windows))
+    traces = Traces()
+    for path, trace in sorted(done_by_path.items()):  # in the order of the files, as before
+        _add_trace(traces, trace, path)
+    for rank, trace in traces.items():
+        if rank in windows and trace.calls is windows[rank]:
+            trace.call_count = windows[rank].calls_read
+            trace.phase_counts = dict(windows[rank].phases)
+    traces.divergences = aligner.finish(set(traces))
     return traces
+
+
+def _allow_open_files(needed: int) -> None:
+    """Every rank's file is open during the read: raise the soft limit on open files
+    (1024 by default) toward the hard one when thousands of ranks need it."""
+    try:
+        import resource
+    except ImportError:  # not on this platform: the default limit applies
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if needed > soft:
+        wanted = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+_CALLS_PER_TURN = 64  # CallWindow.RECENT holds two turns
+
+
+def _add_trace(traces: Traces, trace: RankTrace, path: Path) -> None:
+    if trace.rank in traces:
+        raise InputError(
+            f"{path}: a second trace for rank {trace.rank} (also {traces[trace.rank].path})",
+            hint="Give --from one run's traces: each node's --trace-dir, gathered in one folder.",
+        )
+    traces[trace.rank] = trace

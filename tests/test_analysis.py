@@ -12,8 +12,9 @@ from ncclcheck.analyze import source
 from ncclcheck.analyze.align import P2P_OPS, Mismatch, compare, divergences
 from ncclcheck.diagnose import Evidence, diagnose
 from ncclcheck.errors import InputError
+from ncclcheck.lanes import build_lanes
 from ncclcheck.model import CollectiveCall, Frame
-from ncclcheck.traces import CallHistory, RankTrace, load_rank_trace
+from ncclcheck.traces import CallHistory, CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
 
 
 def call(
@@ -265,6 +266,60 @@ def test_a_compact_history_gives_back_the_calls_it_was_given(tmp_path: Path) -> 
     assert [(d.group, d.seq, d.kind) for d in compact_found] == [("0", 5, Mismatch.SITE)]
     assert [(d.group, d.seq, d.kind) for d in plain_found] == [("0", 5, Mismatch.SITE)]
     assert compact_found[0].calls[0] == plain_found[0].calls[0]
+
+
+def _trace_file(folder: Path, rank: int, calls: list[tuple[str, str, int]]) -> None:
+    """A trace in the recorder's format: one line per (op, group, line) call."""
+    hello = json.dumps({"t": "hello", "rank": rank, "world_size": 2, "pid": rank, "host": "h"})
+    lines, seqs = [hello], dict[str, int]()
+    for n, (op, group, line) in enumerate(calls, 1):
+        seq = seqs.get(group, 0)
+        seqs[group] = seq + 1
+        lines.append(
+            f'{{"t":"call","n":{n},"seq":{seq},"time":{n}.0,"op":"{op}","group":"{group}",'
+            f'"group_ranks":[0,1],"shapes":[[4]],"dtypes":["float32"],"device":"cpu","async":false,'
+            f'"phase":"train","src":"python","stack":[["t.py",{line},"f"]]}}'
+        )
+    (folder / f"rank-{rank:05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("case", ["site", "missing", "aligned"])
+def test_streamed_alignment_finds_what_whole_histories_find(tmp_path: Path, case: str) -> None:
+    """load_traces reads the files in turns and aligns as it goes, holding windows of
+    the histories; its divergences are those of divergences() over whole histories,
+    and the calls around the divergence are still there for the lanes."""
+    loop = [("all_reduce", "0", 10), ("send", "0", 11), ("broadcast", "1", 12)] * 2000
+    rank0 = [*loop, ("all_reduce", "0", 20), *loop[:300]]
+    rank1 = {
+        "site": [*loop, ("all_reduce", "0", 21), *loop[:300]],
+        "missing": loop,
+        "aligned": [*loop, ("all_reduce", "0", 20), *loop[:300]],
+    }[case]
+    _trace_file(tmp_path, 0, rank0)
+    _trace_file(tmp_path, 1, rank1)
+    streamed = load_traces(tmp_path)
+    whole = {rank: load_rank_trace(tmp_path / f"rank-{rank:05d}.jsonl") for rank in (0, 1)}
+    expected = divergences({rank: trace.calls for rank, trace in whole.items()})
+    found = divergences_of(streamed)
+    assert [(d.group, d.seq, d.kind, d.calls) for d in found] == [
+        (d.group, d.seq, d.kind, d.calls) for d in expected
+    ]
+    # rank 1 stopping early misses calls on both groups
+    assert {"site": [Mismatch.SITE], "missing": [Mismatch.MISSING] * 2, "aligned": []}[case] == [
+        d.kind for d in found
+    ]
+    assert [t.collectives for t in streamed.values()] == [len(rank0), len(rank1)]
+    assert streamed[0].calls_per_phase() == {"train": len(rank0)}
+    # bounded: the recent calls and a window around each divergence, not the 6000 calls
+    bound = CallWindow.RECENT + CallWindow.MAX_WINDOWS * (CallWindow.BEFORE + CallWindow.AFTER + 1)
+    assert all(len(t.calls) <= bound for t in streamed.values())
+    if found:
+        marked = found[0].calls[0]
+        assert marked is not None
+        held = [c.n for c in streamed[0].calls]
+        assert all(n in held for n in range(marked.n - CallWindow.BEFORE, marked.n + CallWindow.AFTER + 1))
+        lanes = build_lanes(streamed)
+        assert [c.divergent for c in lanes.lanes[0].calls].count(True) == 1
 
 
 # -- Flight Recorder dumps -----------------------------------------------------------------

@@ -11,7 +11,8 @@ PyTorch's Flight Recorder analyzer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -167,3 +168,61 @@ def divergences(
 
 def _nth(calls: Sequence[CollectiveCall], seq: int) -> CollectiveCall | None:
     return calls[seq] if seq < len(calls) else None
+
+
+class StreamAligner:
+    """divergences() for histories that arrive a call at a time (load_traces reads the
+    ranks' files in turns): a group's n-th calls are compared as soon as every member
+    has made one, and a call is held only until then. The result is the same as
+    divergences() over the whole histories."""
+
+    def __init__(self) -> None:
+        self._pending: dict[str, dict[int, deque[CollectiveCall]]] = {}
+        self._members: dict[str, list[int]] = {}
+        self._seq: dict[str, int] = {}
+        self._found: dict[str, Divergence] = {}
+        self._done: set[int] = set()  # ranks whose history has ended
+        self.on_divergence: Callable[[Divergence], None] | None = None
+
+    def rank_done(self, rank: int) -> None:
+        """``rank`` makes no more calls: where it has none left, it is missing them now,
+        not at the end of the reading (while the others' calls there are still at hand)."""
+        self._done.add(rank)
+
+    def add(self, rank: int, call: CollectiveCall) -> None:
+        if call.op in P2P_OPS or call.group in self._found:
+            return
+        if call.group not in self._members:
+            self._members[call.group] = list(call.group_ranks)
+        self._pending.setdefault(call.group, {}).setdefault(rank, deque()).append(call)
+
+    def advance(self, known: set[int]) -> None:
+        """Compare what every member of a group has made; ``known``: the ranks with traces."""
+        for group in list(self._pending):
+            self._compare(group, known, final=False)
+
+    def finish(self, known: set[int]) -> list[Divergence]:
+        """After the last call of every rank: a member with no call left is missing it."""
+        for group in list(self._pending):
+            self._compare(group, known, final=True)
+        return sorted(self._found.values(), key=lambda d: d.earliest)
+
+    def _compare(self, group: str, known: set[int], final: bool) -> None:
+        pending = self._pending[group]
+        members = [r for r in (self._members[group] or sorted(pending)) if r in known]
+        queues = [pending.setdefault(r, deque()) for r in members]
+        while any(queues) and (
+            final or all(q or r in self._done for r, q in zip(members, queues, strict=True))
+        ):
+            calls = {
+                r: (queue.popleft() if queue else None) for r, queue in zip(members, queues, strict=True)
+            }
+            seq = self._seq.get(group, 0)
+            kind = compare(calls)
+            if kind is not None:
+                found = self._found[group] = Divergence(group, seq, kind, members, calls)
+                del self._pending[group]
+                if self.on_divergence is not None:
+                    self.on_divergence(found)
+                return
+            self._seq[group] = seq + 1
