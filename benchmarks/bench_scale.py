@@ -1,6 +1,8 @@
 """Scale on this machine (python benchmarks/bench_scale.py): a dry run of 10k and 100k
-collectives per rank (trace size, the ranks' and the analysis' peak memory), and
-preflight of a 16-rank job. doctor at 4-64 ranks is bench_doctor.py."""
+collectives per rank (trace size, the ranks' and the analysis' peak memory), the
+analysis alone on written traces of 10k to 1M calls per rank (streamed, next to
+holding every call), and preflight of a 16-rank job. doctor at 4-64 ranks is
+bench_doctor.py."""
 
 from __future__ import annotations
 
@@ -46,6 +48,49 @@ def long_run(calls: int) -> None:
         )
 
 
+# Trace lines in the recorder's format: a training loop of two call sites, and a
+# divergence at the very end (rank 1 calls from another line), so nothing is skipped.
+WRITE_TRACE = """
+import json, sys
+folder, rank, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+with open(f"{folder}/rank-{rank:05d}.jsonl", "w") as out:
+    out.write(json.dumps({"t": "hello", "rank": rank, "world_size": 2, "pid": rank, "host": "h"}) + "\\n")
+    out.write(json.dumps({"t": "init", "backend": "gloo", "world_size": 2}) + "\\n")
+    for n in range(1, calls + 1):
+        line = 30 if n == calls and rank == 1 else (10 + n % 2)
+        out.write(
+            f'{{"t":"call","n":{n},"seq":{n - 1},"time":{n}.0,'
+            f'"pos":{{"loader":"train","pass":0,"batch":{n % 500},"role":"train"}},'
+            f'"op":"all_reduce","group":"0","group_ranks":[0,1],"shapes":[[1024]],"dtypes":["float32"],'
+            f'"device":"cpu","async":false,"phase":"train","src":"python","stack":[["train.py",{line},"step"]]}}\\n'
+        )
+"""
+# The same traces held whole (every call, compactly) and aligned: the analysis before streaming.
+WHOLE = (
+    "import sys; from pathlib import Path; from ncclcheck.traces import load_rank_trace; "
+    "from ncclcheck.analyze.align import divergences; "
+    "files = sorted(Path(sys.argv[1]).glob('rank-*.jsonl')); "
+    "h = {r: load_rank_trace(p).calls for r, p in enumerate(files)}; "
+    "print(len(divergences(h)))"
+)
+
+
+def analysis_alone(calls: int) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory() as folder:
+        for rank in (0, 1):
+            subprocess.run([sys.executable, "-c", WRITE_TRACE, folder, str(rank), str(calls)], check=True)
+        size = sum(p.stat().st_size for p in Path(folder).glob("rank-*.jsonl")) / 2 / 2**20
+        _code, streamed = peak_of(
+            [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--from", folder]
+        )
+        _code, whole = peak_of([sys.executable, "-c", WHOLE, folder])
+        print(
+            f"  {calls:>8} calls/rank, trace {size:6.1f} MiB/rank: --from (streamed) peak RSS "
+            f"{streamed:5.0f} MiB, every call held (compactly, no CLI loaded) {whole:5.0f} MiB"
+        )
+        return streamed, whole
+
+
 def sixteen_ranks() -> None:
     script = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
     wall, report = timed_preflight("--nproc-per-node=16", str(script))
@@ -61,6 +106,14 @@ def main() -> None:
     print("a long dry run: small gloo all_reduces in one loop, 2 ranks")
     for calls in (10_000, 100_000):
         long_run(calls)
+    print("the analysis alone, on written traces of 2 ranks (a divergence at the last call)")
+    sizes = (10_000, 100_000, 1_000_000)
+    peaks = [analysis_alone(calls) for calls in sizes]
+    more = 2 * (sizes[-1] - sizes[0])
+    print(
+        f"  growth over {more:,} more calls: streamed {peaks[-1][0] - peaks[0][0]:+.0f} MiB, "
+        f"held {peaks[-1][1] - peaks[0][1]:+.0f} MiB"
+    )
     sixteen_ranks()
 
 
