@@ -73,7 +73,7 @@ class StackClass:
     # per rank: what tells apart ranks waiting at the same line (see rank_state)
     states: dict[int, dict[str, str]] = field(default_factory=dict)
     # a framework running a collective for an earlier call of the user's (see _DEFERRED)
-    deferred: Deferred | None = None
+    deferred: DeferredFrame | None = None
     libraries: list[str] = field(default_factory=list)  # third-party packages on the stack
 
     @property
@@ -184,7 +184,7 @@ def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
 
 
 @dataclass(frozen=True)
-class Deferred:
+class DeferredFrame:
     """Framework code that runs a collective for a call the user made earlier, so the
     user's frames on the stack (``trainer.fit``) do not show which call it was."""
 
@@ -196,7 +196,7 @@ class Deferred:
 
 
 _DEFERRED = (
-    Deferred(
+    DeferredFrame(
         "logger_connector/result.py",
         "compute",
         "Lightning's epoch-end reduction of the values logged with self.log(..., sync_dist=True)",
@@ -206,7 +206,7 @@ _DEFERRED = (
 )
 
 
-def _deferred_in(stack: ProcessStack) -> Deferred | None:
+def _deferred_in(stack: ProcessStack) -> DeferredFrame | None:
     main = stack.main
     for frame in main.frames if main else []:
         path = frame.file.replace("\\", "/")

@@ -1,27 +1,32 @@
-"""What the recorder needs to know about training frameworks (PyTorch Lightning).
+"""What the recorder needs to know about training frameworks (Lightning, transformers).
 
 1. The dry-run budget in the framework's own terms. Lightning decides when to
    validate from the length of the train loader: a pass the recorder cuts at
    ``--train-steps`` batches would end without the validation that a real epoch
    ends with. The Trainer is built with ``limit_train_batches`` (and an integer
    ``val_check_interval``) no larger than the budget instead, so Lightning runs a
-   short epoch and then its validation. Each change is written to the trace and
-   shown in the report.
+   short epoch and then its validation; its sanity check does not count as the
+   evaluation. The transformers Trainer's ``eval_steps`` is lowered to the budget
+   likewise. Each change is written to the trace and shown in the report.
 
-2. Collectives a framework runs later on the user's behalf, sited where the
-   user asked for them. PyTorch Lightning reduces a value logged with ``self.log(..., sync_dist=True)``
-(or a torchmetrics Metric logged with ``self.log``) when the epoch ends, from
-deep inside ``trainer.fit``: the only user frame on the stack of that
-all_reduce is the ``trainer.fit(...)`` line, which says nothing about which
-``self.log`` call, under which condition, made one rank reduce and not the
-other. Here the ``self.log`` call is remembered on the value's result object
-when it is logged, and while Lightning reduces that object the recorder sites
-the collectives at the ``self.log`` line (``Recorder.deferred``), with a note of
-when the reduction ran.
+2. Collectives a framework runs later on the user's behalf, sited where the user
+   asked for them. Lightning reduces a value logged with ``self.log(...,
+   sync_dist=True)`` (or a torchmetrics Metric logged with ``self.log``) when the
+   epoch ends, from deep inside ``trainer.fit``: the only user frame on the stack
+   of that all_reduce is the ``trainer.fit(...)`` line, which says nothing about
+   which ``self.log`` call, under which condition, made one rank reduce and not
+   the other. The ``self.log`` call is remembered for the value's result object
+   when it is logged, and while Lightning reduces that object the recorder sites
+   the collectives at the ``self.log`` line (``Recorder.deferred``), with a note
+   of when the reduction ran.
 
-Lightning is imported by the user's script after the recorder is installed, so
-the patches are applied by an import hook the moment Lightning's modules have
-loaded (or at once, if they already have).
+3. Which loader is which: the transformers Trainer draws its first train batch
+   before it calls model.train(); its loaders are named and given their role by
+   the Trainer method that made them (``Recorder.loader_hints``).
+
+The frameworks are imported by the user's script after the recorder is
+installed, so the patches are applied by an import hook the moment their modules
+have loaded (or at once, if they already have).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]]
 
 @dataclass(frozen=True)
 class DeferredOrigin:
-    """Where the user asked for a collective a framework runs later (see record/deferred.py)."""
+    """Where the user asked for a collective a framework runs later (see record/frameworks.py)."""
 
     token: int  # tells origins apart in the recorder's per-call-site cache
     stack: list[list[Any]]  # the user's frames when they asked, outermost first
@@ -191,7 +191,7 @@ class Recorder:
         # The walk over the caller's stack stops here: the frames outside the user's
         # script (the bootstrap, runpy) are the same for every call.
         self.outermost_frame: Any = None
-        # Set while a framework runs a collective the user asked for earlier (deferred.py).
+        # Set while a framework runs a collective the user asked for earlier (frameworks.py).
         self.deferred: DeferredOrigin | None = None
         # False during an eval pass that is not the job's evaluation (Lightning's sanity
         # check: two batches before training, often with the logging skipped).
