@@ -65,7 +65,7 @@ with open(f"{folder}/rank-{rank:05d}.jsonl", "w") as out:
             f'"device":"cpu","async":false,"phase":"train","src":"python","stack":[["train.py",{line},"step"]]}}\\n'
         )
 """
-# The same traces held whole (every call, compactly) and aligned: the analysis before streaming.
+# The same traces held whole (every call, one object each) and aligned, as before streaming.
 WHOLE = (
     "import sys; from pathlib import Path; from ncclcheck.traces import load_rank_trace; "
     "from ncclcheck.analyze.align import divergences; "
@@ -86,7 +86,7 @@ def analysis_alone(calls: int) -> tuple[float, float]:
         _code, whole = peak_of([sys.executable, "-c", WHOLE, folder])
         print(
             f"  {calls:>8} calls/rank, trace {size:6.1f} MiB/rank: --from (streamed) peak RSS "
-            f"{streamed:5.0f} MiB, every call held (compactly, no CLI loaded) {whole:5.0f} MiB"
+            f"{streamed:5.0f} MiB, every call held (load_rank_trace, no CLI loaded) {whole:5.0f} MiB"
         )
         return streamed, whole
 
@@ -111,8 +111,8 @@ def main() -> None:
     peaks = [analysis_alone(calls) for calls in sizes]
     more = 2 * (sizes[-1] - sizes[0])
     print(
-        f"  growth over {more:,} more calls: streamed {peaks[-1][0] - peaks[0][0]:+.0f} MiB, "
-        f"held {peaks[-1][1] - peaks[0][1]:+.0f} MiB"
+        f"  growth over {more:,} more calls: streamed {peaks[-1][0] - peaks[0][0]:+.1f} MiB, "
+        f"held {peaks[-1][1] - peaks[0][1]:+.1f} MiB"
     )
     sixteen_ranks()
 

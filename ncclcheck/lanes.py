@@ -57,15 +57,6 @@ def _lane_call(call: CollectiveCall, divergent: bool) -> LaneCall:
     )
 
 
-def _same(call: CollectiveCall, marked: CollectiveCall | None) -> bool:
-    return marked is not None and (call.rank, call.n, call.group, call.seq) == (
-        marked.rank,
-        marked.n,
-        marked.group,
-        marked.seq,
-    )
-
-
 def build_lanes(traces: dict[int, RankTrace], before: int = 40, after: int = 8) -> Lanes:
     found = divergences_of(traces)
     first = found[0] if found else None
@@ -74,11 +65,10 @@ def build_lanes(traces: dict[int, RankTrace], before: int = 40, after: int = 8) 
         calls = trace.calls
         marked = first.calls.get(rank) if first is not None else None
         # a rank that never made the divergent call: its lane ends where it stopped
-        # calls are rebuilt on reading (traces.CallHistory): the marked one is told by n
-        centre = next((i for i, c in enumerate(calls) if _same(c, marked)), len(calls))
+        centre = next((i for i, c in enumerate(calls) if c is marked), len(calls))
         start = max(0, centre - before)
         shown = calls[start : centre + after + 1]
-        lane = Lane(rank, trace.host, trace.collectives, [_lane_call(c, _same(c, marked)) for c in shown])
+        lane = Lane(rank, trace.host, trace.collectives, [_lane_call(c, c is marked) for c in shown])
         if first is not None and rank in first.members and marked is None:
             lane.note = f"made no call #{first.seq + 1} on group {first.group}"
         lanes.append(lane)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from array import array
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,7 @@ class RankTrace:
     initialised: bool = False
     destroyed: bool = False  # destroy_process_group() was called
     backend: str | None = None
-    calls: Sequence[CollectiveCall] = field(default_factory=lambda: CallHistory())
+    calls: Sequence[CollectiveCall] = field(default_factory=list)
     passes: list[LoaderPass] = field(default_factory=list)
     exit: dict[str, Any] | None = None
     probe: dict[str, Any] | None = None
@@ -143,99 +142,7 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
 _STATIC_START = ',"op":'  # the recorder writes n, seq, time and pos first, then the static fields
 
 
-class _Templates:
-    """What the calls of one rank's trace share: one parsed call per call site, and the
-    distinct loader positions. _CallReader registers them; a call refers to both by index."""
-
-    def __init__(self) -> None:
-        self._templates: list[CollectiveCall] = []
-        self._positions: list[dict[str, Any] | None] = [None]  # 0: no position
-
-    def add_template(self, call: CollectiveCall) -> int:
-        self._templates.append(call)
-        return len(self._templates) - 1
-
-    def add_position(self, position: dict[str, Any]) -> int:
-        self._positions.append(position)
-        return len(self._positions) - 1
-
-
-class CallHistory(_Templates, Sequence[CollectiveCall]):
-    """One rank's calls, held compactly: a loop's 100,000 calls share one parsed
-    template per call site (stack, shapes, group) and differ in seq, n, time and
-    loader position, kept here in arrays: 20 bytes per call. A call is rebuilt
-    from its template when it is read, so the analysis, which reads each call once
-    or twice, holds a few of them at a time, not the whole history."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._template = array("i")
-        self._seq = array("i")
-        self._n = array("i")
-        self._time = array("d")
-        self._position = array("i")  # an index into _positions; 0 is none
-
-    def add(self, template: int, seq: int, n: int, time: float, position: int = 0) -> None:
-        self._template.append(template)
-        self._seq.append(seq)
-        self._n.append(n)
-        self._time.append(time)
-        self._position.append(position)
-
-    def append(self, call: CollectiveCall) -> None:
-        """A call parsed whole (a line the fast reader did not take): its own template."""
-        position = self.add_position(call.position) if call.position else 0
-        self.add(self.add_template(call), call.seq, call.n, call.time, position)
-
-    def __len__(self) -> int:
-        return len(self._template)
-
-    def _get(self, index: int) -> CollectiveCall:
-        return replace(
-            self._templates[self._template[index]],
-            seq=self._seq[index],
-            n=self._n[index],
-            time=self._time[index],
-            position=self._positions[self._position[index]],
-        )
-
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self._get(i) for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError("call index out of range")
-        return self._get(index)
-
-    def __iter__(self) -> Iterator[CollectiveCall]:
-        for index in range(len(self)):
-            yield self._get(index)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Sequence):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def group_indices(self, skip_ops: frozenset[str]) -> dict[str, array[int]]:
-        """group -> the indices of this rank's calls on it, in order (ops in skip_ops left out)."""
-        by_template: list[str | None] = [
-            None if call.op in skip_ops else call.group for call in self._templates
-        ]
-        groups: dict[str, array[int]] = {}
-        for index, template in enumerate(self._template):
-            group = by_template[template]
-            if group is not None:
-                groups.setdefault(group, array("i")).append(index)
-        return groups
-
-    def last_phase_and_time(self) -> tuple[str, float]:
-        return self._templates[self._template[-1]].phase, self._time[-1]
-
-
-class CallWindow(_Templates, Sequence[CollectiveCall]):
+class CallWindow(Sequence[CollectiveCall]):
     """One rank's calls as load_traces keeps them while it reads every rank's file in
     turns: each call goes to the aligner (which keeps it only until every member of
     its group has made its call at that position), the last RECENT calls are held,
@@ -252,7 +159,6 @@ class CallWindow(_Templates, Sequence[CollectiveCall]):
     def __init__(self, rank: int, aligner: StreamAligner) -> None:
         self.rank = rank
         self._aligner = aligner
-        super().__init__()
         self._recent: deque[CollectiveCall] = deque(maxlen=self.RECENT)
         self._kept: dict[int, CollectiveCall] = {}
         self._keep_until = -1
@@ -260,11 +166,6 @@ class CallWindow(_Templates, Sequence[CollectiveCall]):
         self._held: list[CollectiveCall] | None = None
         self.calls_read = 0
         self.phases: dict[str, int] = {}
-
-    def add(self, template: int, seq: int, n: int, time: float, position: int = 0) -> None:
-        self.append(
-            replace(self._templates[template], seq=seq, n=n, time=time, position=self._positions[position])
-        )
 
     def append(self, call: CollectiveCall) -> None:
         self.calls_read += 1
@@ -286,10 +187,6 @@ class CallWindow(_Templates, Sequence[CollectiveCall]):
                 self._kept[recent.n] = recent
         self._keep_until = max(self._keep_until, call.n + self.AFTER)
         self._held = None
-
-    def last_phase_and_time(self) -> tuple[str, float]:
-        last = self._recent[-1]
-        return last.phase, last.time
 
     def _calls(self) -> list[CollectiveCall]:
         if self._held is None:
@@ -322,38 +219,41 @@ def divergences_of(traces: Mapping[int, RankTrace]) -> list[Divergence]:
 
 
 class _CallReader:
-    """Call lines into a CallHistory, each distinct call site parsed once."""
+    """Call lines, parsed once per distinct call site: a loop's 100,000 calls share one
+    parsed template (stack frames, shapes, group ranks) and differ only in n, seq, time
+    and loader position."""
 
-    def __init__(self, rank: int, history: CallHistory | CallWindow) -> None:
+    def __init__(self, rank: int) -> None:
         self.rank = rank
-        self._history = history
-        self._templates: dict[str, int] = {}
-        self._positions: dict[str, int] = {}
+        self._templates: dict[str, CollectiveCall] = {}
+        self._positions: dict[str, dict[str, Any]] = {}
 
-    def read(self, line: str) -> None:
+    def read(self, line: str) -> CollectiveCall:
         start = line.find(_STATIC_START)
         if start < 0:
-            self._history.append(_call(self.rank, json.loads(line)))
-            return
+            return _call(self.rank, json.loads(line))
         static = line[start:].rstrip()
         template = self._templates.get(static)
         if template is None:
             record = json.loads("{" + static[1:])
             record.update(seq=0, n=0)
-            template = self._templates[static] = self._history.add_template(_call(self.rank, record))
+            template = self._templates[static] = _call(self.rank, record)
         head = line[:start]
         position_at = head.find(',"pos":')
-        position = 0
+        position = None
         if position_at >= 0:
             text = head[position_at + 7 :]
-            known = self._positions.get(text)
-            if known is None:
-                known = self._positions[text] = self._history.add_position(json.loads(text))
-            position = known
+            position = self._positions.get(text)
+            if position is None:
+                position = self._positions[text] = json.loads(text)
             head = head[:position_at]
         dynamic = json.loads(head + "}")
-        self._history.add(
-            template, int(dynamic["seq"]), int(dynamic.get("n", 0)), float(dynamic.get("time", 0.0)), position
+        return replace(
+            template,
+            seq=int(dynamic["seq"]),
+            n=int(dynamic.get("n", 0)),
+            time=float(dynamic.get("time", 0.0)),
+            position=position,
         )
 
 
@@ -372,10 +272,10 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
 
 
 def load_rank_trace(path: Path) -> RankTrace:
-    """One rank's whole trace, every call held (compactly, in a CallHistory)."""
+    """One rank's whole trace, every call held (load_traces holds windows of many)."""
     try:
         with path.open(encoding="utf-8", errors="replace") as handle:
-            steps = _read_trace(path, handle, lambda rank: CallHistory())
+            steps = _read_trace(path, handle, lambda rank: [])
             while True:
                 try:
                     next(steps)
@@ -386,13 +286,13 @@ def load_rank_trace(path: Path) -> RankTrace:
 
 
 def _read_trace(
-    path: Path, lines: Iterable[str], make_calls: Callable[[int], CallHistory | CallWindow]
+    path: Path, lines: Iterable[str], make_calls: Callable[[int], list[CollectiveCall] | CallWindow]
 ) -> Generator[None, None, RankTrace]:
     """One pass over the lines, streamed: the file is never held whole. Yields after
     each call line, so that several ranks' files can be read in turns."""
     trace: RankTrace | None = None
     calls: _CallReader | None = None
-    history: CallHistory | CallWindow = CallHistory()
+    history: list[CollectiveCall] | CallWindow = []
     open_passes: dict[int, LoaderPass] = {}
     content = False
     for number, line in enumerate(lines, 1):
@@ -401,9 +301,10 @@ def _read_trace(
         content = True
         if trace is not None and calls is not None and line.startswith('{"t":"call"'):
             try:
-                calls.read(line)
-                trace.phase, last_time = history.last_phase_and_time()
-                trace.last_time = max(trace.last_time, last_time)
+                call = calls.read(line)
+                history.append(call)
+                trace.phase = call.phase
+                trace.last_time = max(trace.last_time, call.time)
                 yield
                 continue
             except (ValueError, KeyError, TypeError):
@@ -432,12 +333,12 @@ def _read_trace(
                 )
                 history = make_calls(trace.rank)
                 trace.calls = history
-                calls = _CallReader(trace.rank, history)
+                calls = _CallReader(trace.rank)
             elif trace is None:
                 raise InputError(f"{path}:{number}: trace does not start with a hello line")
             elif kind == "call":
                 history.append(_call(trace.rank, record))
-                trace.phase = history.last_phase_and_time()[0]
+                trace.phase = history[-1].phase
             elif kind == "init":
                 trace.initialised = True
                 trace.backend = record.get("backend")

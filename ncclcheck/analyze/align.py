@@ -15,7 +15,6 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 from ncclcheck.model import CollectiveCall
 
@@ -102,45 +101,19 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
     return None
 
 
-class _GroupCalls(Sequence[CollectiveCall]):
-    """One rank's calls on one group: a view of its history by index, so aligning a
-    long run rebuilds one call per rank at a time instead of copying the history."""
-
-    def __init__(self, calls: Sequence[CollectiveCall], indices: Sequence[int]) -> None:
-        self._calls = calls
-        self._indices = indices
-
-    def __len__(self) -> int:
-        return len(self._indices)
-
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self._calls[i] for i in self._indices[index]]
-        return self._calls[self._indices[index]]
-
-
-def _indices_by_group(calls: Sequence[CollectiveCall]) -> dict[str, Sequence[int]]:
-    by_group = getattr(calls, "group_indices", None)  # traces.CallHistory knows without rebuilding
-    if by_group is not None:
-        return by_group(P2P_OPS)  # type: ignore[no-any-return]
-    groups: dict[str, list[int]] = {}
-    for index, call in enumerate(calls):
-        if call.op not in P2P_OPS:
-            groups.setdefault(call.group, []).append(index)
-    return dict(groups)
-
-
 def group_histories(
     histories: Mapping[int, Sequence[CollectiveCall]],
-) -> dict[str, tuple[list[int], dict[int, Sequence[CollectiveCall]]]]:
+) -> dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]]:
     """group -> (member ranks, rank -> that rank's calls on the group in order)."""
-    groups: dict[str, tuple[list[int], dict[int, Sequence[CollectiveCall]]]] = {}
+    groups: dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]] = {}
     for rank, calls in histories.items():
-        for group, indices in _indices_by_group(calls).items():
-            members, per_rank = groups.setdefault(group, ([], {}))
-            if not members:
-                members.extend(calls[indices[0]].group_ranks)
-            per_rank[rank] = _GroupCalls(calls, indices)
+        for call in calls:
+            if call.op in P2P_OPS:
+                continue
+            members, per_rank = groups.setdefault(call.group, (list(call.group_ranks), {}))
+            if not members and call.group_ranks:
+                members.extend(call.group_ranks)
+            per_rank.setdefault(rank, []).append(call)
     return groups
 
 
