@@ -2,8 +2,10 @@
 
 The ranks are torchrun's own (its rendezvous, its agent); each runs
 ``ncclcheck.record.bootstrap`` in front of the user's script. The watchdog
-declares a hang when no rank has written anything for ``stall_timeout``
-seconds, captures every rank's stack then, and stops the job. Whatever the
+declares a hang when no rank has written anything, and no process of the job
+has computed (``activity``), for ``stall_timeout`` seconds, or when nothing has
+been written for 4x that, busy or not; it captures every rank's stack then, and
+stops the job. Whatever the
 outcome, every process the dry run started is gone when ``run_dry`` returns.
 """
 
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncclcheck.activity import JobActivity
 from ncclcheck.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
@@ -213,34 +216,7 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
-_BUSY_WINDOW_S = 2.0
-_BUSY_CORES = 0.3  # the job's CPU use, in cores, above which it is computing, not waiting
-
-
-def _ranks_busy(trace_dir: Path, interrupted: threading.Event) -> bool:
-    """Do the ranks use the CPU over a short window? Waiting in a collective does not."""
-    import psutil
-
-    processes = []
-    for pid in _rank_pids(trace_dir).values():
-        try:
-            processes.append(psutil.Process(pid))
-        except psutil.Error:
-            continue
-
-    def cpu_seconds() -> float:
-        total = 0.0
-        for process in processes:
-            try:
-                times = process.cpu_times()
-                total += times.user + times.system
-            except psutil.Error:
-                continue
-        return total
-
-    before = cpu_seconds()
-    interrupted.wait(_BUSY_WINDOW_S)
-    return (cpu_seconds() - before) / _BUSY_WINDOW_S >= _BUSY_CORES
+_SAMPLE_EVERY_S = 0.25  # how often the job's processes are looked at while it is quiet
 
 
 def start_torchrun(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -329,9 +305,9 @@ def _watch(
     on_progress: Callable[[Progress], None] | None,
 ) -> None:
     last_size = (-1, -1)
-    last_progress = time.monotonic()
-    extended = 0.0  # quiet seconds forgiven because the ranks were computing
-    last_report = 0.0
+    last_write = last_activity = time.monotonic()  # a trace grew / the job wrote or worked
+    activity = JobActivity(proc.pid)
+    last_report = last_sample = 0.0
     while True:
         returncode = proc.poll()
         if returncode is not None:
@@ -340,7 +316,14 @@ def _watch(
         now = time.monotonic()
         size = _trace_size(trace_dir)
         if size != last_size:
-            last_size, last_progress, extended = size, now, 0.0
+            last_size, last_write, last_activity = size, now, now
+        if now - last_sample >= _SAMPLE_EVERY_S:
+            last_sample = now
+            if size[0] != len(activity.extra_pids):
+                activity.extra_pids = set(_rank_pids(trace_dir).values())
+            activity.sample(now)
+            if activity.busy():
+                last_activity = now
         if on_progress is not None and now - last_report >= 1.0:
             last_report = now
             collectives, phase = _progress_facts(trace_dir)
@@ -359,21 +342,18 @@ def _watch(
         if now - start > settings.total_timeout:
             result.timed_out = True
             return
-        if now - last_progress > settings.stall_timeout and _all_quiet_ranks_finished(trace_dir):
+        # Quiet: nothing written and nothing computed. Busy without writing is forgiven
+        # up to 4x the stall timeout, so a rank computing forever while the others wait
+        # in a collective (a straggler) is still caught.
+        idle = now - last_activity > settings.stall_timeout
+        busy_too_long = now - last_write > 4 * settings.stall_timeout
+        if (idle or busy_too_long) and _all_quiet_ranks_finished(trace_dir):
             # every rank that is still running has left distributed work behind
             # (destroyed its process group): slow, perhaps, but it cannot hang on a peer
-            last_progress = now
-        elif now - last_progress > settings.stall_timeout:
-            quiet = now - last_progress
-            # Quiet but computing (16 ranks on 2 cores start up slowly): a hung rank
-            # waits without using the CPU. Forgiven up to 4x the stall timeout in all,
-            # so a rank busy forever is still caught (a straggler).
-            if extended + quiet < 4 * settings.stall_timeout and _ranks_busy(trace_dir, interrupted):
-                extended += quiet
-                last_progress = time.monotonic()
-                continue
+            last_write = last_activity = now
+        elif idle or busy_too_long:
             result.stalled = True
-            result.stall_seconds = extended + quiet
+            result.stall_seconds = now - last_write
             pids = _rank_pids(trace_dir)
             by_pid = dump_stacks(list(pids.values()), timeout=10.0)
             result.stacks = {rank: by_pid[pid] for rank, pid in pids.items() if pid in by_pid}
