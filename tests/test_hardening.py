@@ -70,6 +70,16 @@ def test_a_fault_is_reported_as_what_it_was(
 
 
 @pytest.mark.ranks
+@pytest.mark.parametrize("fault", ["slow-worker", "slow-step"])
+def test_a_rank_that_computes_past_the_stall_timeout_is_not_hung(fault: str) -> None:
+    # 12 s of work on rank 1 (its DataLoader worker's, or its own) against a 6 s stall
+    # timeout, while rank 0 sleeps in all_reduce: slow, then aligned
+    result, report = preflight(str(FAULTS), env={"FAULT": fault, "SLOW_S": "12"})
+    assert result.returncode == 0, result.output[-3000:]
+    assert report["verdict"] == "aligned", report["findings"]
+
+
+@pytest.mark.ranks
 def test_a_taken_rendezvous_port_is_said_plainly() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

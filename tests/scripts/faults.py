@@ -4,6 +4,9 @@
 - segfault: rank 1 dereferences NULL (SIGSEGV) after its first collective
 - exit0: rank 1 leaves with exit status 0 before the second all_reduce
 - loader: rank 1's dataset blocks in __getitem__; rank 0 waits in the all_reduce
+- slow-worker: rank 1's DataLoader worker computes for SLOW_S seconds (default 12),
+  then the job goes on: slow, not hung
+- slow-step: rank 1 itself computes for SLOW_S seconds, then the job goes on
 - none: no fault; each rank prints the NCCLCHECK_DRY_RUN it sees
 """
 
@@ -32,6 +35,25 @@ class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
         return torch.ones(2)
 
 
+def compute_for(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+class ComputesOnRankOne(Dataset):  # type: ignore[type-arg]
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.rank == 1 and index == 2:
+            compute_for(float(os.environ.get("SLOW_S", "12")))  # decoding, augmenting
+        return torch.ones(2)
+
+
 def main() -> None:
     fault = os.environ["FAULT"]
     dist.init_process_group("gloo")
@@ -56,6 +78,13 @@ def main() -> None:
     elif fault == "loader":
         for batch in DataLoader(SlowOnRankOne(rank), batch_size=2):
             dist.all_reduce(batch)
+    elif fault == "slow-worker":
+        for batch in DataLoader(ComputesOnRankOne(rank), batch_size=2, num_workers=1):
+            dist.all_reduce(batch)
+    elif fault == "slow-step":
+        if rank == 1:
+            compute_for(float(os.environ.get("SLOW_S", "12")))
+        dist.all_reduce(torch.ones(2))
     dist.destroy_process_group()
 
 
