@@ -16,41 +16,36 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 
-class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        if self.rank == 1 and index == 2:
-            time.sleep(3600)  # a stuck file system, a dead data server
-        return torch.ones(2)
+def stuck() -> None:
+    time.sleep(3600)  # a stuck file system, a dead data server
 
 
-def compute_for(seconds: float) -> None:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+def work() -> None:
+    end = time.monotonic() + float(os.environ.get("SLOW_S", "12"))
+    while time.monotonic() < end:  # decoding, augmenting: slow, but it ends
         pass
 
 
-class ComputesOnRankOne(Dataset):  # type: ignore[type-arg]
-    def __init__(self, rank: int) -> None:
+class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
+    """Item 2 on rank 1 takes ``delay`` (sleeps or computes); the rest are instant."""
+
+    def __init__(self, rank: int, delay: Callable[[], object]) -> None:
         self.rank = rank
+        self.delay = delay
 
     def __len__(self) -> int:
         return 8
 
     def __getitem__(self, index: int) -> torch.Tensor:
         if self.rank == 1 and index == 2:
-            compute_for(float(os.environ.get("SLOW_S", "12")))  # decoding, augmenting
+            self.delay()
         return torch.ones(2)
 
 
@@ -76,14 +71,14 @@ def main() -> None:
     elif fault == "none":
         os.write(1, f"NCCLCHECK_DRY_RUN={os.environ.get('NCCLCHECK_DRY_RUN')}\n".encode())
     elif fault == "loader":
-        for batch in DataLoader(SlowOnRankOne(rank), batch_size=2):
+        for batch in DataLoader(SlowOnRankOne(rank, stuck), batch_size=2):
             dist.all_reduce(batch)
     elif fault == "slow-worker":
-        for batch in DataLoader(ComputesOnRankOne(rank), batch_size=2, num_workers=1):
+        for batch in DataLoader(SlowOnRankOne(rank, work), batch_size=2, num_workers=1):
             dist.all_reduce(batch)
     elif fault == "slow-step":
         if rank == 1:
-            compute_for(float(os.environ.get("SLOW_S", "12")))
+            work()
         dist.all_reduce(torch.ones(2))
     dist.destroy_process_group()
 
