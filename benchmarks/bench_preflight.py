@@ -53,13 +53,23 @@ def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
         "paired_ratio": [],
         "spin10_ratio": [],
         "cpu_us": [],
+        "work_in_loop_us": [],
+        "work_alone_us": [],
         "detail_plain": [],
         "detail": [],
         "flight_recorder": [],
     }
     for _ in range(repeats):
         both = run_loop("interleaved", iterations)
-        for key in ("plain", "recorder", "paired_ratio", "spin10_ratio", "cpu_us"):
+        for key in (
+            "plain",
+            "recorder",
+            "paired_ratio",
+            "spin10_ratio",
+            "cpu_us",
+            "work_in_loop_us",
+            "work_alone_us",
+        ):
             samples[key].append(both[key])
         samples["detail_plain"].append(run_loop("plain", iterations)["plain"])
         samples["detail"].append(run_loop("detail", iterations)["detail"])
@@ -95,11 +105,16 @@ def main() -> None:
     )
     print(
         f"  {'10 us busy-wait, then plain':<34}{'':>9}{median['spin10_ratio']:>9.2f}x"
-        f"   (how this machine turns work before a call into latency)"
+        f"   (a wall-clock wait: what the latency adds when work costs no more)"
     )
     print(
         f"  {'recorder work alone (no network)':<34}{median['cpu_us']:>9.1f}"
         f"{median['cpu_us'] / median['plain']:>9.2f}x   (around a collective that returns at once)"
+    )
+    print(
+        f"  {'recorder work, timed inside:':<34}{median['work_in_loop_us']:>9.1f}"
+        f"{median['work_in_loop_us'] / median['plain']:>9.2f}x   (median per call in the loop; "
+        f"{median['work_alone_us']:.1f} us alone)"
     )
     detail_ratio = median["detail"] / median["detail_plain"]
     print(
