@@ -102,7 +102,7 @@ class JobActivity:
         return taken
 
     def busy(self) -> bool:
-        """Did the job work over the last window? False until the window is covered."""
+        """Did the job work over the last window? False until half of it is sampled."""
         if len(self._samples) < 2:
             return False
         first, last = self._samples[0], self._samples[-1]
