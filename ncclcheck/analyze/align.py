@@ -101,53 +101,23 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
     return None
 
 
-def group_histories(
-    histories: Mapping[int, Sequence[CollectiveCall]],
-) -> dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]]:
-    """group -> (member ranks, rank -> that rank's calls on the group in order)."""
-    groups: dict[str, tuple[list[int], dict[int, list[CollectiveCall]]]] = {}
+def divergences(histories: Mapping[int, Sequence[CollectiveCall]]) -> list[Divergence]:
+    """The first divergence of every process group, earliest first: StreamAligner fed
+    every call at once, so whole histories and streamed ones are aligned alike."""
+    aligner = StreamAligner()
     for rank, calls in histories.items():
         for call in calls:
-            if call.op in P2P_OPS:
-                continue
-            members, per_rank = groups.setdefault(call.group, (list(call.group_ranks), {}))
-            if not members and call.group_ranks:
-                members.extend(call.group_ranks)
-            per_rank.setdefault(rank, []).append(call)
-    return groups
-
-
-def divergences(
-    histories: Mapping[int, Sequence[CollectiveCall]], ranks: list[int] | None = None
-) -> list[Divergence]:
-    """The first divergence of every process group, earliest first.
-
-    ``ranks`` are the ranks whose histories are known; members outside it (a
-    node whose traces are missing) are not held against the others.
-    """
-    known = set(histories if ranks is None else ranks)
-    found: list[Divergence] = []
-    for group, (members, per_rank) in group_histories(histories).items():
-        members = [r for r in (members or sorted(per_rank)) if r in known]
-        length = max((len(per_rank.get(r, ())) for r in members), default=0)
-        for seq in range(length):
-            calls = {r: _nth(per_rank.get(r, ()), seq) for r in members}
-            kind = compare(calls)
-            if kind is not None:
-                found.append(Divergence(group, seq, kind, members, calls))
-                break
-    return sorted(found, key=lambda d: d.earliest)
-
-
-def _nth(calls: Sequence[CollectiveCall], seq: int) -> CollectiveCall | None:
-    return calls[seq] if seq < len(calls) else None
+            aligner.add(rank, call)
+        aligner.rank_done(rank)
+    return aligner.finish(set(histories))
 
 
 class StreamAligner:
-    """divergences() for histories that arrive a call at a time (load_traces reads the
-    ranks' files in turns): a group's n-th calls are compared as soon as every member
-    has made one, and a call is held only until then. The result is the same as
-    divergences() over the whole histories."""
+    """The first divergence of every process group, for histories that arrive a call at
+    a time (load_traces reads the ranks' files in turns): a group's n-th calls are
+    compared as soon as every member has made one, and a call is held only until then.
+    Members outside ``known`` (a node whose traces are missing) are not held against
+    the others."""
 
     def __init__(self) -> None:
         self._pending: dict[str, dict[int, deque[CollectiveCall]]] = {}
@@ -165,8 +135,9 @@ class StreamAligner:
     def add(self, rank: int, call: CollectiveCall) -> None:
         if call.op in P2P_OPS or call.group in self._found:
             return
-        if call.group not in self._members:
-            self._members[call.group] = list(call.group_ranks)
+        members = self._members.setdefault(call.group, [])
+        if not members and call.group_ranks:
+            members.extend(call.group_ranks)
         self._pending.setdefault(call.group, {}).setdefault(rank, deque()).append(call)
 
     def advance(self, known: set[int]) -> None:
