@@ -74,6 +74,8 @@ class JobActivity:
                 continue
         # keep the Process objects already held: psutil checks a pid was not reused by them
         self._processes = {pid: self._processes.get(pid, process) for pid, process in found.items()}
+        # forget the exited: a reused pid starts from its own CPU time, not theirs
+        self._cpu_seen = {pid: cpu for pid, cpu in self._cpu_seen.items() if pid in found}
 
     def sample(self, now: float | None = None) -> Sample:
         now = time.monotonic() if now is None else now
