@@ -1,4 +1,7 @@
-"""Worker for bench_preflight.py: a tight loop of small gloo all_reduces, timed on rank 0.
+"""Worker for bench_preflight.py: a tight loop of small all_reduces, timed on rank 0.
+
+BENCH_BACKEND picks gloo (the default: CPU tensors) or nccl (one GPU per rank, the
+tensor on it, each timed block ended by a synchronize so that queued kernels count).
 
 Mode ``interleaved`` (the default) measures plain and recorded calls in the same
 processes, over the same connections, in alternating blocks, so that the drift
@@ -17,18 +20,33 @@ import torch
 import torch.distributed as dist
 
 
+def _no_sync() -> None:
+    return None
+
+
+SYNC = _no_sync  # torch.cuda.synchronize under nccl
+
+
 def time_block(call, value: torch.Tensor, calls: int) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
     for _ in range(calls):
         call(value)
+    SYNC()
     return (time.perf_counter() - start) / calls * 1e6
 
 
 def main() -> None:
     iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 3000
     mode = os.environ.get("BENCH_MODE", "interleaved")
-    dist.init_process_group("gloo")
-    value = torch.ones(1)
+    global SYNC
+    backend = os.environ.get("BENCH_BACKEND", "gloo")
+    dist.init_process_group(backend)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        value = torch.ones(1, device="cuda")
+        SYNC = torch.cuda.synchronize
+    else:
+        value = torch.ones(1)
     plain = dist.all_reduce
     for _ in range(300):  # warm-up: connections, allocator
         plain(value)
@@ -51,7 +69,13 @@ def main() -> None:
             plain(tensor)
 
         block = 20
-        variants = {"recorder": recorded, "spin10": spin_then_plain}
+        # The same wrapper with a recorder that writes nothing: what any recorder
+        # written in Python costs before it does any work.
+        empty = Recorder(tempfile.mkdtemp(prefix="ncclcheck-bench-"), dist.get_rank(), 5, 1, 10)
+        empty.record_call = lambda *args: None  # type: ignore[method-assign]
+        wrapper_only = empty.wrap_collective("all_reduce", plain)
+
+        variants = {"recorder": recorded, "spin10": spin_then_plain, "wrapper": wrapper_only}
         ratios: dict[str, list[float]] = {name: [] for name in variants}
         samples: dict[str, list[float]] = {"plain": [], "recorder": []}
         for pair in range(max(1, iterations // (2 * block * len(variants)))):
@@ -68,6 +92,7 @@ def main() -> None:
         result = {name: statistics.median(values) for name, values in samples.items()}
         result["paired_ratio"] = statistics.median(ratios["recorder"])
         result["spin10_ratio"] = statistics.median(ratios["spin10"])
+        result["wrapper_ratio"] = statistics.median(ratios["wrapper"])
 
         # The recorder's own work per call, without the network: the same wrapper
         # around a collective that returns at once, from the same stack depth.

@@ -24,8 +24,8 @@ REPO = HERE.parent
 LOOP = HERE / "allreduce_loop.py"
 
 
-def run_loop(mode: str, iterations: int) -> dict[str, float]:
-    env = {**os.environ, "BENCH_MODE": mode, "OMP_NUM_THREADS": "1"}
+def run_loop(mode: str, iterations: int, backend: str = "gloo", ranks: int = 2) -> dict[str, float]:
+    env = {**os.environ, "BENCH_MODE": mode, "OMP_NUM_THREADS": "1", "BENCH_BACKEND": backend}
     if mode == "detail":
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     if mode == "flight_recorder":
@@ -35,7 +35,7 @@ def run_loop(mode: str, iterations: int) -> dict[str, float]:
         "-m",
         "torch.distributed.run",
         "--standalone",
-        "--nproc-per-node=2",
+        f"--nproc-per-node={ranks}",
         str(LOOP),
         str(iterations),
     ]
@@ -44,7 +44,7 @@ def run_loop(mode: str, iterations: int) -> dict[str, float]:
     return {k: float(v) for k, v in json.loads(line[len("RESULT ") :]).items()}
 
 
-def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
+def recorder_overhead(repeats: int, iterations: int, backend: str, ranks: int) -> dict[str, list[float]]:
     """Per-call microseconds: plain and recorder from the same processes (alternating
     blocks), and plain, DETAIL and Flight Recorder runs one after the other, repeated."""
     samples: dict[str, list[float]] = {
@@ -52,6 +52,7 @@ def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
         "recorder": [],
         "paired_ratio": [],
         "spin10_ratio": [],
+        "wrapper_ratio": [],
         "cpu_us": [],
         "work_in_loop_us": [],
         "work_alone_us": [],
@@ -60,20 +61,23 @@ def recorder_overhead(repeats: int, iterations: int) -> dict[str, list[float]]:
         "flight_recorder": [],
     }
     for _ in range(repeats):
-        both = run_loop("interleaved", iterations)
+        both = run_loop("interleaved", iterations, backend, ranks)
         for key in (
             "plain",
             "recorder",
             "paired_ratio",
             "spin10_ratio",
+            "wrapper_ratio",
             "cpu_us",
             "work_in_loop_us",
             "work_alone_us",
         ):
             samples[key].append(both[key])
-        samples["detail_plain"].append(run_loop("plain", iterations)["plain"])
-        samples["detail"].append(run_loop("detail", iterations)["detail"])
-        samples["flight_recorder"].append(run_loop("flight_recorder", iterations)["flight_recorder"])
+        samples["detail_plain"].append(run_loop("plain", iterations, backend, ranks)["plain"])
+        samples["detail"].append(run_loop("detail", iterations, backend, ranks)["detail"])
+        samples["flight_recorder"].append(
+            run_loop("flight_recorder", iterations, backend, ranks)["flight_recorder"]
+        )
     return samples
 
 
@@ -87,13 +91,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=3000)
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (nccl: one GPU each)")
+    parser.add_argument("--no-verdict", action="store_true", help="skip the time-to-verdict run")
     args = parser.parse_args()
 
-    samples = recorder_overhead(args.repeats, args.iterations)
+    samples = recorder_overhead(args.repeats, args.iterations, args.backend, args.nproc)
     median = {k: statistics.median(v) for k, v in samples.items()}
     ratios = samples["paired_ratio"]
     print(
-        f"small gloo all_reduce, 2 ranks, {args.repeats} runs x {args.iterations} calls "
+        f"small {args.backend} all_reduce, {args.nproc} rank(s), "
+        f"{args.repeats} runs x {args.iterations} calls "
         f"(plain and recorded calls alternate in ABBA blocks of 20 in the same processes; "
         f"ratio = median of neighbouring blocks)"
     )
@@ -106,6 +114,10 @@ def main() -> None:
     print(
         f"  {'10 us busy-wait, then plain':<34}{'':>9}{median['spin10_ratio']:>9.2f}x"
         f"   (a wall-clock wait: what the latency adds when work costs no more)"
+    )
+    print(
+        f"  {'empty Python wrapper (no record)':<34}{'':>9}{median['wrapper_ratio']:>9.2f}x"
+        f"   (the floor of any recorder written in Python)"
     )
     print(
         f"  {'recorder work alone (no network)':<34}{median['cpu_us']:>9.1f}"
@@ -127,6 +139,8 @@ def main() -> None:
         f"   (vs the same separate plain runs)"
     )
 
+    if args.no_verdict:
+        return
     elapsed, finding = time_to_verdict()
     print("\ntime to a verdict, uneven-eval-batches repro, 4 ranks (stall timeout 15 s)")
     print(f"  preflight: {elapsed:.1f} s -> {finding['cause']} at {finding['site']}")
