@@ -13,7 +13,7 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser test test-fast demo lint preflight probe doctor bench clean
+.PHONY: help install browser test test-fast demo lint preflight probe doctor bench gpu-check clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -66,6 +66,9 @@ bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4
 	$(BIN)/python benchmarks/bench_probe.py
 	$(BIN)/python benchmarks/bench_guard.py
 	$(BIN)/python benchmarks/bench_scale.py
+
+gpu-check: $(STAMP) ## On a GPU node: preflight, probe, Flight Recorder and recorder cost on NCCL (pass a CUDA torch, see TORCH_SPEC)
+	$(BIN)/python benchmarks/gpu_check.py
 
 clean: ## Remove the venv and caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist
