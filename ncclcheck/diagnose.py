@@ -200,7 +200,10 @@ class Diagnoser:
             else:
                 state = RankStatus.EXITED if code is not None else RankStatus.RUNNING
             where = None
-            if stack is not None and stack.main is not None:
+            _error, error_site = self.exit_error(rank)
+            if error_site is not None:  # an exception's: the line the script left from
+                where = f"{self.site(error_site)} in {error_site.function}"
+            if where is None and stack is not None and stack.main is not None:
                 frame = next((f for f in stack.main.frames if _is_user(f.file)), None)
                 where = f"{self.site(frame)} in {frame.function}" if frame else None
             if where is None and last is not None and last.site is not None:
@@ -226,7 +229,9 @@ class Diagnoser:
             for phase, count in trace.calls_per_phase().items():
                 per_phase[phase] = per_phase.get(phase, 0) + count
         eval_batches = {str(r): t.eval_batches() for r, t in sorted(self.ev.traces.items())}
+        backends = sorted({t.backend for t in self.ev.traces.values() if t.backend})
         summary: dict[str, object] = {
+            "backend": ", ".join(backends) or None,
             "collectives_per_phase": per_phase,
             "eval_batches": eval_batches,
         }
@@ -387,15 +392,30 @@ class Diagnoser:
         finding.site = self.site(call.site if call else None)
         return finding
 
+    def exit_error(self, rank: int) -> tuple[str | None, Frame | None]:
+        """The first line of the error a rank's script ended with (CUDA's run to five
+        lines), and the frame of the user's code it left from."""
+        trace = self.ev.traces.get(rank)
+        ended = trace.exit if trace and trace.exit else {}
+        error = str(ended.get("error") or "")
+        raw_site = ended.get("site")
+        where = None
+        if isinstance(raw_site, list) and len(raw_site) == 3:
+            where = Frame(str(raw_site[0]), int(raw_site[1]), str(raw_site[2]))
+            error = error.removesuffix(f" at {where.file}:{where.line} in {where.function}")
+        return (_first_line(error, 200) or None), where
+
     def crashed(self, dead: list[int], divergence: Divergence | None) -> Finding:
         evidence = []
         for rank in dead:
             _how, code = self.exit_of(rank)
             trace = self.ev.traces.get(rank)
-            error = trace.exit.get("error") if trace and trace.exit else None
+            error, error_site = self.exit_error(rank)
             signal_name = _signal_name(code)
             last = trace.calls[-1] if trace and trace.calls else None
             text = f"rank {rank} ended: {error or ('exit code ' + str(code))}"
+            if error_site:
+                text += f" at {self.site(error_site)} in {error_site.function}"
             if signal_name:
                 text += f" ({signal_name})"
             evidence.append(text)
@@ -410,9 +430,17 @@ class Diagnoser:
                 site = self.site(call.site if call else None)
                 op = call.op if call else None
                 evidence.append(f"{who(survivors)} waited in {self.describe_call(call)}")
+        message = f"{who(dead)} died" + (f" while {who(survivors)} waited in {op}" if survivors else "")
+        if not survivors:
+            # No one waited at a call of the user's: the line the error left from is the site
+            # (a CUDA or NCCL set-up error on one rank, before any collective).
+            error, error_site = self.exit_error(dead[0])
+            site = self.site(error_site)
+            if error:
+                message += ": " + error
         return self.finding(
             "rank-crashed",
-            f"{who(dead)} died" + (f" while {who(survivors)} waited in {op}" if survivors else ""),
+            message,
             ranks=survivors,
             absent_ranks=dead,
             op=op,
@@ -897,3 +925,8 @@ def _is_user(path: str) -> bool:
 
 def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Report:
     return Diagnoser(evidence, catalogue).report()
+
+
+def _first_line(text: str, limit: int) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -116,7 +116,7 @@ def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
         group_ranks=[int(r) for r in record.get("group_ranks", [])],
         shapes=[list(s) for s in record.get("shapes", [])],
         dtypes=list(record.get("dtypes", [])),
-        device=str(record.get("device", "cpu")),
+        device=str(record.get("device", "")),
         async_op=bool(record.get("async", False)),
         phase=str(record.get("phase", "train")),
         site=stack[-1] if stack else None,

@@ -202,6 +202,34 @@ def test_diagnosis_of_a_dead_rank() -> None:
     assert report.verdict.value == "crash"
 
 
+def test_a_rank_that_dies_before_any_collective_is_sited_where_its_error_left(tmp_path: Path) -> None:
+    # One rank more than there are GPUs: set_device fails on rank 1 right after
+    # init_process_group, and torchrun stops rank 0 before its first collective.
+    script = str(tmp_path / "train.py")
+    error = (
+        "AcceleratorError: CUDA error: invalid device ordinal\n"
+        "GPU device may be out of range, do you have enough GPUs?\n"
+        f" at {script}:12 in main"
+    )
+    ended = {"how": "exception", "code": 1, "error": error, "site": [script, 12, "main"]}
+    report = diagnose(
+        Evidence(
+            traces={0: trace(0, []), 1: trace(1, [], exit_=ended)},
+            world_size=2,
+            rank_exits={1: 1, 0: -15},
+            first_failure=1,
+            cwd=str(tmp_path),
+        )
+    )
+    finding = report.findings[0]
+    assert (finding.cause, finding.site, finding.absent_ranks) == ("rank-crashed", "train.py:12", [1])
+    assert finding.message == "rank 1 died: AcceleratorError: CUDA error: invalid device ordinal"
+    assert "rank 1 ended: AcceleratorError: CUDA error: invalid device ordinal at train.py:12 in main" in (
+        finding.evidence
+    )
+    assert report.summary["backend"] is None  # these traces never say which backend
+
+
 def test_trace_reader_skips_a_truncated_last_line_and_rejects_garbage(tmp_path: Path) -> None:
     hello = json.dumps({"t": "hello", "rank": 0, "world_size": 2, "pid": 1, "host": "h"})
     path = tmp_path / "rank-00000.jsonl"

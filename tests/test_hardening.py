@@ -47,6 +47,12 @@ def preflight(*args: str, env: dict[str, str] | None = None):  # type: ignore[no
             "rank 1 died (SIGKILL) in or right after",
         ),
         ("segfault", "rank-crashed", None, "rank 1 died"),
+        (
+            "setup-error",
+            "rank-crashed",
+            'raise RuntimeError("CUDA error',
+            "rank 1 died: RuntimeError: CUDA error: invalid device ordinal",
+        ),
         ("exit0", "rank-early-exit", "sys.exit(0)", "rank 1 left the script early (sys.exit at"),
         ("loader", "straggler", "time.sleep(3600)", "still busy outside any collective (in its DataLoader"),
     ],
@@ -66,7 +72,11 @@ def test_a_fault_is_reported_as_what_it_was(
         assert any("SIGSEGV" in line for line in finding["evidence"])
     traces = load_traces(tmp_path)  # intact: every rank's record reads back
     assert sorted(traces) == [0, 1]
-    assert all(trace.calls for trace in traces.values())
+    if fault == "setup-error":  # the site is where the error left, as no call was made
+        assert finding["site"] == f"tests/scripts/faults.py:{line_of(fragment)}"
+        assert finding["absent_ranks"] == [1]
+    else:
+        assert all(trace.calls for trace in traces.values())
 
 
 @pytest.mark.ranks

@@ -98,6 +98,7 @@ def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report is not None and report["verdict"] == "aligned", report
     assert not [f for f in report["findings"] if f["severity"] == "error"]
+    assert report["summary"]["backend"] == "gloo"
 
 
 def test_uneven_repro_reports_exact_eval_batches() -> None:

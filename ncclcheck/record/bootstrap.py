@@ -244,21 +244,27 @@ def main() -> None:
         os._exit(0)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        recorder.exit("sys.exit", code, error=_describe_exception(exc))  # where it left
+        # where it left
+        recorder.exit("sys.exit", code, error=_describe_exception(exc), site=_exception_site(exc))
         raise
     except BaseException as exc:
-        recorder.exit("exception", 1, error=_describe_exception(exc))
+        recorder.exit("exception", 1, error=_describe_exception(exc), site=_exception_site(exc))
         raise
     finally:
         recorder.close()
 
 
-def _describe_exception(exc: BaseException) -> str:
-    where = ""
+def _exception_site(exc: BaseException) -> list[Any] | None:
+    """[file, line, function] of the innermost user frame the exception passed through."""
     for summary in reversed(traceback.extract_tb(exc.__traceback__)):
         if frames.is_user_file(summary.filename):
-            where = f" at {summary.filename}:{summary.lineno} in {summary.name}"
-            break
+            return [summary.filename, summary.lineno or 0, summary.name]
+    return None
+
+
+def _describe_exception(exc: BaseException) -> str:
+    site = _exception_site(exc)
+    where = f" at {site[0]}:{site[1]} in {site[2]}" if site else ""
     return f"{type(exc).__name__}: {exc}{where}"
 
 

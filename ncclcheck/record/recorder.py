@@ -248,7 +248,7 @@ class Recorder:
         self._noted.add(key)
         self.write({"t": record_type, "kind": kind, "site": [file, line, function], "time": time.time()})
 
-    def exit(self, how: str, code: int, error: str | None = None) -> None:
+    def exit(self, how: str, code: int, error: str | None = None, site: list[Any] | None = None) -> None:
         record: dict[str, Any] = {
             "t": "exit",
             "how": how,
@@ -259,6 +259,8 @@ class Recorder:
         }
         if error:
             record["error"] = error
+        if site:
+            record["site"] = site  # the user's line the exception left from
         if self.stop_reason:
             record["stop"] = self.stop_reason
         self.write(record)
@@ -375,7 +377,8 @@ class Recorder:
             "group_ranks": ranks,
             "shapes": [list(shape) for shape, _, _ in facts],
             "dtypes": [dtype for _, dtype, _ in facts],
-            "device": ",".join(sorted({device for _, _, device in facts})) or "cpu",
+            # from the tensors: a barrier or an object collective names none
+            "device": ",".join(sorted({device for _, _, device in facts})),
             "async": async_op,
             "phase": self._phase,
             "src": source,

@@ -7,6 +7,8 @@
 - slow-worker: rank 1's DataLoader worker computes for SLOW_S seconds (default 12),
   then the job goes on: slow, not hung
 - slow-step: rank 1 itself computes for SLOW_S seconds, then the job goes on
+- setup-error: rank 1 fails while it picks its device, before any collective (as
+  set_device does on a node with fewer GPUs than ranks); rank 0 is still setting up
 - none: no fault; each rank prints the NCCLCHECK_DRY_RUN it sees
 """
 
@@ -49,10 +51,18 @@ class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
         return torch.ones(2)
 
 
+def pick_device(rank: int) -> None:
+    if rank == 1:
+        raise RuntimeError("CUDA error: invalid device ordinal")
+    time.sleep(60)  # a slow start: torchrun stops this rank when rank 1 fails
+
+
 def main() -> None:
     fault = os.environ["FAULT"]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if fault == "setup-error":
+        pick_device(rank)
     dist.all_reduce(torch.ones(1))
     if fault == "sigkill":
         if rank == 1:
