@@ -36,7 +36,7 @@ from ncclcheck.record.recorder import (
     ENV_TRAIN_STEPS,
 )
 from ncclcheck.stacks import ProcessStack, dump_stacks
-from ncclcheck.traces import TRACE_GLOB
+from ncclcheck.traces import TRACE_GLOB, load_traces
 
 
 @dataclass
@@ -98,6 +98,7 @@ class LaunchResult:
     returncode: int | None  # torchrun's; None when the dry run was stopped
     stalled: bool = False
     stall_seconds: float = 0.0
+    stall_reason: str = ""  # why the quiet was taken for a hang, for the report
     interrupted: bool = False
     timed_out: bool = False
     elapsed: float = 0.0
@@ -194,6 +195,15 @@ def _progress_facts(trace_dir: Path) -> tuple[int, str]:
                 phase = phase or str(record.get("phase", ""))
                 break
     return most, phase
+
+
+def _records_disagree(trace_dir: Path) -> bool:
+    """Whether the traces written so far already show ranks in different calls at the
+    same position of a group (not merely some rank behind the others)."""
+    try:
+        return bool(load_traces(trace_dir, live=True).divergences)
+    except Exception:  # a file being written or removed: no verdict from it this time
+        return False
 
 
 def _all_quiet_ranks_finished(trace_dir: Path) -> bool:
@@ -308,6 +318,7 @@ def _watch(
     last_write = last_activity = time.monotonic()  # a trace grew / the job wrote or worked
     activity = JobActivity(proc.pid)
     last_report = last_sample = 0.0
+    disagreement_read_at, disagreement = -1.0, False
     while True:
         returncode = proc.poll()
         if returncode is not None:
@@ -344,16 +355,31 @@ def _watch(
             return
         # Quiet: nothing written and nothing computed. Busy without writing is forgiven
         # up to 4x the stall timeout, so a rank computing forever while the others wait
-        # in a collective (a straggler) is still caught.
+        # in a collective (a straggler) is still caught; unless the records already
+        # show the ranks in different calls: nothing a busy rank computes mends that,
+        # and a rank waiting on a GPU spins its CPU (CUDA's default sync), which
+        # would otherwise pass for work.
+        quiet = now - last_write > settings.stall_timeout
+        if quiet and disagreement_read_at != last_write:
+            disagreement_read_at = last_write  # once per quiet spell: the files are still
+            disagreement = _records_disagree(trace_dir)
         idle = now - last_activity > settings.stall_timeout
         busy_too_long = now - last_write > 4 * settings.stall_timeout
-        if (idle or busy_too_long) and _all_quiet_ranks_finished(trace_dir):
+        disagree = quiet and disagreement_read_at == last_write and disagreement
+        if (idle or busy_too_long or disagree) and _all_quiet_ranks_finished(trace_dir):
             # every rank that is still running has left distributed work behind
             # (destroyed its process group): slow, perhaps, but it cannot hang on a peer
             last_write = last_activity = now
-        elif idle or busy_too_long:
+        elif idle or busy_too_long or disagree:
             result.stalled = True
             result.stall_seconds = now - last_write
+            seconds = f"{result.stall_seconds:.0f} s"
+            if idle:
+                result.stall_reason = f"no rank wrote a record or used a CPU for {seconds}"
+            elif disagree:
+                result.stall_reason = f"no rank wrote a record for {seconds}, and their records disagree"
+            else:
+                result.stall_reason = f"no rank wrote a record for {seconds}, though some kept a CPU busy"
             pids = _rank_pids(trace_dir)
             by_pid = dump_stacks(list(pids.values()), timeout=10.0)
             result.stacks = {rank: by_pid[pid] for rank, pid in pids.items() if pid in by_pid}

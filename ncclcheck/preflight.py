@@ -211,7 +211,8 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
     if launch.interrupted:
         return "interrupted: the dry run was stopped at the user's request"
     if launch.stalled:
-        return f"hang: no rank made progress for {launch.stall_seconds:.0f} s; stacks captured, job stopped"
+        why = launch.stall_reason or f"no rank made progress for {launch.stall_seconds:.0f} s"
+        return f"hang: {why}; stacks captured, job stopped"
     if launch.timed_out:
         return "stopped: the dry run reached its total time limit"
     stops = {str(t.exit.get("stop")) for t in traces.values() if t.exit and t.exit.get("stop")}

@@ -386,13 +386,17 @@ def _read_trace(
     return trace
 
 
-def load_traces(folder: Path) -> Traces:
+def load_traces(folder: Path, live: bool = False) -> Traces:
     """All rank traces below ``folder`` (one file per rank, from one or several nodes).
 
     The files are read in turns, a few hundred calls of each at a time, and the
     calls aligned as they arrive (StreamAligner): what is held is the calls some
     rank has made and another not yet, plus windows of each history (CallWindow),
     so memory stays flat however long the run was.
+
+    ``live``: the ranks may still be running. A rank's history ends at the end of its
+    file only if it wrote its exit; ``divergences`` holds only the positions where the
+    ranks made different calls, not those some rank has not reached yet.
     """
     if not folder.is_dir():
         raise InputError(f"{folder}: no such trace folder")
@@ -428,7 +432,8 @@ def load_traces(folder: Path) -> Traces:
                 except StopIteration as done:
                     readers.remove((path, reader))
                     done_by_path[path] = done.value
-                    aligner.rank_done(done.value.rank)
+                    if not live or done.value.exit is not None:
+                        aligner.rank_done(done.value.rank)
                 except OSError as exc:
                     raise InputError(f"{path}: cannot read trace file ({exc.strerror})") from None
             aligner.advance(set(windows))
@@ -439,7 +444,7 @@ def load_traces(folder: Path) -> Traces:
         if rank in windows and trace.calls is windows[rank]:
             trace.call_count = windows[rank].calls_read
             trace.phase_counts = dict(windows[rank].phases)
-    traces.divergences = aligner.finish(set(traces))
+    traces.divergences = aligner.found() if live else aligner.finish(set(traces))
     return traces
 
 

@@ -402,3 +402,34 @@ def test_flight_recorder_is_off_without_its_buffer_and_pickles_are_never_unpickl
     assert dump["format"] == "pickle" and "fr_trace" in dump["note"]
     assert not marker.exists()
     assert flight_recorder.read_dump(str(tmp_path / "missing")) == {}
+
+
+def _write_rank(folder: Path, rank: int, calls: list[tuple[str, int]], exited: bool = False) -> None:
+    """A trace file of ``calls`` (op, line) on the default group of 2 ranks."""
+    lines = [json.dumps({"t": "hello", "rank": rank, "world_size": 2, "pid": 10 + rank, "host": "h"})]
+    for n, (op, line) in enumerate(calls):
+        record = {"t": "call", "n": n + 1, "seq": n, "time": n + 0.5, "op": op, "group": "0"}
+        record.update({"group_ranks": [0, 1], "shapes": [[2]], "dtypes": ["float32"]})
+        lines.append(json.dumps({**record, "stack": [["train.py", line, "main"]]}))
+    if exited:
+        lines.append(json.dumps({"t": "exit", "how": "returned", "code": 0, "time": 9.0}))
+    (folder / f"rank-{rank:05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    ("rank1_calls", "rank1_exited", "expected"),
+    [
+        ([("all_reduce", 5)], False, None),  # only behind: a straggler, not a divergence
+        ([("all_reduce", 5), ("barrier", 9)], False, Mismatch.OP),  # rank 0 all_reduces at 7
+        ([("all_reduce", 5)], True, Mismatch.MISSING),  # it left: it will never make the call
+    ],
+)
+def test_live_traces_tell_ranks_that_parted_from_ranks_that_are_behind(
+    tmp_path: Path, rank1_calls: list[tuple[str, int]], rank1_exited: bool, expected: Mismatch | None
+) -> None:
+    _write_rank(tmp_path, 0, [("all_reduce", 5), ("all_reduce", 7)])
+    _write_rank(tmp_path, 1, rank1_calls, exited=rank1_exited)
+    found = load_traces(tmp_path, live=True).divergences
+    assert [d.kind for d in found or []] == ([expected] if expected else [])
+    # read as a finished run, a rank behind is missing its call
+    assert [d.kind for d in load_traces(tmp_path).divergences or []] == [expected or Mismatch.MISSING]

@@ -80,6 +80,22 @@ def test_a_fault_is_reported_as_what_it_was(
 
 
 @pytest.mark.ranks
+def test_ranks_that_spin_while_their_records_disagree_are_hung_without_waiting_longer() -> None:
+    # Busy CPUs forgive quiet up to 4x the stall timeout; records that already show
+    # rank 0 in all_reduce and rank 1 in the barrier do not need the wait.
+    result, report = preflight(str(FAULTS), env={"FAULT": "spinning-hang"})
+    assert result.returncode == 1, result.output[-3000:]
+    assert report["verdict"] == "hang"
+    assert "their records disagree" in report["summary"]["stopped"], report["summary"]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-conditional-collective",
+        [0],
+        [1],
+    )
+
+
+@pytest.mark.ranks
 @pytest.mark.parametrize("fault", ["slow-worker", "slow-step"])
 def test_a_rank_that_computes_past_the_stall_timeout_is_not_hung(fault: str) -> None:
     # 12 s of work on rank 1 (its DataLoader worker's, or its own) against a 6 s stall

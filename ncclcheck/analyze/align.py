@@ -145,11 +145,16 @@ class StreamAligner:
         for group in list(self._pending):
             self._compare(group, known, final=False)
 
+    def found(self) -> list[Divergence]:
+        """The divergences found so far, earliest first: ranks that are only behind are
+        not among them (their calls are compared once they make them)."""
+        return sorted(self._found.values(), key=lambda d: d.earliest)
+
     def finish(self, known: set[int]) -> list[Divergence]:
         """After the last call of every rank: a member with no call left is missing it."""
         for group in list(self._pending):
             self._compare(group, known, final=True)
-        return sorted(self._found.values(), key=lambda d: d.earliest)
+        return self.found()
 
     def _compare(self, group: str, known: set[int], final: bool) -> None:
         pending = self._pending[group]

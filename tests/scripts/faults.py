@@ -9,6 +9,8 @@
 - slow-step: rank 1 itself computes for SLOW_S seconds, then the job goes on
 - setup-error: rank 1 fails while it picks its device, before any collective (as
   set_device does on a node with fewer GPUs than ranks); rank 0 is still setting up
+- spinning-hang: rank 0 alone all_reduces, rank 1 goes on to the barrier, and a
+  thread of each rank keeps a CPU busy, as a rank waiting on a GPU does (CUDA spins)
 - none: no fault; each rank prints the NCCLCHECK_DRY_RUN it sees
 """
 
@@ -51,6 +53,11 @@ class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
         return torch.ones(2)
 
 
+def spin() -> None:
+    while True:  # cudaStreamSynchronize's default wait, in Python
+        pass
+
+
 def pick_device(rank: int) -> None:
     if rank == 1:
         raise RuntimeError("CUDA error: invalid device ordinal")
@@ -78,6 +85,11 @@ def main() -> None:
         if rank == 1:
             sys.exit(0)
         dist.all_reduce(torch.ones(2))
+    elif fault == "spinning-hang":
+        threading.Thread(target=spin, daemon=True).start()
+        if rank == 0:
+            dist.all_reduce(torch.ones(2))
+        dist.barrier()
     elif fault == "none":
         os.write(1, f"NCCLCHECK_DRY_RUN={os.environ.get('NCCLCHECK_DRY_RUN')}\n".encode())
     elif fault == "loader":
