@@ -200,6 +200,12 @@ def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
         [0],
         [1],
     )
+    # the device comes from the tensors: the barrier has none
+    calls = [call for trace in load_traces(tmp_path).values() for call in trace.calls]
+    assert {(call.op, call.device) for call in calls if call.op in ("all_reduce", "barrier")} == {
+        ("all_reduce", "cpu"),
+        ("barrier", ""),
+    }
 
 
 # -- no process outlives preflight ------------------------------------------------------
