@@ -244,28 +244,30 @@ def main() -> None:
         os._exit(0)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        # where it left
-        recorder.exit("sys.exit", code, error=_describe_exception(exc), site=_exception_site(exc))
+        error, site = _describe_exception(exc)  # where it left
+        recorder.exit("sys.exit", code, error=error, site=site)
         raise
     except BaseException as exc:
-        recorder.exit("exception", 1, error=_describe_exception(exc), site=_exception_site(exc))
+        error, site = _describe_exception(exc)
+        recorder.exit("exception", 1, error=error, site=site)
         raise
     finally:
         recorder.close()
 
 
-def _exception_site(exc: BaseException) -> list[Any] | None:
-    """[file, line, function] of the innermost user frame the exception passed through."""
-    for summary in reversed(traceback.extract_tb(exc.__traceback__)):
-        if frames.is_user_file(summary.filename):
-            return [summary.filename, summary.lineno or 0, summary.name]
-    return None
-
-
-def _describe_exception(exc: BaseException) -> str:
-    site = _exception_site(exc)
+def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
+    """The error as text (type, message, and where it left the user's code) and that
+    place as [file, line, function]: the innermost user frame it passed through."""
+    site = next(
+        (
+            [summary.filename, summary.lineno or 0, summary.name]
+            for summary in reversed(traceback.extract_tb(exc.__traceback__))
+            if frames.is_user_file(summary.filename)
+        ),
+        None,
+    )
     where = f" at {site[0]}:{site[1]} in {site[2]}" if site else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f"{type(exc).__name__}: {exc}{where}", site
 
 
 if __name__ == "__main__":
