@@ -2,9 +2,10 @@
 
 The ranks are torchrun's own (its rendezvous, its agent); each runs
 ``ncclcheck.record.bootstrap`` in front of the user's script. The watchdog
-declares a hang when no rank has written anything, and no process of the job
-has computed (``activity``), for ``stall_timeout`` seconds, or when nothing has
-been written for 4x that, busy or not; it captures every rank's stack then, and
+declares a hang when no rank has written anything for ``stall_timeout`` seconds
+and either no process of the job has computed in that time (``activity``) or the
+traces written so far already show ranks in different calls; or when nothing has
+been written for 4x that, busy or not. It captures every rank's stack then, and
 stops the job. Whatever the outcome, every process the dry run started is gone
 when ``run_dry`` returns.
 """
@@ -370,7 +371,7 @@ def _watch(
             disagreement = size[1] <= _LIVE_READ_MAX_BYTES and _records_disagree(trace_dir)
         idle = now - last_activity > settings.stall_timeout
         busy_too_long = now - last_write > 4 * settings.stall_timeout
-        disagree = quiet and disagreement_read_at == last_write and disagreement
+        disagree = quiet and disagreement  # read above for this quiet spell
         if (idle or busy_too_long or disagree) and _all_quiet_ranks_finished(trace_dir):
             # every rank that is still running has left distributed work behind
             # (destroyed its process group): slow, perhaps, but it cannot hang on a peer
