@@ -156,7 +156,11 @@ def run(argv: list[str], timeout: float, env: dict[str, str] | None = None) -> t
             text=True,
             timeout=timeout,
             cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                **(env or {}),
+            },
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
