@@ -467,6 +467,13 @@ class Diagnoser:
             "eval batches per rank: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items())),
         ]
         for loader_pass in {p.loader: p for p in passes}.values():
+            if loader_pass.iterable:
+                # No sampler applies: the playbook's DistributedSampler fix does not either.
+                evidence.append(
+                    f"eval loader {loader_pass.loader}: dataset {loader_pass.dataset} is an "
+                    "IterableDataset (it shards itself; no sampler applies)"
+                )
+                continue
             evidence.append(
                 f"eval loader {loader_pass.loader}: sampler {loader_pass.sampler}, "
                 f"dataset {loader_pass.dataset}"
@@ -820,7 +827,8 @@ class Diagnoser:
             loaders: dict[str, set[str]] = {}
             for trace in self.ev.traces.values():
                 for loader_pass in trace.eval_passes:
-                    if not loader_pass.distributed_sampler:
+                    # an IterableDataset shards itself: no sampler to name
+                    if not loader_pass.distributed_sampler and not loader_pass.iterable:
                         loaders.setdefault(loader_pass.loader, set()).add(str(loader_pass.sampler))
             overlap = self.eval_samples_overlap()
             for loader, samplers in sorted(loaders.items()):

@@ -36,6 +36,7 @@ class LoaderPass:
     batches: int = 0
     exhausted: bool | None = None  # None: the pass never ended
     sample_ids: list[int] | None = None
+    iterable: bool = False  # an IterableDataset: it shards itself, no sampler can
 
 
 @dataclass
@@ -268,6 +269,7 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         dataset=record.get("dataset"),
         batches=int(record.get("batches", 0)),
         sample_ids=record.get("sample_ids"),
+        iterable=bool(record.get("iterable", False)),
     )
 
 

@@ -112,6 +112,26 @@ def test_uneven_repro_reports_exact_eval_batches() -> None:
     assert warnings["missing-distributed-sampler"]["severity"] == "warning"
 
 
+def test_self_sharding_iterable_eval_set_is_counted_and_diagnosed() -> None:
+    # The loader of an IterableDataset has a sampler that yields None forever and no
+    # len(): the recorder must count its batches without reading indices from it.
+    script = SCRIPTS / "eval_iterable_uneven.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["verdict"] == "hang"
+    assert [r["eval_batches"] for r in report["ranks"]] == [3, 2]
+    finding = report["findings"][0]
+    assert finding["cause"] == "uneven-eval-batches", finding
+    line = _line(script, "dist.all_reduce(loss)")
+    assert finding["site"] == f"tests/scripts/eval_iterable_uneven.py:{line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    evidence = "\n".join(finding["evidence"])
+    assert "eval loader val_loader: dataset RankStream is an IterableDataset" in evidence
+    # no sampler to blame: a stream has none
+    assert "missing-distributed-sampler" not in {f["cause"] for f in report["findings"]}
+    assert not leftover_ranks(str(script))
+
+
 def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -> None:
     project = SCRIPTS / "helper_project"
     proc, report = preflight("--nproc-per-node=2", "train.py", cwd=project)

@@ -27,6 +27,7 @@ import itertools
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -34,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ncclcheck.record.frames import framework_name, is_user_code, user_frames
+from ncclcheck.record.frames import framework_name, is_user_code, is_user_file, user_frames
 
 # Every public collective and p2p operation of torch.distributed that a user or
 # a library calls through the module. Object collectives call tensor
@@ -413,7 +414,6 @@ class Recorder:
 
     def wrap_collective(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         import inspect
-        import sys
 
         try:
             params = list(inspect.signature(fn).parameters)
@@ -467,8 +467,6 @@ class Recorder:
 
     def ddp_hook(self, model: Any, bucket: Any) -> Any:
         """A comm hook that records the bucket, then does what DDP would have done."""
-        import sys
-
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         buffer = bucket.buffer()
@@ -642,27 +640,29 @@ class _TrackedIterator:
         return "eval" if any(hint in lowered for hint in _EVAL_NAME_HINTS) else "train"
 
     def facts(self) -> dict[str, Any]:
+        from torch.utils.data import IterableDataset
         from torch.utils.data.distributed import DistributedSampler
 
         loader = self._loader
         sampler = getattr(loader, "sampler", None)
         batch_sampler = getattr(loader, "batch_sampler", None)
         inner_sampler = getattr(batch_sampler, "sampler", None)
+        dataset = getattr(loader, "dataset", None)
         # DistributedSampler, or a framework's own sharding (accelerate's
-        # BatchSamplerShard / IterableDatasetShard, DistributedBatchSampler, ...)
+        # BatchSamplerShard / IterableDatasetShard, DistributedBatchSampler, ...),
+        # which evens the shards out; a class of the user's own named "Shard" is the
+        # hand-made split this looks for, not one of those.
         distributed = (
             isinstance(sampler, DistributedSampler)
             or isinstance(inner_sampler, DistributedSampler)
             or any(
-                "Shard" in type(part).__name__ or "Distributed" in type(part).__name__
-                for part in (sampler, batch_sampler, getattr(loader, "dataset", None))
+                ("Shard" in type(part).__name__ or "Distributed" in type(part).__name__)
+                and not _defined_in_user_code(type(part))
+                for part in (sampler, batch_sampler, dataset)
                 if part is not None
             )
         )
-        try:
-            length: int | None = len(loader)
-        except TypeError:
-            length = None
+        length = self._safe_len()
         return {
             "loader": self.name,
             "pass": self.pass_index,
@@ -671,7 +671,9 @@ class _TrackedIterator:
             "len": length,
             "sampler": type(sampler).__name__ if sampler is not None else None,
             "distributed_sampler": distributed,
-            "dataset": type(getattr(loader, "dataset", None)).__name__,
+            "dataset": type(dataset).__name__,
+            # no sampler shards an IterableDataset: its own __iter__ splits the stream
+            "iterable": isinstance(dataset, IterableDataset),
             "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
         }
 
@@ -703,9 +705,11 @@ class _TrackedIterator:
         return batch
 
     def _safe_len(self) -> int | None:
+        # TypeError for a dataset without __len__; a user's __len__ may raise anything,
+        # and the recorder must not raise into the loop it watches.
         try:
             return len(self._loader)
-        except TypeError:
+        except Exception:
             return None
 
     def _end(self, exhausted: bool) -> None:
@@ -714,25 +718,33 @@ class _TrackedIterator:
             self._recorder.pass_ended(self, exhausted)
 
 
+def _defined_in_user_code(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    filename = getattr(module, "__file__", None)
+    return cls.__module__ == "__main__" or (isinstance(filename, str) and is_user_file(filename))
+
+
 def _sample_ids(loader: Any, limit: int = 256) -> list[int] | None:
     """The first dataset indices this rank's eval loader visits, for overlap checks.
 
     Only for samplers that need no random state (iterating a RandomSampler would
-    change the script's random numbers).
+    change the script's random numbers), and not for an IterableDataset: its loader's
+    sampler yields None forever, the dataset shards itself. Never raises: a sampler
+    of the user's own that yields something else than indices gives None.
     """
-    from torch.utils.data import RandomSampler, Subset
+    from torch.utils.data import IterableDataset, RandomSampler, Subset
 
     sampler = getattr(loader, "sampler", None)
-    if sampler is None or isinstance(sampler, RandomSampler):
+    dataset = getattr(loader, "dataset", None)
+    if sampler is None or isinstance(sampler, RandomSampler) or isinstance(dataset, IterableDataset):
         return None
     if getattr(sampler, "shuffle", False) and not hasattr(sampler, "seed"):
         return None
     try:
-        indices = list(itertools.islice(iter(sampler), limit))
+        indices = [int(i) for i in itertools.islice(iter(sampler), limit)]
+        while isinstance(dataset, Subset):
+            indices = [int(dataset.indices[i]) for i in indices]
+            dataset = dataset.dataset
     except Exception:
         return None
-    dataset = getattr(loader, "dataset", None)
-    while isinstance(dataset, Subset):
-        indices = [int(dataset.indices[i]) for i in indices]
-        dataset = dataset.dataset
-    return [int(i) for i in indices]
+    return indices
