@@ -55,6 +55,18 @@ def relative(path: str, cwd: str) -> str:
     return path if rel.startswith("..") else rel
 
 
+# Collectives a user never wrote, named for what issued them.
+# DDP broadcasts rank 0's parameters when it is built and its buffers (BatchNorm's
+# running stats) at every forward() with broadcast_buffers=True, in eval too.
+_OP_ORIGINS = {"_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0"}
+
+
+def op_text(call: CollectiveCall) -> str:
+    """The op as a finding names it: DDP's internal broadcast says what it is."""
+    origin = _OP_ORIGINS.get(call.op)
+    return f"{call.op} ({origin})" if origin else call.op
+
+
 class Diagnoser:
     def __init__(self, evidence: Evidence, catalogue: Catalogue | None = None) -> None:
         self.ev = evidence
@@ -82,7 +94,7 @@ class Diagnoser:
             ran_in = call.later.ran_in
             inside = f", inside {ran_in.function}() at {self.site(ran_in)}" if ran_in else ""
             later = f"; {call.later.by} ran it later for {call.later.request}{inside}"
-        return f"{call.op}{via}{tensors} at {where} in {function}() ({call.phase}{step}{later})"
+        return f"{op_text(call)}{via}{tensors} at {where} in {function}() ({call.phase}{step}{later})"
 
     def exit_of(self, rank: int) -> tuple[str, int | None]:
         """How a rank ended: ("running"|"returned"|"dry-run-complete"|"exception"|"killed", code)."""
@@ -489,7 +501,7 @@ class Diagnoser:
         return self.finding(
             cause,
             f"eval loaders yield different numbers of batches per rank; "
-            f"{who(inside)} made a per-batch {call.op} that "
+            f"{who(inside)} made a per-batch {op_text(call)} that "
             f"{who(outside)} never made",
             ranks=inside,
             absent_ranks=outside,
@@ -522,7 +534,7 @@ class Diagnoser:
         step = earlier.position or {}
         evidence = [
             *evidence,
-            f"{who(skipped)} made no {earlier.op} at "
+            f"{who(skipped)} made no {op_text(earlier)} at "
             f"{self.site(site)} for {step.get('loader')} batch {step.get('batch')}",
         ]
         cause, reason = "data-dependent-branch", ""
@@ -559,7 +571,7 @@ class Diagnoser:
             evidence.append(reason)
         return self.finding(
             cause,
-            f"{who(skipped)} skipped the {earlier.op} at {self.site(site)} for one "
+            f"{who(skipped)} skipped the {op_text(earlier)} at {self.site(site)} for one "
             f"step ({step.get('loader')} batch {step.get('batch')}); their later calls pair with "
             f"the other ranks' earlier ones",
             ranks=did,
@@ -650,8 +662,9 @@ class Diagnoser:
                         )
                         return self.finding(
                             "rank-conditional-collective",
-                            f"only {who(side_made)} reached {side_call.op} at {self.site(side_call.site)}"
-                            f" in {side_call.site.function if side_call.site else '?'}(), under "
+                            f"only {who(side_made)} reached {op_text(side_call)} at "
+                            f"{self.site(side_call.site)} in "
+                            f"{side_call.site.function if side_call.site else '?'}(), under "
                             f"`if {guard.text}`; {who(side_other)} never called it",
                             ranks=side_made,
                             absent_ranks=side_other,
@@ -682,7 +695,7 @@ class Diagnoser:
                     cause,
                     f"{who(other)} left {frame.function}() early through the "
                     f"`{guard.statement}` at {self.site(Frame(frame.file, guard.line, ''))} and "
-                    f"missed the {call.op} at {self.site(call.site)} that "
+                    f"missed the {op_text(call)} at {self.site(call.site)} that "
                     f"{who(made)} waited in",
                     ranks=made,
                     absent_ranks=other,
@@ -710,7 +723,7 @@ class Diagnoser:
         # 4. nothing in the source explains it: report the place, plainly
         return self.finding(
             "rank-conditional-collective",
-            f"{who(made)} called {call.op} at {self.site(call.site)}; "
+            f"{who(made)} called {op_text(call)} at {self.site(call.site)}; "
             f"{who(other)} did something else at that point",
             ranks=made,
             absent_ranks=other,

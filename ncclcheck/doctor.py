@@ -46,6 +46,16 @@ from ncclcheck.stacks import ProcessStack, dump_stacks
 
 # the torch.distributed functions a rank can wait in (what the recorder wraps)
 _COLLECTIVE_NAMES = frozenset(COLLECTIVES) | frozenset(P2P)
+# DDP's own broadcasts: the C++ _broadcast_coalesced shows no Python frame, the
+# method that calls it does. (file fragment, function) -> what the rank waits in.
+_DDP_BROADCASTS = {
+    ("torch/nn/parallel/distributed.py", "_distributed_broadcast_coalesced"): (
+        "_broadcast_coalesced (DDP's broadcast of buffers from rank 0, in forward())"
+    ),
+    ("torch/distributed/utils.py", "_sync_params_and_buffers"): (
+        "_broadcast_coalesced (DDP's broadcast of parameters from rank 0, as it is built)"
+    ),
+}
 
 
 @dataclass
@@ -165,6 +175,11 @@ def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
             return (frame.function, True)
         if frame.function == "_engine_run_backward":
             return ("all_reduce (DDP gradient buckets, in backward)", True)
+        path = frame.file.replace("\\", "/")
+        for (fragment, function), what in _DDP_BROADCASTS.items():
+            # py-spy qualifies methods with their class
+            if path.endswith(fragment) and frame.function.rsplit(".", 1)[-1] == function:
+                return (what, True)
     for frame in main.frames:
         if "torch/utils/data/" in frame.file:
             return ("DataLoader", False)
@@ -644,6 +659,10 @@ def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[s
             if not shared:
                 continue
             here, there = inside.frames[len(shared) - 1], outside.frames[len(shared) - 1]
+            if _rank_branch_apart(here, there.line):
+                # `if rank == 0: evaluate(...)`: the others never entered the loop below;
+                # the source-reading diagnosis names the branch
+                return None
             # the shared function's loops that the other side is outside of, then the
             # loops of the functions below it, which the other side has left entirely
             candidates = [(here, there.line)] + [(f, None) for f in inside.frames[len(shared) :]]
@@ -661,6 +680,18 @@ def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[s
                     return None  # a break or return decided: the source-reading diagnosis says which
                 return _loop_finding(inside, outside, frame, loops[0], diagnoser, evidence)
     return None
+
+
+def _rank_branch_apart(frame: Frame, other_line: int) -> bool:
+    """Whether a rank test encloses ``frame``'s line but not ``other_line`` (same function)."""
+    for node in source.enclosing_chain(frame.file, frame.line):
+        if (
+            isinstance(node, ast.If)
+            and not source.contains(node, other_line)
+            and source.condition_kind(frame.file, node.test) == source.RANK
+        ):
+            return True
+    return False
 
 
 def _loop_finding(

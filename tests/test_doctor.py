@@ -172,6 +172,21 @@ def test_collective_hidden_in_a_helper_module() -> None:
     assert any("`if is_main`" in line for line in finding["evidence"])
 
 
+def test_rank0_stuck_in_ddp_buffer_broadcast_is_a_rank_conditional_collective() -> None:
+    # Rank 0 evaluates alone through DDP: its stack ends in DDP's forward(), whose C++
+    # broadcast shows no frame; rank 1 waits in the barrier after the `if`.
+    script = SCRIPTS / "ddp_buffers_rank0_eval.py"
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "BatchNorm buffers" in text)
+    assert finding["site"] == f"tests/scripts/ddp_buffers_rank0_eval.py:{line}"
+    assert finding["op"].startswith("_broadcast_coalesced (DDP's broadcast of buffers")
+    assert any("`if dist.get_rank() == 0`" in e for e in finding["evidence"])
+
+
 def test_a_single_python_process_is_not_a_distributed_job() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
     try:

@@ -132,6 +132,23 @@ def test_self_sharding_iterable_eval_set_is_counted_and_diagnosed() -> None:
     assert not leftover_ranks(str(script))
 
 
+def test_rank0_only_eval_through_ddp_hangs_on_its_buffer_broadcast() -> None:
+    # No collective in the user's evaluate(): DDP's forward() broadcasts BatchNorm's
+    # buffers, and the finding must say what that call is and where forward() ran.
+    script = SCRIPTS / "ddp_buffers_rank0_eval.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert finding["op"] == "_broadcast_coalesced"
+    line = _line(script, "DDP broadcasts the BatchNorm buffers")
+    assert finding["site"] == f"tests/scripts/ddp_buffers_rank0_eval.py:{line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "DDP's broadcast of parameters and buffers" in finding["message"]
+    assert "`if dist.get_rank() == 0`" in finding["message"]
+    assert not leftover_ranks(str(script))  # the ranks and their loader workers
+
+
 def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -> None:
     project = SCRIPTS / "helper_project"
     proc, report = preflight("--nproc-per-node=2", "train.py", cwd=project)
