@@ -106,7 +106,7 @@ class _Module:
     methods: dict[tuple[str, str], _Function] = field(default_factory=dict)
     libraries: set[str] = field(default_factory=set)  # top-level packages imported
     wraps_ddp: bool = False  # the module wraps a model in DistributedDataParallel
-    ddp_names: set[str] = field(default_factory=set)  # module-wide names bound to DDP(...)
+    ddp_names: set[str] = field(default_factory=set)  # bound to DDP(...) whose forward() may broadcast
     shards_parameters: bool = False  # FSDP or DeepSpeed ZeRO: every forward gathers shards
     ignores: dict[int, set[str] | None] = field(default_factory=dict)  # line -> causes (None: all)
     all_nodes: list[ast.AST] = field(default_factory=list)  # one walk of the whole tree, reused
@@ -123,8 +123,9 @@ class Linter:
     def __init__(self) -> None:
         self.modules: dict[Path, _Module] = {}
         self.modules_by_tree: dict[int, _Module] = {}
-        self._collective_of: dict[int, _Collective | None] = {}  # id(function node) -> result
-        self._in_progress: set[int] = set()
+        # (id(function node), its DDP parameters) -> the first collective it reaches
+        self._collective_of: dict[tuple[int, frozenset[str]], _Collective | None] = {}
+        self._in_progress: set[tuple[int, frozenset[str]]] = set()
         self._local_number: dict[int, bool] = {}  # id(function node) -> returns a rank-local number
         self._variable_size: dict[int, bool] = {}  # id(function node) -> returns a data-sized tensor
         self._nodes: dict[int, list[ast.AST]] = {}  # id(scope) -> its nodes, nested defs left out
@@ -225,7 +226,10 @@ class Linter:
         module.shards_parameters = "deepspeed" in module.libraries or any(
             word in text for word in ("FullyShardedDataParallel", "fully_shard(", "zero_stage", "stage3")
         )
-        module.wraps_ddp = bool(module.ddp_names) or "DistributedDataParallel(" in "\n".join(module.lines)
+        # backward() all-reduces gradients whatever the model holds
+        module.wraps_ddp = bool(_ddp_names(module.all_nodes, forward_communicates=False)) or (
+            "DistributedDataParallel(" in text
+        )
 
     def _index_definitions(self, module: _Module, node: ast.stmt, class_name: str | None) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -307,7 +311,7 @@ class Linter:
             return None
         if target is None:
             return None
-        inner = self.collective_of_function(target)
+        inner = self.collective_of_function(target, _ddp_parameters(call, target, ddp_names))
         if inner is None:
             return None
         here = f"{_relative(module.path)}:{call.lineno}"
@@ -385,18 +389,26 @@ class Linter:
                     return source.functions[func.attr][0]
         return None
 
-    def collective_of_function(self, function: _Function) -> _Collective | None:
-        """The first collective a call to ``function`` reaches, whatever the branches."""
-        key = id(function.node)
+    def collective_of_function(
+        self, function: _Function, ddp_parameters: frozenset[str] = frozenset()
+    ) -> _Collective | None:
+        """The first collective a call to ``function`` reaches, whatever the branches.
+
+        ``ddp_parameters``: its parameters that this call binds to a DDP-wrapped model
+        (``evaluate(model, loader)``), whose forward then communicates as the caller's would.
+        """
+        key = (id(function.node), ddp_parameters)
         if key in self._collective_of:
             return self._collective_of[key]
         if key in self._in_progress:
             return None  # recursion: the first visit decides
         self._in_progress.add(key)
         found: _Collective | None = None
-        ddp_names = self.ddp_names_of(function.node)
+        ddp_names = self.ddp_names_of(function.node) | ddp_parameters
         for call in _calls_in(function.node):
-            found = self.collective_of_call(call, function.module, function, ddp_names)
+            this = self.collective_of_call(call, function.module, function, ddp_names)
+            if this is not None and (found is None or this.certain):
+                found = this  # the first collective; a certain one over a DDP forward
             if found is not None and found.certain:
                 break
         self._in_progress.discard(key)
@@ -687,15 +699,72 @@ def _iterated_or_passed(module: _Module, linter: Linter) -> set[str]:
     return names
 
 
-def _ddp_names(nodes: Iterable[ast.AST]) -> set[str]:
-    """Names bound to ``DDP(...)`` / ``DistributedDataParallel(...)`` among ``nodes``."""
+def _ddp_parameters(call: ast.Call, target: _Function, ddp_names: set[str]) -> frozenset[str]:
+    """The parameters of ``target`` that ``call`` passes a DDP-wrapped model to, by name."""
+    if not ddp_names:
+        return frozenset()
+    arguments = target.node.args
+    positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+    if target.class_name is not None and isinstance(call.func, ast.Attribute) and positional:
+        positional = positional[1:]  # self.evaluate(model): self is bound already
+    found: set[str] = set()
+    for name, value in zip(positional, call.args, strict=False):
+        if isinstance(value, ast.Name) and value.id in ddp_names:
+            found.add(name)
+    keywords = set(positional) | {a.arg for a in arguments.kwonlyargs}
+    for keyword in call.keywords:
+        if keyword.arg in keywords and isinstance(keyword.value, ast.Name) and keyword.value.id in ddp_names:
+            found.add(keyword.arg)
+    return frozenset(found)
+
+
+# Layers that register no buffer: a DDP model made of these alone broadcasts nothing
+# at forward(). (BatchNorm's running statistics are the buffers that matter.)
+_BUFFERLESS_LAYERS = frozenset(
+    {
+        "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+        "Embedding", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "Dropout1d", "Dropout2d",
+        "ReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "LeakyReLU", "Softmax", "LogSoftmax",
+        "Flatten", "Identity", "MultiheadAttention", "MaxPool1d", "MaxPool2d", "AvgPool1d",
+        "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
+    }
+)  # fmt: skip
+
+
+def _callee_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _forward_broadcasts(ddp_call: ast.Call) -> bool:
+    """Whether this DDP model's forward() may broadcast buffers: not with
+    ``broadcast_buffers=False``, nor for an inline stack of buffer-free layers."""
+    for keyword in ddp_call.keywords:
+        if keyword.arg == "broadcast_buffers" and isinstance(keyword.value, ast.Constant):
+            return bool(keyword.value.value)
+    wrapped = ddp_call.args[0] if ddp_call.args else None
+    if isinstance(wrapped, ast.Call) and _callee_name(wrapped) in _BUFFERLESS_LAYERS:
+        return False
+    if isinstance(wrapped, ast.Call) and _callee_name(wrapped) == "Sequential" and wrapped.args:
+        return not all(
+            isinstance(layer, ast.Call) and _callee_name(layer) in _BUFFERLESS_LAYERS
+            for layer in wrapped.args
+        )
+    return True  # a model of the user's own: it may hold buffers
+
+
+def _ddp_names(nodes: Iterable[ast.AST], forward_communicates: bool = True) -> set[str]:
+    """Names bound to ``DDP(...)`` / ``DistributedDataParallel(...)`` among ``nodes``; with
+    ``forward_communicates``, only those whose forward() may (see _forward_broadcasts)."""
     names: set[str] = set()
     for node in nodes:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            func = node.value.func
-            callee = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if callee in ("DDP", "DistributedDataParallel"):
-                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and _callee_name(node.value) in ("DDP", "DistributedDataParallel")
+            and (not forward_communicates or _forward_broadcasts(node.value))
+        ):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     return names
 
 

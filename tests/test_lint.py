@@ -49,6 +49,30 @@ def test_every_fixed_script_is_clean(catalogue) -> None:
         assert findings == [], (playbook.id, findings)
 
 
+def test_a_ddp_model_passed_to_a_rank_zero_helper_is_followed_into_its_forward(tmp_path: Path) -> None:
+    # evaluate(model, loader) under `if rank == 0`: DDP's forward() broadcasts the
+    # BatchNorm buffers, so the call inside the helper is the collective; a warning,
+    # since a model without buffers broadcasts nothing.
+    script = SCRIPTS / "ddp_buffers_rank0_eval.py"
+    findings, _ = run_lint([script])
+    (finding,) = [f for f in findings if f.cause == "rank-conditional-collective"]
+    assert finding.severity == "warning"
+    assert "BatchNorm buffers" in script.read_text().splitlines()[finding.line - 1]
+    assert "forward through DistributedDataParallel" in finding.message
+    assert "through evaluate() called at" in finding.message
+    # The same script with buffer-free layers, or broadcast_buffers=False: nothing to say.
+    text = script.read_text()
+    for variant in (
+        text.replace("nn.BatchNorm1d(4)", "nn.ReLU()"),
+        text.replace("nn.Linear(4, 1)))", "nn.Linear(4, 1)), broadcast_buffers=False)"),
+    ):
+        assert variant != text
+        copy = tmp_path / "variant.py"
+        copy.write_text(variant)
+        findings, _ = run_lint([copy])
+        assert not [f for f in findings if f.cause == "rank-conditional-collective"], findings
+
+
 def test_a_collective_in_a_helper_module_is_reported_at_the_helper_with_the_chain() -> None:
     findings, _ = run_lint([SCRIPTS / "helper_project" / "train.py"])
     (finding,) = findings
