@@ -8,6 +8,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ncclcheck.diagnose import Evidence, diagnose
 from ncclcheck.errors import InputError, UsageError
@@ -164,11 +165,25 @@ def _launch_failure(launch: LaunchResult | None) -> InputError | None:
 _CUDA_ERROR = re.compile(r"cuda|nvidia|nccl|cudnn", re.IGNORECASE)
 
 
+def _without_site(exit_record: dict[str, Any]) -> str:
+    """An exit record's error without the " at file:line in function" it ends with: a
+    path of the user's (~/cuda_experiments/train.py) says nothing about the error."""
+    error = str(exit_record.get("error") or "")
+    site = exit_record.get("site")
+    if isinstance(site, list) and len(site) == 3:
+        error = error.removesuffix(f" at {site[0]}:{site[1]} in {site[2]}")
+    return error
+
+
 def _refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
     """A rank that failed on a CUDA call --cpu does not map: say so (exit 2), not a crash."""
     for trace in load_traces(folder).values():
         error = str((trace.exit or {}).get("error") or "")
-        if trace.exit and trace.exit.get("how") == "exception" and _CUDA_ERROR.search(error):
+        if (
+            trace.exit
+            and trace.exit.get("how") == "exception"
+            and _CUDA_ERROR.search(_without_site(trace.exit))
+        ):
             mapped = report.summary.get("cpu") or []
             raise InputError(
                 f"--cpu could not run this script on CPU: rank {trace.rank} failed with {error}",
@@ -193,12 +208,17 @@ def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchR
     failed = [e for e in exits if e.get("how") in ("exception", "sys.exit") and e.get("code")]
     if failed:
         error = failed[0].get("error") or f"exit code {failed[0].get('code')}"
-        raise InputError(
-            f"the script failed on every rank before init_process_group: {error}",
-            hint=("Its last output:\n" + tail)
+        hint = (
+            ("Its last output:\n" + tail)
             if tail
-            else "Does it need arguments? Pass them after the script name.",
+            else "Does it need arguments? Pass them after the script name."
         )
+        if _CUDA_ERROR.search(_without_site(failed[0])):
+            hint = (
+                "A script written for NCCL/CUDA, on a machine without them: rerun with --cpu "
+                "(gloo and CPU tensors, mapped for you), or on a GPU node. " + hint
+            )
+        raise InputError(f"the script failed on every rank before init_process_group: {error}", hint=hint)
     raise InputError(
         "the script never called torch.distributed.init_process_group: no collective to check",
         hint="preflight checks distributed training scripts; run this one with python directly.",

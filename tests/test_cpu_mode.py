@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from .conftest import ncclcheck
+from .conftest import REPO, ncclcheck, run_bounded
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "gpu_style.py"
 pytestmark = pytest.mark.ranks
@@ -57,3 +59,15 @@ def test_what_cpu_cannot_map_is_named_with_exit_2() -> None:
         in result.output
     )
     assert "Traceback" not in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL and CUDA work here: nothing to refuse")
+def test_without_cpu_the_nccl_script_fails_with_a_pointer_to_it() -> None:
+    result = run_bounded(
+        [sys.executable, "-m", "ncclcheck", "preflight", "--nproc-per-node=2", str(SCRIPT)], 120, cwd=REPO
+    )
+    assert result.returncode == 2, result.output
+    first = result.output.splitlines()[0]
+    assert "failed on every rank before init_process_group" in first
+    assert "_cuda_setDevice" in first  # torch.cuda.set_device on a CPU build: torch's own words
+    assert "rerun with --cpu" in result.output
