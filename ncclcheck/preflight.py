@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ncclcheck.diagnose import Evidence, diagnose
+from ncclcheck.diagnose import Evidence, diagnose, relative
 from ncclcheck.errors import InputError, UsageError
 from ncclcheck.lanes import Lanes, build_lanes
 from ncclcheck.launch import (
@@ -196,14 +196,27 @@ def _refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
 
 
 def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchResult | None) -> None:
-    """Scripts that never got as far as a process group: exit 2, with what they said."""
+    """Scripts that never got as far as a process group, or that start their own ranks:
+    exit 2, with what they said."""
+    exits = [t.exit for t in traces.values() if t.exit]
+    own = next((e for e in exits if e.get("how") == "own-launcher"), None)
+    if own is not None:
+        site = own.get("site")
+        where = f" at {relative(str(site[0]), os.getcwd())}:{site[1]}" if isinstance(site, list) else ""
+        launcher = str(own.get("error") or "a launcher of its own")
+        raise InputError(
+            f"the script starts its own ranks with {launcher}{where}: preflight runs each rank "
+            "through torchrun and cannot see into processes the script starts",
+            hint="Let torchrun start the ranks: call the worker function once, with the rank from "
+            "the RANK and LOCAL_RANK environment variables and init_process_group() without rank "
+            "or world_size, then run `ncclcheck preflight --nproc-per-node N train.py`.",
+        )
     if any(t.initialised for t in traces.values()) or any(
         t.probe and not t.probe.get("ok") for t in traces.values()
     ):
         return
     if launch is not None and (launch.stalled or launch.interrupted or launch.timed_out):
         return
-    exits = [t.exit for t in traces.values() if t.exit]
     tail = launch.log_tail(6) if launch else ""
     failed = [e for e in exits if e.get("how") in ("exception", "sys.exit") and e.get("code")]
     if failed:

@@ -307,6 +307,10 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
         ),
         ([str(SCRIPTS / "needs_args.py")], "failed on every rank before init_process_group"),
         (["--bogus-option", str(SCRIPTS / "train_only.py")], "No such option"),
+        (
+            [str(SCRIPTS / "own_spawn.py")],
+            "starts its own ranks with torch.multiprocessing.spawn at tests/scripts/own_spawn.py:21",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_error_with_exit_2(args: list[str], message: str) -> None:

@@ -25,6 +25,7 @@ from ncclcheck.record.recorder import (
     ENV_TRAIN_STEPS,
     P2P,
     DryRunComplete,
+    OwnLauncher,
     Recorder,
 )
 
@@ -131,6 +132,22 @@ def install(recorder: Recorder) -> None:
 
     torch.autograd.backward = backward
     _track_user_no_grad(recorder)
+    _refuse_own_launchers()
+
+
+def _refuse_own_launchers() -> None:
+    """torch.multiprocessing.spawn / start_processes inside a rank: the ranks they start
+    would be new interpreters without the recorder, waiting on each other unseen."""
+    import torch.multiprocessing as torch_mp
+
+    for name in ("spawn", "start_processes"):
+        if getattr(torch_mp, name, None) is None:
+            continue
+
+        def refuse(*_args: Any, _name: str = name, **_kwargs: Any) -> Any:
+            raise OwnLauncher(f"torch.multiprocessing.{_name}")
+
+        setattr(torch_mp, name, refuse)
 
 
 # Frames of torch's context-manager machinery, between a `with torch.no_grad()` (or a
@@ -242,6 +259,11 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    except OwnLauncher as exc:
+        _error, site = _describe_exception(exc)
+        recorder.exit("own-launcher", 2, error=str(exc), site=site)  # error: the launcher's name
+        recorder.close()
+        os._exit(2)  # nothing was started: no collective, no cleanup to run
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         error, site = _describe_exception(exc)  # where it left

@@ -86,6 +86,12 @@ class DryRunComplete(BaseException):
     """
 
 
+class OwnLauncher(BaseException):
+    """Raised where the script starts ranks of its own (torch.multiprocessing.spawn):
+    those processes would run without the recorder, so the dry run stops there.
+    A BaseException, so that a script's ``except Exception`` does not swallow it."""
+
+
 class _Depth(threading.local):
     inside = 0  # > 0 while a recorded collective (or DDP hook) runs on this thread
 
