@@ -433,3 +433,41 @@ def test_live_traces_tell_ranks_that_parted_from_ranks_that_are_behind(
     assert [d.kind for d in found or []] == ([expected] if expected else [])
     # read as a finished run, a rank behind is missing its call
     assert [d.kind for d in load_traces(tmp_path).divergences or []] == [expected or Mismatch.MISSING]
+
+
+# -- whose code a frame is ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "user"),
+    [
+        ("/home/me/project/train.py", True),
+        ("/home/me/project/metrics/loss.py", True),
+        # a virtualenv inside the project: its packages are not the user's code
+        ("/home/me/project/.venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", False),
+        ("/usr/lib/python3.11/runpy.py", False),
+        # a script kept inside site-packages (a package's own example) is the user's
+        ("/opt/py/site-packages/somepkg/examples/train.py", True),
+        ("/opt/py/site-packages/torch/distributed/distributed_c10d.py", False),
+        ("/home/me/elsewhere.py", True),
+    ],
+)
+def test_the_deepest_root_decides_whose_code_a_file_is(
+    monkeypatch: pytest.MonkeyPatch, path: str, user: bool
+) -> None:
+    from ncclcheck.record import frames
+
+    monkeypatch.setattr(
+        frames,
+        "_ROOTS",
+        (
+            "/home/me/project/.venv/lib/python3.11/site-packages/",
+            "/opt/py/site-packages/",
+            "/usr/lib/python3.11/",
+        ),
+    )
+    monkeypatch.setattr(
+        frames, "_USER_ROOTS", ("/home/me/project/", "/opt/py/site-packages/somepkg/examples/")
+    )
+    monkeypatch.setattr(frames.os.path, "realpath", lambda p: p)
+    assert frames.is_user_file(path) is user

@@ -149,6 +149,30 @@ def test_rank0_only_eval_through_ddp_hangs_on_its_buffer_broadcast() -> None:
     assert not leftover_ranks(str(script))  # the ranks and their loader workers
 
 
+@pytest.mark.skipif(
+    not os.path.realpath(sys.prefix).startswith(str(REPO) + os.sep),
+    reason="the virtualenv is not inside the repository: the layout under test is absent",
+)
+def test_a_script_next_to_its_virtualenv_is_sited_in_the_script_not_in_torch() -> None:
+    # project/train.py with project/.venv, as `make install` lays out this repository:
+    # the script's folder holds torch too, and torch's frames must stay library frames.
+    script = REPO / f"ncclcheck_layout_test_{os.getpid()}.py"
+    script.write_text((SCRIPTS / "ddp_buffers_rank0_eval.py").read_text())
+    try:
+        proc, report = preflight("--nproc-per-node=2", script.name)
+    finally:
+        script.unlink()
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert (
+        finding["site"]
+        == f"{script.name}:{_line(SCRIPTS / 'ddp_buffers_rank0_eval.py', 'BatchNorm buffers')}"
+    )
+    chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
+    assert "site-packages" not in chain and "bootstrap.py" not in chain, chain
+
+
 def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -> None:
     project = SCRIPTS / "helper_project"
     proc, report = preflight("--nproc-per-node=2", "train.py", cwd=project)

@@ -57,12 +57,15 @@ def treat_as_library(code: CodeType) -> None:
 
 
 def is_user_file(filename: str) -> bool:
+    """The deepest root that holds the file decides: the script's folder inside
+    site-packages is the user's, a virtualenv inside the script's folder
+    (project/train.py next to project/.venv) is not."""
     if filename.startswith("<"):
         return False
     real = os.path.realpath(filename)
-    if _USER_ROOTS and real.startswith(_USER_ROOTS):
-        return True
-    return not real.startswith(_ROOTS)
+    library = max((len(root) for root in _ROOTS if real.startswith(root)), default=-1)
+    user = max((len(root) for root in _USER_ROOTS if real.startswith(root)), default=-1)
+    return library < 0 or user > library
 
 
 def is_user_code(code: CodeType) -> bool:
