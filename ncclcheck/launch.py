@@ -258,6 +258,7 @@ def run_dry(
     settings: DryRunSettings,
     trace_dir: Path,
     on_progress: Callable[[Progress], None] | None = None,
+    as_module: bool = False,
 ) -> LaunchResult:
     trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = trace_dir / "torchrun.log"
@@ -280,6 +281,7 @@ def run_dry(
         *torchrun.argv(),
         "--module",
         "ncclcheck.record.bootstrap",
+        *(["-m"] if as_module else []),  # the script is a module name, as for python -m
         script,
         *script_args,
     ]

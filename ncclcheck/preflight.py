@@ -22,6 +22,7 @@ from ncclcheck.launch import (
     run_dry,
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
+from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.traces import TRACE_GLOB, RankTrace, load_traces
 
 
@@ -62,10 +63,21 @@ def run_preflight(
     keep_traces: bool = False,
     on_progress: Callable[[Progress], None] | None = None,
     want_lanes: bool = False,
+    as_module: bool = False,
 ) -> PreflightOutcome:
     if torchrun.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, not {torchrun.nproc_per_node}")
-    check_script(script)
+    if as_module:
+        module_file = find_module_file(script, os.getcwd())
+        if module_file is None:
+            raise InputError(
+                f"{script}: no module of that name",
+                hint="-m takes a dotted module name (package.train), found from the current folder "
+                "or PYTHONPATH as python -m finds it; give a path without -m.",
+            )
+        check_script(str(module_file))
+    else:
+        check_script(script)
     own_dir = trace_dir is None
     folder = private_trace_dir() if trace_dir is None else trace_dir
     if not own_dir:
@@ -77,7 +89,7 @@ def run_preflight(
         except OSError as exc:
             raise InputError(f"{folder}: trace directory is not writable ({exc.strerror})") from None
     try:
-        launch = run_dry(script, script_args, torchrun, settings, folder, on_progress)
+        launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
         report = report_from(folder, launch)
         if settings.cpu:
             _refuse_what_cpu_could_not_map(folder, report)

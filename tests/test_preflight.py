@@ -186,6 +186,21 @@ def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -
     assert any("`if is_main`" in line for line in finding["evidence"])
 
 
+def test_a_package_run_with_dash_m_is_checked_as_torchrun_m_runs_it() -> None:
+    # `torchrun -m trainer`: its __main__.py, whose relative import works only as a module.
+    project = SCRIPTS / "module_project"
+    proc, report = preflight("--nproc-per-node=2", "-m", "trainer", cwd=project)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    line = _line(project / "trainer" / "evaluation.py", "dist.all_reduce(correct)")
+    assert finding["site"] == f"trainer/evaluation.py:{line}"
+    chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
+    assert "main() at trainer/__main__.py" in chain and "runpy" not in chain
+    assert any("`if dist.get_rank() == 0`" in line for line in finding["evidence"])
+    assert not leftover_ranks("-m trainer")
+
+
 def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     script = PLAYBOOKS / "collective-shape-mismatch" / "repro.py"
     _proc, report = preflight("--nproc-per-node=2", str(script))
@@ -331,6 +346,7 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
         ),
         ([str(SCRIPTS / "needs_args.py")], "failed on every rank before init_process_group"),
         (["--bogus-option", str(SCRIPTS / "train_only.py")], "No such option"),
+        (["-m", "trainer.nope"], "trainer.nope: no module of that name"),
         (
             [str(SCRIPTS / "own_spawn.py")],
             "starts its own ranks with torch.multiprocessing.spawn at tests/scripts/own_spawn.py:21",

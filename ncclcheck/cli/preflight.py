@@ -52,7 +52,9 @@ class _ProgressLine:
 
 
 def preflight_command(
-    script: str = typer.Argument(None, help="The training script, as you would pass it to torchrun."),
+    script: str = typer.Argument(
+        None, help="The training script, as you would pass it to torchrun (a module name with -m)."
+    ),
     script_args: list[str] = typer.Argument(None, help="The script's own arguments, unchanged."),
     nproc_per_node: int = NPROC_OPTION,
     nnodes: str = NNODES_OPTION,
@@ -96,6 +98,12 @@ def preflight_command(
     from_dir: Path = typer.Option(
         None, "--from", help="Diagnose traces gathered from several nodes; runs nothing."
     ),
+    as_module: bool = typer.Option(
+        False,
+        "-m",
+        "--module",
+        help="The script is a module name (package.train), run as python -m and torchrun -m run it.",
+    ),
     as_json: bool = JSON_OPTION,
     html_path: Path = REPORT_OPTION,
 ) -> None:
@@ -129,6 +137,7 @@ def preflight_command(
             keep_traces=trace_dir is not None,
             on_progress=progress,
             want_lanes=html_path is not None,
+            as_module=as_module,
         )
     finally:
         progress.close()

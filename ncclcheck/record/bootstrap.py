@@ -220,10 +220,16 @@ def check_in(recorder: Recorder, timeout_s: float) -> None:
 
 
 def main() -> None:
+    as_module = len(sys.argv) > 2 and sys.argv[1] == "-m"
+    if as_module:
+        del sys.argv[1]
     if len(sys.argv) < 2:
-        print("usage: python -m ncclcheck.record.bootstrap SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m ncclcheck.record.bootstrap [-m MODULE | SCRIPT] [ARGS...]", file=sys.stderr)
         sys.exit(2)
+    module = sys.argv[1] if as_module else None
     script = os.path.abspath(sys.argv[1])
+    if module is not None:
+        script = find_module_file(module, os.getcwd()) or module  # run_module says what is wrong
     env = os.environ
     rank = int(env.get("RANK", "0"))
     recorder = Recorder(
@@ -235,6 +241,8 @@ def main() -> None:
     )
     recorder.hello(script)
     frames.add_user_root(os.path.dirname(script))
+    if as_module:
+        frames.add_user_root(os.getcwd())  # the package's other modules, from its root
     install(recorder)
     frameworks.install(recorder)
     if env.get(cpu_map.ENV_CPU) == "1":
@@ -245,12 +253,16 @@ def main() -> None:
     if probe_timeout > 0:
         check_in(recorder, probe_timeout)
 
-    # As `python SCRIPT ARGS` would: argv, sys.path[0] is the script's folder.
+    # As `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would: argv, and sys.path[0]
+    # the script's folder (the current folder for a module).
     sys.argv = [script, *sys.argv[2:]]
-    sys.path[0] = os.path.dirname(script)
+    sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
     recorder.outermost_frame = sys._getframe()
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module is not None:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
         recorder.exit("returned", 0)
     except DryRunComplete:
         recorder.exit("dry-run-complete", 0)
@@ -275,6 +287,23 @@ def main() -> None:
         raise
     finally:
         recorder.close()
+
+
+def find_module_file(name: str, cwd: str) -> str | None:
+    """The file ``python -m name`` would run from ``cwd``, found without importing
+    anything (a package's __init__ run before the recorder is installed would keep
+    unrecorded collectives): name.py or name/__main__.py under cwd, PYTHONPATH, or this
+    interpreter's path."""
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        return None
+    relative = os.path.join(*name.split("."))
+    pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for base in [cwd, *pythonpath, *(p for p in sys.path[1:] if p)]:
+        for candidate in (relative + ".py", os.path.join(relative, "__main__.py")):
+            path = os.path.join(base, candidate)
+            if os.path.isfile(path):
+                return os.path.abspath(path)
+    return None
 
 
 def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
