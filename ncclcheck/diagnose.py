@@ -263,10 +263,21 @@ class Diagnoser:
             if noted:
                 summary[key] = [f"{what} ({who(ranks)})" for what, ranks in noted.items()]
         if not any(t.eval_passes for t in self.ev.traces.values()):
-            summary["note"] = (
+            note = (
                 "no eval phase was seen: no loader was iterated in eval mode or under no_grad, "
                 "so only the training loop was checked"
             )
+            budget_cut = any(
+                (t.exit and t.exit.get("how") == "dry-run-complete") or any(p.budget_cut for p in t.passes)
+                for t in self.ev.traces.values()
+            )
+            if budget_cut:
+                # the budget ended a train pass, or the run, before evaluation came
+                note += (
+                    "; the dry run's budget stopped it first: if evaluation runs every N steps, "
+                    "rerun with --train-steps above N (or the script's eval interval set low)"
+                )
+            summary["note"] = note
         return summary
 
     # -- the first divergence ----------------------------------------------------------

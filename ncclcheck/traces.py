@@ -37,6 +37,7 @@ class LoaderPass:
     exhausted: bool | None = None  # None: the pass never ended
     sample_ids: list[int] | None = None
     iterable: bool = False  # an IterableDataset: it shards itself, no sampler can
+    budget_cut: bool = False  # the dry run ended it after --train-steps batches
 
 
 @dataclass
@@ -270,6 +271,7 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         batches=int(record.get("batches", 0)),
         sample_ids=record.get("sample_ids"),
         iterable=bool(record.get("iterable", False)),
+        budget_cut=bool(record.get("budget_cut", False)),
     )
 
 
@@ -353,6 +355,7 @@ def _read_trace(
                     loader_pass = ended if ended is not None else _pass(record)
                     loader_pass.batches = int(record.get("batches", loader_pass.batches))
                     loader_pass.exhausted = bool(record.get("exhausted", False))
+                    loader_pass.budget_cut = bool(record.get("budget_cut", False))
                     loader_pass.role = str(record.get("role", loader_pass.role))
             elif kind == "batch":
                 current = open_passes.get(int(record["pass"]))

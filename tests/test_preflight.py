@@ -219,6 +219,19 @@ def test_no_eval_phase_is_said_not_failed() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == "aligned"
     assert "no eval phase was seen" in report["summary"]["note"]
+    assert "--train-steps" not in report["summary"]["note"]  # its passes are shorter than the budget
+
+
+def test_evaluation_past_the_step_budget_is_pointed_out_then_reached() -> None:
+    script = SCRIPTS / "step_eval.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rerun with --train-steps above N" in report["summary"]["note"]
+    proc, report = preflight("--nproc-per-node=2", "--train-steps=21", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert finding["site"] == f"tests/scripts/step_eval.py:{_line(script, '# rank 0 alone')}"
 
 
 def test_fsdp2_collectives_are_recorded_as_training(tmp_path: Path) -> None:

@@ -591,6 +591,7 @@ class Recorder:
             )
             raise DryRunComplete(self.stop_reason)
         if tracked.index >= self.train_steps:
+            tracked.cut_by_budget = True
             raise StopIteration
 
     def _stop_if_done(self) -> None:
@@ -632,6 +633,7 @@ class _TrackedIterator:
         self.role = self._guess_role()
         self.length = self._safe_len()
         self.counted = False  # counted as a complete eval pass already
+        self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
         self._ended = False
         recorder.pass_started(self)
 
@@ -674,6 +676,7 @@ class _TrackedIterator:
             "pass": self.pass_index,
             "role": self.role,
             "batches": self.index,
+            "budget_cut": self.cut_by_budget,
             "len": length,
             "sampler": type(sampler).__name__ if sampler is not None else None,
             "distributed_sampler": distributed,
