@@ -332,16 +332,20 @@ def collect(
 ) -> tuple[list[RankProcess], dict[int, ProcessStack]]:
     """The rank processes reachable from ``pids`` on this host and their stacks, by rank."""
     ranks, pythons = discover(pids)
+    by_pid: dict[int, ProcessStack] = {}
     if not ranks:
         if not pythons:
             raise InputError(
                 f"pid {', '.join(map(str, pids))}: no Python process there",
                 hint="Give the pid of a rank, of torchrun, or of the launcher that started it.",
             )
-        _not_distributed(pythons, native, nonblocking, timeout)
-    by_pid = dump_stacks(
-        [r.pid for r in ranks], timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
-    )
+        ranks, by_pid = _spawned_ranks(pythons, native, nonblocking, timeout)
+        if not ranks:
+            _not_distributed(pythons, native, nonblocking, timeout)
+    if not by_pid:
+        by_pid = dump_stacks(
+            [r.pid for r in ranks], timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
+        )
     stacks = {r.rank: by_pid[r.pid] for r in ranks}
     failed = [r.rank for r in ranks if stacks[r.rank].error and not stacks[r.rank].threads]
     if failed and len(failed) == len(ranks):
@@ -744,6 +748,43 @@ def _loop_finding(
         site=_site(inside),
         evidence=evidence,
     )
+
+
+_SPAWN_WRAPPER = ("torch/multiprocessing/spawn.py", "_wrap")  # _wrap(fn, i, args, ...)
+_MAX_SPAWN_CANDIDATES = 256
+
+
+def _spawned_ranks(
+    pythons: list[psutil.Process], native: bool, nonblocking: bool, timeout: float
+) -> tuple[list[RankProcess], dict[int, ProcessStack]]:
+    """Ranks started by torch.multiprocessing.spawn, which sets no RANK: each runs the
+    user's function under spawn's ``_wrap(fn, i, ...)``, whose ``i`` (the process index)
+    is the rank on one node. Read from the stacks, dumped once with their locals."""
+    stacks = dump_stacks(
+        [p.pid for p in pythons[:_MAX_SPAWN_CANDIDATES]],
+        timeout=timeout,
+        native=native,
+        nonblocking=nonblocking,
+        with_locals=True,
+    )
+    found: dict[int, int] = {}  # pid -> process index
+    for pid, stack in stacks.items():
+        main = stack.main
+        for index, frame in enumerate(main.frames if main else []):
+            path = frame.file.replace("\\", "/")
+            if path.endswith(_SPAWN_WRAPPER[0]) and frame.function.rsplit(".", 1)[-1] == _SPAWN_WRAPPER[1]:
+                value = main.locals[index].get("i") if main is not None and index < len(main.locals) else None
+                if value is not None and value.isdigit():
+                    found[pid] = int(value)
+                break
+    world = len(found)
+    ranks = [
+        RankProcess(pid=pid, rank=index, world_size=world, local_rank=index, status=stacks[pid].status)
+        for pid, index in sorted(found.items(), key=lambda item: item[1])
+    ]
+    if len({r.rank for r in ranks}) != len(ranks):  # two spawn jobs under one pid: cannot tell
+        return [], {}
+    return ranks, {r.pid: stacks[r.pid] for r in ranks}
 
 
 def _not_distributed(

@@ -187,6 +187,30 @@ def test_rank0_stuck_in_ddp_buffer_broadcast_is_a_rank_conditional_collective() 
     assert any("`if dist.get_rank() == 0`" in e for e in finding["evidence"])
 
 
+def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
+    # No RANK in the environment: the ranks are spawn's children, each under
+    # torch.multiprocessing.spawn's _wrap(fn, i, ...), whose i is the rank.
+    script = SCRIPTS / "spawn_rank0_collective.py"
+    shell = from_shell(f"SPAWN_PORT={_free_port()} {sys.executable} {script}")
+    try:
+        deadline, report = time.monotonic() + 90, {}
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            code, report = doctor(shell.pid)
+            waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
+            if code == 1 and len(waiting) == 2:
+                break
+    finally:
+        kill_tree(shell.pid)
+        shell.wait(timeout=30)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1], report
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "# rank 0 alone" in text)
+    assert finding["site"] == f"tests/scripts/spawn_rank0_collective.py:{line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
 def test_a_single_python_process_is_not_a_distributed_job() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
     try:
