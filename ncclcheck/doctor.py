@@ -760,23 +760,28 @@ def _spawned_ranks(
     """Ranks started by torch.multiprocessing.spawn, which sets no RANK: each runs the
     user's function under spawn's ``_wrap(fn, i, ...)``, whose ``i`` (the process index)
     is the rank on one node. Read from the stacks, dumped once with their locals."""
+    candidates = pythons[:_MAX_SPAWN_CANDIDATES]
     stacks = dump_stacks(
-        [p.pid for p in pythons[:_MAX_SPAWN_CANDIDATES]],
-        timeout=timeout,
-        native=native,
-        nonblocking=nonblocking,
-        with_locals=True,
+        [p.pid for p in candidates], timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
     )
-    found: dict[int, int] = {}  # pid -> process index
-    for pid, stack in stacks.items():
-        main = stack.main
-        for index, frame in enumerate(main.frames if main else []):
-            path = frame.file.replace("\\", "/")
-            if path.endswith(_SPAWN_WRAPPER[0]) and frame.function.rsplit(".", 1)[-1] == _SPAWN_WRAPPER[1]:
-                value = main.locals[index].get("i") if main is not None and index < len(main.locals) else None
-                if value is not None and value.isdigit():
-                    found[pid] = int(value)
-                break
+    found = _spawn_indices(stacks)
+    # Given one rank's pid: its siblings are the other ranks.
+    siblings = [
+        child
+        for parent in {_parent_pid(pid) for pid in found} - {None}
+        for child in _children(parent)
+        if child.pid not in stacks and _is_python(child)
+    ]
+    if siblings:
+        more = dump_stacks(
+            [p.pid for p in siblings[:_MAX_SPAWN_CANDIDATES]],
+            timeout=timeout,
+            native=native,
+            nonblocking=nonblocking,
+            with_locals=True,
+        )
+        stacks |= more
+        found |= _spawn_indices(more)
     world = len(found)
     ranks = [
         RankProcess(pid=pid, rank=index, world_size=world, local_rank=index, status=stacks[pid].status)
@@ -785,6 +790,37 @@ def _spawned_ranks(
     if len({r.rank for r in ranks}) != len(ranks):  # two spawn jobs under one pid: cannot tell
         return [], {}
     return ranks, {r.pid: stacks[r.pid] for r in ranks}
+
+
+def _spawn_indices(stacks: dict[int, ProcessStack]) -> dict[int, int]:
+    """pid -> process index, for the stacks that run under spawn's ``_wrap(fn, i, ...)``."""
+    found: dict[int, int] = {}
+    for pid, stack in stacks.items():
+        main = stack.main
+        if main is None:
+            continue
+        for index, frame in enumerate(main.frames):
+            path = frame.file.replace("\\", "/")
+            if path.endswith(_SPAWN_WRAPPER[0]) and frame.function.rsplit(".", 1)[-1] == _SPAWN_WRAPPER[1]:
+                value = main.locals[index].get("i") if index < len(main.locals) else None
+                if value is not None and value.isdigit():
+                    found[pid] = int(value)
+                break
+    return found
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def _children(pid: int | None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children() if pid else []
+    except psutil.Error:
+        return []
 
 
 def _not_distributed(

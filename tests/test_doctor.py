@@ -200,6 +200,8 @@ def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
             waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
             if code == 1 and len(waiting) == 2:
                 break
+        # from one rank's pid: its siblings are found too
+        _code, from_rank = doctor(report["ranks"][1]["pid"])
     finally:
         kill_tree(shell.pid)
         shell.wait(timeout=30)
@@ -209,6 +211,8 @@ def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "# rank 0 alone" in text)
     assert finding["site"] == f"tests/scripts/spawn_rank0_collective.py:{line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert [r["rank"] for r in from_rank["ranks"]] == [0, 1]
+    assert from_rank["findings"][0]["site"] == finding["site"]
 
 
 def test_a_single_python_process_is_not_a_distributed_job() -> None:
