@@ -84,6 +84,25 @@ class Deferred:
         return cls(str(data["by"]), str(data["request"]), Frame.from_dict(ran_in) if ran_in else None)
 
 
+# Collectives whose tensors may differ in size from rank to rank when used right:
+# all_to_all's splits (MoE token routing), and the object collectives, which pickle
+# whatever each rank holds.
+OBJECT_OPS = frozenset(
+    {
+        "all_gather_object",
+        "gather_object",
+        "broadcast_object_list",
+        "scatter_object_list",
+        "send_object_list",
+        "recv_object_list",
+    }
+)
+SIZE_FREE_OPS = OBJECT_OPS | {"all_to_all", "all_to_all_single"}
+# gather(tensor, gather_list, dst) and scatter(tensor, scatter_list, src): only the root
+# passes the list; the recorder writes ``tensor`` first.
+ROOT_LIST_OPS = frozenset({"gather", "scatter"})
+
+
 @dataclass(slots=True)  # a long dry run holds one per recorded call
 class CollectiveCall:
     """One collective (or p2p operation) as a rank issued it, recorded before it ran.
@@ -122,6 +141,10 @@ class CollectiveCall:
     @property
     def signature(self) -> tuple[str, tuple[tuple[int, ...], ...], tuple[str, ...]]:
         """What must agree across ranks for the call to pair correctly."""
+        if self.op in SIZE_FREE_OPS:
+            return (self.op, (), () if self.op in OBJECT_OPS else tuple(self.dtypes))
+        if self.op in ROOT_LIST_OPS:  # the list is the root's alone: the tensor must agree
+            return (self.op, tuple(tuple(s) for s in self.shapes[:1]), tuple(self.dtypes[:1]))
         return (self.op, tuple(tuple(s) for s in self.shapes), tuple(self.dtypes))
 
     def to_dict(self) -> dict[str, Any]:

@@ -122,3 +122,34 @@ def test_collective_call_round_trip_and_signature() -> None:
 )
 def test_format_ranks(ranks: list[int], text: str) -> None:
     assert format_ranks(ranks) == text
+
+
+def test_a_signature_holds_what_must_agree_across_ranks() -> None:
+    def call(op: str, shapes: list[list[int]], dtypes: list[str]) -> CollectiveCall:
+        return CollectiveCall(
+            rank=0, seq=0, op=op, group="0", group_ranks=[0, 1], shapes=shapes, dtypes=dtypes
+        )
+
+    # gather/scatter: the root alone passes the list
+    assert (
+        call("gather", [[1], [1], [1]], ["float32"] * 3).signature
+        == call("gather", [[1]], ["float32"]).signature
+    )
+    assert call("gather", [[2]], ["float32"]).signature != call("gather", [[1]], ["float32"]).signature
+    # all_to_all_single's splits may differ per rank; its dtype may not
+    assert call("all_to_all_single", [[6], [3]], ["float32"] * 2).signature == (
+        call("all_to_all_single", [[6], [6]], ["float32"] * 2).signature
+    )
+    assert (
+        call("all_to_all_single", [[6]], ["float32"]).signature
+        != call("all_to_all_single", [[6]], ["int64"]).signature
+    )
+    # object collectives pickle whatever each rank holds
+    assert (
+        call("all_gather_object", [[1]], ["float32"]).signature == call("all_gather_object", [], []).signature
+    )
+    # everything else: every tensor
+    assert (
+        call("all_gather", [[1], [1]], ["float32"] * 2).signature
+        != call("all_gather", [[1], [2]], ["float32"] * 2).signature
+    )

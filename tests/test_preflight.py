@@ -201,6 +201,16 @@ def test_a_package_run_with_dash_m_is_checked_as_torchrun_m_runs_it() -> None:
     assert not leftover_ranks("-m trainer")
 
 
+def test_tensors_that_differ_by_design_are_not_a_shape_mismatch() -> None:
+    # gather/scatter lists on the root only, all_to_all_single's uneven splits, object
+    # collectives of per-rank sizes: correct code, 3 ranks.
+    script = SCRIPTS / "rooted_and_uneven_by_design.py"
+    proc, report = preflight("--nproc-per-node=3", str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert [r["collectives"] for r in report["ranks"]] == [5, 5, 5]
+
+
 def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     script = PLAYBOOKS / "collective-shape-mismatch" / "repro.py"
     _proc, report = preflight("--nproc-per-node=2", str(script))
