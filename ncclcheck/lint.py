@@ -649,39 +649,59 @@ class Linter:
             if not set(names) & consumed:
                 continue  # built and handed back (a loader factory): its user decides how to shard it
             dataset = ast.unparse(call.args[0]) if call.args else "?"
-            scope_derived = self.derived_names(module.tree) | {
-                name
-                for node in module.all_nodes
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.mentions_rank(node)
-                for name in self.derived_names(node)
-            }
-            sharded = bool(call.args) and kind_of(call.args[0], scope_derived) == RANK
-            if sharded:
-                found.append(
-                    LintFinding(
-                        "uneven-eval-batches",
-                        "warning",
-                        _relative(module.path),
-                        node.lineno,
-                        node.col_offset + 1,
-                        f"eval loader {names[0]} is built over a dataset sharded by rank by hand "
-                        f"({dataset}): shards of unequal length give unequal batch counts; use "
-                        f"DistributedSampler(..., shuffle=False)",
-                    )
+            cause = "uneven-eval-batches"
+            stream = _iterable_dataset_class(module, call.args[0]) if call.args else None
+            if stream is not None:
+                # No sampler applies to an IterableDataset: it splits the stream itself.
+                iterate = next(
+                    (f for f in stream.body if isinstance(f, ast.FunctionDef) and f.name == "__iter__"), None
+                )
+                if iterate is None or not self.mentions_rank(iterate):
+                    continue
+                message = (
+                    f"eval loader {names[0]} reads {stream.name}, an IterableDataset whose "
+                    f"__iter__ splits the stream by rank (line {iterate.lineno}): streams of "
+                    f"unequal length give unequal batch counts; make every rank yield as many"
                 )
             else:
-                found.append(
-                    LintFinding(
-                        "missing-distributed-sampler",
-                        "warning",
-                        _relative(module.path),
-                        node.lineno,
-                        node.col_offset + 1,
-                        f"eval loader {names[0]} = DataLoader({dataset}, ...) has no sampler= in a "
-                        f"distributed script: every rank evaluates its own copy of the set",
+                scope_derived = self.derived_names(module.tree) | {
+                    name
+                    for node in module.all_nodes
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.mentions_rank(node)
+                    for name in self.derived_names(node)
+                }
+                if bool(call.args) and kind_of(call.args[0], scope_derived) == RANK:
+                    message = (
+                        f"eval loader {names[0]} is built over a dataset sharded by rank by hand "
+                        f"({dataset}): shards of unequal length give unequal batch counts; use "
+                        f"DistributedSampler(..., shuffle=False)"
                     )
+                else:
+                    cause = "missing-distributed-sampler"
+                    message = (
+                        f"eval loader {names[0]} = DataLoader({dataset}, ...) has no sampler= in a "
+                        f"distributed script: every rank evaluates its own copy of the set"
+                    )
+            found.append(
+                LintFinding(
+                    cause, "warning", _relative(module.path), node.lineno, node.col_offset + 1, message
                 )
+            )
         return found
+
+
+def _iterable_dataset_class(module: _Module, dataset: ast.expr) -> ast.ClassDef | None:
+    """The class of ``dataset`` (``Stream(...)``) when the module defines it over IterableDataset."""
+    if not (isinstance(dataset, ast.Call) and isinstance(dataset.func, ast.Name)):
+        return None
+    for node in module.tree.body:
+        if (
+            isinstance(node, ast.ClassDef)
+            and node.name == dataset.func.id
+            and any(ast.unparse(base).split(".")[-1] == "IterableDataset" for base in node.bases)
+        ):
+            return node
+    return None
 
 
 def _iterated_or_passed(module: _Module, linter: Linter) -> set[str]:

@@ -73,6 +73,24 @@ def test_a_ddp_model_passed_to_a_rank_zero_helper_is_followed_into_its_forward(t
         assert not [f for f in findings if f.cause == "rank-conditional-collective"], findings
 
 
+def test_an_iterable_eval_set_is_judged_by_its_own_split_not_by_a_sampler(tmp_path: Path) -> None:
+    script = SCRIPTS / "eval_iterable_uneven.py"
+    findings, _ = run_lint([script])
+    (finding,) = findings
+    assert (finding.cause, finding.severity) == ("uneven-eval-batches", "warning")
+    assert "val_loader = DataLoader(RankStream(5)" in script.read_text().splitlines()[finding.line - 1]
+    assert "an IterableDataset whose __iter__ splits the stream by rank" in finding.message
+    # a stream that does not split by rank: no sampler to ask for, nothing to say
+    copy = tmp_path / "stream.py"
+    copy.write_text(
+        script.read_text().replace(
+            "range(dist.get_rank(), self.samples, dist.get_world_size())", "range(self.samples)"
+        )
+    )
+    findings, _ = run_lint([copy])
+    assert findings == [], findings
+
+
 def test_a_collective_in_a_helper_module_is_reported_at_the_helper_with_the_chain() -> None:
     findings, _ = run_lint([SCRIPTS / "helper_project" / "train.py"])
     (finding,) = findings
