@@ -471,6 +471,15 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
                 site=report.findings[0].site,
                 evidence=report.findings[0].evidence,
             )
+    if report.findings and report.findings[0].cause == "transport-hang" and not recorded:
+        # What a stack cannot show: on which pass of this line each rank is. An extra or
+        # missing collective earlier (an uneven eval loop) may have paired silently with
+        # one of the same size, leaving the ranks a call apart here.
+        report.findings[0].evidence.append(
+            "the stacks agree but do not show on which pass of this line each rank is: if an eval "
+            "loop or a skipped step came before, preflight the script, or run the job with "
+            "TORCH_FR_BUFFER_SIZE=2000 so that doctor can compare the ranks' sequence numbers"
+        )
     report.summary["classes"] = [
         {
             "ranks": format_ranks(c.ranks),
@@ -529,8 +538,8 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
                 "transport-hang",
                 f"every rank is in {only.blocking} at {_site(only)}"
                 + (f" or frozen ({who(frozen)})" if frozen else "")
-                + ": the code is aligned, the transport is not; run `ncclcheck probe` with the "
-                "same launcher options",
+                + ": the stacks are aligned, so the transport is the suspect; run `ncclcheck probe` "
+                "with the same launcher options",
                 ranks=sorted(only.ranks + frozen),
                 absent_ranks=[],
                 op=only.blocking,

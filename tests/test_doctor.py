@@ -134,6 +134,8 @@ def test_doctor_names_cause_site_and_ranks_of_a_hung_repro(catalogue, cause: str
         assert finding["site"] == site, finding
     expected = sorted(playbook.repro.ranks + playbook.repro.absent_ranks)
     assert sorted(finding["ranks"] + finding["absent_ranks"]) == expected
+    if cause == "transport-hang":  # alike stacks may hide ranks a call apart: say how to tell
+        assert any("TORCH_FR_BUFFER_SIZE" in line for line in finding["evidence"]), finding
 
 
 def test_attach_by_agent_rank_or_shell_gives_the_same_diagnosis(hung_conditional: HungJob) -> None:
