@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ncclcheck.analyze import source
 from ncclcheck.analyze.align import Divergence, Mismatch
@@ -65,6 +66,17 @@ def op_text(call: CollectiveCall) -> str:
     """The op as a finding names it: DDP's internal broadcast says what it is."""
     origin = _OP_ORIGINS.get(call.op)
     return f"{call.op} ({origin})" if origin else call.op
+
+
+def split_exit_error(exit_record: dict[str, Any]) -> tuple[str, Frame | None]:
+    """An exit record's error without the " at file:line in function" it ends with, and
+    that frame: the user's code the exception left from."""
+    error = str(exit_record.get("error") or "")
+    raw_site = exit_record.get("site")
+    if not (isinstance(raw_site, list) and len(raw_site) == 3):
+        return error, None
+    where = Frame(str(raw_site[0]), int(raw_site[1]), str(raw_site[2]))
+    return error.removesuffix(f" at {where.file}:{where.line} in {where.function}"), where
 
 
 class Diagnoser:
@@ -419,13 +431,7 @@ class Diagnoser:
         """The first line of the error a rank's script ended with (CUDA's run to five
         lines), and the frame of the user's code it left from."""
         trace = self.ev.traces.get(rank)
-        ended = trace.exit if trace and trace.exit else {}
-        error = str(ended.get("error") or "")
-        raw_site = ended.get("site")
-        where = None
-        if isinstance(raw_site, list) and len(raw_site) == 3:
-            where = Frame(str(raw_site[0]), int(raw_site[1]), str(raw_site[2]))
-            error = error.removesuffix(f" at {where.file}:{where.line} in {where.function}")
+        error, where = split_exit_error(trace.exit if trace and trace.exit else {})
         return (_first_line(error, 200) or None), where
 
     def crashed(self, dead: list[int], divergence: Divergence | None) -> Finding:

@@ -8,9 +8,8 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ncclcheck.diagnose import Evidence, diagnose, relative
+from ncclcheck.diagnose import Evidence, diagnose, relative, split_exit_error
 from ncclcheck.errors import InputError, UsageError
 from ncclcheck.lanes import Lanes, build_lanes
 from ncclcheck.launch import (
@@ -174,17 +173,9 @@ def _launch_failure(launch: LaunchResult | None) -> InputError | None:
     return None
 
 
+# Read in the error without its " at file:line" (split_exit_error): a path of the
+# user's (~/cuda_experiments/train.py) says nothing about the error.
 _CUDA_ERROR = re.compile(r"cuda|nvidia|nccl|cudnn", re.IGNORECASE)
-
-
-def _without_site(exit_record: dict[str, Any]) -> str:
-    """An exit record's error without the " at file:line in function" it ends with: a
-    path of the user's (~/cuda_experiments/train.py) says nothing about the error."""
-    error = str(exit_record.get("error") or "")
-    site = exit_record.get("site")
-    if isinstance(site, list) and len(site) == 3:
-        error = error.removesuffix(f" at {site[0]}:{site[1]} in {site[2]}")
-    return error
 
 
 def _refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
@@ -194,7 +185,7 @@ def _refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
         if (
             trace.exit
             and trace.exit.get("how") == "exception"
-            and _CUDA_ERROR.search(_without_site(trace.exit))
+            and _CUDA_ERROR.search(split_exit_error(trace.exit)[0])
         ):
             mapped = report.summary.get("cpu") or []
             raise InputError(
@@ -238,7 +229,7 @@ def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchR
             if tail
             else "Does it need arguments? Pass them after the script name."
         )
-        if _CUDA_ERROR.search(_without_site(failed[0])):
+        if _CUDA_ERROR.search(split_exit_error(failed[0])[0]):
             hint = (
                 "A script written for NCCL/CUDA, on a machine without them: rerun with --cpu "
                 "(gloo and CPU tensors, mapped for you), or on a GPU node. " + hint
