@@ -189,7 +189,7 @@ def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -
 def test_a_package_run_with_dash_m_is_checked_as_torchrun_m_runs_it() -> None:
     # `torchrun -m trainer`: its __main__.py, whose relative import works only as a module.
     project = SCRIPTS / "module_project"
-    proc, report = preflight("--nproc-per-node=2", "-m", "trainer", cwd=project)
+    proc, report = preflight("--nproc-per-node=2", "-m", "trainer", "--steps", "2", cwd=project)
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective"
@@ -198,6 +198,8 @@ def test_a_package_run_with_dash_m_is_checked_as_torchrun_m_runs_it() -> None:
     chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
     assert "main() at trainer/__main__.py" in chain and "runpy" not in chain
     assert any("`if dist.get_rank() == 0`" in line for line in finding["evidence"])
+    # its arguments reached it: 2 steps of 2 gradient all_reduces, then one call each
+    assert [r["collectives"] for r in report["ranks"]] == [5, 5]
     assert not leftover_ranks("-m trainer")
 
 

@@ -220,13 +220,12 @@ def check_in(recorder: Recorder, timeout_s: float) -> None:
 
 
 def main() -> None:
-    as_module = len(sys.argv) > 2 and sys.argv[1] == "-m"
-    if as_module:
-        del sys.argv[1]
+    module = None
+    if len(sys.argv) > 2 and sys.argv[1] == "-m":
+        module = sys.argv.pop(2)  # what stays in argv[1] is the script's place
     if len(sys.argv) < 2:
         print("usage: python -m ncclcheck.record.bootstrap [-m MODULE | SCRIPT] [ARGS...]", file=sys.stderr)
         sys.exit(2)
-    module = sys.argv[1] if as_module else None
     script = os.path.abspath(sys.argv[1])
     if module is not None:
         script = find_module_file(module, os.getcwd()) or module  # run_module says what is wrong
@@ -241,7 +240,7 @@ def main() -> None:
     )
     recorder.hello(script)
     frames.add_user_root(os.path.dirname(script))
-    if as_module:
+    if module is not None:
         frames.add_user_root(os.getcwd())  # the package's other modules, from its root
     install(recorder)
     frameworks.install(recorder)
