@@ -99,7 +99,8 @@ OBJECT_OPS = frozenset(
 )
 SIZE_FREE_OPS = OBJECT_OPS | {"all_to_all", "all_to_all_single"}
 # gather(tensor, gather_list, dst) and scatter(tensor, scatter_list, src): only the root
-# passes the list; the recorder writes ``tensor`` first.
+# passes the list, whose tensors must each have ``tensor``'s shape and dtype, so the
+# first tensor a rank recorded stands for the call whatever the arguments' order.
 ROOT_LIST_OPS = frozenset({"gather", "scatter"})
 
 

@@ -226,9 +226,10 @@ def main() -> None:
     if len(sys.argv) < 2:
         print("usage: python -m ncclcheck.record.bootstrap [-m MODULE | SCRIPT] [ARGS...]", file=sys.stderr)
         sys.exit(2)
-    script = os.path.abspath(sys.argv[1])
     if module is not None:
         script = find_module_file(module, os.getcwd()) or module  # run_module says what is wrong
+    else:
+        script = os.path.abspath(sys.argv[1])
     env = os.environ
     rank = int(env.get("RANK", "0"))
     recorder = Recorder(

@@ -444,8 +444,6 @@ class Recorder:
                 group = kwargs.get("group")
                 async_op = bool(kwargs.get("async_op", False))
                 tensors: tuple[Any, ...] = (*args, *kwargs.values())
-                if "tensor" in kwargs:  # first, as positionally: gather's list follows it
-                    tensors = (kwargs["tensor"], *args, *(v for k, v in kwargs.items() if k != "tensor"))
             else:
                 group, async_op, tensors = None, False, args
             if group is None and group_index is not None and len(args) > group_index:

@@ -18,7 +18,7 @@ def main() -> None:
         dist.gather(count, gather_list=gathered, dst=0)
         received = torch.zeros(1)
         pieces = [torch.full((1,), float(r)) for r in range(world)] if rank == 0 else None
-        dist.scatter(received, scatter_list=pieces, src=0)
+        dist.scatter(scatter_list=pieces, tensor=received, src=0)  # keywords, the list first
         # rank r sends r + 1 tokens to every peer and receives p + 1 from peer p
         sent = torch.full(((rank + 1) * world,), float(rank))
         got = torch.empty(sum(p + 1 for p in range(world)))
