@@ -84,3 +84,39 @@ def test_an_internal_error_is_exit_3_without_traceback(monkeypatch: pytest.Monke
     assert "internal error: ZeroDivisionError: boom" in result.stderr
     assert "report it at" in result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [
+        (["playbooks"], 0),  # rich's console
+        (["playbooks", "--json"], 0),
+        (["lint", "playbooks/rank-conditional-collective/repro.py"], 1),  # line by line
+        (["lint", "--json", "playbooks/rank-conditional-collective/repro.py"], 1),
+    ],
+)
+def test_a_reader_that_leaves_early_does_not_change_the_exit_code(argv: list[str], code: int) -> None:
+    """`ncclcheck lint . | head`: stdout's reader is gone before the first line; the
+    command still ends with its verdict's code and prints no error of its own."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write to stdout now fails with EPIPE
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ncclcheck", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == code, done.stderr
+    assert "error" not in done.stderr.replace("1 error,", ""), done.stderr
+    assert "Traceback" not in done.stderr

@@ -17,6 +17,7 @@ from ncclcheck import __version__
 from ncclcheck.cli import doctor, lint, playbooks, preflight, probe
 from ncclcheck.cli.common import STATE
 from ncclcheck.errors import InternalError, NcclcheckError
+from ncclcheck.render.console import silence_stdout
 
 # Recent typer releases carry their own copy of click; older ones use click itself.
 # Either way usage errors derive from one base, and click already maps them to 2.
@@ -37,6 +38,9 @@ class ErrorMappingGroup(TyperGroup):
             raise
         except NcclcheckError as exc:
             raise typer.Exit(report_error(exc)) from None
+        except BrokenPipeError:  # the reader of stdout left (`| head`) before the command ended
+            silence_stdout()
+            raise typer.Exit(0) from None
         except KeyboardInterrupt:
             typer.echo("ncclcheck: interrupted", err=True)
             raise typer.Exit(130) from None

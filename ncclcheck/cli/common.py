@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +61,16 @@ def torchrun_options(
     )
 
 
+@contextlib.contextmanager
+def reader_may_leave() -> Iterator[None]:
+    """Output to a reader that may stop early (``| head``): a broken pipe ends the
+    printing, not the command, which still exits with its verdict's code."""
+    try:
+        yield
+    except BrokenPipeError:
+        console.silence_stdout()
+
+
 REPORT_OPTION = typer.Option(
     None,
     "--report",
@@ -78,8 +90,9 @@ def emit_report(
             html_path.write_text(report_html(report, lanes), encoding="utf-8")
         except OSError as exc:
             raise InputError(f"{html_path}: cannot write the HTML report ({exc.strerror})") from None
-    if as_json:
-        typer.echo(report.to_json())
-    else:
-        console.print_report(report)
+    with reader_may_leave():
+        if as_json:
+            typer.echo(report.to_json())
+        else:
+            console.print_report(report)
     raise typer.Exit(report.exit_code)

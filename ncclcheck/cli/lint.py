@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from ncclcheck.catalogue import load_catalogue
-from ncclcheck.cli.common import JSON_OPTION
+from ncclcheck.cli.common import JSON_OPTION, reader_may_leave
 from ncclcheck.lint import run_lint
 from ncclcheck.render import lint as render
 
@@ -36,13 +36,14 @@ def lint_command(
     catalogue = load_catalogue()
     chosen = OutputFormat.json if as_json else output_format
     errors = sum(f.severity == "error" for f in findings)
-    if chosen is OutputFormat.json:
-        typer.echo(render.report(findings, catalogue).to_json())
-    elif chosen is OutputFormat.sarif:
-        typer.echo(json.dumps(render.sarif(findings, catalogue), indent=2))
-    else:
-        for line in render.text_lines(findings):
-            typer.echo(line)
+    with reader_may_leave():
+        if chosen is OutputFormat.json:
+            typer.echo(render.report(findings, catalogue).to_json())
+        elif chosen is OutputFormat.sarif:
+            typer.echo(json.dumps(render.sarif(findings, catalogue), indent=2))
+        else:
+            for line in render.text_lines(findings):
+                typer.echo(line)
     warnings = len(findings) - errors
     typer.echo(
         f"ncclcheck lint: {errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)} "

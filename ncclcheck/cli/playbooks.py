@@ -8,7 +8,7 @@ from typing import Any
 import typer
 
 from ncclcheck.catalogue import Playbook, load_catalogue
-from ncclcheck.cli.common import JSON_OPTION
+from ncclcheck.cli.common import JSON_OPTION, reader_may_leave
 from ncclcheck.render import console
 
 
@@ -42,16 +42,18 @@ def playbooks_command(
     """List the catalogue of causes, or show one playbook with its fix."""
     catalogue = load_catalogue()
     if cause is None:
-        if as_json:
-            typer.echo(json.dumps([_as_dict(p) for p in catalogue], indent=2))
-        else:
-            console.print_catalogue(list(catalogue))
+        with reader_may_leave():
+            if as_json:
+                typer.echo(json.dumps([_as_dict(p) for p in catalogue], indent=2))
+            else:
+                console.print_catalogue(list(catalogue))
         return
     playbook = catalogue.get(cause)
-    if as_json:
-        typer.echo(json.dumps(_as_dict(playbook), indent=2))
-    else:
-        console.print_playbook(playbook)
+    with reader_may_leave():
+        if as_json:
+            typer.echo(json.dumps(_as_dict(playbook), indent=2))
+        else:
+            console.print_playbook(playbook)
 
 
 def register(app: typer.Typer) -> None:

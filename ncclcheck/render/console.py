@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -20,10 +22,29 @@ _VERDICT_STYLE = {
 }
 
 
+def silence_stdout() -> None:
+    """The reader of stdout went away (``ncclcheck lint . | head``): what is left to print
+    goes to /dev/null, so that the command still ends with its own exit code and
+    Python's last flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no stdout to speak of
+        pass
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        # rich's own exits with 1, which would read as "errors found" (CONTRACT.md)
+        self.quiet = True
+        silence_stdout()
+
+
 def _console() -> Console:
     # soft_wrap keeps long paths on one line when the output is piped to a file;
     # tables get room for their sites there too (a terminal keeps its own width).
-    console = Console(highlight=False, soft_wrap=True)
+    console = _Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:
         console.width = 160
     return console
