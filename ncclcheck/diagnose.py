@@ -62,10 +62,61 @@ def relative(path: str, cwd: str) -> str:
 _OP_ORIGINS = {"_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0"}
 
 
+# Library code that issues collectives inside a call that looks local, keyed by module
+# and function name (Python 3.10 records no class name): what it is, and what to do.
+_SYNCBN_ADVICE = (
+    "SyncBatchNorm synchronises its statistics across the ranks in training mode only: "
+    "call model.eval() before a forward that not every rank runs, or let every rank run it"
+)
+_ISSUERS = {
+    # PyTorch's SyncBatchNorm, and preflight --cpu's stand-in for it (record/cpu_syncbn.py)
+    **{
+        (module, function): (what, _SYNCBN_ADVICE)
+        for module in ("torch.nn.modules._functions", "ncclcheck.record.cpu_syncbn")
+        for function, what in (
+            ("forward", "SyncBatchNorm's batch statistics, in training mode"),
+            ("backward", "SyncBatchNorm's gradient statistics"),
+        )
+    },
+}
+
+
+def _issued(call: CollectiveCall) -> tuple[str, str] | None:
+    if not call.issuer:
+        return None
+    module, _, qualname = call.issuer.partition(":")
+    return _ISSUERS.get((module, qualname.rpartition(".")[2]))
+
+
+def issued_at(file: str, function: str) -> tuple[str, str] | None:
+    """The same, for a frame of a stack dump (a path; py-spy's "Class.method" name)."""
+    path = file.replace("\\", "/")
+    for (module, name), issued in _ISSUERS.items():
+        if path.endswith(module.replace(".", "/") + ".py") and function.rpartition(".")[2] == name:
+            return issued
+    return None
+
+
+def advice_for_op_text(text: str) -> str | None:
+    """The advice for an op named by what issued it ("all_gather (SyncBatchNorm's ...)")."""
+    for what, advice in _ISSUERS.values():
+        if text.endswith(f"({what})"):
+            return advice
+    return None
+
+
 def op_text(call: CollectiveCall) -> str:
-    """The op as a finding names it: DDP's internal broadcast says what it is."""
-    origin = _OP_ORIGINS.get(call.op)
+    """The op as a finding names it: one the user never wrote says what issued it (DDP's
+    internal broadcast, a SyncBatchNorm layer)."""
+    issued = _issued(call)
+    origin = issued[0] if issued else _OP_ORIGINS.get(call.op)
     return f"{call.op} ({origin})" if origin else call.op
+
+
+def issuer_advice(call: CollectiveCall | None) -> list[str]:
+    """What to do about a collective that library code issued, for a finding's evidence."""
+    issued = _issued(call) if call is not None else None
+    return [issued[1]] if issued else []
 
 
 def split_exit_error(exit_record: dict[str, Any]) -> tuple[str, Frame | None]:
@@ -687,7 +738,7 @@ class Diagnoser:
                             absent_ranks=side_other,
                             op=side_call.op,
                             site=self.site(side_call.site),
-                            evidence=evidence,
+                            evidence=[*evidence, *issuer_advice(side_call)],
                             libraries=side_call.libraries,
                         )
         # 2. an early exit, in a function the absent ranks left, before the call
@@ -718,7 +769,7 @@ class Diagnoser:
                     absent_ranks=other,
                     op=call.op,
                     site=self.site(call.site),
-                    evidence=evidence,
+                    evidence=[*evidence, *issuer_advice(call)],
                     libraries=call.libraries,
                 )
         # 3. a loop one side left: the break/return that ended it, and its condition
@@ -746,7 +797,7 @@ class Diagnoser:
             absent_ranks=other,
             op=call.op,
             site=self.site(call.site),
-            evidence=evidence,
+            evidence=[*evidence, *issuer_advice(call)],
             libraries=call.libraries,
         )
 

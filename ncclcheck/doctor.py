@@ -27,7 +27,7 @@ import psutil
 from ncclcheck import flight_recorder
 from ncclcheck.analyze import source
 from ncclcheck.analyze.align import Divergence, Mismatch
-from ncclcheck.diagnose import Diagnoser, Evidence, relative, who
+from ncclcheck.diagnose import Diagnoser, Evidence, advice_for_op_text, issued_at, relative, who
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.model import (
     CollectiveCall,
@@ -165,14 +165,25 @@ def _status(proc: psutil.Process) -> str:
         return "gone"
 
 
+def _named_by_issuer(op: str, callers: list[Frame]) -> str:
+    """ "all_gather (SyncBatchNorm's batch statistics, in training mode)" when library code
+    the user called issued the collective; the op alone when the user's code did."""
+    for frame in callers:  # outward, past torch.distributed's own wrappers
+        if "torch/distributed/" in frame.file.replace("\\", "/"):
+            continue
+        issued = issued_at(frame.file, frame.function)
+        return f"{op} ({issued[0]})" if issued else op
+    return op
+
+
 def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
     """What the main thread waits in: (a collective's name, True) or (what else, False)."""
     main = stack.main
     if main is None:
         return ("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
-    for frame in main.frames:  # innermost first
+    for index, frame in enumerate(main.frames):  # innermost first
         if "torch/distributed/" in frame.file and frame.function in _COLLECTIVE_NAMES:
-            return (frame.function, True)
+            return (_named_by_issuer(frame.function, main.frames[index + 1 :]), True)
         if frame.function == "_engine_run_backward":
             return ("all_reduce (DDP gradient buckets, in backward)", True)
         path = frame.file.replace("\\", "/")
@@ -495,6 +506,8 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
     """The playbooks' doctor signals, applied to the merged stack classes."""
     missing = sorted(set(range(world)) - set(found))
     evidence = [f"{who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
+    # what to do about a collective library code issued (SyncBatchNorm in training mode)
+    evidence += dict.fromkeys(a for c in classes if (a := advice_for_op_text(c.blocking)) is not None)
     waiting = [c for c in classes if c.in_collective]
     outside = [c for c in classes if not c.in_collective]
     diagnoser = Diagnoser(Evidence(traces={}, world_size=world))

@@ -134,6 +134,9 @@ class CollectiveCall:
     # A framework ran it later on the user's behalf; ``site`` is then where they asked for it.
     later: Deferred | None = None
     libraries: list[str] = field(default_factory=list)  # third-party packages on its stack
+    # "module:function" of the library code that called the collective (SyncBatchNorm's
+    # forward, a metric's gather); None when the user's own code called it.
+    issuer: str | None = None
 
     @property
     def site_text(self) -> str:

@@ -130,6 +130,7 @@ def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
         peer=record.get("peer"),
         later=_deferred(record.get("later")),
         libraries=[str(name) for name in record.get("libs", [])],
+        issuer=str(record["issuer"]) if record.get("issuer") else None,
     )
 
 

@@ -471,3 +471,32 @@ def test_the_deepest_root_decides_whose_code_a_file_is(
     )
     monkeypatch.setattr(frames.os.path, "realpath", lambda p: p)
     assert frames.is_user_file(path) is user
+
+
+@pytest.mark.parametrize(
+    "issuer",
+    [
+        "torch.nn.modules._functions:SyncBatchNorm.forward",  # PyTorch's, on GPUs
+        "torch.nn.modules._functions:forward",  # Python 3.10 records no class name
+        "ncclcheck.record.cpu_syncbn:CpuSyncBatchNormFunction.forward",  # preflight --cpu
+    ],
+)
+def test_a_collective_syncbatchnorm_issued_is_named_and_advised(issuer: str) -> None:
+    from ncclcheck.diagnose import issued_at, issuer_advice, op_text
+
+    call = CollectiveCall(rank=0, seq=3, op="all_gather", group="0", group_ranks=[0, 1], issuer=issuer)
+    assert op_text(call) == "all_gather (SyncBatchNorm's batch statistics, in training mode)"
+    assert issuer_advice(call)[0].startswith("SyncBatchNorm synchronises its statistics")
+    # the user's own all_gather, and library code not in the table, stay plain
+    assert (
+        op_text(CollectiveCall(rank=0, seq=3, op="all_gather", group="0", group_ranks=[0, 1])) == "all_gather"
+    )
+    other = CollectiveCall(
+        rank=0, seq=3, op="all_gather", group="0", group_ranks=[0, 1], issuer="torchmetrics.x:f"
+    )
+    assert (op_text(other), issuer_advice(other)) == ("all_gather", [])
+    # doctor's view of the same frame in a py-spy dump: a path and "Class.method"
+    module, _, qualname = issuer.partition(":")
+    path = f"/venv/lib/python3.11/site-packages/{module.replace('.', '/')}.py"
+    assert issued_at(path, qualname) is not None
+    assert issued_at("/venv/lib/python3.11/site-packages/torch/nn/modules/batchnorm.py", qualname) is None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, ncclcheck, run_bounded
+from .conftest import REPO, ncclcheck, run_bounded, torchrun_argv
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "gpu_style.py"
 pytestmark = pytest.mark.ranks
@@ -71,3 +71,55 @@ def test_without_cpu_the_nccl_script_fails_with_a_pointer_to_it() -> None:
     assert "failed on every rank before init_process_group" in first
     assert "_cuda_setDevice" in first  # torch.cuda.set_device on a CPU build: torch's own words
     assert "rerun with --cpu" in result.output
+
+
+SYNCBN_SCRIPT = Path(__file__).resolve().parent / "scripts" / "syncbn_gpu.py"
+
+
+def test_syncbatchnorm_on_cpu_matches_batchnorm_over_every_rank_batch() -> None:
+    """--cpu's SyncBatchNorm (record/cpu_syncbn.py) on 3 gloo ranks with 2, 5 and 8
+    samples (and once an empty batch): outputs, running statistics and gradients equal
+    BatchNorm's over the batches put together, in float64."""
+    script = Path(__file__).resolve().parent / "scripts" / "cpu_syncbn_numerics.py"
+    result = run_bounded(torchrun_argv(script, 3), 150, cwd=REPO)
+    assert result.returncode == 0, result.output
+    assert "numerics ok" in result.output
+
+
+def test_a_gpu_script_with_syncbatchnorm_trains_on_cpu() -> None:
+    # PyTorch's own refuses CPU modules in DDP and CPU inputs: without the mapping
+    # this run ended in "ValueError: SyncBatchNorm layers only work with GPU modules".
+    result, report = ncclcheck("preflight", "--cpu", "--json", str(SYNCBN_SCRIPT), env={"MODE": "aligned"})
+    assert result.returncode == 0, result.output
+    assert report["verdict"] == "aligned"
+    train_line = _line_in(SYNCBN_SCRIPT, "F.cross_entropy(model(images.cuda())")
+    mapped = "\n".join(report["summary"]["cpu"])
+    assert (
+        f"SyncBatchNorm -> CPU statistics, same collectives at tests/scripts/syncbn_gpu.py:{train_line}"
+        in mapped
+    )
+
+
+def test_a_rank_zero_forward_in_training_mode_is_named_as_syncbatchnorms_all_gather() -> None:
+    result, report = ncclcheck(
+        "preflight",
+        "--cpu",
+        "--json",
+        "--stall-timeout",
+        "6",
+        str(SYNCBN_SCRIPT),
+        env={"MODE": "rank0_preview"},
+    )
+    assert result.returncode == 1, result.output
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective"
+    assert (
+        finding["site"] == f"tests/scripts/syncbn_gpu.py:{_line_in(SYNCBN_SCRIPT, 'preview = model.module(')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "all_gather (SyncBatchNorm's batch statistics, in training mode)" in finding["message"]
+    assert any(line.startswith("SyncBatchNorm synchronises") for line in finding["evidence"])
+
+
+def _line_in(script: Path, fragment: str) -> int:
+    return next(n for n, text in enumerate(script.read_text().splitlines(), 1) if fragment in text)

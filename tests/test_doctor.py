@@ -189,6 +189,21 @@ def test_rank0_stuck_in_ddp_buffer_broadcast_is_a_rank_conditional_collective() 
     assert any("`if dist.get_rank() == 0`" in e for e in finding["evidence"])
 
 
+def test_rank0_stuck_in_syncbatchnorm_is_named_with_what_to_do() -> None:
+    # Rank 0's model(x) in training mode: the user's line, then torch's Module.__call__,
+    # the layer's forward and an autograd Function's forward issue the all_gather.
+    script = SCRIPTS / "syncbn_rank0_preview_hang.py"
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "preview = model(" in text)
+    assert finding["site"] == f"tests/scripts/syncbn_rank0_preview_hang.py:{line}"
+    assert finding["op"] == "all_gather (SyncBatchNorm's batch statistics, in training mode)"
+    assert any(e.startswith("SyncBatchNorm synchronises") for e in finding["evidence"])
+
+
 def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     # No RANK in the environment: the ranks are spawn's children, each under
     # torch.multiprocessing.spawn's _wrap(fn, i, ...), whose i is the rank.

@@ -16,6 +16,8 @@ lists them:
   tensor factories -> CPU
 - ``DistributedDataParallel(module, device_ids=[i])`` -> without device ids
 - ``torch.autocast("cuda", ...)`` -> CPU autocast in bfloat16; ``GradScaler("cuda")`` -> CPU
+- ``SyncBatchNorm`` -> the same statistics and collectives on CPU (record/cpu_syncbn.py),
+  and DDP accepts a CPU module that holds one
 
 What is not mapped (streams, events, custom kernels, NCCL-only options) fails in
 the script, and preflight says which call it was.
@@ -224,3 +226,7 @@ def install(recorder: Recorder) -> None:
         original_scaler_init(self, device, *args, **kwargs)
 
     torch.amp.GradScaler.__init__ = scaler_init
+
+    from ncclcheck.record.cpu_syncbn import run_sync_batch_norm_on_cpu
+
+    run_sync_batch_norm_on_cpu(note)

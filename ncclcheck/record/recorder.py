@@ -159,6 +159,12 @@ def _libraries_on(frame: Any, outermost: Any) -> list[str]:
     return sorted(found)
 
 
+def _issuer(frame: Any) -> str:
+    """ "module:Class.function" of the library code that called a collective."""
+    code = frame.f_code
+    return f"{frame.f_globals.get('__name__', '?')}:{getattr(code, 'co_qualname', code.co_name)}"
+
+
 class Recorder:
     """One per rank process. Thread-safe: DDP hooks may run on autograd threads."""
 
@@ -395,6 +401,8 @@ class Recorder:
         libraries = _libraries_on(caller, self.outermost_frame)
         if libraries:
             fields["libs"] = libraries
+        if caller is not None and not is_user_code(caller.f_code):
+            fields["issuer"] = _issuer(caller)
         deferred = self.deferred
         if deferred is not None and deferred.stack:
             # Sited where the user asked for it; where it ran goes beside it.
