@@ -78,6 +78,11 @@ _ISSUERS = {
             ("backward", "SyncBatchNorm's gradient statistics"),
         )
     },
+    # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
+    ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
+        "torchmetrics' gather of every rank's metric state, in compute()",
+        "",
+    ),
 }
 
 
@@ -101,7 +106,7 @@ def advice_for_op_text(text: str) -> str | None:
     """The advice for an op named by what issued it ("all_gather (SyncBatchNorm's ...)")."""
     for what, advice in _ISSUERS.values():
         if text.endswith(f"({what})"):
-            return advice
+            return advice or None
     return None
 
 
@@ -116,7 +121,7 @@ def op_text(call: CollectiveCall) -> str:
 def issuer_advice(call: CollectiveCall | None) -> list[str]:
     """What to do about a collective that library code issued, for a finding's evidence."""
     issued = _issued(call) if call is not None else None
-    return [issued[1]] if issued else []
+    return [issued[1]] if issued and issued[1] else []
 
 
 def split_exit_error(exit_record: dict[str, Any]) -> tuple[str, Frame | None]:

@@ -1,5 +1,5 @@
-"""preflight and doctor on scripts built with accelerate, PyTorch Lightning and the
-transformers Trainer (examples/frameworks): real ranks, gloo on CPU.
+"""preflight and doctor on scripts built with accelerate, PyTorch Lightning, the
+transformers Trainer and torchmetrics (examples/frameworks): real ranks, gloo on CPU.
 
 Each framework has an aligned script and a misaligned one; the finding must point
 at the user's line, never at the framework's code. The frameworks are in the test
@@ -54,6 +54,7 @@ FRAMEWORK_CASES = [
         "dist.all_reduce(loss, op=dist.ReduceOp.MIN)",
         "state.is_world_process_zero",
     ),
+    Framework("torchmetrics", "torchmetrics", "accuracy.compute()", "dist.get_rank() == 0"),
 ]
 IDS = [f.name for f in FRAMEWORK_CASES]
 LIGHTNING = FRAMEWORK_CASES[1]
@@ -84,6 +85,10 @@ def test_misaligned_script_is_found_at_the_users_line(framework: Framework) -> N
     assert any(f"`if {framework.guard}`" in line for line in finding["evidence"]), finding["evidence"]
     # the playbook's fix in the framework's own terms
     assert any(line.startswith(f"with {framework.name}: ") for line in finding["evidence"]), finding
+    if framework.name == "torchmetrics":  # its barrier, named for the compute() that issued it
+        assert (
+            "barrier (torchmetrics' gather of every rank's metric state, in compute())" in finding["message"]
+        )
     assert not leftover_ranks(str(script))
 
 

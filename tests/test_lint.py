@@ -114,16 +114,19 @@ def test_accelerate_gather_under_is_main_process() -> None:
 
 
 def test_framework_examples_each_misaligned_script_once_and_no_aligned_one() -> None:
-    """accelerate's gather, Lightning's self.log(sync_dist=True) and a Trainer callback's
-    all_reduce, each under the framework's own rank test; the fixed scripts are clean."""
+    """accelerate's gather, Lightning's self.log(sync_dist=True), a Trainer callback's
+    all_reduce and a torchmetrics compute(), each under a rank test; the fixed scripts
+    are clean."""
     findings, _ = run_lint([FRAMEWORKS])
     found = sorted((Path(f.path).name, f.cause, f.severity) for f in findings)
     assert found == [
         ("accelerate_misaligned.py", "rank-conditional-collective", "error"),
         ("lightning_misaligned.py", "rank-conditional-collective", "error"),
+        ("torchmetrics_misaligned.py", "rank-conditional-collective", "error"),
         ("transformers_misaligned.py", "rank-conditional-collective", "error"),
     ]
     conditions = {Path(f.path).name: f.message for f in findings}
+    assert "accuracy.compute() (torchmetrics syncs its states)" in conditions["torchmetrics_misaligned.py"]
     assert "`self.trainer.is_global_zero`" in conditions["lightning_misaligned.py"]
     assert "self.log(sync_dist=True)" in conditions["lightning_misaligned.py"]
     assert "`state.is_world_process_zero`" in conditions["transformers_misaligned.py"]

@@ -1,0 +1,51 @@
+"""torchmetrics: every rank updates the metric on its shard, but only rank 0 calls
+compute(), which first syncs the metric's state across the ranks (a barrier, then
+all_gathers). Rank 0's barrier pairs with the other ranks' barrier after the
+evaluation; then rank 0 waits alone in the all_gather while the others train on.
+
+    ncclcheck preflight --nproc-per-node 2 examples/frameworks/torchmetrics_misaligned.py
+"""
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+from torchmetrics.classification import MulticlassAccuracy
+
+
+def dataset(samples: int, seed: int) -> TensorDataset:
+    gen = torch.Generator().manual_seed(seed)
+    features = torch.randn(samples, 8, generator=gen)
+    return TensorDataset(features, (features.sum(dim=1) > 0).long())
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    model = DDP(nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_data, val_data = dataset(128, 0), dataset(32, 1)
+    train_loader = DataLoader(train_data, batch_size=8, sampler=DistributedSampler(train_data))
+    val_loader = DataLoader(val_data, batch_size=8, sampler=DistributedSampler(val_data, shuffle=False))
+    accuracy = MulticlassAccuracy(num_classes=2)
+    for epoch in range(3):
+        model.train()
+        for features, labels in train_loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(features), labels).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for features, labels in val_loader:
+                accuracy.update(model(features), labels)
+        if dist.get_rank() == 0:
+            print(f"epoch {epoch}: accuracy {accuracy.compute().item():.3f}", flush=True)
+        accuracy.reset()
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
