@@ -373,6 +373,9 @@ class Diagnoser:
                 evidence=evidence,
             )
 
+        if first.kind is Mismatch.REQUEST:
+            return self.mixed_requests(first, made, evidence)
+
         # A rank that died *here*: it never made this call (a rank that aborts inside
         # a mismatched collective made it, and is explained by the mismatch).
         dead = [r for r in first.absent if self.died(r)]
@@ -405,6 +408,30 @@ class Diagnoser:
             return straggler
 
         return self.branch(first, made, other, evidence)
+
+    def mixed_requests(self, first: Divergence, made: list[int], evidence: list[str]) -> Finding:
+        """The ranks' n-th reductions are for values logged under different names (one
+        self.log_dict call, other keys per rank): each rank's value is reduced with
+        another name's, silently, and a rank with more names than the others hangs."""
+        calls = {r: c for r, c in first.calls.items() if c is not None}
+        call = calls[made[0]]
+        by_request: dict[str, list[int]] = {}
+        for rank, each in sorted(calls.items()):
+            by_request.setdefault(each.later.request if each.later else each.op, []).append(rank)
+        sides = "; ".join(f"{who(ranks)}: {request}" for request, ranks in by_request.items())
+        by = call.later.by if call.later else "the framework"
+        return self.finding(
+            "collective-shape-mismatch",
+            f"{who(first.members)} reach {by}'s {call.op} at {self.site(call.site)} for values "
+            f"logged under different names ({sides}): they pair with each other, and a rank "
+            f"that logged more names than the others waits forever",
+            ranks=first.members,
+            absent_ranks=[],
+            op=call.op,
+            site=self.site(call.site),
+            evidence=evidence,
+            libraries=call.libraries,
+        )
 
     def order_mismatch(self, found: list[Divergence]) -> Finding | None:
         """Two groups each waiting on ranks that are waiting in the other: a cycle."""
@@ -793,7 +820,17 @@ class Diagnoser:
             left = self.loop_left(stack[common], None, made, other, call, evidence)
             if left is not None:
                 return left
-        # 4. nothing in the source explains it: report the place, plainly
+        # 4. nothing in the source explains it: report the place, plainly, and a value
+        # one side logged for a framework to reduce that the other side never did
+        for mine, mine_ranks, theirs_ranks, theirs in ((call, made, other, alt), (alt, other, made, call)):
+            if mine is not None and mine.later is not None and (theirs is None or theirs.later is None):
+                evidence.append(
+                    f"{who(mine_ranks)}: {mine.later.by} reduces {mine.later.request} here; "
+                    f"{who(theirs_ranks)}: no such reduction at this point. If the names a rank logs "
+                    f"depend on its data (self.log_dict of per-rank keys), log the same names on "
+                    f"every rank"
+                )
+                break
         return self.finding(
             "rank-conditional-collective",
             f"{who(made)} called {op_text(call)} at {self.site(call.site)}; "

@@ -500,3 +500,24 @@ def test_a_collective_syncbatchnorm_issued_is_named_and_advised(issuer: str) -> 
     path = f"/venv/lib/python3.11/site-packages/{module.replace('.', '/')}.py"
     assert issued_at(path, qualname) is not None
     assert issued_at("/venv/lib/python3.11/site-packages/torch/nn/modules/batchnorm.py", qualname) is None
+
+
+def test_reductions_a_framework_runs_for_different_names_are_a_mismatch() -> None:
+    from ncclcheck.model import Deferred
+
+    def reduction(rank: int, name: str) -> CollectiveCall:
+        request = f"self.log({name!r}, sync_dist=True)"
+        return CollectiveCall(
+            rank=rank,
+            seq=4,
+            op="all_reduce",
+            group="0",
+            group_ranks=[0, 1],
+            shapes=[[]],
+            dtypes=["float32"],
+            site=Frame("model.py", 38, "validation_step"),
+            later=Deferred("Lightning", request, None),
+        )
+
+    assert compare({0: reduction(0, "val_loss"), 1: reduction(1, "val_loss")}) is None
+    assert compare({0: reduction(0, "val_loss_neg"), 1: reduction(1, "val_loss_pos")}) is Mismatch.REQUEST

@@ -162,3 +162,41 @@ def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_
     assert report["findings"][0]["cause"] == "rank-conditional-collective"
     (changed,) = report["summary"]["framework"]
     assert changed.startswith("transformers Trainer eval_steps=5 (was 50) at "), changed
+
+
+LOG_DICT_KEYS = REPO / "tests" / "scripts" / "lightning_log_dict_keys.py"
+
+
+def test_lightning_log_dict_with_per_rank_names_is_found_though_it_never_hangs() -> None:
+    """Same number of names, different names per rank: the reductions pair silently and
+    average one name's value with another's. By site and op the runs agree; what the
+    framework reduces does not."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    proc, report = preflight("--nproc-per-node=2", str(LOG_DICT_KEYS), env={"MODE": "swapped"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-shape-mismatch", json.dumps(finding, indent=1)
+    assert (
+        finding["site"]
+        == f"tests/scripts/lightning_log_dict_keys.py:{_line(LOG_DICT_KEYS, 'self.log_dict(metrics')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0, 1], [])
+    assert (
+        "rank 0: self.log('val_loss_neg', sync_dist=True); rank 1: self.log('val_loss_pos', sync_dist=True)"
+        in finding["message"]
+    )
+    assert any(
+        line.startswith("with lightning: Log the same names on every rank") for line in finding["evidence"]
+    )
+
+
+def test_lightning_log_dict_with_a_name_only_one_rank_logs_names_that_reduction() -> None:
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    proc, report = preflight("--nproc-per-node=2", str(LOG_DICT_KEYS), env={"MODE": "extra"})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0]), finding
+    assert (
+        "rank 1: Lightning reduces self.log('val_loss_pos_only', sync_dist=True) here; "
+        "rank 0: no such reduction at this point" in "\n".join(finding["evidence"])
+    )

@@ -27,6 +27,9 @@ class Mismatch(str, Enum):
     SITE = "site"  # same op, different call sites
     STEP = "step"  # same op and site, but for different loader batches
     SHAPE = "shape"  # same op and site, different shapes or dtypes
+    # same op and site, for different values a framework reduces later (Lightning's
+    # self.log_dict with other keys on some rank): they pair silently, wrongly
+    REQUEST = "request"
 
 
 @dataclass
@@ -75,7 +78,13 @@ def _key(call: CollectiveCall | None, kind: Mismatch) -> tuple[object, ...]:
         return (call.op, call.site_text)
     if kind is Mismatch.STEP:
         return (call.op, call.site_text, _step(call))
+    if kind is Mismatch.REQUEST:
+        return (call.op, call.site_text, _request(call))
     return (call.op, call.site_text, call.signature)
+
+
+def _request(call: CollectiveCall) -> str | None:
+    return call.later.request if call.later is not None else None
 
 
 def _step(call: CollectiveCall) -> tuple[object, ...] | None:
@@ -93,6 +102,8 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
         return Mismatch.OP
     if len({c.site_text for c in made}) > 1:
         return Mismatch.SITE
+    if len({_request(c) for c in made}) > 1:
+        return Mismatch.REQUEST
     steps = {_step(c) for c in made}
     if len(steps) > 1 and None not in steps:
         return Mismatch.STEP
