@@ -639,7 +639,12 @@ class Diagnoser:
         ]
         cause, reason = "data-dependent-branch", ""
         if site is not None:
-            swallow = source.swallowing_try(site.file, site.line)
+            # the try may be a caller's, around the step function the error left early
+            swallow, swallow_file = None, site.file
+            for frame in reversed(earlier.user_stack or [site]):
+                swallow, swallow_file = source.swallowing_try(frame.file, frame.line), frame.file
+                if swallow is not None:
+                    break
             loop = source.innermost_loop(site.file, site.line)
             exits = source.conditional_exits(site.file, loop, site.line) if loop else []
             # the call may sit in a helper (step()): the loop that skipped it is a caller's
@@ -654,7 +659,7 @@ class Diagnoser:
             if swallow is not None:
                 cause = "rank-exception"
                 reason = (
-                    f"the call is inside a try at {self.site(Frame(site.file, swallow.lineno, ''))}"
+                    f"the call is inside a try at {self.site(Frame(swallow_file, swallow.lineno, ''))}"
                     " whose handler swallows the error and continues"
                 )
             elif exits:

@@ -213,6 +213,25 @@ def test_tensors_that_differ_by_design_are_not_a_shape_mismatch() -> None:
     assert [r["collectives"] for r in report["ranks"]] == [5, 5, 5]
 
 
+def test_an_error_caught_around_a_step_function_is_a_rank_exception() -> None:
+    # The try is in the loop, around train_step(); the skipped all_reduce is DDP's,
+    # inside train_step's backward: the handler that swallowed the OOM is the cause.
+    script = SCRIPTS / "oom_skip_step.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-exception", finding
+    lines = script.read_text().splitlines()
+    step_line = next(n for n, text in enumerate(lines, 1) if "simulate_oom=" in text)
+    try_line = next(n for n, text in enumerate(lines, 1) if text.strip() == "try:")
+    assert finding["site"] == f"tests/scripts/oom_skip_step.py:{step_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert (
+        f"the call is inside a try at tests/scripts/oom_skip_step.py:{try_line} whose handler swallows"
+        in "\n".join(finding["evidence"])
+    )
+
+
 def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     script = PLAYBOOKS / "collective-shape-mismatch" / "repro.py"
     _proc, report = preflight("--nproc-per-node=2", str(script))
