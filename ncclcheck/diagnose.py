@@ -78,6 +78,14 @@ _ISSUERS = {
             ("backward", "SyncBatchNorm's gradient statistics"),
         )
     },
+    # torch.distributed.checkpoint plans every save and load across the ranks: its
+    # _DistWrapper issues them all (gather_object, scatter_object, all_reduce, ...)
+    ("torch.distributed.checkpoint.utils", "*"): (
+        "torch.distributed.checkpoint coordinating a save or load across the ranks",
+        "torch.distributed.checkpoint's save() and load() are collective: call them on every "
+        "rank (each writes or reads its own shards); for a file rank 0 alone writes, use "
+        "torch.save(model.state_dict()) under the rank test",
+    ),
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",
@@ -90,14 +98,14 @@ def _issued(call: CollectiveCall) -> tuple[str, str] | None:
     if not call.issuer:
         return None
     module, _, qualname = call.issuer.partition(":")
-    return _ISSUERS.get((module, qualname.rpartition(".")[2]))
+    return _ISSUERS.get((module, qualname.rpartition(".")[2])) or _ISSUERS.get((module, "*"))
 
 
 def issued_at(file: str, function: str) -> tuple[str, str] | None:
     """The same, for a frame of a stack dump (a path; py-spy's "Class.method" name)."""
     path = file.replace("\\", "/")
     for (module, name), issued in _ISSUERS.items():
-        if path.endswith(module.replace(".", "/") + ".py") and function.rpartition(".")[2] == name:
+        if path.endswith(module.replace(".", "/") + ".py") and name in ("*", function.rpartition(".")[2]):
             return issued
     return None
 

@@ -169,10 +169,11 @@ def _named_by_issuer(op: str, callers: list[Frame]) -> str:
     """ "all_gather (SyncBatchNorm's batch statistics, in training mode)" when library code
     the user called issued the collective; the op alone when the user's code did."""
     for frame in callers:  # outward, past torch.distributed's own wrappers
-        if "torch/distributed/" in frame.file.replace("\\", "/"):
-            continue
         issued = issued_at(frame.file, frame.function)
-        return f"{op} ({issued[0]})" if issued else op
+        if issued is not None:  # torch.distributed.checkpoint's are issuers themselves
+            return f"{op} ({issued[0]})"
+        if "torch/distributed/" not in frame.file.replace("\\", "/"):
+            return op
     return op
 
 

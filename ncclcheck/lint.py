@@ -34,6 +34,10 @@ _DIST_OPS = frozenset(COLLECTIVES) - frozenset(P2P)
 _ACCELERATE_METHODS = frozenset(
     {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone", "save_state"}
 )
+# torch.distributed.checkpoint's entry points: each plans the save or load across the
+# ranks with collectives (unless no_dist=True)
+_DCP_MODULE = "torch.distributed.checkpoint"
+_DCP_FUNCTIONS = frozenset({"save", "load", "async_save", "save_state_dict", "load_state_dict"})
 _RANK_ZERO_DECORATORS = frozenset(
     {"rank_zero_only", "main_process_only", "on_main_process", "on_local_main_process"}
 )
@@ -100,6 +104,8 @@ class _Module:
     lines: list[str]
     dist_aliases: set[str] = field(default_factory=set)  # names bound to torch.distributed
     dist_functions: set[str] = field(default_factory=set)  # ops imported by name
+    dcp_aliases: set[str] = field(default_factory=set)  # names of torch.distributed.checkpoint
+    dcp_functions: set[str] = field(default_factory=set)  # its save/load imported by name
     imported_functions: dict[str, tuple[Path, str]] = field(default_factory=dict)
     imported_modules: dict[str, Path] = field(default_factory=dict)
     functions: dict[str, list[_Function]] = field(default_factory=dict)
@@ -203,6 +209,8 @@ class Linter:
                     module.libraries.add(alias.name.split(".")[0])
                     if alias.name == "torch.distributed":
                         module.dist_aliases.add(alias.asname or "torch.distributed")
+                    elif alias.name == _DCP_MODULE:
+                        module.dcp_aliases.add(alias.asname or _DCP_MODULE)
                     elif follow:
                         target = self._resolve_module(module.path, alias.name, 0)
                         if target is not None:
@@ -217,6 +225,10 @@ class Linter:
                         module.dist_aliases.add(local)
                     elif base == "torch.distributed" and alias.name in _DIST_OPS:
                         module.dist_functions.add(local)
+                    elif base == "torch.distributed" and alias.name == "checkpoint":
+                        module.dcp_aliases.add(local)
+                    elif base == _DCP_MODULE and alias.name in _DCP_FUNCTIONS:
+                        module.dcp_functions.add(local)
                     elif follow:
                         self._note_import(module, base, node.level, alias.name, local)
         for statement in module.tree.body:
@@ -332,6 +344,8 @@ class Linter:
                 return f"dist.{func.id}"
             if func.id in ddp_names:
                 return f"{func.id}(...) forward through DistributedDataParallel"
+            if func.id in module.dcp_functions and not _keyword_true(call, "no_dist"):
+                return f"{func.id}() (torch.distributed.checkpoint plans it across the ranks)"
             return None
         if not isinstance(func, ast.Attribute):
             return None
@@ -341,6 +355,12 @@ class Linter:
         attr = func.attr
         if attr in _DIST_OPS and self.is_dist(func.value, module):
             return f"dist.{attr}"
+        if (
+            attr in _DCP_FUNCTIONS
+            and (receiver in module.dcp_aliases or receiver == _DCP_MODULE)
+            and not _keyword_true(call, "no_dist")
+        ):
+            return f"{receiver}.{attr}() (torch.distributed.checkpoint plans it across the ranks)"
         if attr in _ACCELERATE_METHODS and "accelerator" in receiver.lower():
             return f"{receiver}.{attr}"
         if attr in ("log", "log_dict") and any(

@@ -174,17 +174,24 @@ def test_collective_hidden_in_a_helper_module() -> None:
     assert any("`if is_main`" in line for line in finding["evidence"])
 
 
+def rank0_alone_finding(script_name: str, site_fragment: str) -> dict:  # type: ignore[type-arg]
+    """Doctor on a hung job in which rank 0 alone reached a collective library code
+    issued: a rank-conditional-collective at the user's line holding ``site_fragment``."""
+    script = SCRIPTS / script_name
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1
+    finding: dict = report["findings"][0]  # type: ignore[type-arg]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if site_fragment in text)
+    assert finding["site"] == f"tests/scripts/{script_name}:{line}"
+    return finding
+
+
 def test_rank0_stuck_in_ddp_buffer_broadcast_is_a_rank_conditional_collective() -> None:
     # Rank 0 evaluates alone through DDP: its stack ends in DDP's forward(), whose C++
     # broadcast shows no frame; rank 1 waits in the barrier after the `if`.
-    script = SCRIPTS / "ddp_buffers_rank0_eval.py"
-    code, report = doctor_on_hung(script, 2)
-    assert code == 1
-    finding = report["findings"][0]
-    assert finding["cause"] == "rank-conditional-collective", finding
-    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
-    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "BatchNorm buffers" in text)
-    assert finding["site"] == f"tests/scripts/ddp_buffers_rank0_eval.py:{line}"
+    finding = rank0_alone_finding("ddp_buffers_rank0_eval.py", "BatchNorm buffers")
     assert finding["op"].startswith("_broadcast_coalesced (DDP's broadcast of buffers")
     assert any("`if dist.get_rank() == 0`" in e for e in finding["evidence"])
 
@@ -192,16 +199,19 @@ def test_rank0_stuck_in_ddp_buffer_broadcast_is_a_rank_conditional_collective() 
 def test_rank0_stuck_in_syncbatchnorm_is_named_with_what_to_do() -> None:
     # Rank 0's model(x) in training mode: the user's line, then torch's Module.__call__,
     # the layer's forward and an autograd Function's forward issue the all_gather.
-    script = SCRIPTS / "syncbn_rank0_preview_hang.py"
-    code, report = doctor_on_hung(script, 2)
-    assert code == 1
-    finding = report["findings"][0]
-    assert finding["cause"] == "rank-conditional-collective", finding
-    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
-    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "preview = model(" in text)
-    assert finding["site"] == f"tests/scripts/syncbn_rank0_preview_hang.py:{line}"
+    finding = rank0_alone_finding("syncbn_rank0_preview_hang.py", "preview = model(")
     assert finding["op"] == "all_gather (SyncBatchNorm's batch statistics, in training mode)"
     assert any(e.startswith("SyncBatchNorm synchronises") for e in finding["evidence"])
+
+
+def test_rank0_stuck_in_a_distributed_checkpoint_save_is_named_with_what_to_do() -> None:
+    # Every frame between the user's dcp.save() and the collective is torch.distributed's
+    # own: the checkpoint module's, not the wrappers', names the wait.
+    finding = rank0_alone_finding("dcp_rank0_save.py", "dcp.save(")
+    assert finding["op"].endswith(
+        "(torch.distributed.checkpoint coordinating a save or load across the ranks)"
+    )
+    assert any(e.startswith("torch.distributed.checkpoint's save() and load()") for e in finding["evidence"])
 
 
 def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:

@@ -529,3 +529,43 @@ def test_pre_commit_hook_with_try_repo(tmp_path: Path) -> None:
     )
     assert result.returncode == 1, result.output
     assert "train.py:7:9: rank-conditional-collective:" in result.output  # the barrier
+
+
+@pytest.mark.parametrize(
+    ("imports", "call", "flagged"),
+    [
+        ("import torch.distributed.checkpoint as dcp", "dcp.save(state, checkpoint_id=path)", True),
+        ("from torch.distributed import checkpoint as ckpt", "ckpt.load(state, checkpoint_id=path)", True),
+        (
+            "from torch.distributed.checkpoint import async_save",
+            "async_save(state, checkpoint_id=path)",
+            True,
+        ),
+        (
+            "import torch.distributed.checkpoint",
+            "torch.distributed.checkpoint.save(state, checkpoint_id=path)",
+            True,
+        ),
+        # no_dist=True: one process, no collective
+        (
+            "import torch.distributed.checkpoint as dcp",
+            "dcp.save(state, checkpoint_id=path, no_dist=True)",
+            False,
+        ),
+        ("import torch", "torch.save(state, path)", False),
+    ],
+)
+def test_a_distributed_checkpoint_under_a_rank_test_is_flagged(
+    tmp_path: Path, imports: str, call: str, flagged: bool
+) -> None:
+    source = f"""
+    import torch
+    import torch.distributed as dist
+    {imports}
+
+    def checkpoint(state, path):
+        if dist.get_rank() == 0:
+            {call}
+    """
+    expected = [("rank-conditional-collective", 8, "error")] if flagged else []
+    assert lint_source(tmp_path, source) == expected

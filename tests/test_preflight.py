@@ -232,6 +232,22 @@ def test_an_error_caught_around_a_step_function_is_a_rank_exception() -> None:
     )
 
 
+def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_is() -> None:
+    script = SCRIPTS / "dcp_rank0_save.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "dcp.save(" in text)
+    assert finding["site"] == f"tests/scripts/dcp_rank0_save.py:{line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "(torch.distributed.checkpoint coordinating a save or load across the ranks)" in finding["message"]
+    assert any(
+        e.startswith("torch.distributed.checkpoint's save() and load() are collective")
+        for e in finding["evidence"]
+    )
+
+
 def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     script = PLAYBOOKS / "collective-shape-mismatch" / "repro.py"
     _proc, report = preflight("--nproc-per-node=2", str(script))
