@@ -86,6 +86,22 @@ _ISSUERS = {
         "rank (each writes or reads its own shards); for a file rank 0 alone writes, use "
         "torch.save(model.state_dict()) under the rank test",
     ),
+    # DTensor (FSDP2's parameters, tensor parallelism) gathers or redistributes shards
+    # through functional collectives: full_tensor(), a full state_dict, redistribute()
+    **{
+        (module, "*"): (
+            "DTensor gathering or redistributing its shards, in full_tensor() or redistribute()",
+            "a DTensor's full_tensor() and redistribute() communicate: call them on every rank "
+            "and keep only torch.save or the printing under the rank test (or gather the state "
+            "with get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, "
+            "cpu_offload=True)) on every rank: rank 0 receives the full tensors)",
+        )
+        for module in (
+            "torch.distributed.tensor.placement_types",
+            "torch.distributed.tensor._collective_utils",
+            "torch.distributed.tensor._redistribute",
+        )
+    },
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",

@@ -378,6 +378,9 @@ class Linter:
             return f"{receiver}.barrier"
         if attr == "compute" and "torchmetrics" in module.libraries and not call.args:
             return f"{receiver}.compute() (torchmetrics syncs its states)"
+        if attr in ("full_tensor", "redistribute") and "torch" in module.libraries:
+            # DTensor's (FSDP2 parameters, tensor parallelism): both names are its own
+            return f"{receiver}.{attr}() (a DTensor gathers or moves its shards)"
         if attr == "save_checkpoint" and "deepspeed" in module.libraries:
             return f"{receiver}.save_checkpoint (DeepSpeed)"
         if attr == "generate" and module.shards_parameters and not _keyword_true(call, "synced_gpus"):

@@ -553,6 +553,8 @@ def test_pre_commit_hook_with_try_repo(tmp_path: Path) -> None:
             False,
         ),
         ("import torch", "torch.save(state, path)", False),
+        # a DTensor's gather (FSDP2, tensor parallelism)
+        ("import torch", "torch.save({k: v.full_tensor() for k, v in state.items()}, path)", True),
     ],
 )
 def test_a_distributed_checkpoint_under_a_rank_test_is_flagged(

@@ -296,6 +296,41 @@ def test_fsdp2_collectives_are_recorded_as_training(tmp_path: Path) -> None:
     assert len(traces[0].calls) == len(traces[1].calls) > 0
 
 
+FULL_STATE = SCRIPTS / "fsdp2_full_state_dict.py"
+
+
+def test_a_dtensor_gathered_on_rank_zero_alone_is_found_at_full_tensor() -> None:
+    # DTensor's full_tensor() communicates through torch's functional collectives,
+    # which torch.distributed's module functions never see.
+    proc, report = preflight("--nproc-per-node=2", str(FULL_STATE), env={"MODE": "rank0"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    line = next(
+        n for n, text in enumerate(FULL_STATE.read_text().splitlines(), 1) if ".full_tensor()" in text
+    )
+    assert finding["site"] == f"tests/scripts/fsdp2_full_state_dict.py:{line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "all_gather_single (DTensor gathering or redistributing its shards" in finding["message"]
+
+
+def test_functional_collectives_count_in_their_groups_sequence(tmp_path: Path) -> None:
+    proc, report = preflight(
+        f"--trace-dir={tmp_path}", "--nproc-per-node=2", str(FULL_STATE), env={"MODE": "every"}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    traces = load_traces(tmp_path)
+    for trace in traces.values():
+        gathers = [call for call in trace.calls if call.source == "functional"]
+        # one per parameter (two weights, two biases), on the world group, in between
+        # FSDP2's own calls on that group and the barrier after them
+        assert [call.op for call in gathers] == ["all_gather_single"] * 4
+        assert {call.group for call in gathers} == {trace.calls[0].group}
+        assert trace.calls[-1].op == "barrier"
+        assert trace.calls[-1].seq == len(trace.calls) - 1
+
+
 def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
     script = str(PLAYBOOKS / "rank-conditional-collective" / "repro.py")
     port = _free_port()

@@ -217,10 +217,68 @@ def _patch_transformers_trainer(module: ModuleType, recorder: Recorder) -> None:
     trainer_class._ncclcheck_patched = True
 
 
+# torch.distributed._functional_collectives: what DTensor (full_tensor(), redistribute,
+# tensor parallelism) and compiled code communicate with, outside torch.distributed's
+# module-level functions. Each returns at once with a tensor that waits when used.
+FUNCTIONAL_COLLECTIVES = (
+    "broadcast",
+    "all_reduce",
+    "all_gather_single",
+    "all_gather_single_autograd",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "reduce_scatter_single",
+    "reduce_scatter_single_autograd",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "all_reduce_coalesced",
+    "all_gather_single_coalesced",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+    "permute_tensor",
+)
+
+
+def _patch_functional_collectives(module: ModuleType, recorder: Recorder) -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    resolve_name = getattr(module, "_resolve_group_name", None)
+    # One ProcessGroup object per group name, kept: the recorder tells groups apart by
+    # object id, and resolving a name may make a new Python object each time.
+    pinned: dict[str, Any] = {}
+
+    def process_group_of(group: Any) -> Any:
+        """A device mesh, (mesh, dim), a group name or ranks -> the ProcessGroup, so that
+        these calls count in the same sequence as torch.distributed's on that group."""
+        if resolve_name is None:
+            return group
+        try:
+            name = str(resolve_name(group))
+            if name not in pinned:
+                pinned[name] = c10d._resolve_process_group(name)
+        except Exception:  # an argument the call itself will reject
+            return group
+        return pinned[name]
+
+    for op in FUNCTIONAL_COLLECTIVES:
+        original = getattr(module, op, None)
+        if original is None or hasattr(original, "__ncclcheck_wrapped__"):
+            continue
+        wrapped = recorder.wrap_collective(
+            op, original, process_group_of=process_group_of, source="functional"
+        )
+        setattr(module, op, wrapped)
+
+
 def install(recorder: Recorder) -> None:
-    """Lightning's dry-run budget and deferred reductions, the transformers Trainer's loaders."""
+    """Lightning's dry-run budget and deferred reductions, the transformers Trainer's
+    loaders, and torch's functional collectives (DTensor's), as each is imported."""
     wanted: list[tuple[str, Callable[[ModuleType, Recorder], None]]] = [
-        ("transformers.trainer", _patch_transformers_trainer)
+        ("transformers.trainer", _patch_transformers_trainer),
+        ("torch.distributed._functional_collectives", _patch_functional_collectives),
     ]
     for package in LIGHTNING_PACKAGES:
         wanted.append((package + _LIGHTNING_RESULT, _patch_lightning_results))

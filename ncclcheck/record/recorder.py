@@ -426,7 +426,17 @@ class Recorder:
         self._static[key] = encoded
         return encoded
 
-    def wrap_collective(self, op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap_collective(
+        self,
+        op: str,
+        fn: Callable[..., Any],
+        *,
+        process_group_of: Callable[[Any], Any] | None = None,
+        source: str = "python",
+    ) -> Callable[..., Any]:
+        """``fn`` recording each call before it runs. ``process_group_of`` turns the
+        call's group argument into its ProcessGroup, for APIs that also take a device
+        mesh or a group name (functional collectives); ``source`` says which API it is."""
         import inspect
 
         try:
@@ -460,6 +470,8 @@ class Recorder:
                 async_op = bool(args[async_index])
             if group_is_first and args:
                 group = args[0]
+            if process_group_of is not None:
+                group = process_group_of(group)
             extra: dict[str, Any] | None = None
             if is_p2p:
                 extra = {}
@@ -467,7 +479,7 @@ class Recorder:
                     value = kwargs.get(peer, args[position] if len(args) > position else None)
                     if value is not None:
                         extra["peer"] = value
-            record_call(op, group, tensors, async_op, "python", get_frame(1), extra)
+            record_call(op, group, tensors, async_op, source, get_frame(1), extra)
             depth.inside = 1
             try:
                 return fn(*args, **kwargs)
