@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import ast
 import io
+import operator
 import os
 import re
 import tokenize
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ncclcheck.analyze.source import DATA, RANK, RANK_CALLS, RANK_NAMES, kind_of, rank_derived_names
 from ncclcheck.errors import InputError
@@ -906,7 +908,8 @@ _NEGATED_OPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
 
 
 def _negates(first: ast.expr, second: ast.expr) -> bool:
-    """``not x`` / ``x``, ``rank == 0`` / ``rank != 0``: one test is the other's negation."""
+    """``not x`` / ``x``, ``rank == 0`` / ``rank != 0``: one test is the other's negation
+    (or its complement over the ranks, see _complementary_on_ranks)."""
     if isinstance(first, ast.UnaryOp) and isinstance(first.op, ast.Not):
         return ast.dump(first.operand) == ast.dump(second)
     if isinstance(second, ast.UnaryOp) and isinstance(second.op, ast.Not):
@@ -917,9 +920,66 @@ def _negates(first: ast.expr, second: ast.expr) -> bool:
         and len(first.ops) == len(second.ops) == 1
         and ast.dump(first.left) == ast.dump(second.left)
         and ast.dump(first.comparators[0]) == ast.dump(second.comparators[0])
+        and _NEGATED_OPS.get(type(first.ops[0])) is type(second.ops[0])
     ):
-        return _NEGATED_OPS.get(type(first.ops[0])) is type(second.ops[0])
-    return False
+        return True
+    return _complementary_on_ranks(first, second)
+
+
+# Rank values two tests on one variable are tried on: -1 stands for "not distributed"
+# (the HF and YOLO idiom `local_rank in [-1, 0]`), where neither side need hold.
+_RANK_SAMPLES = range(-1, 9)
+
+
+def _is_in(value: int, other: Any) -> bool:
+    return value in other
+
+
+def _not_in(value: int, other: Any) -> bool:
+    return value not in other
+
+
+_COMPARE: dict[type[ast.cmpop], Callable[[int, Any], bool]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: _is_in,
+    ast.NotIn: _not_in,
+}
+
+
+def _ranks_where(test: ast.expr) -> tuple[str, frozenset[int]] | None:
+    """(the variable, the sampled ranks where ``test`` holds) for ``x OP constant``, the
+    constant an int or a list/tuple/set of ints; None for any other test."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    compare = _COMPARE.get(type(test.ops[0]))
+    try:
+        other = ast.literal_eval(test.comparators[0])
+    except ValueError:
+        return None
+    is_int = isinstance(other, int) and not isinstance(other, bool)
+    is_ints = isinstance(other, (list, tuple, set)) and all(isinstance(v, int) for v in other)
+    if compare is None or not (is_int or is_ints):
+        return None
+    try:
+        holds = frozenset(value for value in _RANK_SAMPLES if compare(value, other))
+    except TypeError:  # `x < [0, 1]`
+        return None
+    return ast.dump(test.left), holds
+
+
+def _complementary_on_ranks(first: ast.expr, second: ast.expr) -> bool:
+    """``local_rank not in [-1, 0]`` / ``local_rank == 0``: on one variable, every rank
+    (>= 0) meets exactly one of the two tests."""
+    one, two = _ranks_where(first), _ranks_where(second)
+    if one is None or two is None or one[0] != two[0]:
+        return False
+    ranks = frozenset(value for value in _RANK_SAMPLES if value >= 0)
+    return (one[1] & ranks).isdisjoint(two[1]) and (one[1] | two[1]) >= ranks
 
 
 def _has_exit(statements: list[ast.stmt]) -> bool:

@@ -324,6 +324,25 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             if is_main:
                 dist.barrier()
         """,
+        # the same idiom with local ranks, -1 for "not distributed" (YOLOv5's
+        # torch_distributed_zero_first, the transformers examples): complementary over
+        # every rank though neither test is the other's negation
+        """
+        def torch_distributed_zero_first(local_rank):
+            if local_rank not in [-1, 0]:
+                dist.barrier(device_ids=[local_rank])
+            yield
+            if local_rank == 0:
+                dist.barrier(device_ids=[0])
+        """,
+        """
+        def prepare(args):
+            if args.local_rank > 0:
+                dist.barrier()
+            download()
+            if args.local_rank in (-1, 0):
+                dist.barrier()
+        """,
         # the object of `state.rank = ...` is not itself a rank value
         """
         def init(state, module):
@@ -529,6 +548,32 @@ def test_pre_commit_hook_with_try_repo(tmp_path: Path) -> None:
     )
     assert result.returncode == 1, result.output
     assert "train.py:7:9: rank-conditional-collective:" in result.output  # the barrier
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("local_rank not in (-1, 0)", "local_rank == 1"),  # rank 0 makes no barrier
+        ("local_rank > 1", "local_rank == 0"),  # nor does rank 1
+        ("local_rank != 0", "local_rank != 1"),  # ranks 2.. make two
+    ],
+)
+def test_two_rank_tests_that_do_not_split_the_ranks_are_still_flagged(
+    tmp_path: Path, first: str, second: str
+) -> None:
+    source = f"""
+    import torch.distributed as dist
+
+    def prepare(local_rank):
+        if {first}:
+            dist.barrier()
+        if {second}:
+            dist.barrier()
+    """
+    assert lint_source(tmp_path, source) == [
+        ("rank-conditional-collective", 6, "error"),
+        ("rank-conditional-collective", 8, "error"),
+    ]
 
 
 @pytest.mark.parametrize(
