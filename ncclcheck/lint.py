@@ -972,6 +972,17 @@ def _ranks_where(test: ast.expr) -> tuple[str, frozenset[int]] | None:
     return ast.dump(test.left), holds
 
 
+def _same_on_every_rank(test: ast.expr) -> bool:
+    """``local_rank != -1``, ``rank >= 0``: a rank test that every rank (>= 0) meets, or
+    none does; -1 is the "not distributed" value of the idiom."""
+    where = _ranks_where(test)
+    if where is None:
+        return False
+    ranks = frozenset(value for value in _RANK_SAMPLES if value >= 0)
+    held = where[1] & ranks
+    return not held or held == ranks
+
+
 def _complementary_on_ranks(first: ast.expr, second: ast.expr) -> bool:
     """``local_rank not in [-1, 0]`` / ``local_rank == 0``: on one variable, every rank
     (>= 0) meets exactly one of the two tests."""
@@ -1209,6 +1220,8 @@ class _ScopeChecker:
 
     def kind(self, test: ast.expr, branches: list[ast.stmt]) -> str:
         kind = kind_of(test, self.derived)
+        if kind == RANK and _same_on_every_rank(test):
+            return "other"  # `local_rank != -1`: "is this job distributed", true on every rank
         if kind == DATA and not (_called_names(test) & _TENSOR_VALUE_CALLS or _reads_shape(test)):
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:

@@ -343,6 +343,19 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             if args.local_rank in (-1, 0):
                 dist.barrier()
         """,
+        # "is this job distributed" in the local_rank idiom: true on every rank of a job
+        """
+        def sync(args):
+            if args.local_rank != -1:
+                dist.barrier()
+        """,
+        """
+        def setup(local_rank, model):
+            if local_rank == -1:
+                return model
+            dist.barrier()
+            return model
+        """,
         # the object of `state.rank = ...` is not itself a rank value
         """
         def init(state, module):
