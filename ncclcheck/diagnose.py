@@ -1000,6 +1000,9 @@ class Diagnoser:
                         fix=self.fix("missing-distributed-sampler"),
                     )
                 )
+        uneven_train = self.uneven_train_loader()
+        if uneven_train is not None and "uneven-eval-batches" not in causes:
+            found.append(uneven_train)
         # complete passes only: a rank that died mid-pass has a partial count
         counts = {
             r: sum(p.batches for p in t.eval_passes if p.exhausted)
@@ -1025,6 +1028,41 @@ class Diagnoser:
                 )
             )
         return found
+
+    def uneven_train_loader(self) -> Finding | None:
+        """A train loader whose len() differs per rank, in a loop with a collective in
+        every step (DDP's gradient all_reduce): the ranks with fewer batches leave the
+        epoch while the others wait in their next step. The dry run's budget ends each
+        epoch early, so the run itself stays aligned: said as a warning."""
+        lengths: dict[str, dict[int, int]] = {}
+        cut = any(p.budget_cut for t in self.ev.traces.values() for p in t.passes if p.role == "train")
+        for rank, trace in self.ev.traces.items():
+            drawn = sum(p.batches for p in trace.passes if p.role == "train")
+            # at least one collective per train batch drawn: a collective in every step
+            if not drawn or trace.calls_per_phase().get("train", 0) < drawn:
+                continue
+            for loader_pass in trace.passes:
+                if loader_pass.role == "train" and loader_pass.index == 0 and loader_pass.length is not None:
+                    lengths.setdefault(loader_pass.loader, {})[rank] = loader_pass.length
+        for loader, per_rank in sorted(lengths.items()):
+            if len(per_rank) < 2 or len(set(per_rank.values())) < 2:
+                continue
+            return Finding(
+                cause="uneven-eval-batches",
+                severity=Severity.WARNING,
+                message=(
+                    f"train loader {loader} yields different numbers of batches per rank ("
+                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(per_rank.items()))
+                    + "), and every step makes a collective: at the end of each epoch the ranks "
+                    "with fewer batches move on while the others wait in their next step"
+                    + (" (the dry run's budget ended each epoch sooner)" if cut else "")
+                    + ". Shard with DistributedSampler, drop the remainder, or wrap the loop in "
+                    "DDP's join()"
+                ),
+                ranks=sorted(per_rank),
+                fix=self.fix("uneven-eval-batches"),
+            )
+        return None
 
 
 def _cause_of_exit(condition_kind: str) -> str:

@@ -261,6 +261,19 @@ def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     assert -6 in exited.values()  # gloo's abort: SIGABRT
 
 
+def test_train_shards_of_different_lengths_are_a_warning_though_the_budget_hides_the_hang() -> None:
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "uneven_train_shards.py"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    (warning,) = report["findings"]
+    assert (warning["cause"], warning["severity"]) == ("uneven-eval-batches", "warning")
+    assert (
+        "train loader loader yields different numbers of batches per rank (rank 0: 6, rank 1: 5)"
+        in (warning["message"])
+    )
+    assert "(the dry run's budget ended each epoch sooner)" in warning["message"]
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]
