@@ -40,6 +40,18 @@ _ACCELERATE_METHODS = frozenset(
 # ranks with collectives (unless no_dist=True)
 _DCP_MODULE = "torch.distributed.checkpoint"
 _DCP_FUNCTIONS = frozenset({"save", "load", "async_save", "save_state_dict", "load_state_dict"})
+# its state_dict helpers, which gather sharded (FSDP, DTensor) state: "call on every rank"
+_STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
+_STATE_DICT_FUNCTIONS = frozenset(
+    {
+        "get_model_state_dict",
+        "get_optimizer_state_dict",
+        "get_state_dict",
+        "set_model_state_dict",
+        "set_optimizer_state_dict",
+        "set_state_dict",
+    }
+)
 _RANK_ZERO_DECORATORS = frozenset(
     {"rank_zero_only", "main_process_only", "on_main_process", "on_local_main_process"}
 )
@@ -108,6 +120,7 @@ class _Module:
     dist_functions: set[str] = field(default_factory=set)  # ops imported by name
     dcp_aliases: set[str] = field(default_factory=set)  # names of torch.distributed.checkpoint
     dcp_functions: set[str] = field(default_factory=set)  # its save/load imported by name
+    state_dict_functions: set[str] = field(default_factory=set)  # its state_dict helpers, by name
     imported_functions: dict[str, tuple[Path, str]] = field(default_factory=dict)
     imported_modules: dict[str, Path] = field(default_factory=dict)
     functions: dict[str, list[_Function]] = field(default_factory=dict)
@@ -231,6 +244,8 @@ class Linter:
                         module.dcp_aliases.add(local)
                     elif base == _DCP_MODULE and alias.name in _DCP_FUNCTIONS:
                         module.dcp_functions.add(local)
+                    elif base == _STATE_DICT_MODULE and alias.name in _STATE_DICT_FUNCTIONS:
+                        module.state_dict_functions.add(local)
                     elif follow:
                         self._note_import(module, base, node.level, alias.name, local)
         for statement in module.tree.body:
@@ -348,6 +363,8 @@ class Linter:
                 return f"{func.id}(...) forward through DistributedDataParallel"
             if func.id in module.dcp_functions and not _keyword_true(call, "no_dist"):
                 return f"{func.id}() (torch.distributed.checkpoint plans it across the ranks)"
+            if func.id in module.state_dict_functions:
+                return f"{func.id}() (gathers or scatters sharded state across the ranks)"
             return None
         if not isinstance(func, ast.Attribute):
             return None

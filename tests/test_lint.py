@@ -611,6 +611,11 @@ def test_two_rank_tests_that_do_not_split_the_ranks_are_still_flagged(
             False,
         ),
         ("import torch", "torch.save(state, path)", False),
+        (  # its state_dict helpers gather FSDP's shards
+            "from torch.distributed.checkpoint.state_dict import get_model_state_dict",
+            "torch.save(get_model_state_dict(state), path)",
+            True,
+        ),
         # a DTensor's gather (FSDP2, tensor parallelism)
         ("import torch", "torch.save({k: v.full_tensor() for k, v in state.items()}, path)", True),
     ],
