@@ -58,6 +58,12 @@ def run_bounded(
     return Completed(returncode, output, time.monotonic() - start)
 
 
+def line_in(path: Path, fragment: str) -> int:
+    """The number of the one line of ``path`` that holds ``fragment``."""
+    (number,) = [n for n, text in enumerate(path.read_text().splitlines(), 1) if fragment in text]
+    return number
+
+
 def torchrun_argv(script: Path, nproc: int, *args: str) -> list[str]:
     return [
         sys.executable,

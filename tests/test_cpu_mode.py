@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .conftest import REPO, ncclcheck, run_bounded, torchrun_argv
+from .conftest import REPO, line_in, ncclcheck, run_bounded, torchrun_argv
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "gpu_style.py"
 pytestmark = pytest.mark.ranks
@@ -92,7 +92,7 @@ def test_a_gpu_script_with_syncbatchnorm_trains_on_cpu() -> None:
     result, report = ncclcheck("preflight", "--cpu", "--json", str(SYNCBN_SCRIPT), env={"MODE": "aligned"})
     assert result.returncode == 0, result.output
     assert report["verdict"] == "aligned"
-    train_line = _line_in(SYNCBN_SCRIPT, "F.cross_entropy(model(images.cuda())")
+    train_line = line_in(SYNCBN_SCRIPT, "F.cross_entropy(model(images.cuda())")
     mapped = "\n".join(report["summary"]["cpu"])
     assert (
         f"SyncBatchNorm -> CPU statistics, same collectives at tests/scripts/syncbn_gpu.py:{train_line}"
@@ -114,12 +114,8 @@ def test_a_rank_zero_forward_in_training_mode_is_named_as_syncbatchnorms_all_gat
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective"
     assert (
-        finding["site"] == f"tests/scripts/syncbn_gpu.py:{_line_in(SYNCBN_SCRIPT, 'preview = model.module(')}"
+        finding["site"] == f"tests/scripts/syncbn_gpu.py:{line_in(SYNCBN_SCRIPT, 'preview = model.module(')}"
     )
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert "all_gather (SyncBatchNorm's batch statistics, in training mode)" in finding["message"]
     assert any(line.startswith("SyncBatchNorm synchronises") for line in finding["evidence"])
-
-
-def _line_in(script: Path, fragment: str) -> int:
-    return next(n for n, text in enumerate(script.read_text().splitlines(), 1) if fragment in text)

@@ -19,7 +19,7 @@ import pytest
 
 from ncclcheck.proctree import kill_tree
 
-from .conftest import PLAYBOOKS, REPO, run_bounded
+from .conftest import PLAYBOOKS, REPO, line_in, run_bounded
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 pytestmark = pytest.mark.ranks
@@ -183,8 +183,7 @@ def rank0_alone_finding(script_name: str, site_fragment: str) -> dict:  # type: 
     finding: dict = report["findings"][0]  # type: ignore[type-arg]
     assert finding["cause"] == "rank-conditional-collective", finding
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
-    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if site_fragment in text)
-    assert finding["site"] == f"tests/scripts/{script_name}:{line}"
+    assert finding["site"] == f"tests/scripts/{script_name}:{line_in(script, site_fragment)}"
     return finding
 
 
@@ -235,8 +234,7 @@ def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     assert [r["rank"] for r in report["ranks"]] == [0, 1], report
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", finding
-    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "# rank 0 alone" in text)
-    assert finding["site"] == f"tests/scripts/spawn_rank0_collective.py:{line}"
+    assert finding["site"] == f"tests/scripts/spawn_rank0_collective.py:{line_in(script, '# rank 0 alone')}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert [r["rank"] for r in from_rank["ranks"]] == [0, 1]
     assert from_rank["findings"][0]["site"] == finding["site"]

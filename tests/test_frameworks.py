@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FRAMEWORKS, REPO
+from .conftest import FRAMEWORKS, REPO, line_in
 from .test_doctor import doctor_on_hung
 from .test_preflight import leftover_ranks, preflight
 
@@ -34,9 +34,7 @@ class Framework:
 
     def site_text(self) -> str:
         script = self.script("misaligned")
-        lines = script.read_text().splitlines()
-        (number,) = [n for n, text in enumerate(lines, 1) if self.site in text]
-        return f"{script.relative_to(REPO)}:{number}"
+        return f"{script.relative_to(REPO)}:{line_in(script, self.site)}"
 
     def require(self) -> None:
         if importlib.util.find_spec(self.module) is None:
@@ -73,7 +71,7 @@ def test_aligned_script_is_aligned(framework: Framework) -> None:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
-def test_misaligned_script_is_found_at_the_users_line(framework: Framework) -> None:
+def test_misaligned_script_is_found_at_the_usersline_in(framework: Framework) -> None:
     framework.require()
     script = framework.script("misaligned")
     proc, report = preflight("--nproc-per-node=2", str(script))
@@ -109,7 +107,7 @@ def test_lightning_sync_dist_is_sited_at_self_log_and_the_budget_is_lightnings()
     assert report["summary"]["framework"] == [
         f"Lightning Trainer limit_train_batches=5 (was 1.0) at "
         f"{(FRAMEWORKS / 'lightning_misaligned.py').relative_to(REPO)}:"
-        f"{_line(FRAMEWORKS / 'lightning_misaligned.py', 'trainer = pl.Trainer(')} (ranks 0-1)"
+        f"{line_in(FRAMEWORKS / 'lightning_misaligned.py', 'trainer = pl.Trainer(')} (ranks 0-1)"
     ]
 
 
@@ -132,7 +130,7 @@ def test_lightning_dry_run_validates_after_short_epochs_and_stops(tmp_path: Path
 
 
 @pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
-def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framework) -> None:
+def test_doctor_on_a_hung_framework_job_names_the_usersline_in(framework: Framework) -> None:
     framework.require()
     code, report = doctor_on_hung(framework.script("misaligned"), 2)
     assert code == 1
@@ -142,11 +140,6 @@ def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framewor
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert any(line.startswith(f"with {framework.name}: ") for line in finding["evidence"]), finding
     assert not leftover_ranks(str(framework.script("misaligned")))
-
-
-def _line(path: Path, fragment: str) -> int:
-    (number,) = [n for n, text in enumerate(path.read_text().splitlines(), 1) if fragment in text]
-    return number
 
 
 def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_path: Path) -> None:
@@ -178,7 +171,7 @@ def test_lightning_log_dict_with_per_rank_names_is_found_though_it_never_hangs()
     assert finding["cause"] == "collective-shape-mismatch", json.dumps(finding, indent=1)
     assert (
         finding["site"]
-        == f"tests/scripts/lightning_log_dict_keys.py:{_line(LOG_DICT_KEYS, 'self.log_dict(metrics')}"
+        == f"tests/scripts/lightning_log_dict_keys.py:{line_in(LOG_DICT_KEYS, 'self.log_dict(metrics')}"
     )
     assert (finding["ranks"], finding["absent_ranks"]) == ([0, 1], [])
     assert (

@@ -18,7 +18,7 @@ import pytest
 from ncclcheck.catalogue import load_catalogue
 from ncclcheck.traces import load_traces
 
-from .conftest import PLAYBOOKS, REPO, run_bounded
+from .conftest import PLAYBOOKS, REPO, line_in, run_bounded
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
@@ -78,7 +78,7 @@ def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(catalogue, cause
     finding = errors[0]
     assert finding["cause"] == cause, json.dumps(finding, indent=1)
     site_file = (playbook.folder / expect.site_file).relative_to(REPO)
-    assert finding["site"] == f"{site_file}:{expect.site_line(playbook.folder)}", finding
+    assert finding["site"] == f"{site_file}:{expect.siteline_in(playbook.folder)}", finding
     assert finding["ranks"] == expect.ranks, finding
     assert finding["absent_ranks"] == expect.absent_ranks, finding
     assert finding["fix"] == playbook.fix.direct
@@ -122,7 +122,7 @@ def test_self_sharding_iterable_eval_set_is_counted_and_diagnosed() -> None:
     assert [r["eval_batches"] for r in report["ranks"]] == [3, 2]
     finding = report["findings"][0]
     assert finding["cause"] == "uneven-eval-batches", finding
-    line = _line(script, "dist.all_reduce(loss)")
+    line = line_in(script, "dist.all_reduce(loss)")
     assert finding["site"] == f"tests/scripts/eval_iterable_uneven.py:{line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     evidence = "\n".join(finding["evidence"])
@@ -141,7 +141,7 @@ def test_rank0_only_eval_through_ddp_hangs_on_its_buffer_broadcast() -> None:
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", finding
     assert finding["op"] == "_broadcast_coalesced"
-    line = _line(script, "DDP broadcasts the BatchNorm buffers")
+    line = line_in(script, "DDP broadcasts the BatchNorm buffers")
     assert finding["site"] == f"tests/scripts/ddp_buffers_rank0_eval.py:{line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert "DDP's broadcast of parameters and buffers" in finding["message"]
@@ -167,7 +167,7 @@ def test_a_script_next_to_its_virtualenv_is_sited_in_the_script_not_in_torch() -
     assert finding["cause"] == "rank-conditional-collective", finding
     assert (
         finding["site"]
-        == f"{script.name}:{_line(SCRIPTS / 'ddp_buffers_rank0_eval.py', 'BatchNorm buffers')}"
+        == f"{script.name}:{line_in(SCRIPTS / 'ddp_buffers_rank0_eval.py', 'BatchNorm buffers')}"
     )
     chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
     assert "site-packages" not in chain and "bootstrap.py" not in chain, chain
@@ -179,7 +179,7 @@ def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective"
-    assert finding["site"] == f"metrics.py:{_line(project / 'metrics.py', 'dist.all_reduce(stats)')}"
+    assert finding["site"] == f"metrics.py:{line_in(project / 'metrics.py', 'dist.all_reduce(stats)')}"
     chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
     assert "main() at train.py" in chain and "log_validation() at metrics.py" in chain
     assert "mean_loss() at metrics.py" in chain
@@ -193,7 +193,7 @@ def test_a_package_run_with_dash_m_is_checked_as_torchrun_m_runs_it() -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective"
-    line = _line(project / "trainer" / "evaluation.py", "dist.all_reduce(correct)")
+    line = line_in(project / "trainer" / "evaluation.py", "dist.all_reduce(correct)")
     assert finding["site"] == f"trainer/evaluation.py:{line}"
     chain = next(line for line in finding["evidence"] if line.startswith("call chain"))
     assert "main() at trainer/__main__.py" in chain and "runpy" not in chain
@@ -221,9 +221,7 @@ def test_an_error_caught_around_a_step_function_is_a_rank_exception() -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-exception", finding
-    lines = script.read_text().splitlines()
-    step_line = next(n for n, text in enumerate(lines, 1) if "simulate_oom=" in text)
-    try_line = next(n for n, text in enumerate(lines, 1) if text.strip() == "try:")
+    step_line, try_line = line_in(script, "simulate_oom="), line_in(script, "try:")
     assert finding["site"] == f"tests/scripts/oom_skip_step.py:{step_line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert (
@@ -238,8 +236,7 @@ def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", finding
-    line = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "dcp.save(" in text)
-    assert finding["site"] == f"tests/scripts/dcp_rank0_save.py:{line}"
+    assert finding["site"] == f"tests/scripts/dcp_rank0_save.py:{line_in(script, 'dcp.save(')}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert "(torch.distributed.checkpoint coordinating a save or load across the ranks)" in finding["message"]
     assert any(
@@ -291,7 +288,7 @@ def test_evaluation_past_the_step_budget_is_pointed_out_then_reached() -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective"
-    assert finding["site"] == f"tests/scripts/step_eval.py:{_line(script, '# rank 0 alone')}"
+    assert finding["site"] == f"tests/scripts/step_eval.py:{line_in(script, '# rank 0 alone')}"
 
 
 def test_fsdp2_collectives_are_recorded_as_training(tmp_path: Path) -> None:
@@ -495,12 +492,6 @@ def test_script_arguments_are_passed_unchanged() -> None:
     # with its argument the script parses fine, then never initialises a process group
     assert result.returncode == 2
     assert "never called torch.distributed.init_process_group" in result.output
-
-
-def _line(path: Path, fragment: str) -> int:
-    lines = path.read_text().splitlines()
-    (number,) = [n for n, text in enumerate(lines, 1) if fragment in text]
-    return number
 
 
 def _free_port() -> int:
