@@ -71,7 +71,7 @@ def test_aligned_script_is_aligned(framework: Framework) -> None:
 
 
 @pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
-def test_misaligned_script_is_found_at_the_usersline_in(framework: Framework) -> None:
+def test_misaligned_script_is_found_at_the_users_line(framework: Framework) -> None:
     framework.require()
     script = framework.script("misaligned")
     proc, report = preflight("--nproc-per-node=2", str(script))
@@ -130,7 +130,7 @@ def test_lightning_dry_run_validates_after_short_epochs_and_stops(tmp_path: Path
 
 
 @pytest.mark.parametrize("framework", FRAMEWORK_CASES, ids=IDS)
-def test_doctor_on_a_hung_framework_job_names_the_usersline_in(framework: Framework) -> None:
+def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framework) -> None:
     framework.require()
     code, report = doctor_on_hung(framework.script("misaligned"), 2)
     assert code == 1

@@ -78,7 +78,7 @@ def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(catalogue, cause
     finding = errors[0]
     assert finding["cause"] == cause, json.dumps(finding, indent=1)
     site_file = (playbook.folder / expect.site_file).relative_to(REPO)
-    assert finding["site"] == f"{site_file}:{expect.siteline_in(playbook.folder)}", finding
+    assert finding["site"] == f"{site_file}:{expect.site_line(playbook.folder)}", finding
     assert finding["ranks"] == expect.ranks, finding
     assert finding["absent_ranks"] == expect.absent_ranks, finding
     assert finding["fix"] == playbook.fix.direct
