@@ -108,6 +108,16 @@ class RankTrace:
         return None
 
 
+def record_time(record: dict[str, Any]) -> float | None:
+    """A record's wall-clock time in seconds: call lines carry integer nanoseconds
+    (``ns``: cheaper for the recorder to format than a float), the others ``time``."""
+    value = record.get("ns")
+    if isinstance(value, int):
+        return value / 1e9
+    value = record.get("time")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
     stack = [Frame(str(f[0]), int(f[1]), str(f[2])) for f in record.get("stack", [])]
     return CollectiveCall(
@@ -123,7 +133,7 @@ def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
         phase=str(record.get("phase", "train")),
         site=stack[-1] if stack else None,
         user_stack=stack,
-        time=float(record.get("time", 0.0)),
+        time=record_time(record) or 0.0,
         source=str(record.get("src", "python")),
         n=int(record.get("n", 0)),
         position=record.get("pos"),
@@ -142,7 +152,7 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
     return Deferred(str(record.get("by", "a framework")), str(record.get("for", "?")), frame)
 
 
-_STATIC_START = ',"op":'  # the recorder writes n, seq, time and pos first, then the static fields
+_STATIC_START = ',"op":'  # the recorder writes n, seq, ns and pos first, then the static fields
 
 
 class CallWindow(Sequence[CollectiveCall]):
@@ -223,7 +233,7 @@ def divergences_of(traces: Mapping[int, RankTrace]) -> list[Divergence]:
 
 class _CallReader:
     """Call lines, parsed once per distinct call site: a loop's 100,000 calls share one
-    parsed template (stack frames, shapes, group ranks) and differ only in n, seq, time
+    parsed template (stack frames, shapes, group ranks) and differ only in n, seq, ns
     and loader position."""
 
     def __init__(self, rank: int) -> None:
@@ -255,7 +265,7 @@ class _CallReader:
             template,
             seq=int(dynamic["seq"]),
             n=int(dynamic.get("n", 0)),
-            time=float(dynamic.get("time", 0.0)),
+            time=record_time(dynamic) or 0.0,
             position=position,
         )
 
@@ -380,8 +390,9 @@ def _read_trace(
                 ].append(noted)
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{path}:{number}: malformed {kind!r} trace line") from None
-        if trace is not None and isinstance(record.get("time"), (int, float)):
-            trace.last_time = max(trace.last_time, float(record["time"]))
+        when = record_time(record)
+        if trace is not None and when is not None:
+            trace.last_time = max(trace.last_time, when)
     if trace is None:
         if content:
             raise InputError(
