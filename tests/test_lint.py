@@ -409,6 +409,13 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             if len(keys) >= 1:
                 dist.broadcast(tensors, src=0)
         """,
+        # unpacked side by side, only `rank` is rank-derived: the world size is not
+        """
+        def main():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            if world > 1:
+                dist.barrier()
+        """,
         # generate() with synced_gpus=True keeps every rank stepping until all are done
         """
         from torch.distributed.fsdp import fully_shard

@@ -152,15 +152,31 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
     for _ in range(3):  # a few rounds reach chains like a = rank; b = a == 0
         before = len(derived)
         for node in assignments:
-            value = node.value
-            if value is None or kind_of(value, derived) != RANK:
+            if node.value is None:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                derived |= _bound_names(target)
+            for whole_target in targets:
+                for target, value in _paired(whole_target, node.value):
+                    if kind_of(value, derived) == RANK:
+                        derived |= _bound_names(target)
         if len(derived) == before:
             break
     return derived
+
+
+def _paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
+    """``rank, world = get_rank(), get_world_size()`` as two assignments: only ``rank``
+    is rank-derived (the world size is the same on every rank, and so is what is
+    built from it). Anything else unpacked (a call's result, a starred target) stays
+    one assignment."""
+    if (
+        isinstance(target, (ast.Tuple, ast.List))
+        and isinstance(value, (ast.Tuple, ast.List))
+        and len(target.elts) == len(value.elts)
+        and not any(isinstance(e, ast.Starred) for e in (*target.elts, *value.elts))
+    ):
+        return [pair for t, v in zip(target.elts, value.elts, strict=True) for pair in _paired(t, v)]
+    return [(target, value)]
 
 
 def _bound_names(target: ast.expr) -> set[str]:
