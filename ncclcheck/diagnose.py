@@ -355,10 +355,18 @@ class Diagnoser:
             if noted:
                 summary[key] = [f"{what} ({who(ranks)})" for what, ranks in noted.items()]
         if not any(t.eval_passes for t in self.ev.traces.values()):
-            note = (
-                "no eval phase was seen: no loader was iterated in eval mode or under no_grad, "
-                "so only the training loop was checked"
-            )
+            eval_calls = max((t.calls_per_phase().get("eval", 0) for t in self.ev.traces.values()), default=0)
+            if eval_calls:
+                # evaluation without a loader (generation from prompts, a fixed batch)
+                note = (
+                    f"no eval loader was seen: the collectives made in eval mode (up to {eval_calls} "
+                    "per rank) were checked, but no eval batches were counted"
+                )
+            else:
+                note = (
+                    "no eval phase was seen: no loader was iterated in eval mode or under no_grad, "
+                    "so only the training loop was checked"
+                )
             budget_cut = any(
                 (t.exit and t.exit.get("how") == "dry-run-complete") or any(p.budget_cut for p in t.passes)
                 for t in self.ev.traces.values()
@@ -844,11 +852,14 @@ class Diagnoser:
                 left = self.loop_left(inside, outside.line, inside_ranks, outside_ranks, call, evidence)
                 if left is not None:
                     return left
-        # 3b. a function one side has returned from, whose loop the other is still in
+        # 3b. a function one side has returned from, whose loop the other is still in;
+        # the loop may be in a function called from there (a comprehension's frame,
+        # then generate()'s decoding loop): the outermost that has an exit
         if 0 < common < len(stack) and len(alt_stack) <= common:
-            left = self.loop_left(stack[common], None, made, other, call, evidence)
-            if left is not None:
-                return left
+            for frame in stack[common:]:
+                left = self.loop_left(frame, None, made, other, call, evidence)
+                if left is not None:
+                    return left
         # 4. nothing in the source explains it: report the place, plainly, and a value
         # one side logged for a framework to reduce that the other side never did
         for mine, mine_ranks, theirs_ranks, theirs in ((call, made, other, alt), (alt, other, made, call)):

@@ -230,6 +230,28 @@ def test_an_error_caught_around_a_step_function_is_a_rank_exception() -> None:
     )
 
 
+def test_decoding_that_stops_at_each_ranks_own_end_of_sequence_is_a_data_dependent_branch() -> None:
+    script = SCRIPTS / "generate_until_eos.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    # the stop tests the model's output; `rank, world = ...` must not make that rank-derived
+    assert finding["cause"] == "data-dependent-branch", finding
+    stop_line = line_in(script, "break  # out of the loop on this rank alone")
+    assert finding["site"] == f"tests/scripts/generate_until_eos.py:{stop_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    # the decoding loop is found below the comprehension that runs generate()
+    loop = f"tests/scripts/generate_until_eos.py:{line_in(script, 'for _ in range')}"
+    assert any(e.startswith(f"rank 1 left the loop at {loop}") for e in finding["evidence"]), finding
+
+    assert "synced_gpus=True" in finding["fix"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "synced"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    assert report["summary"]["note"].startswith("no eval loader was seen: the collectives made in eval mode")
+
+
 def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_is() -> None:
     script = SCRIPTS / "dcp_rank0_save.py"
     proc, report = preflight("--nproc-per-node=2", str(script))
