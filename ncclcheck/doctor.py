@@ -184,7 +184,16 @@ def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
         return ("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
     for index, frame in enumerate(main.frames):  # innermost first
         if "torch/distributed/" in frame.file and frame.function in _COLLECTIVE_NAMES:
-            return (_named_by_issuer(frame.function, main.frames[index + 1 :]), True)
+            # The API its caller called: the outermost collective of this run of
+            # torch.distributed frames (all_gather_into_tensor, not the
+            # all_gather_single it calls; all_gather_object, not its all_gather).
+            outer = index
+            for later in range(index + 1, len(main.frames)):
+                if "torch/distributed/" not in main.frames[later].file:
+                    break
+                if main.frames[later].function in _COLLECTIVE_NAMES:
+                    outer = later
+            return (_named_by_issuer(main.frames[outer].function, main.frames[outer + 1 :]), True)
         if frame.function == "_engine_run_backward":
             return ("all_reduce (DDP gradient buckets, in backward)", True)
         path = frame.file.replace("\\", "/")

@@ -213,6 +213,22 @@ def test_rank0_stuck_in_a_distributed_checkpoint_save_is_named_with_what_to_do()
     assert any(e.startswith("torch.distributed.checkpoint's save() and load()") for e in finding["evidence"])
 
 
+def test_decoding_stopped_by_one_ranks_own_end_of_sequence_is_found_from_the_stacks() -> None:
+    # Rank 0 still decodes (its forward all-gathers the sharded weight), rank 1 has left
+    # the decoding loop and waits in the all_reduce after it.
+    script = SCRIPTS / "generate_until_eos.py"
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "data-dependent-branch", finding
+    stop_line = line_in(script, "break  # out of the loop on this rank alone")
+    assert finding["site"] == f"tests/scripts/generate_until_eos.py:{stop_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    # the API the script called, not the all_gather_single that torch calls inside it
+    blocking = {c["ranks"]: c["blocking"] for c in report["summary"]["classes"]}
+    assert blocking == {"0": "all_gather_into_tensor", "1": "all_reduce"}, blocking
+
+
 def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     # No RANK in the environment: the ranks are spawn's children, each under
     # torch.multiprocessing.spawn's _wrap(fn, i, ...), whose i is the rank.
