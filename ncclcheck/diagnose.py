@@ -902,6 +902,9 @@ class Diagnoser:
             exits = [
                 g for g in source.conditional_exits(inside.file, loop) if g.statement in ("break", "return")
             ]
+            ended = source.while_test(inside.file, loop)
+            if not exits and ended is not None:
+                exits = [ended]  # no break: the loop's own test ended it
             if exits:
                 break
         if not exits:
@@ -909,13 +912,19 @@ class Diagnoser:
         guard = exits[-1]
         cause = _cause_of_exit(guard.kind)
         where = self.site(Frame(inside.file, guard.line, ""))
+        how = (
+            f"when `{guard.text}` turned false"
+            if guard.statement == "while"
+            else f"through `{guard.statement}` under `if {guard.text}` at {where}"
+        )
         evidence.append(
             f"{who(outside_ranks)} left the loop at {self.site(Frame(inside.file, loop.lineno, ''))} "
-            f"in {inside.function}() through `{guard.statement}` under `if {guard.text}` at {where}; "
-            f"{who(inside_ranks)} stayed in it"
+            f"in {inside.function}() {how}; {who(inside_ranks)} stayed in it"
         )
+        keyword = "while" if guard.statement == "while" else "if"
         message = (
-            f"{who(outside_ranks)} and {who(inside_ranks)} decided differently at `if {guard.text}` ({where})"
+            f"{who(outside_ranks)} and {who(inside_ranks)} decided differently at "
+            f"`{keyword} {guard.text}` ({where})"
         )
         if cause == "unsynchronized-decision":
             message += ": its value differs per rank and was never synchronised"

@@ -252,6 +252,21 @@ def test_decoding_that_stops_at_each_ranks_own_end_of_sequence_is_a_data_depende
     assert report["summary"]["note"].startswith("no eval loader was seen: the collectives made in eval mode")
 
 
+def test_a_loop_ended_by_each_ranks_own_clock_is_an_unsynchronized_decision() -> None:
+    script = SCRIPTS / "wallclock_budget.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision", finding
+    assert finding["site"] == f"tests/scripts/wallclock_budget.py:{line_in(script, 'while time.time()')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    assert any("when `time.time() - start < budget_s` turned false" in e for e in finding["evidence"])
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "synced"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+
+
 def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_is() -> None:
     script = SCRIPTS / "dcp_rank0_save.py"
     proc, report = preflight("--nproc-per-node=2", str(script))

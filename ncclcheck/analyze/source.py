@@ -277,6 +277,14 @@ def enclosing_loops(path: str, line: int) -> list[ast.stmt]:
     return loops
 
 
+def while_test(path: str, loop: ast.stmt) -> Guard | None:
+    """The test of a ``while`` loop as the way out of it (``while time.time() < end``),
+    unless it is a constant (``while True``: only its break/return leave it)."""
+    if not isinstance(loop, ast.While) or isinstance(loop.test, ast.Constant):
+        return None
+    return Guard(condition_kind(path, loop.test), loop.lineno, ast.unparse(loop.test), "while")
+
+
 def innermost_loop(path: str, line: int) -> ast.stmt | None:
     loops = enclosing_loops(path, line)
     return loops[0] if loops else None
