@@ -1348,6 +1348,7 @@ class _ScopeChecker:
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
             if isinstance(node, ast.While):
                 self.calls_here(node.test, guards)
+                self.check_while_test(node)
             else:
                 self.calls_here(node.iter, guards)
                 self.check_ordered_loop(node)
@@ -1465,6 +1466,34 @@ class _ScopeChecker:
             f"{collective.label} is reached only where `{guard.text}` "
             f"({self.at(guard.line, collective)}) holds, a {why} condition: the other ranks never "
             f"make this call",
+            collective,
+            guard,
+        )
+
+    def check_while_test(self, loop: ast.While) -> None:
+        """``while time.time() - start < budget:`` around a collective: a test whose value
+        differs per rank ends the loop after a different number of passes on each."""
+        if isinstance(loop.test, ast.Constant) or self.collectives_within(loop.test):
+            return  # a test that communicates (broadcasts rank 0's decision) is agreed on
+        in_loop = sorted(self.collectives(loop.body), key=lambda pair: (pair[0].lineno, pair[0].col_offset))
+        if not in_loop:
+            return
+        kind = self.kind(loop.test, loop.body)
+        if kind == "other":
+            return
+        certain = [pair for pair in in_loop if pair[1].certain]
+        call, collective = (certain or in_loop)[0]
+        cause = {RANK: "rank-conditional-collective", DATA: "data-dependent-branch"}.get(
+            kind, "unsynchronized-decision"
+        )
+        guard = _Guard(kind, loop.lineno, ast.unparse(loop.test))
+        self.add(
+            cause,
+            "error" if kind == RANK and collective.certain else "warning",
+            call,
+            f"{collective.label} runs in every pass of the `while` at line {loop.lineno}, whose test "
+            f"`{guard.text}` can differ per rank: ranks that leave the loop sooner never make "
+            "the others' last calls",
             collective,
             guard,
         )

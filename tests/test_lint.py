@@ -144,6 +144,23 @@ import torch.distributed as dist
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
+        (  # a per-rank wall clock ends a loop that all-reduces (pytorch#22834)
+            """
+            def train(x, budget_s):
+                start = time.time()
+                while time.time() - start < budget_s:
+                    dist.all_reduce(x)
+            """,
+            ("unsynchronized-decision", "warning"),
+        ),
+        (  # decoding until this rank's own sequences end, each step all-gathering
+            """
+            def decode(step, tokens, out):
+                while not (tokens[:, -1] == 0).all().item():
+                    dist.all_gather_into_tensor(out, step(tokens))
+            """,
+            ("data-dependent-branch", "warning"),
+        ),
         (  # derived rank flag
             """
             def log(x):
@@ -415,6 +432,31 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             rank, world = dist.get_rank(), dist.get_world_size()
             if world > 1:
                 dist.barrier()
+        """,
+        # a loop bounded by a step count, and one whose stop flag every rank agreed on
+        """
+        def train(x, max_steps):
+            step = 0
+            while step < max_steps:
+                dist.all_reduce(x)
+                step += 1
+            done = False
+            while not done:
+                flag = torch.tensor([float(x.sum() > 0)])
+                dist.all_reduce(flag)
+                done = flag.item() == 0
+        """,
+        # a loop test that broadcasts rank 0's clock: every rank gets the same answer
+        """
+        def agreed(deadline):
+            flag = torch.tensor([float(time.time() < deadline)])
+            dist.broadcast(flag, src=0)
+            return flag.item() > 0
+
+        def train(x, budget_s):
+            start = time.time()
+            while agreed(start + budget_s):
+                dist.all_reduce(x)
         """,
         # generate() with synced_gpus=True keeps every rank stepping until all are done
         """
