@@ -126,14 +126,6 @@ def issued_at(file: str, function: str) -> tuple[str, str] | None:
     return None
 
 
-def advice_for_op_text(text: str) -> str | None:
-    """The advice for an op named by what issued it ("all_gather (SyncBatchNorm's ...)")."""
-    for what, advice in _ISSUERS.values():
-        if text.endswith(f"({what})"):
-            return advice or None
-    return None
-
-
 def op_text(call: CollectiveCall) -> str:
     """The op as a finding names it: one the user never wrote says what issued it (DDP's
     internal broadcast, a SyncBatchNorm layer)."""

@@ -27,7 +27,7 @@ import psutil
 from ncclcheck import flight_recorder
 from ncclcheck.analyze import source
 from ncclcheck.analyze.align import Divergence, Mismatch
-from ncclcheck.diagnose import Diagnoser, Evidence, advice_for_op_text, issued_at, relative, who
+from ncclcheck.diagnose import Diagnoser, Evidence, issued_at, relative, who
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.model import (
     CollectiveCall,
@@ -42,7 +42,7 @@ from ncclcheck.model import (
 )
 from ncclcheck.record.frames import framework_name
 from ncclcheck.record.recorder import COLLECTIVES, P2P
-from ncclcheck.stacks import ProcessStack, dump_stacks
+from ncclcheck.stacks import ProcessStack, ThreadStack, dump_stacks
 
 # the torch.distributed functions a rank can wait in (what the recorder wraps)
 _COLLECTIVE_NAMES = frozenset(COLLECTIVES) | frozenset(P2P)
@@ -85,6 +85,7 @@ class StackClass:
     # a framework running a collective for an earlier call of the user's (see _DEFERRED)
     deferred: DeferredFrame | None = None
     libraries: list[str] = field(default_factory=list)  # third-party packages on the stack
+    advice: str | None = None  # what to do about a collective library code issued
 
     @property
     def site(self) -> Frame | None:
@@ -165,16 +166,43 @@ def _status(proc: psutil.Process) -> str:
         return "gone"
 
 
-def _named_by_issuer(op: str, callers: list[Frame]) -> str:
-    """ "all_gather (SyncBatchNorm's batch statistics, in training mode)" when library code
-    the user called issued the collective; the op alone when the user's code did."""
+def _issuer(callers: list[Frame]) -> tuple[str, str] | None:
+    """(what issued it, what to do) when library code the user called issued the
+    collective (SyncBatchNorm, torch.distributed.checkpoint); None when the user's did."""
     for frame in callers:  # outward, past torch.distributed's own wrappers
         issued = issued_at(frame.file, frame.function)
         if issued is not None:  # torch.distributed.checkpoint's are issuers themselves
-            return f"{op} ({issued[0]})"
+            return issued
         if "torch/distributed/" not in frame.file.replace("\\", "/"):
-            return op
-    return op
+            return None
+    return None
+
+
+def _collective_frame(main: ThreadStack) -> int | None:
+    """The index of the collective the main thread waits in (innermost first): the API
+    its caller called, the outermost collective of the run of torch.distributed frames
+    (all_gather_into_tensor, not the all_gather_single it calls; all_gather_object,
+    not its all_gather)."""
+    for index, frame in enumerate(main.frames):
+        if "torch/distributed/" in frame.file and frame.function in _COLLECTIVE_NAMES:
+            outer = index
+            for later in range(index + 1, len(main.frames)):
+                if "torch/distributed/" not in main.frames[later].file:
+                    break
+                if main.frames[later].function in _COLLECTIVE_NAMES:
+                    outer = later
+            return outer
+    return None
+
+
+def issuer_advice_of(stack: ProcessStack) -> str | None:
+    """What to do about the collective a rank waits in, when library code issued it."""
+    main = stack.main
+    index = _collective_frame(main) if main is not None else None
+    if main is None or index is None:
+        return None
+    issued = _issuer(main.frames[index + 1 :])
+    return issued[1] if issued and issued[1] else None
 
 
 def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
@@ -182,18 +210,11 @@ def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
     main = stack.main
     if main is None:
         return ("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
+    collective = _collective_frame(main)
     for index, frame in enumerate(main.frames):  # innermost first
-        if "torch/distributed/" in frame.file and frame.function in _COLLECTIVE_NAMES:
-            # The API its caller called: the outermost collective of this run of
-            # torch.distributed frames (all_gather_into_tensor, not the
-            # all_gather_single it calls; all_gather_object, not its all_gather).
-            outer = index
-            for later in range(index + 1, len(main.frames)):
-                if "torch/distributed/" not in main.frames[later].file:
-                    break
-                if main.frames[later].function in _COLLECTIVE_NAMES:
-                    outer = later
-            return (_named_by_issuer(main.frames[outer].function, main.frames[outer + 1 :]), True)
+        if index == collective:
+            issued = _issuer(main.frames[index + 1 :])
+            return (f"{frame.function} ({issued[0]})" if issued else frame.function, True)
         if frame.function == "_engine_run_backward":
             return ("all_reduce (DDP gradient buckets, in backward)", True)
         path = frame.file.replace("\\", "/")
@@ -277,7 +298,13 @@ def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
         key = (blocking, tuple((f.file, f.line, f.function) for f in frames), deferred)
         if key not in classes:
             classes[key] = StackClass(
-                [], blocking, in_collective, frames, deferred=deferred, libraries=_libraries(stack)
+                [],
+                blocking,
+                in_collective,
+                frames,
+                deferred=deferred,
+                libraries=_libraries(stack),
+                advice=issuer_advice_of(stack),
             )
         classes[key].ranks.append(rank)
         if in_collective:
@@ -517,7 +544,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
     missing = sorted(set(range(world)) - set(found))
     evidence = [f"{who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
     # what to do about a collective library code issued (SyncBatchNorm in training mode)
-    evidence += dict.fromkeys(a for c in classes if (a := advice_for_op_text(c.blocking)) is not None)
+    evidence += dict.fromkeys(c.advice for c in classes if c.advice is not None)
     waiting = [c for c in classes if c.in_collective]
     outside = [c for c in classes if not c.in_collective]
     diagnoser = Diagnoser(Evidence(traces={}, world_size=world))
