@@ -852,6 +852,26 @@ class Diagnoser:
                 left = self.loop_left(frame, None, made, other, call, evidence)
                 if left is not None:
                     return left
+        # 3c. a test on the data around the call (`if h.shape[0] > 1: h = self.bn(h)`):
+        # the absent ranks' data did not pass it
+        for frame in stack[max(common - 1, 0) :]:
+            for guard in source.guards_of(frame.file, frame.line):
+                if guard.kind == source.DATA:
+                    evidence.append(
+                        f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} tests "
+                        f"the data: {who(made)} passed it, {who(other)} did not"
+                    )
+                    return self.finding(
+                        "data-dependent-branch",
+                        f"only {who(made)} reached {op_text(call)} at {self.site(call.site)}, under "
+                        f"`if {guard.text}`, a test on the data; {who(other)} skipped it",
+                        ranks=made,
+                        absent_ranks=other,
+                        op=call.op,
+                        site=self.site(call.site),
+                        evidence=[*evidence, *issuer_advice(call)],
+                        libraries=call.libraries,
+                    )
         # 4. nothing in the source explains it: report the place, plainly, and a value
         # one side logged for a framework to reduce that the other side never did
         for mine, mine_ranks, theirs_ranks, theirs in ((call, made, other, alt), (alt, other, made, call)):

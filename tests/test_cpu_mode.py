@@ -119,3 +119,18 @@ def test_a_rank_zero_forward_in_training_mode_is_named_as_syncbatchnorms_all_gat
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     assert "all_gather (SyncBatchNorm's batch statistics, in training mode)" in finding["message"]
     assert any(line.startswith("SyncBatchNorm synchronises") for line in finding["evidence"])
+
+
+def test_a_syncbatchnorm_skipped_for_one_ranks_single_sample_batch_is_a_data_dependent_branch() -> None:
+    script = Path(__file__).resolve().parent / "scripts" / "syncbn_single_sample.py"
+    result, report = ncclcheck("preflight", "--cpu", "--json", "--stall-timeout", "6", str(script))
+    assert result.returncode == 1, result.output
+    finding = report["findings"][0]
+    assert finding["cause"] == "data-dependent-branch", finding
+    assert finding["site"] == f"tests/scripts/syncbn_single_sample.py:{line_in(script, 'h = self.bn(h)')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "under `if h.shape[0] > 1`, a test on the data" in finding["message"]
+
+    result, report = ncclcheck("preflight", "--cpu", "--json", str(script), env={"MODE": "sampler"})
+    assert result.returncode == 0, result.output
+    assert report["verdict"] == "aligned"
