@@ -782,26 +782,24 @@ class Diagnoser:
         if alt is not None and alt_made:
             sides.append((alt, alt.user_stack, alt_made, sorted(set(first.members) - set(alt_made))))
         for side_call, side_stack, side_made, side_other in sides:
-            for frame in side_stack[max(common - 1, 0) :]:
-                for guard in source.guards_of(frame.file, frame.line):
-                    if guard.kind == source.RANK:
-                        evidence.append(
-                            f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))}"
-                            f" sends {who(side_made)} to it"
-                        )
-                        return self.finding(
-                            "rank-conditional-collective",
-                            f"only {who(side_made)} reached {op_text(side_call)} at "
-                            f"{self.site(side_call.site)} in "
-                            f"{side_call.site.function if side_call.site else '?'}(), under "
-                            f"`if {guard.text}`; {who(side_other)} never called it",
-                            ranks=side_made,
-                            absent_ranks=side_other,
-                            op=side_call.op,
-                            site=self.site(side_call.site),
-                            evidence=[*evidence, *issuer_advice(side_call)],
-                            libraries=side_call.libraries,
-                        )
+            around = _guard_around(side_stack[max(common - 1, 0) :], source.RANK)
+            if around is not None:
+                frame, guard = around
+                evidence.append(
+                    f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))}"
+                    f" sends {who(side_made)} to it"
+                )
+                return self.call_finding(
+                    "rank-conditional-collective",
+                    f"only {who(side_made)} reached {op_text(side_call)} at "
+                    f"{self.site(side_call.site)} in "
+                    f"{side_call.site.function if side_call.site else '?'}(), under "
+                    f"`if {guard.text}`; {who(side_other)} never called it",
+                    side_call,
+                    side_made,
+                    side_other,
+                    evidence,
+                )
         # 2. an early exit, in a function the absent ranks left, before the call
         for frame in stack[common:] or stack[-1:]:
             function = source.enclosing_function(frame.file, frame.line)
@@ -820,18 +818,16 @@ class Diagnoser:
                     f"{self.site(Frame(frame.file, guard.line, ''))} leaves "
                     f"{frame.function}() before the call"
                 )
-                return self.finding(
+                return self.call_finding(
                     cause,
                     f"{who(other)} left {frame.function}() early through the "
                     f"`{guard.statement}` at {self.site(Frame(frame.file, guard.line, ''))} and "
                     f"missed the {op_text(call)} at {self.site(call.site)} that "
                     f"{who(made)} waited in",
-                    ranks=made,
-                    absent_ranks=other,
-                    op=call.op,
-                    site=self.site(call.site),
-                    evidence=[*evidence, *issuer_advice(call)],
-                    libraries=call.libraries,
+                    call,
+                    made,
+                    other,
+                    evidence,
                 )
         # 3. a loop one side left: the break/return that ended it, and its condition
         if common and alt_stack:
@@ -854,24 +850,22 @@ class Diagnoser:
                     return left
         # 3c. a test on the data around the call (`if h.shape[0] > 1: h = self.bn(h)`):
         # the absent ranks' data did not pass it
-        for frame in stack[max(common - 1, 0) :]:
-            for guard in source.guards_of(frame.file, frame.line):
-                if guard.kind == source.DATA:
-                    evidence.append(
-                        f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} tests "
-                        f"the data: {who(made)} passed it, {who(other)} did not"
-                    )
-                    return self.finding(
-                        "data-dependent-branch",
-                        f"only {who(made)} reached {op_text(call)} at {self.site(call.site)}, under "
-                        f"`if {guard.text}`, a test on the data; {who(other)} skipped it",
-                        ranks=made,
-                        absent_ranks=other,
-                        op=call.op,
-                        site=self.site(call.site),
-                        evidence=[*evidence, *issuer_advice(call)],
-                        libraries=call.libraries,
-                    )
+        around = _guard_around(stack[max(common - 1, 0) :], source.DATA)
+        if around is not None:
+            frame, guard = around
+            evidence.append(
+                f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} tests "
+                f"the data: {who(made)} passed it, {who(other)} did not"
+            )
+            return self.call_finding(
+                "data-dependent-branch",
+                f"only {who(made)} reached {op_text(call)} at {self.site(call.site)}, under "
+                f"`if {guard.text}`, a test on the data; {who(other)} skipped it",
+                call,
+                made,
+                other,
+                evidence,
+            )
         # 4. nothing in the source explains it: report the place, plainly, and a value
         # one side logged for a framework to reduce that the other side never did
         for mine, mine_ranks, theirs_ranks, theirs in ((call, made, other, alt), (alt, other, made, call)):
@@ -883,12 +877,31 @@ class Diagnoser:
                     f"every rank"
                 )
                 break
-        return self.finding(
+        return self.call_finding(
             "rank-conditional-collective",
             f"{who(made)} called {op_text(call)} at {self.site(call.site)}; "
             f"{who(other)} did something else at that point",
+            call,
+            made,
+            other,
+            evidence,
+        )
+
+    def call_finding(
+        self,
+        cause: str,
+        message: str,
+        call: CollectiveCall,
+        made: list[int],
+        absent: list[int],
+        evidence: list[str],
+    ) -> Finding:
+        """A finding sited at ``call``, with what to do when library code issued it."""
+        return self.finding(
+            cause,
+            message,
             ranks=made,
-            absent_ranks=other,
+            absent_ranks=absent,
             op=call.op,
             site=self.site(call.site),
             evidence=[*evidence, *issuer_advice(call)],
@@ -1095,6 +1108,16 @@ class Diagnoser:
                 fix=self.fix("uneven-eval-batches"),
             )
         return None
+
+
+def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, source.Guard] | None:
+    """The first ``if`` of ``kind`` around the frames' lines: frames outermost first,
+    each frame's tests innermost first."""
+    for frame in frames:
+        for guard in source.guards_of(frame.file, frame.line):
+            if guard.kind == kind:
+                return frame, guard
+    return None
 
 
 def _cause_of_exit(condition_kind: str) -> str:
