@@ -29,7 +29,7 @@ from ncclcheck.model import (
     format_ranks,
 )
 from ncclcheck.stacks import ProcessStack
-from ncclcheck.traces import RankTrace, divergences_of
+from ncclcheck.traces import RankTrace, RootedRead, divergences_of
 
 
 @dataclass
@@ -1045,6 +1045,7 @@ class Diagnoser:
                         fix=self.fix("missing-distributed-sampler"),
                     )
                 )
+        found += self.rooted_reads()
         uneven_train = self.uneven_train_loader()
         if uneven_train is not None and "uneven-eval-batches" not in causes:
             found.append(uneven_train)
@@ -1070,6 +1071,56 @@ class Diagnoser:
                     ),
                     ranks=sorted(counts),
                     fix=self.fix("uneven-eval-batches"),
+                )
+            )
+        return found
+
+    def rooted_reads(self) -> list[Finding]:
+        """A rank read the tensor it gave dist.reduce, which only the dst rank receives
+        the result in (record/rooted.py): what it computes from it is its own partial
+        value, and a branch on it may part the ranks on another day's data."""
+        readers: dict[tuple[Frame, Frame], list[int]] = {}
+        example: dict[tuple[Frame, Frame], RootedRead] = {}
+        for rank, trace in sorted(self.ev.traces.items()):
+            for read in trace.rooted_reads:
+                key = (read.site, read.reduce_site)
+                readers.setdefault(key, []).append(rank)
+                example.setdefault(key, read)
+        found: list[Finding] = []
+        for key, ranks in readers.items():
+            read = example[key]
+            name = f"`{read.var}`" if read.var else "the tensor"
+            decides = source.decision_at(read.site.file, read.site.line)
+            effect = (
+                f", and `{decides}` decides on it: ranks that decide differently part ways" if decides else ""
+            )
+            members = sorted(self.ev.traces)
+            found.append(
+                Finding(
+                    cause="unsynchronized-decision",
+                    severity=Severity.WARNING,
+                    message=(
+                        f"{who(ranks)} read {name} with {read.how} at {self.site(read.site)} in "
+                        f"{read.site.function}(), but dist.reduce at {self.site(read.reduce_site)} "
+                        f"sent the result to rank {read.dst} only: what a rank reads there is its "
+                        f"own partial value{effect}"
+                    ),
+                    ranks=ranks,
+                    absent_ranks=[r for r in members if r not in ranks],
+                    op="reduce",
+                    site=self.site(read.site),
+                    evidence=[
+                        f"dist.reduce(..., dst={read.dst}) at {self.site(read.reduce_site)} in "
+                        f"{read.reduce_site.function}() ({read.phase})",
+                        "call chain of the read: "
+                        + " -> ".join(f"{f.function}() at {self.site(f)}" for f in read.stack),
+                    ],
+                    fix=(
+                        "Where every rank needs the value, use dist.all_reduce instead of dist.reduce "
+                        "(divide by the world size for a mean); where only the dst rank should use "
+                        f"it, read it under `if rank == {read.dst}` and broadcast any decision taken "
+                        "on it."
+                    ),
                 )
             )
         return found

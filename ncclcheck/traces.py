@@ -40,6 +40,19 @@ class LoaderPass:
     budget_cut: bool = False  # the dry run ended it after --train-steps batches
 
 
+@dataclass(frozen=True)
+class RootedRead:
+    """A rank read a tensor that dist.reduce gave to another rank (record/rooted.py)."""
+
+    how: str  # ".item()", "float()", "a comparison (<)"
+    site: Frame  # the user's line that read it
+    stack: list[Frame]  # the user's frames there, outermost first (as a call's)
+    var: str | None  # the name the tensor had there
+    phase: str
+    reduce_site: Frame  # the user's line that called dist.reduce
+    dst: int
+
+
 @dataclass
 class RankTrace:
     rank: int
@@ -59,6 +72,7 @@ class RankTrace:
     cpu_mapped: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --cpu
     perturbed: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --perturb
     adapted: list[tuple[str, Frame]] = field(default_factory=list)  # framework options the dry run set
+    rooted_reads: list[RootedRead] = field(default_factory=list)
     phase: str = "train"
     last_time: float = 0.0
     path: Path | None = None
@@ -118,8 +132,13 @@ def record_time(record: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _frame(raw: Sequence[Any]) -> Frame:
+    """[file, line, function] as the trace writes a place."""
+    return Frame(str(raw[0]), int(raw[1]), str(raw[2]))
+
+
 def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
-    stack = [Frame(str(f[0]), int(f[1]), str(f[2])) for f in record.get("stack", [])]
+    stack = [_frame(f) for f in record.get("stack", [])]
     return CollectiveCall(
         rank=rank,
         seq=int(record["seq"]),
@@ -148,7 +167,7 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
     if not record:
         return None
     ran_in = record.get("in")
-    frame = Frame(str(ran_in[0]), int(ran_in[1]), str(ran_in[2])) if ran_in else None
+    frame = _frame(ran_in) if ran_in else None
     return Deferred(str(record.get("by", "a framework")), str(record.get("for", "?")), frame)
 
 
@@ -382,9 +401,20 @@ def _read_trace(
                 trace.destroyed = True
             elif kind == "probe":
                 trace.probe = record
+            elif kind == "rooted_read":
+                trace.rooted_reads.append(
+                    RootedRead(
+                        how=str(record["how"]),
+                        site=_frame(record["site"]),
+                        stack=[_frame(f) for f in record.get("stack") or []],
+                        var=record.get("var"),
+                        phase=str(record.get("phase", "train")),
+                        reduce_site=_frame(record["reduce"]["site"]),
+                        dst=int(record["reduce"]["dst"]),
+                    )
+                )
             elif kind in ("cpu", "perturb", "framework"):
-                file, line, function = record["site"]
-                noted = (str(record["kind"]), Frame(str(file), int(line), str(function)))
+                noted = (str(record["kind"]), _frame(record["site"]))
                 {"cpu": trace.cpu_mapped, "perturb": trace.perturbed, "framework": trace.adapted}[
                     kind
                 ].append(noted)

@@ -267,6 +267,30 @@ def test_a_loop_ended_by_each_ranks_own_clock_is_an_unsynchronized_decision() ->
     assert report["verdict"] == "aligned"
 
 
+def test_a_reduce_result_read_on_a_rank_that_is_not_its_dst_is_a_warning() -> None:
+    script = SCRIPTS / "reduce_to_rank0.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]  # both ranks happened to decide alike
+    assert report["verdict"] == "aligned"
+    (finding,) = [f for f in report["findings"] if f["cause"] == "unsynchronized-decision"]
+    assert finding["severity"] == "warning"
+    read_line = line_in(script, "if epoch_loss.item() / world < 6.0")
+    assert finding["site"] == f"tests/scripts/reduce_to_rank0.py:{read_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    assert "sent the result to rank 0 only" in finding["message"]
+    assert "`if epoch_loss.item() / world < 6.0` decides on it" in finding["message"]
+    reduce_line = line_in(script, "dist.reduce(")
+    reduced_at = f"dist.reduce(..., dst=0) at tests/scripts/reduce_to_rank0.py:{reduce_line}"
+    assert reduced_at in finding["evidence"][0]
+    assert finding["evidence"][1].startswith("call chain of the read: <module>() at")
+
+    # read on rank 0 alone, and decided on after a broadcast: nothing to say
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "careful"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    assert not [f for f in report["findings"] if f["cause"] == "unsynchronized-decision"], report["findings"]
+
+
 def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_is() -> None:
     script = SCRIPTS / "dcp_rank0_save.py"
     proc, report = preflight("--nproc-per-node=2", str(script))

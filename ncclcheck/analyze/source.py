@@ -285,6 +285,19 @@ def while_test(path: str, loop: ast.stmt) -> Guard | None:
     return Guard(condition_kind(path, loop.test), loop.lineno, ast.unparse(loop.test), "while")
 
 
+def decision_at(path: str, line: int) -> str | None:
+    """``if …`` or ``while …`` when ``line`` lies in the test of the innermost branch or
+    loop around it (an elif is an If of its own): a value read there decides where the
+    rank goes."""
+    chain = enclosing_chain(path, line)
+    if not chain:
+        return None
+    node = chain[-1]
+    if isinstance(node, (ast.If, ast.While)) and contains(node.test, line):
+        return f"{'while' if isinstance(node, ast.While) else 'if'} {ast.unparse(node.test)}"
+    return None
+
+
 def innermost_loop(path: str, line: int) -> ast.stmt | None:
     loops = enclosing_loops(path, line)
     return loops[0] if loops else None

@@ -16,7 +16,7 @@ import traceback
 from typing import Any
 
 from ncclcheck import rendezvous
-from ncclcheck.record import cpu_map, frames, frameworks, perturb
+from ncclcheck.record import cpu_map, frames, frameworks, perturb, rooted
 from ncclcheck.record.recorder import (
     COLLECTIVES,
     ENV_EVAL_PASSES,
@@ -243,6 +243,7 @@ def main() -> None:
     frames.add_user_root(os.path.dirname(script))
     if module is not None:
         frames.add_user_root(os.getcwd())  # the package's other modules, from its root
+    rooted.install(recorder)  # before the collectives are wrapped: it wraps reduce first
     install(recorder)
     frameworks.install(recorder)
     if env.get(cpu_map.ENV_CPU) == "1":

@@ -10,6 +10,7 @@ import site
 import sys
 import sysconfig
 from types import CodeType, FrameType
+from typing import Any
 
 import ncclcheck
 
@@ -73,6 +74,25 @@ def is_user_code(code: CodeType) -> bool:
     if known is None:
         known = _IS_USER[code] = is_user_file(code.co_filename)
     return known
+
+
+_PATCHED_METHOD_CODES: set[CodeType] = set()
+
+
+def patched_method(function: Any) -> Any:
+    """Mark ``function`` as ncclcheck's replacement of a torch method, which another of
+    ncclcheck's replacements may call in turn: past_own_wrappers looks through it."""
+    _PATCHED_METHOD_CODES.add(function.__code__)
+    return function
+
+
+def past_own_wrappers(frame: FrameType | None) -> FrameType | None:
+    """``frame`` or its nearest caller that is not one of ncclcheck's replacements of a
+    torch method: the caller of Tensor.item when --perturb's and rooted.py's are
+    installed one over the other, in whichever order."""
+    while frame is not None and frame.f_code in _PATCHED_METHOD_CODES:
+        frame = frame.f_back
+    return frame
 
 
 def first_user_frame(frame: FrameType | None) -> FrameType | None:

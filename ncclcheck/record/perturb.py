@@ -41,7 +41,7 @@ def install(recorder: Recorder, rank: int) -> None:
     noise = random.Random(1000 + rank)
 
     def user_caller(kind: str) -> bool:
-        frame: Any = sys._getframe(2)
+        frame: Any = frames.past_own_wrappers(sys._getframe(2))
         if not frames.is_user_code(frame.f_code):
             return False
         recorder.note_site("perturb", kind, frame)
@@ -55,12 +55,14 @@ def install(recorder: Recorder, rank: int) -> None:
             return value * math.exp(noise.uniform(-math.log(2), math.log(2)))
         return value
 
+    @frames.patched_method
     def item(self: torch.Tensor) -> Any:
         value = original_item(self)
         if recorder.phase == "eval" and self.is_floating_point() and user_caller(".item() (eval)"):
             return perturbed(value)
         return value
 
+    @frames.patched_method
     def to_float(self: torch.Tensor) -> float:
         value = original_float(self)
         if recorder.phase == "eval" and self.is_floating_point() and user_caller("float(tensor) (eval)"):

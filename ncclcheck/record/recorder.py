@@ -200,7 +200,10 @@ class Recorder:
         # per distinct call: its encoded fields and its group's seq counter
         self._static: dict[tuple[Any, ...], tuple[bytes, Iterator[int]]] = {}
         self._pinned_codes: set[Any] = set()  # keeps the code ids in _static's keys unique
-        self._noted: set[tuple[str, str, str, int]] = set()  # see note_site
+        self._noted: set[tuple[Any, ...]] = set()  # see note_site and first_time
+        # Tensors dist.reduce left without its result on this rank, by id (record/rooted.py).
+        self.rooted: dict[int, Any] = {}
+        self.watching_rooted_reads = False
         self._position_bytes = b""
         self.in_backward = 0  # autograd runs with grad mode off: that is not evaluation
         self.user_no_grad = 0  # no_grad/inference_mode blocks the user's code has open
@@ -258,11 +261,16 @@ class Recorder:
             file, line, function = frame.f_code.co_filename, int(frame.f_lineno), frame.f_code.co_name
         else:
             file, line, function = "?", 0, "?"
-        key = (record_type, kind, file, line)
-        if key in self._noted:
+        if not self.first_time((record_type, kind, file, line)):
             return
-        self._noted.add(key)
         self.write({"t": record_type, "kind": kind, "site": [file, line, function], "time": time.time()})
+
+    def first_time(self, key: tuple[Any, ...]) -> bool:
+        """True the first time ``key`` is given: one trace line per site, however often it runs."""
+        if key in self._noted:
+            return False
+        self._noted.add(key)
+        return True
 
     def exit(self, how: str, code: int, error: str | None = None, site: list[Any] | None = None) -> None:
         record: dict[str, Any] = {
@@ -464,6 +472,9 @@ class Recorder:
         peer_positions = [(name, params.index(name)) for name in peer_names]
         get_frame = sys._getframe
         record_call = self.record_call
+        # These give their first tensor the same value on every rank: a reduce's
+        # result that was marked as missing on this rank (rooted.py) has it now.
+        rooted = self.rooted if op in ("all_reduce", "broadcast") else None
 
         @functools.wraps(fn)
         def recorded(*args: Any, **kwargs: Any) -> Any:
@@ -491,6 +502,8 @@ class Recorder:
                     if value is not None:
                         extra["peer"] = value
             record_call(op, group, tensors, async_op, source, get_frame(1), extra)
+            if rooted and args:
+                rooted.pop(id(args[0]), None)
             depth.inside = 1
             try:
                 return fn(*args, **kwargs)
