@@ -564,17 +564,25 @@ class Linter:
             self._synced[key] = synced
         return self._synced[key]
 
-    def rooted_names(self, scope: ast.AST, module: _Module) -> set[str]:
-        """Tensors passed to dist.reduce / gather / scatter: after the call their value is the
-        result on the destination rank only, and whatever is left on the others."""
-        return {
-            call.args[0].id
-            for call in self.nodes(scope)
-            if isinstance(call, ast.Call)
-            and call.args
-            and isinstance(call.args[0], ast.Name)
-            and (self._direct_label(call, module, set()) or "").split(".")[-1] in _ROOTED
-        }
+    def rooted_names(self, scope: ast.AST, module: _Module) -> dict[str, tuple[str, int]]:
+        """Tensors passed to dist.reduce / gather / scatter, each with that call's label and
+        line: after the call their value is the result on the destination rank only, and
+        whatever is left on the others. Not those a later line broadcasts or all-reduces
+        (`dist.reduce(x, 0)` then `dist.broadcast(x, 0)`): every rank holds rank 0's again."""
+        rooted: dict[str, tuple[str, int]] = {}
+        synced_at: dict[str, int] = {}
+        for call in self.nodes(scope):
+            if not (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Name)):
+                continue
+            label = self._direct_label(call, module, set())
+            if label is None:
+                continue
+            name = call.args[0].id
+            if label.split(".")[-1] in _ROOTED:
+                rooted.setdefault(name, (label, call.lineno))
+            else:
+                synced_at[name] = max(synced_at.get(name, 0), call.lineno)
+        return {name: at for name, at in rooted.items() if synced_at.get(name, 0) <= at[1]}
 
     def _is_rank_local(
         self, value: ast.expr, module: _Module, function: _Function | None, synced: set[str], local: set[str]
@@ -1243,7 +1251,7 @@ class _ScopeChecker:
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
-            if names & self.linter.rooted_names(self.scope, self.module):
+            if names & self.linter.rooted_names(self.scope, self.module).keys():
                 return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
             if names and names <= self.linter.synced_names(self.scope, self.module):
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
@@ -1520,6 +1528,24 @@ class _ScopeChecker:
             guard,
         )
 
+    def rooted_reason(self, guard: _Guard) -> str:
+        """Why a condition is rank-local when it reads what dist.reduce left on a rank: said,
+        since the value came out of a collective and looks synchronised."""
+        if guard.kind != "unsynced":
+            return ""
+        try:
+            read = {n.id for n in ast.walk(ast.parse(guard.text, mode="eval")) if isinstance(n, ast.Name)}
+        except SyntaxError:
+            return ""
+        rooted = self.linter.rooted_names(self.scope, self.module)
+        for name in sorted(read & rooted.keys()):
+            label, line = rooted[name]
+            return (
+                f"; `{name}` holds the result of {label}() at line {line}, which only its "
+                "destination rank receives: the others test their own partial value"
+            )
+        return ""
+
     def decorated_rank_zero(self) -> None:
         assert self.function is not None
         for call in _calls_in(self.function.node):
@@ -1547,6 +1573,7 @@ class _ScopeChecker:
         evidence = [f"call chain: {' -> '.join(collective.chain)}"]
         if guard is not None:
             evidence.append(f"condition at {self.path}:{guard.line}: {guard.text}")
+            message += self.rooted_reason(guard)
         if len(collective.chain) > 1:
             where += f", through {' -> '.join(collective.chain[:-1])}"
         where += ")"

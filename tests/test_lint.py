@@ -481,6 +481,34 @@ def test_no_noise(tmp_path: Path, body: str) -> None:
     assert lint_source(tmp_path, HEADER + textwrap.dedent(body)) == []
 
 
+def test_a_reduce_result_tested_on_every_rank_is_explained_and_a_broadcast_after_it_settles_it(
+    tmp_path: Path,
+) -> None:
+    unsynced = """
+        def should_stop(loss):
+            dist.reduce(loss, dst=0)
+            if loss.item() < 0.1:
+                return True
+            dist.barrier()
+            return False
+        """
+    path = tmp_path / "train.py"
+    path.write_text(HEADER + textwrap.dedent(unsynced))
+    (finding,) = run_lint([path])[0]
+    assert finding.cause == "unsynchronized-decision"
+    reduce_line = 1 + HEADER.count("\n") + 2
+    assert (
+        f"`loss` holds the result of dist.reduce() at line {reduce_line}, which only its destination "
+        "rank receives: the others test their own partial value" in finding.message
+    )
+
+    # rank 0's sum broadcast before the test: every rank decides on the same value
+    settled = unsynced.replace(
+        "dist.reduce(loss, dst=0)\n", "dist.reduce(loss, dst=0)\n            dist.broadcast(loss, src=0)\n"
+    )
+    assert lint_source(tmp_path, HEADER + textwrap.dedent(settled)) == []
+
+
 def test_ignore_comments_silence_one_cause(tmp_path: Path) -> None:
     source = HEADER + textwrap.dedent(
         """
