@@ -556,6 +556,13 @@ class Diagnoser:
                 text += f" ({signal_name})"
             evidence.append(text)
             evidence.append(f"rank {rank}'s last collective: {self.describe_call(last)}")
+        empty = {rank: found for rank in dead if (found := self.empty_eval_pass(rank)) is not None}
+        for rank, (loader, others) in empty.items():
+            evidence.append(
+                f"rank {rank}'s eval loader {loader} yielded no batch in its last pass (the other "
+                f"ranks: {', '.join(f'rank {r}: {n}' for r, n in sorted(others.items()))}), and what "
+                "follows the loop failed on this rank alone"
+            )
         survivors = []
         site = None
         op = None
@@ -574,7 +581,11 @@ class Diagnoser:
             site = self.site(error_site)
             if error:
                 message += ": " + error
-        return self.finding(
+        if empty:
+            message = message.replace(
+                f"{who(dead)} died", f"{who(dead)} died after an eval pass with no batch", 1
+            )
+        finding = self.finding(
             "rank-crashed",
             message,
             ranks=survivors,
@@ -583,6 +594,31 @@ class Diagnoser:
             site=site,
             evidence=evidence,
         )
+        if empty:
+            finding.fix = (
+                f"An empty eval shard killed {who(sorted(empty))}: give every rank the same number of "
+                "batches (DistributedSampler(val_set, shuffle=False) pads the shards to equal length), "
+                "or make the code after the eval loop handle zero batches and still make its "
+                "collectives (reduce a sum and a count, not a mean of a list)."
+            )
+        return finding
+
+    def empty_eval_pass(self, rank: int) -> tuple[str, dict[int, int]] | None:
+        """(loader, batches per other rank) when ``rank``'s last loader pass was an eval pass
+        that yielded nothing while the same loader gave the other ranks batches
+        (Lightning-AI/litgpt#2319: more ranks than validation samples)."""
+        trace = self.ev.traces.get(rank)
+        if trace is None or not trace.passes:
+            return None
+        last = trace.passes[-1]
+        if last.role != "eval" or last.batches != 0 or not last.exhausted:
+            return None
+        others: dict[int, int] = {}
+        for other, other_trace in self.ev.traces.items():
+            same = [p for p in other_trace.eval_passes if p.loader == last.loader]
+            if other != rank and same:
+                others[other] = same[-1].batches
+        return (last.loader, others) if any(others.values()) else None
 
     def uneven_eval(self, first: Divergence, evidence: list[str]) -> Finding | None:
         """Some ranks still in an eval loop's per-batch collective, the others past it."""

@@ -291,6 +291,25 @@ def test_a_reduce_result_read_on_a_rank_that_is_not_its_dst_is_a_warning() -> No
     assert not [f for f in report["findings"] if f["cause"] == "unsynchronized-decision"], report["findings"]
 
 
+def test_a_rank_killed_by_its_empty_eval_shard_is_traced_to_the_shard() -> None:
+    script = SCRIPTS / "empty_eval_shard.py"
+    proc, report = preflight("--nproc-per-node=3", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-crashed", finding
+    assert finding["absent_ranks"] == [2]
+    assert finding["message"].startswith("rank 2 died after an eval pass with no batch")
+    assert (
+        finding["site"] == f"tests/scripts/empty_eval_shard.py:{line_in(script, 'dist.all_reduce(val_loss)')}"
+    )
+    assert (
+        "rank 2's eval loader val_loader yielded no batch in its last pass (the other ranks: rank 0: 1, "
+        "rank 1: 1)" in " ".join(finding["evidence"])
+    )
+    assert finding["fix"].startswith("An empty eval shard killed rank 2")
+    assert [r["eval_batches"] for r in report["ranks"]] == [1, 1, 0]
+
+
 def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_is() -> None:
     script = SCRIPTS / "dcp_rank0_save.py"
     proc, report = preflight("--nproc-per-node=2", str(script))
