@@ -102,6 +102,15 @@ _ISSUERS = {
             "torch.distributed.tensor._redistribute",
         )
     },
+    # accelerate's barrier: the user's own wait_for_everyone(), or the one inside
+    # save_state() with automatic checkpoint naming (huggingface/accelerate#1171)
+    ("accelerate.state", "wait_for_everyone"): (
+        "accelerate's wait_for_everyone",
+        "accelerate waits for every process in wait_for_everyone() and inside save_state() "
+        "with automatic checkpoint naming (under FSDP or DeepSpeed, save_state(), save_model() "
+        "and get_state_dict() gather the state as well): call them on every process, and keep "
+        "only your own file writes under accelerator.is_main_process",
+    ),
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",

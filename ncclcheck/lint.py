@@ -34,7 +34,14 @@ from ncclcheck.record.recorder import COLLECTIVES, P2P
 _DIST_OPS = frozenset(COLLECTIVES) - frozenset(P2P)
 # accelerate's Accelerator methods that communicate (CAUSES.md)
 _ACCELERATE_METHODS = frozenset(
-    {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone", "save_state"}
+    {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone"}
+)
+# save_state waits for every rank only with automatic checkpoint naming, and saves
+# collectively under FSDP or DeepSpeed (huggingface/accelerate#1171): under plain DDP
+# rank 0 alone may call it, so lint warns rather than errs
+_ACCELERATE_SAVE_STATE = (
+    "save_state() (it waits for every rank with automatic checkpoint naming, and saves "
+    "collectively under FSDP or DeepSpeed)"
 )
 # torch.distributed.checkpoint's entry points: each plans the save or load across the
 # ranks with collectives (unless no_dist=True)
@@ -129,6 +136,8 @@ class _Module:
     wraps_ddp: bool = False  # the module wraps a model in DistributedDataParallel
     ddp_names: set[str] = field(default_factory=set)  # bound to DDP(...) whose forward() may broadcast
     shards_parameters: bool = False  # FSDP or DeepSpeed ZeRO: every forward gathers shards
+    # accelerate's ProjectConfiguration(automatic_checkpoint_naming=True): save_state waits
+    automatic_checkpoints: bool = False
     ignores: dict[int, set[str] | None] = field(default_factory=dict)  # line -> causes (None: all)
     all_nodes: list[ast.AST] = field(default_factory=list)  # one walk of the whole tree, reused
 
@@ -255,6 +264,12 @@ class Linter:
         module.shards_parameters = "deepspeed" in module.libraries or any(
             word in text for word in ("FullyShardedDataParallel", "fully_shard(", "zero_stage", "stage3")
         )
+        module.automatic_checkpoints = any(
+            isinstance(node, ast.keyword)
+            and node.arg == "automatic_checkpoint_naming"
+            and not (isinstance(node.value, ast.Constant) and not node.value.value)
+            for node in module.all_nodes
+        )
         # backward() all-reduces gradients whatever the model holds
         module.wraps_ddp = bool(_ddp_names(module.all_nodes, forward_communicates=False)) or (
             "DistributedDataParallel(" in text
@@ -327,7 +342,10 @@ class Linter:
         label = self._direct_label(call, module, ddp_names)
         if label is not None:
             path = _relative(module.path)
-            certain = not label.endswith("forward through DistributedDataParallel")
+            certain = not label.endswith("forward through DistributedDataParallel") and not (
+                label.endswith(_ACCELERATE_SAVE_STATE)
+                and not (module.shards_parameters or module.automatic_checkpoints)
+            )
             return _Collective(
                 label, [f"{label} at {path}:{call.lineno}"], path, call.lineno, call.col_offset + 1, certain
             )
@@ -382,6 +400,8 @@ class Linter:
             return f"{receiver}.{attr}() (torch.distributed.checkpoint plans it across the ranks)"
         if attr in _ACCELERATE_METHODS and "accelerator" in receiver.lower():
             return f"{receiver}.{attr}"
+        if attr == "save_state" and "accelerator" in receiver.lower():
+            return f"{receiver}.{_ACCELERATE_SAVE_STATE}"
         if attr in ("log", "log_dict") and any(
             k.arg == "sync_dist" and not (isinstance(k.value, ast.Constant) and not k.value.value)
             for k in call.keywords

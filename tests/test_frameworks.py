@@ -193,3 +193,29 @@ def test_lightning_log_dict_with_a_name_only_one_rank_logs_names_that_reduction(
         "rank 1: Lightning reduces self.log('val_loss_pos_only', sync_dist=True) here; "
         "rank 0: no such reduction at this point" in "\n".join(finding["evidence"])
     )
+
+
+def test_accelerate_save_state_on_the_main_process_alone_is_found_by_what_it_waits_in(tmp_path: Path) -> None:
+    FRAMEWORK_CASES[0].require()
+    script = REPO / "tests" / "scripts" / "accelerate_save_state.py"
+    proc, report = preflight(
+        "--nproc-per-node=2", "--stall-timeout=8", str(script), env={"CKPT_DIR": str(tmp_path / "auto")}
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
+    assert (
+        finding["site"]
+        == f"tests/scripts/accelerate_save_state.py:{line_in(script, 'accelerator.save_state(')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "only rank 0 reached barrier (accelerate's wait_for_everyone)" in finding["message"]
+    assert any("inside save_state() with automatic checkpoint naming" in line for line in finding["evidence"])
+
+    # given a folder, save_state makes no collective under plain DDP: nothing to find
+    proc, report = preflight(
+        "--nproc-per-node=2", str(script), env={"MODE": "explicit", "CKPT_DIR": str(tmp_path / "explicit")}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert not leftover_ranks(str(script))

@@ -711,3 +711,21 @@ def test_a_distributed_checkpoint_under_a_rank_test_is_flagged(
     """
     expected = [("rank-conditional-collective", 8, "error")] if flagged else []
     assert lint_source(tmp_path, source) == expected
+
+
+def test_accelerate_save_state_under_the_main_process_is_an_error_only_where_it_waits(tmp_path: Path) -> None:
+    body = """
+        from accelerate import Accelerator
+        from accelerate.utils import ProjectConfiguration
+
+        CONFIG = ProjectConfiguration(automatic_checkpoint_naming=AUTOMATIC)
+
+        def save(accelerator):
+            if accelerator.is_main_process:
+                accelerator.save_state()
+            accelerator.wait_for_everyone()
+        """
+    for automatic, severity in (("False", "warning"), ("True", "error")):
+        source = HEADER + textwrap.dedent(body).replace("AUTOMATIC", automatic)
+        found = [(cause, level) for cause, _line, level in lint_source(tmp_path, source)]
+        assert found == [("rank-conditional-collective", severity)], automatic
