@@ -911,6 +911,27 @@ class Diagnoser:
                 other,
                 evidence,
             )
+        # 3d. a test on a value each rank reads for itself (`if os.path.exists(ckpt)` while
+        # rank 0 writes it, a clock, a random draw): the ranks answered it differently
+        around = _guard_around(stack[max(common - 1, 0) :], source.OTHER)
+        reads = source.rank_local_reads(around[1].text, around[0].file) if around is not None else []
+        if around is not None and reads:
+            frame, guard = around
+            evidence.append(
+                f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} is "
+                f"{' and '.join(reads)} each rank makes for itself: {who(made)} passed it, "
+                f"{who(other)} did not"
+            )
+            return self.call_finding(
+                "unsynchronized-decision",
+                f"only {who(made)} reached {op_text(call)} at {self.site(call.site)}, under "
+                f"`if {guard.text}`, a test each rank answers for itself ({' and '.join(reads)}, "
+                f"never synchronised); {who(other)} skipped it",
+                call,
+                made,
+                other,
+                evidence,
+            )
         # 4. nothing in the source explains it: report the place, plainly, and a value
         # one side logged for a framework to reduce that the other side never did
         for mine, mine_ranks, theirs_ranks, theirs in ((call, made, other, alt), (alt, other, made, call)):

@@ -25,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncclcheck.analyze.source import DATA, RANK, RANK_CALLS, RANK_NAMES, kind_of, rank_derived_names
+from ncclcheck.analyze.source import (
+    DATA,
+    RANK,
+    RANK_CALLS,
+    RANK_LOCAL_CALLS,
+    RANK_NAMES,
+    kind_of,
+    rank_derived_names,
+)
 from ncclcheck.errors import InputError
 from ncclcheck.record.recorder import COLLECTIVES, P2P
 
@@ -63,9 +71,7 @@ _RANK_ZERO_DECORATORS = frozenset(
     {"rank_zero_only", "main_process_only", "on_main_process", "on_local_main_process"}
 )
 # conditions on values that differ between ranks by construction
-_UNSYNCED_CALLS = frozenset(
-    {"time", "perf_counter", "monotonic", "exists", "isfile", "isdir", "random", "randint"}
-)
+_UNSYNCED_CALLS = frozenset(RANK_LOCAL_CALLS)
 _EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE
 )
@@ -641,12 +647,18 @@ class Linter:
         return self._local_number[key]
 
     def _computes_local_number(self, function: _Function) -> bool:
+        """``.item()`` of a tensor, or a clock, a file check, a random draw
+        (``def should_resume(path): return os.path.exists(path)``)."""
         if self.collective_of_function(function) is not None:
             return False
         node = function.node
         has_return = any(isinstance(n, ast.Return) and n.value is not None for n in self.nodes(node))
         return has_return and any(
-            isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "item"
+            isinstance(n, ast.Call)
+            and (
+                (isinstance(n.func, ast.Attribute) and n.func.attr == "item")
+                or _called_names(n) & _UNSYNCED_CALLS
+            )
             for n in self.nodes(node)
         )
 
@@ -1279,6 +1291,12 @@ class _ScopeChecker:
             return kind
         if _called_names(test) & _UNSYNCED_CALLS:
             return "unsynced"
+        if self.collectives(branches) or _has_exit(branches):
+            # a function of the project's that returns such a value: `if should_resume(path)`
+            for call in (n for n in ast.walk(test) if isinstance(n, ast.Call)):
+                target = self.linter.resolve_call(call, self.module, self.function)
+                if target is not None and self.linter._returns_local_number(target):
+                    return "unsynced"
         names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
         # rank-local values take an analysis of the scope: only worth it where the branch
         # could skip something (a collective or an exit)

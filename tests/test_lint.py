@@ -228,6 +228,18 @@ import torch.distributed as dist
             """,
             ("unsynchronized-decision", "warning"),
         ),
+        (  # a helper of the project's that checks a file each rank sees at its own time
+            """
+            def should_resume(path):
+                return os.path.exists(path)
+
+            def resume(path):
+                if should_resume(path):
+                    state = torch.load(path)
+                    dist.broadcast(state["step"], src=0)
+            """,
+            ("unsynchronized-decision", "warning"),
+        ),
         (  # generate() under FSDP without synced_gpus: one gather per new token, per rank
             """
             from torch.distributed.fsdp import fully_shard

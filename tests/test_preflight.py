@@ -310,6 +310,34 @@ def test_a_rank_killed_by_its_empty_eval_shard_is_traced_to_the_shard() -> None:
     assert [r["eval_batches"] for r in report["ranks"]] == [1, 1, 0]
 
 
+def test_a_file_each_rank_checks_for_itself_while_rank_zero_writes_it_is_an_unsynchronized_decision(
+    tmp_path: Path,
+) -> None:
+    script = SCRIPTS / "resume_file_race.py"
+    proc, report = preflight(
+        "--nproc-per-node=2", "--stall-timeout=6", str(script), env={"CKPT_DIR": str(tmp_path / "race")}
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision", finding
+    assert (
+        finding["site"]
+        == f"tests/scripts/resume_file_race.py:{line_in(script, 'dist.broadcast(start, src=0)')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert (
+        "under `if should_resume(local_copy, synced)`, a test each rank answers for itself"
+        in finding["message"]
+    )
+    assert any("is a file check each rank makes for itself" in line for line in finding["evidence"])
+
+    proc, report = preflight(
+        "--nproc-per-node=2", str(script), env={"MODE": "synced", "CKPT_DIR": str(tmp_path / "synced")}
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+
+
 def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_is() -> None:
     script = SCRIPTS / "dcp_rank0_save.py"
     proc, report = preflight("--nproc-per-node=2", str(script))

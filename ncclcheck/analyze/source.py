@@ -79,6 +79,18 @@ DATA_CALLS = frozenset(
     }
 )
 DATA_ATTRS = frozenset({"shape", "ndim"})
+# Calls whose value differs between ranks by construction, each with what it reads:
+# a decision on one, never synchronised, can part the ranks.
+RANK_LOCAL_CALLS = {
+    "time": "a clock",
+    "perf_counter": "a clock",
+    "monotonic": "a clock",
+    "exists": "a file check",
+    "isfile": "a file check",
+    "isdir": "a file check",
+    "random": "a random draw",
+    "randint": "a random draw",
+}
 
 
 @functools.lru_cache(maxsize=256)
@@ -206,6 +218,37 @@ def condition_kind(path: str, test: ast.expr) -> str:
     function = enclosing_function(path, getattr(test, "lineno", 0))
     derived = rank_derived_names(function) | rank_derived_names(tree)
     return kind_of(test, derived)
+
+
+def rank_local_reads(text: str, path: str | None = None) -> list[str]:
+    """What the rank-local calls in a condition read ("a file check", "a clock"), in
+    the order written, for a condition as text (a Guard's). With ``path``, a function of
+    that file the condition calls is read too (`if should_resume(path)`), one level."""
+    try:
+        expression = ast.parse(text, mode="eval")
+    except SyntaxError:
+        return []
+    tree = parse(path) if path is not None else None
+    helpers = {
+        node.name: node
+        for node in (ast.walk(tree) if tree is not None else ())
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    found: list[str] = []
+    scanned: list[ast.AST] = [expression]
+    while scanned:
+        for node in ast.walk(scanned.pop()):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            what = RANK_LOCAL_CALLS.get(name)
+            if what is not None and what not in found:
+                found.append(what)
+            helper = helpers.pop(name, None) if isinstance(func, ast.Name) else None
+            if helper is not None:
+                scanned.append(helper)
+    return found
 
 
 @dataclass(frozen=True)
