@@ -735,6 +735,10 @@ def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[s
                     continue  # both sides inside one loop: they drifted apart, they did not leave it
                 if not loops:
                     continue
+                if other_line is not None and other_line < loops[-1].lineno:
+                    # the other side waits above the loop, no loop of this function around
+                    # both: it never reached the loop (a branch before it sent it elsewhere)
+                    return None
                 if any(
                     g.statement in ("break", "return")
                     for loop in loops

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -60,10 +61,11 @@ def from_shell(command: str, cwd: Path = REPO) -> subprocess.Popen[bytes]:
     )
 
 
-def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
+def start_hung(script: Path, nproc: int, cwd: Path = REPO, env: dict[str, str] | None = None) -> HungJob:
     """torchrun started from a shell, as people do; returns once every rank is stuck."""
+    assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
     command = (
-        f"REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
+        f"{assignments}REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
         f"--nproc-per-node={nproc} {script}"
     )
     job = HungJob(from_shell(command, cwd), script)
@@ -88,9 +90,9 @@ def start_hung(script: Path, nproc: int, cwd: Path = REPO) -> HungJob:
     raise AssertionError(f"{script} did not settle into a hang")
 
 
-def doctor_on_hung(script: Path, nproc: int) -> tuple[int, dict]:  # type: ignore[type-arg]
+def doctor_on_hung(script: Path, nproc: int, env: dict[str, str] | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
     """Start ``script`` under torchrun, wait until it hangs, run doctor on torchrun, reap."""
-    job = start_hung(script, nproc)
+    job = start_hung(script, nproc, env=env)
     try:
         return doctor(job.agent().pid)
     finally:
@@ -227,6 +229,23 @@ def test_decoding_stopped_by_one_ranks_own_end_of_sequence_is_found_from_the_sta
     # the API the script called, not the all_gather_single that torch calls inside it
     blocking = {c["ranks"]: c["blocking"] for c in report["summary"]["classes"]}
     assert blocking == {"0": "all_gather_into_tensor", "1": "all_reduce"}, blocking
+
+
+def test_a_rank_that_never_reached_a_loop_is_not_said_to_have_left_it(tmp_path: Path) -> None:
+    # Rank 0 broadcasts the resumed step under `if should_resume(...)` (a file check it
+    # made after staging the file), above the training loop; rank 1 found no file and
+    # waits in the loop's first gradient all_reduce. Rank 0 never reached the loop.
+    script = SCRIPTS / "resume_file_race.py"
+    code, report = doctor_on_hung(script, 2, env={"CKPT_DIR": str(tmp_path)})
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision", finding
+    assert (
+        finding["site"]
+        == f"tests/scripts/resume_file_race.py:{line_in(script, 'dist.broadcast(start, src=0)')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert any("is a file check each rank makes for itself" in line for line in finding["evidence"])
 
 
 def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
