@@ -76,6 +76,22 @@ _EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE
 )
 _RANK_WORDS = RANK_NAMES | RANK_CALLS
+# where the group goes among a collective's positional arguments
+_GROUP_POSITION = {
+    "all_reduce": 2,
+    "broadcast": 2,
+    "all_gather": 2,
+    "all_gather_into_tensor": 2,
+    "reduce": 3,
+    "reduce_scatter": 3,
+    "reduce_scatter_tensor": 3,
+    "gather": 3,
+    "scatter": 3,
+    "all_to_all": 2,
+    "barrier": 0,
+    "all_gather_object": 2,
+    "broadcast_object_list": 2,
+}
 # collectives whose result is meaningful on one rank only
 _ROOTED = frozenset({"reduce", "gather", "gather_object", "scatter", "scatter_object_list"})
 # tests on a tensor's values: what differs between ranks that hold different data
@@ -1077,6 +1093,7 @@ class _Guard:
     # `rank == src`, `self.rank == to`: one peer chosen per round, as collective algorithms
     # do on purpose; lint cannot prove the other side matches, so it only warns
     peer: bool = False
+    test: ast.expr | None = field(default=None, compare=False)  # the if's test
 
 
 class _ScopeChecker:
@@ -1381,7 +1398,7 @@ class _ScopeChecker:
                     kind_of(side, self.derived) == RANK for side in [node.test.left, *node.test.comparators]
                 )
             )
-            guard = _Guard(kind, node.lineno, ast.unparse(node.test), balanced, peer)
+            guard = _Guard(kind, node.lineno, ast.unparse(node.test), balanced, peer, node.test)
             # An exit in one branch does not skip what the other branch runs: each branch
             # starts from the exits seen before the if; both sets apply after it.
             exits_before = list(self.pending_exits)
@@ -1480,9 +1497,51 @@ class _ScopeChecker:
             for guard, exit_node, _loop in self.pending_exits:
                 if not isinstance(exit_node, (ast.Break, ast.Continue)):
                     self.report_exit(guard, exit_node, call, collective)
-            diverging = [g for g in guards if g.kind != "other" and not g.balanced]
+            diverging = [
+                g
+                for g in guards
+                if g.kind != "other" and not g.balanced and not self.members_of_its_group(g, call, collective)
+            ]
             if diverging:
                 self.report_branch(diverging[-1], call, collective)
+
+    def members_of_its_group(self, guard: _Guard, call: ast.Call, collective: _Collective) -> bool:
+        """``if rank in ranks: dist.all_reduce(x, group=group)`` where ``group =
+        dist.new_group(ranks)``, or a test on ``get_process_group_ranks(group)`` or
+        ``get_rank(group)``: only the group's members call it, and they are all its ranks."""
+        if guard.kind != RANK or guard.test is None or len(collective.chain) != 1:
+            return False
+        group = next((k.value for k in call.keywords if k.arg == "group"), None)
+        position = _GROUP_POSITION.get(collective.label.rpartition(".")[2])
+        if group is None and position is not None and len(call.args) > position:
+            group = call.args[position]
+        if group is None:
+            return False
+        group_text = ast.unparse(group)
+        members = self.ranks_of_group(group_text) | {
+            f"{prefix}get_process_group_ranks({group_text})" for prefix in ("", "dist.", "torch.distributed.")
+        }
+        return any(_tests_membership(node, group_text, members) for node in ast.walk(guard.test))
+
+    def ranks_of_group(self, group_text: str) -> set[str]:
+        """The expressions a group of this name was made from: ``ranks`` for
+        ``group = dist.new_group(ranks)`` (or ``new_group(ranks=ranks)``), in this scope or
+        at module level."""
+        found: set[str] = set()
+        for scope in (self.scope, self.module.tree):
+            for node in self.linter.nodes(scope):
+                if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+                    continue
+                if getattr(node.value.func, "attr", getattr(node.value.func, "id", "")) != "new_group":
+                    continue
+                if not any(ast.unparse(target) == group_text for target in node.targets):
+                    continue
+                made_from = [
+                    *node.value.args[:1],
+                    *(k.value for k in node.value.keywords if k.arg == "ranks"),
+                ]
+                found |= {ast.unparse(ranks) for ranks in made_from}
+        return found
 
     def at(self, line: int, collective: _Collective) -> str:
         """A line of the checked file, named so that it reads right next to the finding's site."""
@@ -1629,6 +1688,28 @@ class _ScopeChecker:
                 self.path,
             )
         )
+
+
+def _tests_membership(node: ast.AST, group_text: str, members: set[str]) -> bool:
+    """``rank in ranks`` (``members``: what the group was made from, or its
+    get_process_group_ranks), or ``dist.get_rank(group) >= 0`` (-1 outside the group;
+    not ``== 0``, which picks the group's first rank)."""
+    if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+        return False
+    op, left, right = node.ops[0], node.left, node.comparators[0]
+    if isinstance(op, ast.In):
+        return ast.unparse(right) in members
+    if not isinstance(left, ast.Call):
+        return False
+    name = left.func.attr if isinstance(left.func, ast.Attribute) else getattr(left.func, "id", "")
+    if name not in ("get_rank", "get_group_rank"):
+        return False
+    if not any(ast.unparse(arg) == group_text for arg in [*left.args, *(k.value for k in left.keywords)]):
+        return False
+    bound = ast.unparse(right)
+    return (isinstance(op, ast.GtE) and bound == "0") or (
+        isinstance(op, (ast.NotEq, ast.Gt)) and bound == "-1"
+    )
 
 
 def _called_names(where: ast.AST | Iterable[ast.AST]) -> set[str]:

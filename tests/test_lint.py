@@ -487,6 +487,17 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             eval_loader = DataLoader(val_set, batch_size=8)
             return train_loader, eval_loader
         """,
+        # a subgroup's collective under a test of membership in that subgroup
+        """
+        def sync_stage(x, stage_ranks):
+            stage = dist.new_group(stage_ranks)
+            if dist.get_rank() in stage_ranks:
+                dist.all_reduce(x, group=stage)
+            if dist.get_rank() in dist.get_process_group_ranks(stage):
+                dist.broadcast(x, stage_ranks[0], stage)
+            if dist.get_rank(stage) >= 0:
+                dist.barrier(group=stage)
+        """,
     ],
 )
 def test_no_noise(tmp_path: Path, body: str) -> None:
@@ -519,6 +530,18 @@ def test_a_reduce_result_tested_on_every_rank_is_explained_and_a_broadcast_after
         "dist.reduce(loss, dst=0)\n", "dist.reduce(loss, dst=0)\n            dist.broadcast(loss, src=0)\n"
     )
     assert lint_source(tmp_path, HEADER + textwrap.dedent(settled)) == []
+
+
+def test_a_subgroup_collective_under_a_test_of_its_first_rank_is_still_found(tmp_path: Path) -> None:
+    body = """
+        def log_stage(x, stage_ranks):
+            stage = dist.new_group(stage_ranks)
+            if dist.get_rank(stage) == 0:
+                dist.all_reduce(x, group=stage)
+        """
+    assert lint_source(tmp_path, HEADER + textwrap.dedent(body)) == [
+        ("rank-conditional-collective", 9, "error")
+    ]
 
 
 def test_ignore_comments_silence_one_cause(tmp_path: Path) -> None:
