@@ -31,6 +31,7 @@ from ncclcheck.analyze.source import (
     RANK_CALLS,
     RANK_LOCAL_CALLS,
     RANK_NAMES,
+    bound_names,
     kind_of,
     rank_derived_names,
 )
@@ -76,6 +77,10 @@ _EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE
 )
 _RANK_WORDS = RANK_NAMES | RANK_CALLS
+# Lightning's Strategy (trainer.strategy) and Fabric methods that communicate, besides barrier
+_LIGHTNING_COLLECTIVES = frozenset(
+    {"broadcast", "reduce", "reduce_boolean_decision", "all_gather", "all_reduce"}
+)
 # where the group goes among a collective's positional arguments
 _GROUP_POSITION = {
     "all_reduce": 2,
@@ -437,6 +442,8 @@ class Linter:
             return "self.all_gather"
         if attr == "barrier" and "strategy" in receiver:
             return f"{receiver}.barrier"
+        if attr in _LIGHTNING_COLLECTIVES and ("strategy" in receiver or "fabric" in receiver.lower()):
+            return f"{receiver}.{attr}"  # Lightning's Strategy and Fabric: broadcast, reduce, ...
         if attr == "compute" and "torchmetrics" in module.libraries and not call.args:
             return f"{receiver}.compute() (torchmetrics syncs its states)"
         if attr in ("full_tensor", "redistribute") and "torch" in module.libraries:
@@ -579,6 +586,15 @@ class Linter:
         assignments = [
             n for n in self.nodes(scope) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
         ]
+        # `skip = strategy.broadcast(skip)`: a value a collective returns is every rank's
+        from_collectives = {
+            name
+            for node in assignments
+            if isinstance(node.value, ast.Call) and self._direct_label(node.value, module, set()) is not None
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for name in bound_names(target)
+        }
+        synced = synced | from_collectives
         for _ in range(3):
             before = len(local)
             for node in assignments:
@@ -587,7 +603,8 @@ class Linter:
                     continue
                 if self._is_rank_local(value, module, function, synced, local):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    local |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)} - synced
+                    # `self.total += loss.item()` makes an attribute rank-local, not `self`
+                    local |= {name for t in targets for name in bound_names(t)} - synced
             if len(local) == before:
                 break
         return local
@@ -1314,7 +1331,7 @@ class _ScopeChecker:
                 target = self.linter.resolve_call(call, self.module, self.function)
                 if target is not None and self.linter._returns_local_number(target):
                     return "unsynced"
-        names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+        names = _names_tested_for_value(test)
         # rank-local values take an analysis of the scope: only worth it where the branch
         # could skip something (a collective or an exit)
         if names and (self.collectives(branches) or _has_exit(branches)) and names & self.rank_local:
@@ -1688,6 +1705,20 @@ class _ScopeChecker:
                 self.path,
             )
         )
+
+
+def _names_tested_for_value(test: ast.expr) -> set[str]:
+    """The names a condition reads the value of: not those it only tests against None
+    (``if grad_norm is None``: whether it was given, the same on every rank)."""
+    presence_only: set[int] = set()
+    for node in ast.walk(test):
+        if (
+            isinstance(node, ast.Compare)
+            and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+            and all(isinstance(c, ast.Constant) and c.value is None for c in node.comparators)
+        ):
+            presence_only |= {id(n) for n in ast.walk(node.left)}
+    return {n.id for n in ast.walk(test) if isinstance(n, ast.Name) and id(n) not in presence_only}
 
 
 def _tests_membership(node: ast.AST, group_text: str, members: set[str]) -> bool:

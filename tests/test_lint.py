@@ -240,6 +240,15 @@ import torch.distributed as dist
             """,
             ("unsynchronized-decision", "warning"),
         ),
+        (  # Lightning's strategy broadcast, on rank 0 alone
+            """
+            def share_best(trainer, best):
+                if trainer.is_global_zero:
+                    best = trainer.strategy.broadcast(best)
+                return best
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
         (  # generate() under FSDP without synced_gpus: one gather per new token, per rank
             """
             from torch.distributed.fsdp import fully_shard
@@ -497,6 +506,29 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
                 dist.broadcast(x, stage_ranks[0], stage)
             if dist.get_rank(stage) >= 0:
                 dist.barrier(group=stage)
+        """,
+        # a rank-local number stored on self does not make every test on self rank-local
+        # (transformers' Trainer), and a None test asks whether a value was given
+        """
+        class Trainer:
+            def log(self, loss, tokens, grad_norm=None):
+                self.tokens_seen += tokens.sum().item()
+                if grad_norm is None:
+                    grad_norm = torch.linalg.vector_norm(tokens.float()).item()
+                if self.should_evaluate:
+                    dist.all_reduce(loss)
+                if grad_norm is not None:
+                    dist.all_reduce(loss)
+                return grad_norm
+        """,
+        # a clock's decision broadcast through Lightning's strategy before the branch
+        """
+        def on_train_batch_end(trainer, last):
+            skip = time.monotonic() - last < 60
+            skip = trainer.strategy.broadcast(skip)
+            if skip:
+                return
+            trainer.strategy.barrier()
         """,
     ],
 )

@@ -170,7 +170,7 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
             for whole_target in targets:
                 for target, value in _paired(whole_target, node.value):
                     if kind_of(value, derived) == RANK:
-                        derived |= _bound_names(target)
+                        derived |= bound_names(target)
         if len(derived) == before:
             break
     return derived
@@ -191,15 +191,15 @@ def _paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]
     return [(target, value)]
 
 
-def _bound_names(target: ast.expr) -> set[str]:
+def bound_names(target: ast.expr) -> set[str]:
     """The names an assignment target binds: ``a``, ``a, (b, *c)``; not the object of
     ``state.rank = ...`` or ``ranks[i] = ...``, which keep their own meaning."""
     if isinstance(target, ast.Name):
         return {target.id}
     if isinstance(target, ast.Starred):
-        return _bound_names(target.value)
+        return bound_names(target.value)
     if isinstance(target, (ast.Tuple, ast.List)):
-        return {name for element in target.elts for name in _bound_names(element)}
+        return {name for element in target.elts for name in bound_names(element)}
     return set()
 
 
