@@ -34,6 +34,7 @@ from ncclcheck.analyze.source import (
     bound_names,
     kind_of,
     rank_derived_names,
+    reaching_rank_names,
 )
 from ncclcheck.errors import InputError
 from ncclcheck.record.recorder import COLLECTIVES, P2P
@@ -1311,6 +1312,9 @@ class _ScopeChecker:
 
     def kind(self, test: ast.expr, branches: list[ast.stmt]) -> str:
         kind = kind_of(test, self.derived)
+        if kind == RANK and kind_of(test, set()) != RANK:
+            # rank-dependent only through names: those whose rank value reaches the test
+            kind = kind_of(test, reaching_rank_names(self.scope, self.derived, test.lineno))
         if kind == RANK and _same_on_every_rank(test):
             return "other"  # `local_rank != -1`: "is this job distributed", true on every rank
         if kind == DATA and not (_called_names(test) & _TENSOR_VALUE_CALLS or _reads_shape(test)):

@@ -249,6 +249,17 @@ import torch.distributed as dist
             """,
             ("rank-conditional-collective", "error"),
         ),
+        (  # the rank a loop's previous pass left in the name, read at the top of the next
+            """
+            def rounds(states):
+                leader = None
+                for state in states:
+                    if leader == 0:
+                        dist.all_reduce(state)
+                    leader = dist.get_rank()
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
         (  # generate() under FSDP without synced_gpus: one gather per new token, per rank
             """
             from torch.distributed.fsdp import fully_shard
@@ -529,6 +540,17 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
             if skip:
                 return
             trainer.strategy.barrier()
+        """,
+        # a name bound to a rank's chunk at the end of a loop body, bound afresh at its start
+        # (torch's fsdp/_optim_utils.py): the test in between reads this pass's value
+        """
+        def unflatten(states, rank):
+            for name, state in states.items():
+                value = state
+                placement = value.placements[0]
+                if placement != 0:
+                    dist.all_reduce(value)
+                value = chunk(value, rank)
         """,
     ],
 )
