@@ -19,6 +19,9 @@ Trace lines (``"t"`` is the kind):
 - ``batch``: a batch was drawn (loader name, pass, index): progress and position
 - ``phase``: the phase changed (train/eval)
 - ``exit``: how the user's script ended
+- ``rooted_read``: a read of a tensor dist.reduce gave to another rank (rooted.py)
+- ``cpu``, ``perturb``, ``framework``: what --cpu, --perturb or a framework adapter
+  changed, and where (note_site)
 """
 
 from __future__ import annotations
