@@ -390,7 +390,15 @@ class Diagnoser:
         first = found[0]
         made, other = first.majority()
         calls = first.calls
-        evidence = [f"rank {r}: {self.describe_call(calls[r])}" for r in sorted(calls)]
+        evidence = [
+            f"rank {r}: {self.describe_call(calls[r])}"
+            + (
+                " (it ran to the end of the script)"
+                if calls[r] is None and self.exit_of(r)[0] == "returned"
+                else ""
+            )
+            for r in sorted(calls)
+        ]
         evidence = _collapse(evidence)
 
         if first.kind is Mismatch.SHAPE:
@@ -874,7 +882,12 @@ class Diagnoser:
                     other,
                     evidence,
                 )
-        # 3. a loop one side left: the break/return that ended it, and its condition
+        # 3. a loop one side left: the break/return that ended it, and its condition. A
+        # side that ran to the end of the script has left every loop its last call was in.
+        if alt is None and other and all(self.exit_of(r)[0] == "returned" for r in other):
+            left = self.loop_left(stack[-1], None, made, other, call, evidence)
+            if left is not None:
+                return left
         if common and alt_stack:
             shared = stack[common - 1]
             alt_frame = alt_stack[common - 1]
@@ -1003,6 +1016,15 @@ class Diagnoser:
         guard = exits[-1]
         cause = _cause_of_exit(guard.kind)
         where = self.site(Frame(inside.file, guard.line, ""))
+        # a test on what dist.reduce left on a rank that is not its dst (rooted.py)
+        rooted = [
+            (rank, read)
+            for rank, trace in sorted(self.ev.traces.items())
+            for read in trace.rooted_reads
+            if read.site.file == inside.file
+            and source.decision_at(read.site.file, read.site.line)
+            in (f"if {guard.text}", f"while {guard.text}")
+        ]
         how = (
             f"when `{guard.text}` turned false"
             if guard.statement == "while"
@@ -1017,7 +1039,14 @@ class Diagnoser:
             f"{who(outside_ranks)} and {who(inside_ranks)} decided differently at "
             f"`{keyword} {guard.text}` ({where})"
         )
-        if cause == "unsynchronized-decision":
+        if rooted:
+            cause = "unsynchronized-decision"
+            rank, read = rooted[0]
+            message += (
+                f": it reads what dist.reduce at {self.site(read.reduce_site)} left on rank {rank}, "
+                f"not the result, which only rank {read.dst} receives"
+            )
+        elif cause == "unsynchronized-decision":
             message += ": its value differs per rank and was never synchronised"
         return self.finding(
             cause,

@@ -48,8 +48,11 @@ def test_fixed_completes(catalogue, cause: str) -> None:
     argv = torchrun_argv(playbook.fixed_path, playbook.repro.nproc)
     env = {"REPRO_TIMEOUT_S": str(PG_TIMEOUT_S)}
     result = run_bounded(argv, FIXED_BOUND_S, env=env)
-    if result.returncode != 0 and GLOO_TEARDOWN_ABORT in result.output:
+    for _retry in range(2):
+        if result.returncode == 0 or GLOO_TEARDOWN_ABORT not in result.output:
+            break
         # gloo can abort a rank while tearing down at exit, after the script is done
-        # (seen about once in 40 runs on a loaded 2-core machine): run it once more.
+        # (seen about once in 40 runs on a loaded 2-core machine, twice in a row once
+        # in a full suite): run it again, up to three runs in all.
         result = run_bounded(argv, FIXED_BOUND_S, env=env)
     assert result.returncode == 0, result.output[-3000:]

@@ -267,19 +267,36 @@ def test_a_loop_ended_by_each_ranks_own_clock_is_an_unsynchronized_decision() ->
     assert report["verdict"] == "aligned"
 
 
-def test_a_reduce_result_read_on_a_rank_that_is_not_its_dst_is_a_warning() -> None:
+def test_a_reduce_result_read_on_a_rank_that_is_not_its_dst_is_named_as_such() -> None:
     script = SCRIPTS / "reduce_to_rank0.py"
+    reduce_line = line_in(script, "dist.reduce(")
+    read_line = line_in(script, "if mean_loss.item() < stop_below")
+
+    # rank 1 stops on its own partial mean; rank 0 goes on to the next epoch
     proc, report = preflight("--nproc-per-node=2", str(script))
-    assert proc.returncode == 0, proc.stderr[-2000:]  # both ranks happened to decide alike
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision", finding
+    assert finding["site"] == f"tests/scripts/reduce_to_rank0.py:{read_line + 1}"  # the break
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    assert (
+        f"it reads what dist.reduce at tests/scripts/reduce_to_rank0.py:{reduce_line} left on rank 1, "
+        "not the result, which only rank 0 receives" in finding["message"]
+    )
+    assert "rank 1: no call (it ran to the end of the script)" in finding["evidence"]
+
+    # both ranks happen to decide alike: aligned, and the read said as a warning
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"STOP_BELOW": "100"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == "aligned"
     (finding,) = [f for f in report["findings"] if f["cause"] == "unsynchronized-decision"]
     assert finding["severity"] == "warning"
-    read_line = line_in(script, "if epoch_loss.item() / world < 6.0")
     assert finding["site"] == f"tests/scripts/reduce_to_rank0.py:{read_line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    # read from `mean_loss = epoch_loss / world`: computed from the reduced tensor
+    assert finding["message"].startswith("rank 1 read `mean_loss` with .item()")
     assert "sent the result to rank 0 only" in finding["message"]
-    assert "`if epoch_loss.item() / world < 6.0` decides on it" in finding["message"]
-    reduce_line = line_in(script, "dist.reduce(")
+    assert "`if mean_loss.item() < stop_below` decides on it" in finding["message"]
     reduced_at = f"dist.reduce(..., dst=0) at tests/scripts/reduce_to_rank0.py:{reduce_line}"
     assert reduced_at in finding["evidence"][0]
     assert finding["evidence"][1].startswith("call chain of the read: <module>() at")

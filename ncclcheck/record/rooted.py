@@ -17,9 +17,10 @@ written to the trace::
      "stack": [[file, line, function], ...] (outermost first), "var": "epoch_loss", "phase": "train",
      "reduce": {"site": [file, line, function], "dst": 0}, "time": ...}
 
-An ``all_reduce`` or ``broadcast`` of the same tensor gives it a common value again
-and clears the mark. A value computed from the tensor (``loss / world``) is a new
-tensor, not followed: its reads go unseen.
+A value computed from a marked tensor by its own methods or operators (``loss /
+world``, ``loss.mean()``, ``loss.detach().cpu()``) is marked in turn; one computed
+by a torch function (``torch.div(loss, world)``) is not. An ``all_reduce`` or
+``broadcast`` of a tensor gives it a common value again and clears its mark.
 """
 
 from __future__ import annotations
@@ -53,6 +54,36 @@ _READS = {
     "__gt__": "a comparison (>)",
     "__ge__": "a comparison (>=)",
 }
+
+
+# What computes a new tensor from one: its result is as partial as its operand.
+_CARRIED_BY = (
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__neg__",
+    "__getitem__",
+    "div",
+    "mul",
+    "add",
+    "sub",
+    "mean",
+    "sum",
+    "detach",
+    "clone",
+    "cpu",
+    "float",
+    "double",
+    "to",
+    "squeeze",
+    "view",
+    "reshape",
+)
 
 
 @dataclass(frozen=True)
@@ -101,6 +132,10 @@ def _watch_reads(recorder: Recorder) -> None:
         original = getattr(torch.Tensor, name, None)
         if original is not None:
             setattr(torch.Tensor, name, _watched(recorder.rooted, recorder, original, how))
+    for name in _CARRIED_BY:
+        original = getattr(torch.Tensor, name, None)
+        if original is not None:
+            setattr(torch.Tensor, name, _carried(recorder.rooted, original, torch.Tensor))
 
 
 def _mark_if_not_dst(recorder: Recorder, dist: Any, arguments: dict[str, Any], caller: Any) -> None:
@@ -118,17 +153,44 @@ def _mark_if_not_dst(recorder: Recorder, dist: Any, arguments: dict[str, Any], c
         site = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
     if not recorder.watching_rooted_reads:
         _watch_reads(recorder)
+    _mark(recorder.rooted, tensor, site, int(dst))
+
+
+def _mark(marks: dict[int, RootedMark], tensor: Any, site: tuple[str, int, str], dst: int) -> None:
     key = id(tensor)
-    marks = recorder.rooted
-    marks[key] = RootedMark(site, int(dst), weakref.ref(tensor, lambda _gone: marks.pop(key, None)))
+    marks[key] = RootedMark(site, dst, weakref.ref(tensor, lambda _gone: marks.pop(key, None)))
+
+
+def _mark_of(marks: dict[int, RootedMark], value: Any) -> RootedMark | None:
+    mark = marks.get(id(value))
+    return mark if mark is not None and mark.alive() is value else None
+
+
+def _carried(marks: dict[int, RootedMark], original: Any, tensor_type: type) -> Any:
+    """``original`` marking its result as its marked operand was: ``loss / world``
+    after ``dist.reduce(loss, 0)`` is as partial on the other ranks as ``loss``."""
+
+    @patched_method
+    def carry(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        if marks and isinstance(result, tensor_type):
+            mark = _mark_of(marks, self) or next(
+                (m for a in args if (m := _mark_of(marks, a)) is not None), None
+            )
+            if mark is not None:
+                _mark(marks, result, mark.site, mark.dst)
+        return result
+
+    carry.__name__ = getattr(original, "__name__", "carry")
+    return carry
 
 
 def _watched(marks: dict[int, RootedMark], recorder: Recorder, original: Any, how: str) -> Any:
     @patched_method
     def read(self: Any, *args: Any) -> Any:
         if marks:  # a plain dict: nothing but this test until a script reduces to a dst
-            mark = marks.get(id(self))
-            if mark is not None and mark.alive() is self:
+            mark = _mark_of(marks, self)
+            if mark is not None:
                 _note_read(recorder, mark, how, self)
         return original(self, *args)
 
