@@ -906,40 +906,31 @@ class Diagnoser:
                 left = self.loop_left(frame, None, made, other, call, evidence)
                 if left is not None:
                     return left
-        # 3c. a test on the data around the call (`if h.shape[0] > 1: h = self.bn(h)`):
-        # the absent ranks' data did not pass it
-        around = _guard_around(stack[max(common - 1, 0) :], source.DATA)
-        if around is not None:
+        # 3c. a test around the call that the ranks answered differently: one on the data
+        # (`if h.shape[0] > 1: h = self.bn(h)`), or one on a value each rank reads for
+        # itself (`if os.path.exists(ckpt)` while rank 0 writes it, a clock, a random draw)
+        for kind in (source.DATA, source.OTHER):
+            around = _guard_around(stack[max(common - 1, 0) :], kind)
+            if around is None:
+                continue
             frame, guard = around
+            if kind == source.DATA:
+                cause, what, test_is = "data-dependent-branch", "a test on the data", "tests the data"
+            else:
+                reads = " and ".join(source.rank_local_reads(guard.text, frame.file))
+                if not reads:
+                    continue
+                cause = "unsynchronized-decision"
+                what = f"a test each rank answers for itself ({reads}, never synchronised)"
+                test_is = f"is {reads} each rank makes for itself"
             evidence.append(
-                f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} tests "
-                f"the data: {who(made)} passed it, {who(other)} did not"
+                f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} {test_is}: "
+                f"{who(made)} passed it, {who(other)} did not"
             )
             return self.call_finding(
-                "data-dependent-branch",
+                cause,
                 f"only {who(made)} reached {op_text(call)} at {self.site(call.site)}, under "
-                f"`if {guard.text}`, a test on the data; {who(other)} skipped it",
-                call,
-                made,
-                other,
-                evidence,
-            )
-        # 3d. a test on a value each rank reads for itself (`if os.path.exists(ckpt)` while
-        # rank 0 writes it, a clock, a random draw): the ranks answered it differently
-        around = _guard_around(stack[max(common - 1, 0) :], source.OTHER)
-        reads = source.rank_local_reads(around[1].text, around[0].file) if around is not None else []
-        if around is not None and reads:
-            frame, guard = around
-            evidence.append(
-                f"`if {guard.text}` at {self.site(Frame(frame.file, guard.line, ''))} is "
-                f"{' and '.join(reads)} each rank makes for itself: {who(made)} passed it, "
-                f"{who(other)} did not"
-            )
-            return self.call_finding(
-                "unsynchronized-decision",
-                f"only {who(made)} reached {op_text(call)} at {self.site(call.site)}, under "
-                f"`if {guard.text}`, a test each rank answers for itself ({' and '.join(reads)}, "
-                f"never synchronised); {who(other)} skipped it",
+                f"`if {guard.text}`, {what}; {who(other)} skipped it",
                 call,
                 made,
                 other,
