@@ -75,7 +75,25 @@ def main() -> None:
         empty.record_call = lambda *args: None  # type: ignore[method-assign]
         wrapper_only = empty.wrap_collective("all_reduce", plain)
 
-        variants = {"recorder": recorded, "spin10": spin_then_plain, "wrapper": wrapper_only}
+        # The trace line's write alone, a call line's size to a file of its own: the
+        # system call that leaves a record a rank killed inside the collective keeps.
+        line_fd = os.open(
+            os.path.join(tempfile.mkdtemp(prefix="ncclcheck-bench-"), "write"),
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+            0o600,
+        )
+        call_line = b"x" * 300 + b"\n"
+
+        def write_then_plain(tensor: torch.Tensor) -> None:
+            os.write(line_fd, call_line)
+            plain(tensor)
+
+        variants = {
+            "recorder": recorded,
+            "spin10": spin_then_plain,
+            "wrapper": wrapper_only,
+            "write": write_then_plain,
+        }
         ratios: dict[str, list[float]] = {name: [] for name in variants}
         samples: dict[str, list[float]] = {"plain": [], "recorder": []}
         for pair in range(max(1, iterations // (2 * block * len(variants)))):
@@ -93,6 +111,7 @@ def main() -> None:
         result["paired_ratio"] = statistics.median(ratios["recorder"])
         result["spin10_ratio"] = statistics.median(ratios["spin10"])
         result["wrapper_ratio"] = statistics.median(ratios["wrapper"])
+        result["write_ratio"] = statistics.median(ratios["write"])
 
         # The recorder's own work per call, without the network: the same wrapper
         # around a collective that returns at once, from the same stack depth.
