@@ -181,6 +181,8 @@ class Diagnoser:
         if call.position:
             step = f", {call.position.get('loader')} batch {call.position.get('batch')}"
         via = " (DDP gradient bucket)" if call.source == "ddp" else ""
+        if call.shadow:
+            via += " (a stand-in DDP's Join makes for a rank out of batches)"
         tensors = f" {dtype}{shapes}" if shapes else ""
         later = ""
         if call.later is not None:
@@ -437,6 +439,10 @@ class Diagnoser:
         if left and len(left) == len(first.absent):
             return self.exited_early(first, made, left, evidence)
 
+        unanswered = self.join_without_stand_in(first, evidence)
+        if unanswered is not None:
+            return unanswered
+
         uneven = self.uneven_eval(first, evidence)
         if uneven is not None:
             return uneven
@@ -636,6 +642,40 @@ class Diagnoser:
             if other != rank and same:
                 others[other] = same[-1].batches
         return (last.loader, others) if any(others.values()) else None
+
+    def join_without_stand_in(self, first: Divergence, evidence: list[str]) -> Finding | None:
+        """Ranks that ran out of batches inside DDP's Join, facing a collective of the
+        user's own in the others' step: Join stands in for DDP's collectives only."""
+        joined = sorted(r for r, c in first.calls.items() if c is not None and c.shadow)
+        own = sorted(r for r, c in first.calls.items() if c is not None and not c.shadow and c.issuer is None)
+        if not joined or not own:
+            return None
+        call, stand_in = first.calls[own[0]], first.calls[joined[0]]
+        assert call is not None and stand_in is not None
+        batches = {
+            r: sum(p.batches for p in self.ev.traces[r].passes if p.role == "train")
+            for r in first.members
+            if r in self.ev.traces
+        }
+        return self.finding(
+            "uneven-eval-batches",
+            f"{who(joined)} ran out of batches and joined at {self.site(stand_in.site)} "
+            f"(DDP's Join), which stands in for DDP's own collectives only; {who(own)} "
+            f"made the {op_text(call)} at {self.site(call.site)} in a later step, and "
+            f"nothing on {who(joined)} answers it",
+            ranks=own,
+            absent_ranks=joined,
+            op=call.op,
+            site=self.site(call.site),
+            evidence=[
+                *evidence,
+                "batches drawn per rank: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items())),
+                "DDP's Join shadows the gradient all-reduce and its own notification, not "
+                "a collective the loop body calls: reduce that value after the loop, give "
+                "Join a Joinable that shadows it, or shard so every rank has the same "
+                "number of batches (DistributedSampler)",
+            ],
+        )
 
     def uneven_eval(self, first: Divergence, evidence: list[str]) -> Finding | None:
         """Some ranks still in an eval loop's per-batch collective, the others past it."""
@@ -1229,6 +1269,9 @@ class Diagnoser:
         for loader, per_rank in sorted(lengths.items()):
             if len(per_rank) < 2 or len(set(per_rank.values())) < 2:
                 continue
+            most = max(per_rank.values())
+            if all(self.ev.traces[r].join_stand_ins for r, n in per_rank.items() if n < most):
+                continue  # the ranks with fewer batches joined: DDP's Join stood in for them
             return Finding(
                 cause="uneven-eval-batches",
                 severity=Severity.WARNING,

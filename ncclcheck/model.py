@@ -137,6 +137,9 @@ class CollectiveCall:
     # "module:function" of the library code that called the collective (SyncBatchNorm's
     # forward, a metric's gather); None when the user's own code called it.
     issuer: str | None = None
+    # A stand-in DDP's Join context makes on a rank that ran out of batches, for the
+    # collectives the others make in their steps: it pairs with them from another line.
+    shadow: bool = False
 
     @property
     def site_text(self) -> str:

@@ -79,11 +79,19 @@ class RankTrace:
     # Set by load_traces, whose ``calls`` keeps only windows of the history (CallWindow).
     call_count: int | None = None
     phase_counts: dict[str, int] | None = None
+    shadow_count: int | None = None
 
     @property
     def collectives(self) -> int:
         """How many collectives this rank called, whether or not ``calls`` holds them all."""
         return self.call_count if self.call_count is not None else len(self.calls)
+
+    @property
+    def join_stand_ins(self) -> int:
+        """Collectives this rank made as a stand-in inside DDP's Join (it ran out of batches)."""
+        if self.shadow_count is not None:
+            return self.shadow_count
+        return sum(1 for call in self.calls if call.shadow)
 
     def calls_per_phase(self) -> dict[str, int]:
         if self.phase_counts is not None:
@@ -160,6 +168,7 @@ def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
         later=_deferred(record.get("later")),
         libraries=[str(name) for name in record.get("libs", [])],
         issuer=str(record["issuer"]) if record.get("issuer") else None,
+        shadow=bool(record.get("shadow")),
     )
 
 
@@ -198,10 +207,12 @@ class CallWindow(Sequence[CollectiveCall]):
         self._held: list[CollectiveCall] | None = None
         self.calls_read = 0
         self.phases: dict[str, int] = {}
+        self.shadows = 0
 
     def append(self, call: CollectiveCall) -> None:
         self.calls_read += 1
         self.phases[call.phase] = self.phases.get(call.phase, 0) + 1
+        self.shadows += call.shadow
         self._recent.append(call)
         if call.n <= self._keep_until:
             self._kept[call.n] = call
@@ -491,6 +502,7 @@ def load_traces(folder: Path, live: bool = False) -> Traces:
         if rank in windows and trace.calls is windows[rank]:
             trace.call_count = windows[rank].calls_read
             trace.phase_counts = dict(windows[rank].phases)
+            trace.shadow_count = windows[rank].shadows
     traces.divergences = aligner.found() if live else aligner.finish(set(traces))
     return traces
 

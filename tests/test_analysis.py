@@ -63,6 +63,17 @@ def test_compare_names_the_kind_of_mismatch(one, two, kind) -> None:  # type: ig
     assert compare({0: one, 1: two}) is kind
 
 
+def test_a_join_stand_in_pairs_with_ddps_calls_but_not_with_the_users_own() -> None:
+    from dataclasses import replace
+
+    ddp_bucket = replace(call(0, 0, line=20), issuer="torch.nn.parallel.distributed:DDP._hook")
+    stand_in = replace(call(1, 0, line=18), shadow=True, issuer="torch.distributed.algorithms.join:x")
+    assert compare({0: ddp_bucket, 1: stand_in}) is None
+    assert compare({0: replace(ddp_bucket, shapes=[[5]]), 1: stand_in}) is Mismatch.SHAPE
+    users_own = call(0, 0, line=25)  # issuer None: the user's code called it
+    assert compare({0: users_own, 1: stand_in}) is Mismatch.SITE
+
+
 def test_first_divergence_is_found_by_site_even_when_ops_and_shapes_pair() -> None:
     # rank 1 skips the in-loop all_reduce once; its post-loop all_reduce (same op,
     # same shape) would pair silently with rank 0's last in-loop one.

@@ -396,6 +396,30 @@ def test_train_shards_of_different_lengths_are_a_warning_though_the_budget_hides
     assert "(the dry run's budget ended each epoch sooner)" in warning["message"]
 
 
+def test_uneven_train_shards_under_ddp_join_pair_with_joins_stand_ins() -> None:
+    script = SCRIPTS / "ddp_join_uneven.py"
+    # Join's stand-ins come from the `with` line on rank 1, DDP's calls from the step on
+    # rank 0: paired by op and shape, aligned, and no uneven-batches warning either
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert not report["findings"], report["findings"]
+
+    # a collective of the loop body's own: nothing on the joined rank answers it
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "log_loss"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "uneven-eval-batches", finding
+    assert finding["site"] == f"tests/scripts/ddp_join_uneven.py:{line_in(script, 'dist.all_reduce(logged)')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    with_line = line_in(script, "with Join([model]):")
+    assert finding["message"].startswith(
+        f"rank 1 ran out of batches and joined at tests/scripts/ddp_join_uneven.py:{with_line} (DDP's Join)"
+    )
+    assert "batches drawn per rank: rank 0: 5, rank 1: 3" in finding["evidence"]
+    assert any("a stand-in DDP's Join makes" in line for line in finding["evidence"])
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]

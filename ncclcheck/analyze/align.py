@@ -100,7 +100,13 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
         return Mismatch.MISSING
     if len({c.op for c in made}) > 1:
         return Mismatch.OP
-    if len({c.site_text for c in made}) > 1:
+    # A rank that ran out of batches inside DDP's Join makes stand-ins for DDP's own
+    # collectives (and Join's notification) from its ``with`` line: those pair by op
+    # and shape. Join has no stand-in for a collective the user's code calls.
+    sited = [c for c in made if not c.shadow]
+    if len(sited) < len(made) and any(c.issuer is None for c in sited):
+        return Mismatch.SITE
+    if len({c.site_text for c in sited}) > 1:
         return Mismatch.SITE
     if len({_request(c) for c in made}) > 1:
         return Mismatch.REQUEST

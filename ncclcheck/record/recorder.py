@@ -14,7 +14,8 @@ Trace lines (``"t"`` is the kind):
 - ``init``: the process group was initialised (backend)
 - ``call``: one collective: n (per rank), op, group, group_ranks, seq (per
   group), ns (wall clock in integer nanoseconds; the other lines have ``time``),
-  shapes, dtypes, device, async, phase, loader position, site, stack
+  shapes, dtypes, device, async, phase, loader position, site, stack; ``shadow``
+  for a stand-in DDP's Join issues on a rank that ran out of batches
 - ``pass``: a DataLoader pass started or ended (name, role, len, sampler, batches)
 - ``batch``: a batch was drawn (loader name, pass, index): progress and position
 - ``phase``: the phase changed (train/eval)
@@ -163,6 +164,20 @@ def _libraries_on(frame: Any, outermost: Any) -> list[str]:
                 found.add(name)
         frame = frame.f_back
     return sorted(found)
+
+
+_JOIN_MODULE = "torch.distributed.algorithms.join"
+
+
+def _under_join_exit(frame: Any, outermost: Any) -> bool:
+    """True for a collective that DDP's Join context issues from its ``__exit__`` on a
+    rank that ran out of batches: a stand-in ("shadow") for the collective the ranks
+    still training make in their step, from another line by design."""
+    while frame is not None and frame is not outermost:
+        if frame.f_code.co_name == "__exit__" and frame.f_globals.get("__name__") == _JOIN_MODULE:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _issuer(frame: Any) -> str:
@@ -422,6 +437,8 @@ class Recorder:
             fields["libs"] = libraries
         if caller is not None and not is_user_code(caller.f_code):
             fields["issuer"] = _issuer(caller)
+        if _under_join_exit(caller, self.outermost_frame):
+            fields["shadow"] = "join"
         deferred = self.deferred
         if deferred is not None and deferred.stack:
             # Sited where the user asked for it; where it ran goes beside it.
