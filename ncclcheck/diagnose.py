@@ -59,7 +59,21 @@ def relative(path: str, cwd: str) -> str:
 # Collectives a user never wrote, named for what issued them.
 # DDP broadcasts rank 0's parameters when it is built and its buffers (BatchNorm's
 # running stats) at every forward() with broadcast_buffers=True, in eval too.
-_OP_ORIGINS = {"_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0"}
+_OP_ORIGINS = {
+    "_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0",
+    "new_group": "a process group's creation, which every rank enters, members or not",
+}
+# What to do about a call the user wrote, by op, where the op itself is the surprise.
+OP_ADVICE = {
+    "new_group": (
+        "create every group on every rank, in the same order, and test membership only where "
+        "it is used: `eval_group = dist.new_group([0, 1])` before the `if`, then "
+        "`if rank in eval_ranks: dist.all_reduce(x, group=eval_group)` (non-members get "
+        "GroupMember.NON_GROUP_MEMBER). Groups are named by a count of new_group calls: a "
+        "rank that skipped one names every later group differently and waits for peers that "
+        "never come (with TORCH_DIST_INIT_BARRIER=1 it waits in new_group itself)"
+    ),
+}
 
 
 # Library code that issues collectives inside a call that looks local, keyed by module
@@ -144,9 +158,14 @@ def op_text(call: CollectiveCall) -> str:
 
 
 def issuer_advice(call: CollectiveCall | None) -> list[str]:
-    """What to do about a collective that library code issued, for a finding's evidence."""
-    issued = _issued(call) if call is not None else None
-    return [issued[1]] if issued and issued[1] else []
+    """What to do about a collective that library code issued (or an op whose contract
+    surprises, such as new_group), for a finding's evidence."""
+    if call is None:
+        return []
+    issued = _issued(call)
+    if issued:
+        return [issued[1]] if issued[1] else []
+    return [OP_ADVICE[call.op]] if call.op in OP_ADVICE else []
 
 
 def split_exit_error(exit_record: dict[str, Any]) -> tuple[str, Frame | None]:

@@ -27,7 +27,7 @@ import psutil
 from ncclcheck import flight_recorder
 from ncclcheck.analyze import source
 from ncclcheck.analyze.align import Divergence, Mismatch
-from ncclcheck.diagnose import Diagnoser, Evidence, issued_at, relative, who
+from ncclcheck.diagnose import OP_ADVICE, Diagnoser, Evidence, issued_at, relative, who
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.model import (
     CollectiveCall,
@@ -45,7 +45,8 @@ from ncclcheck.record.recorder import COLLECTIVES, P2P
 from ncclcheck.stacks import ProcessStack, ThreadStack, dump_stacks
 
 # the torch.distributed functions a rank can wait in (what the recorder wraps)
-_COLLECTIVE_NAMES = frozenset(COLLECTIVES) | frozenset(P2P)
+# Group creation waits on peers too: every rank enters new_group, members or not.
+_COLLECTIVE_NAMES = frozenset(COLLECTIVES) | frozenset(P2P) | {"new_group", "new_subgroups", "split_group"}
 # DDP's own broadcasts: the C++ _broadcast_coalesced shows no Python frame, the
 # method that calls it does. (file fragment, function) -> what the rank waits in.
 _DDP_BROADCASTS = {
@@ -202,7 +203,9 @@ def issuer_advice_of(stack: ProcessStack) -> str | None:
     if main is None or index is None:
         return None
     issued = _issuer(main.frames[index + 1 :])
-    return issued[1] if issued and issued[1] else None
+    if issued:
+        return issued[1] or None
+    return OP_ADVICE.get(main.frames[index].function)
 
 
 def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
@@ -318,6 +321,9 @@ def _user_frames(stack: ProcessStack) -> list[Frame]:
     return [f for i, f in enumerate(main.frames) if main.is_user(i)] if main else []
 
 
+_CREATED_GROUP = "name of the group being created"
+
+
 def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
     """What tells apart ranks that wait at the same line, from py-spy's locals: the
     process group the user's call passes (named after the variable that holds it)
@@ -332,6 +338,10 @@ def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
         if main.is_user(i)
     ]
     state: dict[str, str] = {}
+    for frame, values in zip(main.frames, main.locals, strict=False):
+        # torch names a new group by a count of new_group calls on that rank
+        if frame.function.endswith("_new_group_with_tag") and "group_name" in values:
+            state[_CREATED_GROUP] = values["group_name"]
     if user:
         site, site_locals = user[0]
         group = source.group_argument(site.file, site.line, op)
@@ -567,6 +577,29 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         split = _state_split(only)
         if split is not None:
             parts, lines = split
+            if all(_CREATED_GROUP in state for state in only.states.values()):
+                return [
+                    diagnoser.finding(
+                        "rank-conditional-collective",
+                        f"every rank waits in new_group at {_site(only)}, but they give the group "
+                        "different names: "
+                        + "; ".join(lines)
+                        + ". torch names a group by a count of new_group calls, so the ranks made "
+                        "different numbers of them before: an earlier new_group ran on some ranks "
+                        "only (under a rank or membership test), and each side now waits for peers "
+                        "of a group the others call by another name",
+                        ranks=parts[0],
+                        absent_ranks=sorted(r for part in parts[1:] for r in part),
+                        op="new_group",
+                        site=_site(only),
+                        evidence=[
+                            *evidence,
+                            *lines,
+                            "find the new_group under a test of the rank: `ncclcheck lint` on the "
+                            "script names it, `ncclcheck preflight` shows which ranks called it",
+                        ],
+                    )
+                ]
             return [
                 diagnoser.finding(
                     "collective-order-mismatch",

@@ -41,7 +41,13 @@ from ncclcheck.record.recorder import COLLECTIVES, P2P
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-_DIST_OPS = frozenset(COLLECTIVES) - frozenset(P2P)
+_DIST_OPS = frozenset(COLLECTIVES) - frozenset(P2P) | {"new_group"}
+# Every rank of the job enters new_group, members or not: groups are named by a count of
+# the calls (with use_local_synchronization=True only the members do, and it is not flagged)
+_NEW_GROUP = (
+    "new_group (every rank enters it, members or not: groups are named by a count of "
+    "new_group calls, so a rank that skips one names every later group differently)"
+)
 # accelerate's Accelerator methods that communicate (CAUSES.md)
 _ACCELERATE_METHODS = frozenset(
     {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone"}
@@ -404,7 +410,7 @@ class Linter:
         func = call.func
         if isinstance(func, ast.Name):
             if func.id in module.dist_functions:
-                return f"dist.{func.id}"
+                return _dist_label(func.id, call)
             if func.id in ddp_names:
                 return f"{func.id}(...) forward through DistributedDataParallel"
             if func.id in module.dcp_functions and not _keyword_true(call, "no_dist"):
@@ -419,7 +425,7 @@ class Linter:
             receiver = f"({receiver})"  # (a + b).backward(), not a + b.backward()
         attr = func.attr
         if attr in _DIST_OPS and self.is_dist(func.value, module):
-            return f"dist.{attr}"
+            return _dist_label(attr, call)
         if (
             attr in _DCP_FUNCTIONS
             and (receiver in module.dcp_aliases or receiver == _DCP_MODULE)
@@ -972,6 +978,12 @@ def _walk(root: ast.AST, enter_scopes: bool) -> list[ast.AST]:
 
 def _walk_scope(root: ast.AST) -> list[ast.AST]:
     return _walk(root, enter_scopes=False)
+
+
+def _dist_label(name: str, call: ast.Call) -> str | None:
+    if name != "new_group":
+        return f"dist.{name}"
+    return None if _keyword_true(call, "use_local_synchronization") else f"dist.{_NEW_GROUP}"
 
 
 def _keyword_true(call: ast.Call, name: str) -> bool:

@@ -248,6 +248,27 @@ def test_a_rank_that_never_reached_a_loop_is_not_said_to_have_left_it(tmp_path: 
     assert any("is a file check each rank makes for itself" in line for line in finding["evidence"])
 
 
+def test_a_new_group_some_ranks_skipped_is_named_from_the_group_being_created() -> None:
+    # Ranks 0-1 created the eval group under their membership test, rank 2 did not: the
+    # group every rank creates next is "2" on ranks 0-1 and "1" on rank 2. Either all
+    # three wait in that new_group (read from py-spy's locals), or rank 2, having found
+    # the stale keys of group "1", already waits in its all_reduce.
+    from ncclcheck.diagnose import OP_ADVICE
+
+    script = SCRIPTS / "new_group_on_members.py"
+    code, report = doctor_on_hung(script, 3)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    if finding["message"].startswith("every rank waits in new_group"):
+        site = line_in(script, "everyone = dist.new_group(")
+        assert finding["site"] == f"tests/scripts/new_group_on_members.py:{site}"
+        assert 'ranks 0-1: name of the group being created = "2"' in finding["evidence"]
+        assert 'rank 2: name of the group being created = "1"' in finding["evidence"]
+    else:
+        assert OP_ADVICE["new_group"] in finding["evidence"], finding
+
+
 def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     # No RANK in the environment: the ranks are spawn's children, each under
     # torch.multiprocessing.spawn's _wrap(fn, i, ...), whose i is the rank.

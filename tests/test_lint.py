@@ -288,6 +288,15 @@ import torch.distributed as dist
             """,
             ("rank-conditional-collective", "error"),
         ),
+        (  # a group created by its members alone: every rank enters new_group
+            """
+            def evaluate(x, eval_ranks):
+                if dist.get_rank() in eval_ranks:
+                    group = dist.new_group(eval_ranks)
+                    dist.all_reduce(x, group=group)
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
         (  # Lightning: self.log(sync_dist=True) on global zero only
             """
             import lightning
@@ -517,6 +526,13 @@ def test_rules(tmp_path: Path, body: str, expected: tuple[str, str]) -> None:
                 dist.broadcast(x, stage_ranks[0], stage)
             if dist.get_rank(stage) >= 0:
                 dist.barrier(group=stage)
+        """,
+        # with use_local_synchronization=True only the members create the group
+        """
+        def evaluate(x, eval_ranks):
+            if dist.get_rank() in eval_ranks:
+                group = dist.new_group(eval_ranks, use_local_synchronization=True)
+                dist.all_reduce(x, group=group)
         """,
         # a rank-local number stored on self does not make every test on self rank-local
         # (transformers' Trainer), and a None test asks whether a value was given

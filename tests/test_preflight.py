@@ -420,6 +420,23 @@ def test_uneven_train_shards_under_ddp_join_pair_with_joins_stand_ins() -> None:
     assert any("a stand-in DDP's Join makes" in line for line in finding["evidence"])
 
 
+def test_a_group_created_on_its_members_only_is_named_though_the_job_goes_on() -> None:
+    script = SCRIPTS / "new_group_on_members.py"
+    proc, report = preflight("--nproc-per-node=3", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    members_line = line_in(script, "            eval_group = dist.new_group(eval_ranks)")
+    assert finding["site"] == f"tests/scripts/new_group_on_members.py:{members_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0, 1], [2])
+    assert "under `if rank in eval_ranks`" in finding["message"]
+    assert any("Groups are named by a count of new_group calls" in line for line in finding["evidence"])
+
+    proc, report = preflight("--nproc-per-node=3", str(script), env={"MODE": "everyone"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]

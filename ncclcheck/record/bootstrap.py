@@ -52,6 +52,13 @@ def install(recorder: Recorder) -> None:
             if getattr(module, op, None) is original:
                 setattr(module, op, wrapped)
 
+    original_new_group = dist.new_group
+    if not hasattr(original_new_group, "__ncclcheck_wrapped__"):
+        new_group = recorder.wrap_new_group(original_new_group)
+        for module in (dist, c10d):
+            if getattr(module, "new_group", None) is original_new_group:
+                module.new_group = new_group
+
     original_init = dist.init_process_group
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:

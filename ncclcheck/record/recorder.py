@@ -12,7 +12,8 @@ Trace lines (``"t"`` is the kind):
 
 - ``hello``: rank, local_rank, world_size, group_rank, host, pid, script
 - ``init``: the process group was initialised (backend)
-- ``call``: one collective: n (per rank), op, group, group_ranks, seq (per
+- ``call``: one collective (or a ``new_group``, in a group of its own named
+  ``new_group``, with its ``members``): n (per rank), op, group, group_ranks, seq (per
   group), ns (wall clock in integer nanoseconds; the other lines have ``time``),
   shapes, dtypes, device, async, phase, loader position, site, stack; ``shadow``
   for a stand-in DDP's Join issues on a rank that ran out of batches
@@ -103,9 +104,23 @@ class _Depth(threading.local):
     inside = 0  # > 0 while a recorded collective (or DDP hook) runs on this thread
 
 
+# The sequence group creations are aligned in (see Recorder.wrap_new_group): every rank
+# of the job enters new_group, members or not, in the same order.
+GROUP_CREATION = "new_group"
+
+
+class _GroupCreation:
+    """Stands for the sequence of new_group calls where a call names its group."""
+
+
+_CREATIONS = _GroupCreation()
+
+
 def _describe_group(group: Any) -> tuple[str, list[int]]:
     import torch.distributed as dist
 
+    if group is _CREATIONS:
+        return GROUP_CREATION, list(range(dist.get_world_size()))
     resolved = group if group is not None else dist.group.WORLD
     try:
         name = str(resolved.group_name)
@@ -524,6 +539,47 @@ class Recorder:
             record_call(op, group, tensors, async_op, source, get_frame(1), extra)
             if rooted and args:
                 rooted.pop(id(args[0]), None)
+            depth.inside = 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth.inside = 0
+
+        recorded.__ncclcheck_wrapped__ = fn  # type: ignore[attr-defined]
+        return recorded
+
+    def wrap_new_group(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``dist.new_group`` recording each call before it runs, in a sequence of its own.
+
+        Every rank of the job must enter new_group, members or not, in the same order:
+        groups are named by a count of the calls, so a rank that skipped one names the
+        next group differently and waits for peers that never come (or, with
+        TORCH_DIST_INIT_BARRIER=1 and on torchcomms, waits inside the call itself).
+        With use_local_synchronization=True only the members take part, and the name
+        comes from the ranks: not recorded."""
+        import inspect
+
+        params = list(inspect.signature(fn).parameters)
+        ranks_index = params.index("ranks") if "ranks" in params else None
+        local_index = (
+            params.index("use_local_synchronization") if "use_local_synchronization" in params else None
+        )
+        depth = self._depth
+        get_frame = sys._getframe
+        record_call = self.record_call
+
+        @functools.wraps(fn)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            local = kwargs.get("use_local_synchronization")
+            if local is None and local_index is not None and len(args) > local_index:
+                local = args[local_index]
+            if depth.inside or local:
+                return fn(*args, **kwargs)
+            ranks = kwargs.get("ranks")
+            if ranks is None and ranks_index is not None and len(args) > ranks_index:
+                ranks = args[ranks_index]
+            members = tuple(sorted(int(r) for r in ranks)) if ranks is not None else "all"
+            record_call("new_group", _CREATIONS, (), False, "python", get_frame(1), {"members": members})
             depth.inside = 1
             try:
                 return fn(*args, **kwargs)
