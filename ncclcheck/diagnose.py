@@ -125,6 +125,13 @@ _ISSUERS = {
         "and get_state_dict() gather the state as well): call them on every process, and keep "
         "only your own file writes under accelerator.is_main_process",
     ),
+    # ZeroRedundancyOptimizer.consolidate_state_dict() broadcasts every rank's shard of
+    # the optimizer state, each rank in turn: called where only the checkpoint is written
+    ("torch.distributed.optim.zero_redundancy_optimizer", "_broadcast_object"): (
+        "ZeroRedundancyOptimizer gathering its state shards, in consolidate_state_dict()",
+        "ZeroRedundancyOptimizer.consolidate_state_dict(to=0) broadcasts every rank's shard: "
+        "call it on every rank, then save optimizer.state_dict() on rank 0 alone",
+    ),
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",

@@ -59,6 +59,7 @@ _ACCELERATE_SAVE_STATE = (
     "save_state() (it waits for every rank with automatic checkpoint naming, and saves "
     "collectively under FSDP or DeepSpeed)"
 )
+_ZERO_CONSOLIDATE = "(ZeroRedundancyOptimizer broadcasts every rank's shard)"
 # torch.distributed.checkpoint's entry points: each plans the save or load across the
 # ranks with collectives (unless no_dist=True)
 _DCP_MODULE = "torch.distributed.checkpoint"
@@ -434,6 +435,8 @@ class Linter:
             return f"{receiver}.{attr}() (torch.distributed.checkpoint plans it across the ranks)"
         if attr in _ACCELERATE_METHODS and "accelerator" in receiver.lower():
             return f"{receiver}.{attr}"
+        if attr == "consolidate_state_dict":  # ZeroRedundancyOptimizer's (a name of its own)
+            return f"{receiver}.consolidate_state_dict() {_ZERO_CONSOLIDATE}"
         if attr == "save_state" and "accelerator" in receiver.lower():
             return f"{receiver}.{_ACCELERATE_SAVE_STATE}"
         if attr in ("log", "log_dict") and any(

@@ -297,6 +297,15 @@ import torch.distributed as dist
             """,
             ("rank-conditional-collective", "error"),
         ),
+        (  # ZeroRedundancyOptimizer consolidated where rank 0 alone saves
+            """
+            def save(optimizer, path):
+                if dist.get_rank() == 0:
+                    optimizer.consolidate_state_dict(to=0)
+                    torch.save(optimizer.state_dict(), path)
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
         (  # Lightning: self.log(sync_dist=True) on global zero only
             """
             import lightning

@@ -437,6 +437,23 @@ def test_a_group_created_on_its_members_only_is_named_though_the_job_goes_on() -
     assert report["verdict"] == "aligned", report["findings"]
 
 
+def test_zero_consolidate_state_dict_on_rank_zero_alone_is_named_with_its_fix() -> None:
+    script = SCRIPTS / "zero_consolidate.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    site = line_in(script, "            optimizer.consolidate_state_dict(to=0)")
+    assert finding["site"] == f"tests/scripts/zero_consolidate.py:{site}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "broadcast (ZeroRedundancyOptimizer gathering its state shards" in finding["message"]
+    assert any("call it on every rank, then save optimizer.state_dict()" in e for e in finding["evidence"])
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "everyone"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -8,6 +8,7 @@ and ``sys.path[0]`` as ``python SCRIPT ARGS`` would have them.
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import sys
@@ -179,6 +180,10 @@ def _track_user_no_grad(recorder: Recorder) -> None:
     for cls in (torch.no_grad, torch.inference_mode):
         original_enter, original_exit = cls.__enter__, cls.__exit__
 
+        # functools.wraps: TorchScript compiles no_grad as a class from its methods'
+        # source (torch.distributed.optim's functional optimizers do, on import), and
+        # inspect follows __wrapped__ to torch's own, which it can compile.
+        @functools.wraps(original_enter)
         def enter(self: Any, _original: Any = original_enter) -> Any:
             user = user_initiated(sys._getframe(1))
             self._ncclcheck_user = user
@@ -186,6 +191,7 @@ def _track_user_no_grad(recorder: Recorder) -> None:
                 recorder.user_no_grad += 1
             return _original(self)
 
+        @functools.wraps(original_exit)
         def exit_(self: Any, *exc: Any, _original: Any = original_exit) -> Any:
             try:
                 return _original(self, *exc)
