@@ -125,6 +125,18 @@ _ISSUERS = {
         "and get_state_dict() gather the state as well): call them on every process, and keep "
         "only your own file writes under accelerator.is_main_process",
     ),
+    # Lightning's strategy barrier: inside trainer.save_checkpoint() (before and after the
+    # write, which global zero alone does), or the user's own strategy.barrier()
+    **{
+        (f"{package}.strategies.{strategy}", "barrier"): (
+            "Lightning's strategy barrier",
+            "Lightning's trainer.save_checkpoint() waits for every rank (and gathers sharded "
+            "state under FSDP or DeepSpeed) and writes the file on global zero alone: call it "
+            "on every rank, without the is_global_zero test",
+        )
+        for package in ("lightning.pytorch", "pytorch_lightning")
+        for strategy in ("ddp", "fsdp", "deepspeed", "model_parallel")
+    },
     # ZeroRedundancyOptimizer.consolidate_state_dict() broadcasts every rank's shard of
     # the optimizer state, each rank in turn: called where only the checkpoint is written
     ("torch.distributed.optim.zero_redundancy_optimizer", "_broadcast_object"): (
@@ -1032,7 +1044,10 @@ class Diagnoser:
         absent: list[int],
         evidence: list[str],
     ) -> Finding:
-        """A finding sited at ``call``, with what to do when library code issued it."""
+        """A finding sited at ``call``, with what to do when library code issued it (which,
+        when there is some, replaces the playbook's fix in the framework's terms: that one
+        is about another API of the framework)."""
+        advice = issuer_advice(call)
         return self.finding(
             cause,
             message,
@@ -1040,8 +1055,8 @@ class Diagnoser:
             absent_ranks=absent,
             op=call.op,
             site=self.site(call.site),
-            evidence=[*evidence, *issuer_advice(call)],
-            libraries=call.libraries,
+            evidence=[*evidence, *advice],
+            libraries=() if advice else call.libraries,
         )
 
     def loop_left(

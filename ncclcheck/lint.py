@@ -461,6 +461,12 @@ class Linter:
             return f"{receiver}.{attr}() (a DTensor gathers or moves its shards)"
         if attr == "save_checkpoint" and "deepspeed" in module.libraries:
             return f"{receiver}.save_checkpoint (DeepSpeed)"
+        if (
+            attr == "save_checkpoint"
+            and "trainer" in receiver.lower()
+            and module.libraries & {"lightning", "pytorch_lightning"}
+        ):
+            return f"{receiver}.save_checkpoint() (Lightning waits for every rank in it)"
         if attr == "generate" and module.shards_parameters and not _keyword_true(call, "synced_gpus"):
             return f"{receiver}.generate() without synced_gpus=True"
         if attr == "backward" and module.wraps_ddp:

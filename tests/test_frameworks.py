@@ -219,3 +219,25 @@ def test_accelerate_save_state_on_the_main_process_alone_is_found_by_what_it_wai
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["verdict"] == "aligned", report["findings"]
     assert not leftover_ranks(str(script))
+
+
+def test_lightning_save_checkpoint_on_global_zero_alone_is_named_with_lightnings_fix() -> None:
+    LIGHTNING.require()
+    script = REPO / "tests" / "scripts" / "lightning_save_checkpoint.py"
+    proc, report = preflight("--nproc-per-node=2", "--stall-timeout=8", str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
+    site = line_in(script, "trainer.save_checkpoint(path)  # global zero alone")
+    assert finding["site"] == f"tests/scripts/lightning_save_checkpoint.py:{site}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert "only rank 0 reached barrier (Lightning's strategy barrier)" in finding["message"]
+    assert "under `if trainer.is_global_zero`" in finding["message"]
+    evidence = "\n".join(finding["evidence"])
+    assert "trainer.save_checkpoint() waits for every rank" in evidence
+    assert "self.log" not in evidence  # the playbook's Lightning fix is about another API
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "everyone"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert not leftover_ranks(str(script))

@@ -306,6 +306,17 @@ import torch.distributed as dist
             """,
             ("rank-conditional-collective", "error"),
         ),
+        (  # Lightning: trainer.save_checkpoint() on global zero only (a barrier inside)
+            """
+            import lightning
+
+            class SaveBest(lightning.Callback):
+                def on_validation_end(self, trainer, module):
+                    if trainer.is_global_zero:
+                        trainer.save_checkpoint("best.ckpt")
+            """,
+            ("rank-conditional-collective", "error"),
+        ),
         (  # Lightning: self.log(sync_dist=True) on global zero only
             """
             import lightning
