@@ -29,7 +29,7 @@ from ncclcheck.model import (
     format_ranks,
 )
 from ncclcheck.stacks import ProcessStack
-from ncclcheck.traces import RankTrace, RootedRead, divergences_of
+from ncclcheck.traces import RankTrace, RootedRead, divergences_of, trace_frame
 
 
 @dataclass
@@ -395,6 +395,9 @@ class Diagnoser:
                     noted.setdefault(f"{kind} at {self.site(frame)}", []).append(rank)
             if noted:
                 summary[key] = [f"{what} ({who(ranks)})" for what, ranks in noted.items()]
+        not_run = self.not_run()
+        if not_run:
+            summary["not_run"] = not_run
         if not any(t.eval_passes for t in self.ev.traces.values()):
             eval_calls = max((t.calls_per_phase().get("eval", 0) for t in self.ev.traces.values()), default=0)
             if eval_calls:
@@ -420,6 +423,38 @@ class Diagnoser:
                 )
             summary["note"] = note
         return summary
+
+    def not_run(self) -> str | None:
+        """What the script does after the point where the budget stopped the dry run (a
+        final evaluation, a save, a barrier at the end): not checked, and said so."""
+        stopped = next(
+            (
+                t.exit["stack"]
+                for _rank, t in sorted(self.ev.traces.items())
+                if t.exit and t.exit.get("how") == "dry-run-complete" and t.exit.get("stack")
+            ),
+            None,
+        )
+        if not stopped:
+            return None
+        parts: list[str] = []
+        for raw in stopped:  # outermost first
+            frame = trace_frame(raw)
+            after, in_loop = source.statements_after(frame.file, frame.line)
+            if after:
+                lines = _line_ranges([(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in after])
+                parts.append(f"{lines} of {frame.function}() in {relative(frame.file, self.ev.cwd)}")
+            if in_loop:
+                break  # deeper frames ran in the loop's earlier passes
+        if not parts:
+            return None
+        innermost = trace_frame(stopped[-1])
+        return (
+            f"the budget stopped the dry run at {self.site(innermost)} in {innermost.function}(): "
+            f"what the script does after that did not run ({'; '.join(parts)}), so a final "
+            "evaluation, save or barrier there is not checked: run the script for one epoch "
+            "(its own option) to check it too"
+        )
 
     # -- the first divergence ----------------------------------------------------------
 
@@ -1353,6 +1388,19 @@ def _location_of(described: str) -> tuple[str, int] | None:
     """(file, line) from an exit description's ' at FILE:LINE in FUNCTION' ending."""
     match = re.search(r" at (.+):(\d+) in [^ ]+$", described)
     return (match.group(1), int(match.group(2))) if match else None
+
+
+def _line_ranges(spans: list[tuple[int, int]]) -> str:
+    """ "line 83" / "lines 83-85, 90": statements' line spans, merged where they touch."""
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    texts = [f"{a}-{b}" if b > a else str(a) for a, b in merged]
+    single = len(merged) == 1 and merged[0][0] == merged[0][1]
+    return ("line " if single else "lines ") + ", ".join(texts)
 
 
 def who(ranks: list[int]) -> str:

@@ -140,13 +140,13 @@ def record_time(record: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _frame(raw: Sequence[Any]) -> Frame:
+def trace_frame(raw: Sequence[Any]) -> Frame:
     """[file, line, function] as the trace writes a place."""
     return Frame(str(raw[0]), int(raw[1]), str(raw[2]))
 
 
 def _call(rank: int, record: dict[str, Any]) -> CollectiveCall:
-    stack = [_frame(f) for f in record.get("stack", [])]
+    stack = [trace_frame(f) for f in record.get("stack", [])]
     return CollectiveCall(
         rank=rank,
         seq=int(record["seq"]),
@@ -176,7 +176,7 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
     if not record:
         return None
     ran_in = record.get("in")
-    frame = _frame(ran_in) if ran_in else None
+    frame = trace_frame(ran_in) if ran_in else None
     return Deferred(str(record.get("by", "a framework")), str(record.get("for", "?")), frame)
 
 
@@ -416,16 +416,16 @@ def _read_trace(
                 trace.rooted_reads.append(
                     RootedRead(
                         how=str(record["how"]),
-                        site=_frame(record["site"]),
-                        stack=[_frame(f) for f in record.get("stack") or []],
+                        site=trace_frame(record["site"]),
+                        stack=[trace_frame(f) for f in record.get("stack") or []],
                         var=record.get("var"),
                         phase=str(record.get("phase", "train")),
-                        reduce_site=_frame(record["reduce"]["site"]),
+                        reduce_site=trace_frame(record["reduce"]["site"]),
                         dst=int(record["reduce"]["dst"]),
                     )
                 )
             elif kind in ("cpu", "perturb", "framework"):
-                noted = (str(record["kind"]), _frame(record["site"]))
+                noted = (str(record["kind"]), trace_frame(record["site"]))
                 {"cpu": trace.cpu_mapped, "perturb": trace.perturbed, "framework": trace.adapted}[
                     kind
                 ].append(noted)

@@ -532,3 +532,40 @@ def test_reductions_a_framework_runs_for_different_names_are_a_mismatch() -> Non
 
     assert compare({0: reduction(0, "val_loss"), 1: reduction(1, "val_loss")}) is None
     assert compare({0: reduction(0, "val_loss_neg"), 1: reduction(1, "val_loss_pos")}) is Mismatch.REQUEST
+
+
+def test_statements_after_a_stop_skip_what_ran_in_earlier_passes_and_what_waits_for_nothing(
+    tmp_path: Path,
+) -> None:
+    from ncclcheck.analyze.source import statements_after
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            """\
+            def main(loader, epochs):
+                for epoch in range(epochs):
+                    for batch in loader:
+                        step(batch)
+                    evaluate()
+                try:
+                    save()
+                    barrier()
+                finally:
+                    cleanup_files()
+                print("done")
+                return
+
+            def fit():
+                main(loader, 3)
+                report()
+            """
+        )
+    )
+    after, in_loop = statements_after(str(script), 4)  # in step(), in the epoch loop
+    # evaluate() ran in the earlier epochs; the finally runs as the stop unwinds
+    assert [stmt.lineno for stmt in after] == [6] and in_loop
+    after, in_loop = statements_after(str(script), 7)  # stopped inside save()
+    assert [stmt.lineno for stmt in after] == [8] and not in_loop
+    after, in_loop = statements_after(str(script), 15)  # the caller's frame: no loop there
+    assert [stmt.lineno for stmt in after] == [16] and not in_loop

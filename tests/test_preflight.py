@@ -454,6 +454,31 @@ def test_zero_consolidate_state_dict_on_rank_zero_alone_is_named_with_its_fix() 
     assert report["verdict"] == "aligned", report["findings"]
 
 
+def test_code_after_the_point_where_the_budget_stopped_is_said_not_checked(tmp_path: Path) -> None:
+    script = SCRIPTS / "final_barrier.py"
+    env = {"CKPT_DIR": str(tmp_path)}
+    proc, report = preflight("--nproc-per-node=2", str(script), env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    stop_line = line_in(script, "for (x,) in train_loader:")
+    if_line, barrier_line = line_in(script, "if rank == 0:"), line_in(script, "dist.barrier()")
+    assert report["summary"]["not_run"].startswith(
+        f"the budget stopped the dry run at tests/scripts/final_barrier.py:{stop_line} in <module>(): "
+        f"what the script does after that did not run (lines {if_line}-{barrier_line} of <module>() "
+        "in tests/scripts/final_barrier.py)"
+    )  # the print before and destroy_process_group() after wait for nothing: left out
+
+    # one epoch: the loop ends within the budget, and what follows it is checked
+    proc, report = preflight("--nproc-per-node=2", str(script), env={**env, "EPOCHS": "1"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"]) == (
+        "rank-conditional-collective",
+        f"tests/scripts/final_barrier.py:{barrier_line}",
+    )
+    assert "not_run" not in report["summary"]
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]

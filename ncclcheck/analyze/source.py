@@ -360,6 +360,62 @@ def conditional_exits(path: str, scope: ast.AST, before_line: int | None = None)
     return found
 
 
+# Statements after the stop that cannot hang or wait: leaving them out of "did not run"
+_HARMLESS_CALLS = frozenset({"destroy_process_group", "print", "cleanup", "info", "debug", "warning"})
+
+
+def statements_after(path: str, line: int) -> tuple[list[ast.stmt], bool]:
+    """The statements of ``line``'s function that come after it, for a run stopped there,
+    and whether a loop of that function was running (True: what a deeper frame does
+    after its own line may have run in an earlier pass, and is not said).
+
+    After the outermost loop around ``line`` if there is one (the statements after it
+    in its body ran in the earlier passes), else after the statement holding ``line``;
+    then after each statement that holds that one, up to the function. Siblings only: a
+    ``finally`` runs as the stop unwinds. Prints, returns and destroy_process_group()
+    are left out: they wait for nothing."""
+    chain = enclosing_chain(path, line)
+    scope = next(
+        (
+            i
+            for i in range(len(chain) - 1, -1, -1)
+            if isinstance(chain[i], (ast.FunctionDef, ast.AsyncFunctionDef))
+        ),
+        -1,
+    )
+    inside = chain[scope + 1 :]
+    loops = [i for i, node in enumerate(inside) if isinstance(node, (ast.For, ast.While, ast.AsyncFor))]
+    anchor = loops[0] if loops else len(inside) - 1
+    after: list[ast.stmt] = []
+    for depth in range(anchor, -1, -1):
+        node = inside[depth]
+        parent = inside[depth - 1] if depth > 0 else (chain[scope] if scope >= 0 else None)
+        for block in _blocks(parent, path):
+            if any(child is node for child in block):
+                after += block[[id(child) for child in block].index(id(node)) + 1 :]
+    return [stmt for stmt in after if not _harmless(stmt)], bool(loops)
+
+
+def _blocks(parent: ast.AST | None, path: str) -> list[list[ast.stmt]]:
+    if parent is None:
+        tree = parse(path)
+        return [list(tree.body)] if tree is not None else []
+    blocks = [
+        getattr(parent, name) for name in ("body", "orelse") if isinstance(getattr(parent, name, None), list)
+    ]
+    if isinstance(parent, ast.Try):
+        blocks += [handler.body for handler in parent.handlers]
+    return [list(block) for block in blocks]
+
+
+def _harmless(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, (ast.Return, ast.Pass)):
+        return stmt.value is None if isinstance(stmt, ast.Return) else True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
+        return _callee(stmt.value).rpartition(".")[2] in _HARMLESS_CALLS
+    return False
+
+
 def enclosing_loops(path: str, line: int) -> list[ast.stmt]:
     """The for/while loops around ``line`` within its function, innermost first."""
     loops: list[ast.stmt] = []

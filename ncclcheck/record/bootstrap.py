@@ -278,8 +278,13 @@ def main() -> None:
         else:
             runpy.run_path(script, run_name="__main__")
         recorder.exit("returned", 0)
-    except DryRunComplete:
-        recorder.exit("dry-run-complete", 0)
+    except DryRunComplete as complete:
+        stopped_in = [
+            [summary.filename, summary.lineno or 0, summary.name]
+            for summary in traceback.extract_tb(complete.__traceback__)
+            if frames.is_user_file(summary.filename)
+        ]
+        recorder.exit("dry-run-complete", 0, stack=stopped_in)
         recorder.close()
         # Skip atexit hooks and destructors: they may issue collectives of their own.
         sys.stdout.flush()

@@ -20,7 +20,7 @@ Trace lines (``"t"`` is the kind):
 - ``pass``: a DataLoader pass started or ended (name, role, len, sampler, batches)
 - ``batch``: a batch was drawn (loader name, pass, index): progress and position
 - ``phase``: the phase changed (train/eval)
-- ``exit``: how the user's script ended
+- ``exit``: how the user's script ended (where the budget stopped it: ``stack``)
 - ``rooted_read``: a read of a tensor dist.reduce gave to another rank (rooted.py)
 - ``cpu``, ``perturb``, ``framework``: what --cpu, --perturb or a framework adapter
   changed, and where (note_site)
@@ -305,7 +305,14 @@ class Recorder:
         self._noted.add(key)
         return True
 
-    def exit(self, how: str, code: int, error: str | None = None, site: list[Any] | None = None) -> None:
+    def exit(
+        self,
+        how: str,
+        code: int,
+        error: str | None = None,
+        site: list[Any] | None = None,
+        stack: list[list[Any]] | None = None,
+    ) -> None:
         record: dict[str, Any] = {
             "t": "exit",
             "how": how,
@@ -318,6 +325,8 @@ class Recorder:
             record["error"] = error
         if site:
             record["site"] = site  # the user's line the exception left from
+        if stack:
+            record["stack"] = stack  # the user's frames where the dry run stopped, outermost first
         if self.stop_reason:
             record["stop"] = self.stop_reason
         self.write(record)

@@ -158,7 +158,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
             out.print(f"\n[bold]{title}[/]")
             for line in noted:
                 out.print(f"  {escape(str(line))}")
-    for key in ("stopped", "note", "partial", "interrupted"):
+    for key in ("stopped", "not_run", "note", "partial", "interrupted"):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")
 
