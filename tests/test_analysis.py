@@ -74,6 +74,24 @@ def test_a_join_stand_in_pairs_with_ddps_calls_but_not_with_the_users_own() -> N
     assert compare({0: users_own, 1: stand_in}) is Mismatch.SITE
 
 
+def test_barriers_at_other_lines_meet_when_the_histories_agree_again_after_them() -> None:
+    # torch_distributed_zero_first: the others wait at line 18 while rank 0 works, then
+    # rank 0 releases them from line 23; twice in a row, then training together
+    zero_first = {
+        0: [call(0, 0, op="barrier", line=23), call(0, 1, op="barrier", line=23), call(0, 2, line=40)],
+        1: [call(1, 0, op="barrier", line=18), call(1, 1, op="barrier", line=18), call(1, 2, line=40)],
+    }
+    assert divergences(zero_first) == []
+    # a barrier rank 0 alone makes (line 23) pairs with the next barrier of rank 1 (line
+    # 50), and the histories part after it: the first barrier is the divergence
+    rank0_only = {
+        0: [call(0, 0, op="barrier", line=23), call(0, 1, op="barrier", line=50), call(0, 2, line=40)],
+        1: [call(1, 0, op="barrier", line=50), call(1, 1, line=40)],
+    }
+    (found,) = divergences(rank0_only)
+    assert (found.seq, found.kind) == (0, Mismatch.SITE)
+
+
 def test_first_divergence_is_found_by_site_even_when_ops_and_shapes_pair() -> None:
     # rank 1 skips the in-loop all_reduce once; its post-loop all_reduce (same op,
     # same shape) would pair silently with rank 0's last in-loop one.

@@ -479,6 +479,15 @@ def test_code_after_the_point_where_the_budget_stopped_is_said_not_checked(tmp_p
     assert "not_run" not in report["summary"]
 
 
+def test_the_first_process_working_while_the_others_wait_in_another_barrier_is_aligned(
+    tmp_path: Path,
+) -> None:
+    script = SCRIPTS / "zero_first.py"
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"CACHE_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -19,6 +19,7 @@ from enum import Enum
 from ncclcheck.model import CollectiveCall
 
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+BARRIERS = frozenset({"barrier", "monitored_barrier"})
 
 
 class Mismatch(str, Enum):
@@ -173,6 +174,32 @@ class StreamAligner:
             self._compare(group, known, final=True)
         return self.found()
 
+    def _barriers_meet(
+        self, members: list[int], queues: list[deque[CollectiveCall]], final: bool
+    ) -> bool | None:
+        """Whether barriers at different lines meet by design: a barrier carries nothing,
+        so it pairs with any other, and "rank 0 works while the others wait in one barrier,
+        then releases them with another" (torch_distributed_zero_first, the transformers
+        examples' download guard) is correct when the histories agree again after it.
+        Read past further barriers; None while a member's next calls are still to come."""
+        ahead = 0
+        while True:
+            upcoming: dict[int, CollectiveCall | None] = {}
+            for rank, queue in zip(members, queues, strict=True):
+                if ahead < len(queue):
+                    upcoming[rank] = queue[ahead]
+                elif final or rank in self._done:
+                    upcoming[rank] = None
+                else:
+                    return None
+            made = [c for c in upcoming.values() if c is not None]
+            if not made:
+                return True  # every history ends here
+            if len(made) == len(upcoming) and all(c.op in BARRIERS for c in made):
+                ahead += 1
+                continue
+            return compare(upcoming) is None
+
     def _compare(self, group: str, known: set[int], final: bool) -> None:
         pending = self._pending[group]
         members = [r for r in (self._members[group] or sorted(pending)) if r in known]
@@ -185,6 +212,14 @@ class StreamAligner:
             }
             seq = self._seq.get(group, 0)
             kind = compare(calls)
+            if kind is Mismatch.SITE and all(c is not None and c.op in BARRIERS for c in calls.values()):
+                meet = self._barriers_meet(members, queues, final)
+                if meet is None:  # the calls that tell are still to come: put these back
+                    for rank, queue in zip(members, queues, strict=True):
+                        queue.appendleft(calls[rank])  # type: ignore[arg-type]
+                    return
+                if meet:
+                    kind = None
             if kind is not None:
                 found = self._found[group] = Divergence(group, seq, kind, members, calls)
                 del self._pending[group]

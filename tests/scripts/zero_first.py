@@ -1,0 +1,53 @@
+"""The first process prepares the data while the others wait, as YOLOv5's
+torch_distributed_zero_first and the transformers examples do: the others' barrier
+before the work pairs with rank 0's barrier after it. Correct, so aligned; used twice
+(dataset, then tokenizer-like cache), then training together."""
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+CACHE = os.environ.get("CACHE_DIR", tempfile.gettempdir())
+
+
+@contextmanager
+def torch_distributed_zero_first(local_rank: int) -> Iterator[None]:
+    if local_rank not in (-1, 0):
+        dist.barrier()
+    yield
+    if local_rank == 0:
+        dist.barrier()
+
+
+def cached(name: str, make: int, local_rank: int) -> torch.Tensor:
+    path = os.path.join(CACHE, f"ncclcheck-zero-first-{name}.pt")
+    with torch_distributed_zero_first(local_rank):
+        if local_rank == 0:
+            torch.save(torch.randn(make, 4, generator=torch.Generator().manual_seed(0)), path)
+        return torch.load(path)
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    local_rank = int(os.environ["LOCAL_RANK"])
+    features = cached("features", 64, local_rank)
+    targets = cached("targets", 64, local_rank)[:, 0]
+    data = TensorDataset(features, targets)
+    model = DDP(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(data, batch_size=8, sampler=DistributedSampler(data)):
+        (model(x).squeeze(1) - y).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
