@@ -92,6 +92,19 @@ def test_barriers_at_other_lines_meet_when_the_histories_agree_again_after_them(
     assert (found.seq, found.kind) == (0, Mismatch.SITE)
 
 
+def test_a_root_and_the_others_may_broadcast_from_their_own_lines_but_not_all_reduce() -> None:
+    def history(rank: int, op: str, line: int) -> list[CollectiveCall]:
+        return [call(rank, 0, op=op, line=line), call(rank, 1, line=40)]
+
+    assert divergences({0: history(0, "broadcast", 14), 1: history(1, "broadcast", 19)}) == []
+    # an all_reduce of one value on rank 0 and another on rank 1 mixes the two
+    (found,) = divergences({0: history(0, "all_reduce", 14), 1: history(1, "all_reduce", 19)})
+    assert found.kind is Mismatch.SITE
+    # a broadcast of another shape is no pairing by design
+    other_shape = {0: history(0, "broadcast", 14), 1: [call(1, 0, op="broadcast", line=19, shape=3)]}
+    assert divergences(other_shape)[0].seq == 0
+
+
 def test_first_divergence_is_found_by_site_even_when_ops_and_shapes_pair() -> None:
     # rank 1 skips the in-loop all_reduce once; its post-loop all_reduce (same op,
     # same shape) would pair silently with rank 0's last in-loop one.

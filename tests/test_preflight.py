@@ -479,7 +479,7 @@ def test_code_after_the_point_where_the_budget_stopped_is_said_not_checked(tmp_p
     assert "not_run" not in report["summary"]
 
 
-def test_the_first_process_working_while_the_others_wait_in_another_barrier_is_aligned(
+def test_collectives_each_rank_calls_from_its_own_branch_by_design_are_aligned(
     tmp_path: Path,
 ) -> None:
     script = SCRIPTS / "zero_first.py"

@@ -19,7 +19,23 @@ from enum import Enum
 from ncclcheck.model import CollectiveCall
 
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
-BARRIERS = frozenset({"barrier", "monitored_barrier"})
+# Collectives a rank may well call from its own branch, the root from one line and the
+# others from another: barriers carry nothing, and a root sends (or receives) what the
+# others receive (or send). Symmetric ones (all_reduce) from two lines mix two values.
+BRANCH_PAIRED = frozenset(
+    {
+        "barrier",
+        "monitored_barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "scatter",
+        "scatter_object_list",
+        "gather",
+        "gather_object",
+        "reduce",
+    }
+)
+_LOOK_AHEAD = 64  # calls read past a pairing across lines for the histories to agree again
 
 
 class Mismatch(str, Enum):
@@ -119,6 +135,17 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
     return None
 
 
+def _pair_across_lines(calls: dict[int, CollectiveCall | None]) -> bool:
+    """Calls that differ by line alone, of an op a rank may call from its own branch."""
+    made = [c for c in calls.values() if c is not None]
+    if len(made) < len(calls) or made[0].op not in BRANCH_PAIRED:
+        return False
+    steps = {_step(c) for c in made}
+    return len({(c.op, c.signature[1:], _request(c)) for c in made}) == 1 and (
+        len(steps) == 1 or None in steps
+    )
+
+
 def divergences(histories: Mapping[int, Sequence[CollectiveCall]]) -> list[Divergence]:
     """The first divergence of every process group, earliest first: StreamAligner fed
     every call at once, so whole histories and streamed ones are aligned alike."""
@@ -174,16 +201,17 @@ class StreamAligner:
             self._compare(group, known, final=True)
         return self.found()
 
-    def _barriers_meet(
+    def _branches_meet(
         self, members: list[int], queues: list[deque[CollectiveCall]], final: bool
     ) -> bool | None:
-        """Whether barriers at different lines meet by design: a barrier carries nothing,
-        so it pairs with any other, and "rank 0 works while the others wait in one barrier,
-        then releases them with another" (torch_distributed_zero_first, the transformers
-        examples' download guard) is correct when the histories agree again after it.
-        Read past further barriers; None while a member's next calls are still to come."""
-        ahead = 0
-        while True:
+        """Whether calls of one rooted op (or barriers) from different lines meet by design:
+        rank 0 broadcasts its config from the ``if`` branch, the others receive it from the
+        ``else``; rank 0 prepares the data while the others wait in one barrier, then
+        releases them from another (torch_distributed_zero_first). They pair whatever the
+        line; it is by design when the histories agree again after them (a skipped call
+        leaves the ranks one call apart for good). None while the calls that tell are
+        still to come."""
+        for ahead in range(_LOOK_AHEAD):
             upcoming: dict[int, CollectiveCall | None] = {}
             for rank, queue in zip(members, queues, strict=True):
                 if ahead < len(queue):
@@ -192,13 +220,14 @@ class StreamAligner:
                     upcoming[rank] = None
                 else:
                     return None
-            made = [c for c in upcoming.values() if c is not None]
-            if not made:
+            if all(c is None for c in upcoming.values()):
                 return True  # every history ends here
-            if len(made) == len(upcoming) and all(c.op in BARRIERS for c in made):
-                ahead += 1
-                continue
-            return compare(upcoming) is None
+            kind = compare(upcoming)
+            if kind is None:
+                return True
+            if not (kind is Mismatch.SITE and _pair_across_lines(upcoming)):
+                return False
+        return False
 
     def _compare(self, group: str, known: set[int], final: bool) -> None:
         pending = self._pending[group]
@@ -212,8 +241,8 @@ class StreamAligner:
             }
             seq = self._seq.get(group, 0)
             kind = compare(calls)
-            if kind is Mismatch.SITE and all(c is not None and c.op in BARRIERS for c in calls.values()):
-                meet = self._barriers_meet(members, queues, final)
+            if kind is Mismatch.SITE and _pair_across_lines(calls):
+                meet = self._branches_meet(members, queues, final)
                 if meet is None:  # the calls that tell are still to come: put these back
                     for rank, queue in zip(members, queues, strict=True):
                         queue.appendleft(calls[rank])  # type: ignore[arg-type]

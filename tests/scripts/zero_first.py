@@ -1,7 +1,12 @@
-"""The first process prepares the data while the others wait, as YOLOv5's
-torch_distributed_zero_first and the transformers examples do: the others' barrier
-before the work pairs with rank 0's barrier after it. Correct, so aligned; used twice
-(dataset, then tokenizer-like cache), then training together."""
+"""Ranks that call the same collective from their own branch, by design:
+
+- the first process prepares the data while the others wait, as YOLOv5's
+  torch_distributed_zero_first and the transformers examples do: the others' barrier
+  before the work pairs with rank 0's barrier after it (used twice);
+- rank 0 broadcasts the seed it chose from the `if`, the others receive it from the
+  `else`.
+
+Correct, so aligned; then training together."""
 
 import os
 import tempfile
@@ -39,6 +44,13 @@ def main() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])
     features = cached("features", 64, local_rank)
     targets = cached("targets", 64, local_rank)[:, 0]
+    if dist.get_rank() == 0:
+        seed = torch.tensor([1234])
+        dist.broadcast(seed, src=0)
+    else:
+        seed = torch.zeros(1, dtype=torch.int64)
+        dist.broadcast(seed, src=0)
+    torch.manual_seed(int(seed))
     data = TensorDataset(features, targets)
     model = DDP(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
