@@ -90,6 +90,25 @@ def test_barriers_at_other_lines_meet_when_the_histories_agree_again_after_them(
     }
     (found,) = divergences(rank0_only)
     assert (found.seq, found.kind) == (0, Mismatch.SITE)
+    # library barriers at one line of the user's (a Lightning fit) agree by line alone:
+    # the issuer tells rank 0's extra barrier apart, and it is still the divergence
+    from dataclasses import replace
+
+    def barrier(rank: int, seq: int, line: int, issuer: str) -> CollectiveCall:
+        return replace(call(rank, seq, op="barrier", line=line), issuer=issuer)
+
+    strategy, sync = "lightning:DDPStrategy.barrier", "lightning:_sync_ddp"
+    extra_barrier = {
+        0: [
+            barrier(0, 0, 23, strategy),
+            barrier(0, 1, 59, strategy),
+            barrier(0, 2, 59, sync),
+            call(0, 3, line=59),
+        ],
+        1: [barrier(1, 0, 59, strategy), barrier(1, 1, 59, sync), call(1, 2, line=59), call(1, 3, line=59)],
+    }
+    (found,) = divergences(extra_barrier)
+    assert (found.seq, found.kind) == (0, Mismatch.SITE)
 
 
 def test_a_root_and_the_others_may_broadcast_from_their_own_lines_but_not_all_reduce() -> None:

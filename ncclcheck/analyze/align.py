@@ -36,6 +36,7 @@ BRANCH_PAIRED = frozenset(
     }
 )
 _LOOK_AHEAD = 64  # calls read past a pairing across lines for the histories to agree again
+_AGREE = 3  # calls in a row that must agree after it
 
 
 class Mismatch(str, Enum):
@@ -209,8 +210,11 @@ class StreamAligner:
         ``else``; rank 0 prepares the data while the others wait in one barrier, then
         releases them from another (torch_distributed_zero_first). They pair whatever the
         line; it is by design when the histories agree again after them (a skipped call
-        leaves the ranks one call apart for good). None while the calls that tell are
-        still to come."""
+        leaves the ranks one call apart for good): _AGREE calls in a row with the same
+        line and the same issuer (library barriers at one line of the user's, as in a
+        Lightning fit, agree by line alone). None while the calls that tell are still
+        to come."""
+        agreed = 0
         for ahead in range(_LOOK_AHEAD):
             upcoming: dict[int, CollectiveCall | None] = {}
             for rank, queue in zip(members, queues, strict=True):
@@ -223,9 +227,11 @@ class StreamAligner:
             if all(c is None for c in upcoming.values()):
                 return True  # every history ends here
             kind = compare(upcoming)
-            if kind is None:
-                return True
-            if not (kind is Mismatch.SITE and _pair_across_lines(upcoming)):
+            if kind is None and len({c.issuer for c in upcoming.values() if c is not None}) == 1:
+                agreed += 1
+                if agreed == _AGREE:
+                    return True
+            elif kind not in (None, Mismatch.SITE) or not _pair_across_lines(upcoming):
                 return False
         return False
 
