@@ -375,14 +375,8 @@ def statements_after(path: str, line: int) -> tuple[list[ast.stmt], bool]:
     ``finally`` runs as the stop unwinds. Prints, returns and destroy_process_group()
     are left out: they wait for nothing."""
     chain = enclosing_chain(path, line)
-    scope = next(
-        (
-            i
-            for i in range(len(chain) - 1, -1, -1)
-            if isinstance(chain[i], (ast.FunctionDef, ast.AsyncFunctionDef))
-        ),
-        -1,
-    )
+    functions = [i for i, n in enumerate(chain) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    scope = functions[-1] if functions else -1  # the innermost function; -1: module level
     inside = chain[scope + 1 :]
     loops = [i for i, node in enumerate(inside) if isinstance(node, (ast.For, ast.While, ast.AsyncFor))]
     anchor = loops[0] if loops else len(inside) - 1
@@ -391,8 +385,9 @@ def statements_after(path: str, line: int) -> tuple[list[ast.stmt], bool]:
         node = inside[depth]
         parent = inside[depth - 1] if depth > 0 else (chain[scope] if scope >= 0 else None)
         for block in _blocks(parent, path):
-            if any(child is node for child in block):
-                after += block[[id(child) for child in block].index(id(node)) + 1 :]
+            for index, child in enumerate(block):
+                if child is node:
+                    after += block[index + 1 :]
     return [stmt for stmt in after if not _harmless(stmt)], bool(loops)
 
 

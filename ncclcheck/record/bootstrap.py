@@ -279,12 +279,7 @@ def main() -> None:
             runpy.run_path(script, run_name="__main__")
         recorder.exit("returned", 0)
     except DryRunComplete as complete:
-        stopped_in = [
-            [summary.filename, summary.lineno or 0, summary.name]
-            for summary in traceback.extract_tb(complete.__traceback__)
-            if frames.is_user_file(summary.filename)
-        ]
-        recorder.exit("dry-run-complete", 0, stack=stopped_in)
+        recorder.exit("dry-run-complete", 0, stack=_user_frames_of(complete))
         recorder.close()
         # Skip atexit hooks and destructors: they may issue collectives of their own.
         sys.stdout.flush()
@@ -325,17 +320,21 @@ def find_module_file(name: str, cwd: str) -> str | None:
     return None
 
 
+def _user_frames_of(exc: BaseException) -> list[list[Any]]:
+    """The user's frames an exception passed through, as [file, line, function],
+    outermost first."""
+    return [
+        [summary.filename, summary.lineno or 0, summary.name]
+        for summary in traceback.extract_tb(exc.__traceback__)
+        if frames.is_user_file(summary.filename)
+    ]
+
+
 def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
     """The error as text (type, message, and where it left the user's code) and that
     place as [file, line, function]: the innermost user frame it passed through."""
-    site = next(
-        (
-            [summary.filename, summary.lineno or 0, summary.name]
-            for summary in reversed(traceback.extract_tb(exc.__traceback__))
-            if frames.is_user_file(summary.filename)
-        ),
-        None,
-    )
+    user = _user_frames_of(exc)
+    site = user[-1] if user else None
     where = f" at {site[0]}:{site[1]} in {site[2]}" if site else ""
     return f"{type(exc).__name__}: {exc}{where}", site
 
