@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml hatch_build.py ncclcheck/record/_fastcall.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch first, pinned, so the package's torch>=2.4 is already satisfied.
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'

@@ -52,10 +52,16 @@ def main() -> None:
         plain(value)
     result: dict[str, float] = {}
     if mode == "interleaved":
-        from ncclcheck.record.recorder import Recorder
+        from ncclcheck.record.recorder import ENV_PURE_PYTHON, Recorder
 
+        # What preflight installs: the C fast path where it was built (record/_fastcall.c).
         recorder = Recorder(tempfile.mkdtemp(prefix="ncclcheck-bench-"), dist.get_rank(), 5, 1, 10)
         recorded = recorder.wrap_collective("all_reduce", plain)
+        result["fast_path"] = float(type(recorded).__name__ == "FastCall")
+        # The same recorder in Python alone, as where no C compiler was found.
+        os.environ[ENV_PURE_PYTHON] = "1"
+        python_recorder = Recorder(tempfile.mkdtemp(prefix="ncclcheck-bench-"), dist.get_rank(), 5, 1, 10)
+        python_recorded = python_recorder.wrap_collective("all_reduce", plain)
 
         # Short blocks in ABBA order, compared pair by pair: the latency of gloo on a
         # shared VM jumps between regimes (300 us, then 3 ms) within seconds, so only
@@ -90,6 +96,7 @@ def main() -> None:
 
         variants = {
             "recorder": recorded,
+            "python": python_recorded,
             "spin10": spin_then_plain,
             "wrapper": wrapper_only,
             "write": write_then_plain,
@@ -107,8 +114,9 @@ def main() -> None:
                 if name == "recorder":
                     samples["plain"].append(timed[plain])
                     samples["recorder"].append(timed[recorded])
-        result = {name: statistics.median(values) for name, values in samples.items()}
+        result.update({name: statistics.median(values) for name, values in samples.items()})
         result["paired_ratio"] = statistics.median(ratios["recorder"])
+        result["python_ratio"] = statistics.median(ratios["python"])
         result["spin10_ratio"] = statistics.median(ratios["spin10"])
         result["wrapper_ratio"] = statistics.median(ratios["wrapper"])
         result["write_ratio"] = statistics.median(ratios["write"])
@@ -120,10 +128,13 @@ def main() -> None:
 
         noop = recorder.wrap_collective("all_reduce", returns_at_once)
         result["cpu_us"] = min(time_block(noop, value, 2000) for _ in range(5))
+        python_noop = python_recorder.wrap_collective("all_reduce", returns_at_once)
+        result["python_cpu_us"] = min(time_block(python_noop, value, 2000) for _ in range(5))
 
-        # The same work timed from inside, in the loop and alone: between two gloo
-        # calls it runs beside the other rank on 2 vCPUs, with the caches the wait
-        # left behind, and costs several times what it costs alone.
+        # The Python recorder's work timed from inside, in the loop and alone: between
+        # two gloo calls it runs beside the other rank on 2 vCPUs, with the caches the
+        # wait left behind, and costs several times what it costs alone.
+        recorder = python_recorder
         record_call, spent = recorder.record_call, []
         clock = time.perf_counter_ns
 

@@ -51,6 +51,9 @@ def recorder_overhead(repeats: int, iterations: int, backend: str, ranks: int) -
         "plain": [],
         "recorder": [],
         "paired_ratio": [],
+        "python_ratio": [],
+        "python_cpu_us": [],
+        "fast_path": [],
         "spin10_ratio": [],
         "wrapper_ratio": [],
         "write_ratio": [],
@@ -67,6 +70,9 @@ def recorder_overhead(repeats: int, iterations: int, backend: str, ranks: int) -
             "plain",
             "recorder",
             "paired_ratio",
+            "python_ratio",
+            "python_cpu_us",
+            "fast_path",
             "spin10_ratio",
             "wrapper_ratio",
             "write_ratio",
@@ -109,9 +115,15 @@ def main() -> None:
     )
     print(f"  {'mode':<34}{'us/call':>9}{'vs plain':>10}")
     print(f"  {'plain torch.distributed':<34}{median['plain']:>9.1f}{1:>9.2f}x")
+    fast = "C fast path" if min(samples["fast_path"]) == 1 else "NOT BUILT: Python"
     print(
-        f"  {'ncclcheck recorder':<34}{median['recorder']:>9.1f}"
+        f"  {'ncclcheck recorder (' + fast + ')':<34}{median['recorder']:>9.1f}"
         f"{statistics.median(ratios):>9.2f}x   (per run: " + ", ".join(f"{r:.2f}" for r in ratios) + ")"
+    )
+    python_ratios = samples["python_ratio"]
+    print(
+        f"  {'the same recorder in Python alone':<34}{'':>9}{statistics.median(python_ratios):>9.2f}x"
+        "   (per run: " + ", ".join(f"{r:.2f}" for r in python_ratios) + ")"
     )
     print(
         f"  {'10 us busy-wait, then plain':<34}{'':>9}{median['spin10_ratio']:>9.2f}x"
@@ -127,10 +139,11 @@ def main() -> None:
     )
     print(
         f"  {'recorder work alone (no network)':<34}{median['cpu_us']:>9.1f}"
-        f"{median['cpu_us'] / median['plain']:>9.2f}x   (around a collective that returns at once)"
+        f"{median['cpu_us'] / median['plain']:>9.2f}x   (around a collective that returns at once; "
+        f"Python alone: {median['python_cpu_us']:.1f} us)"
     )
     print(
-        f"  {'recorder work, timed inside:':<34}{median['work_in_loop_us']:>9.1f}"
+        f"  {'Python recorder work, timed inside:':<34}{median['work_in_loop_us']:>9.1f}"
         f"{median['work_in_loop_us'] / median['plain']:>9.2f}x   (median per call in the loop; "
         f"{median['work_alone_us']:.1f} us alone)"
     )

@@ -36,6 +36,7 @@ from ncclcheck.record.recorder import (
     ENV_TRACE_DIR,
     ENV_TRAIN_STEPS,
 )
+from ncclcheck.record.tracefile import data_end, seal
 from ncclcheck.stacks import ProcessStack, dump_stacks
 from ncclcheck.traces import TRACE_GLOB, load_traces
 
@@ -133,13 +134,20 @@ def private_trace_dir(parent: str | None = None) -> Path:
 
 
 def _trace_size(trace_dir: Path) -> tuple[int, int]:
+    """(trace files, bytes of records in them): the records grow while a rank makes progress."""
     files = sizes = 0
     for path in trace_dir.glob(TRACE_GLOB):
         try:
-            sizes += path.stat().st_size
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            sizes += data_end(fd)  # not the file's size: it is grown ahead of the data
             files += 1
         except OSError:
             pass
+        finally:
+            os.close(fd)
     return files, sizes
 
 
@@ -166,10 +174,9 @@ def _tail_records(path: Path, size: int = 4096) -> list[dict[str, object]]:
 
     try:
         with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            end = handle.tell()
+            end = data_end(handle.fileno())
             handle.seek(max(0, end - size))
-            lines = handle.read().splitlines()
+            lines = handle.read(end - handle.tell()).splitlines()
     except OSError:
         return []
     records = []
@@ -303,6 +310,8 @@ def run_dry(
         # torchrun's ranks may outlive it (own sessions): reap them by the pids they wrote.
         for pid in _rank_pids(trace_dir).values():
             kill_tree(pid)
+        for path in trace_dir.glob(TRACE_GLOB):
+            seal(str(path))  # a rank killed or aborted left its file grown past its records
         if on_main_thread:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)

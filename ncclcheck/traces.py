@@ -340,7 +340,15 @@ def _read_trace(
     history: list[CollectiveCall] | CallWindow = []
     open_passes: dict[int, LoaderPass] = {}
     content = False
-    for number, line in enumerate(lines, 1):
+    for number, text in enumerate(lines, 1):
+        line = text
+        cut = line.find("\0")
+        if cut >= 0 and not line[cut:].strip("\0"):
+            # the zero bytes past the records of a file its rank still writes (or was
+            # killed while writing): the end of the data
+            line = line[:cut]
+            if not line:
+                break
         if not line.strip():
             continue
         content = True

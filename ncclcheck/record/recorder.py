@@ -42,6 +42,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ncclcheck.record.frames import framework_name, is_user_code, is_user_file, user_frames
+from ncclcheck.record.tracefile import TraceFile
+
+try:  # the hot path in C, built at install where a C compiler is found (hatch_build.py)
+    from ncclcheck.record import _fastcall  # type: ignore[attr-defined]
+except ImportError:
+    _fastcall = None
 
 # Every public collective and p2p operation of torch.distributed that a user or
 # a library calls through the module. Object collectives call tensor
@@ -77,6 +83,8 @@ ENV_TRAIN_STEPS = "NCCLCHECK_TRAIN_STEPS"
 ENV_EVAL_PASSES = "NCCLCHECK_EVAL_PASSES"
 ENV_MAX_TRAIN_PASSES = "NCCLCHECK_MAX_TRAIN_PASSES"
 ENV_DRY_RUN = "NCCLCHECK_DRY_RUN"
+# "1": record in Python only, without the C fast path (to compare the two, or to rule it out)
+ENV_PURE_PYTHON = "NCCLCHECK_PURE_PYTHON"
 
 _EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
 
@@ -98,6 +106,15 @@ class OwnLauncher(BaseException):
     """Raised where the script starts ranks of its own (torch.multiprocessing.spawn):
     those processes would run without the recorder, so the dry run stops there.
     A BaseException, so that a script's ``except Exception`` does not swallow it."""
+
+
+class _Gone:
+    """Stands for no module: the one reference to an instance of it dies at once."""
+
+
+# No module has told the phase yet: a weak reference that is already dead reads as
+# None, as a live one reads as its module (the C fast path reads both without a call).
+_NO_MODULE: Callable[[], Any] = weakref.ref(_Gone())
 
 
 class _Depth(threading.local):
@@ -209,9 +226,9 @@ class Recorder:
     ) -> None:
         os.makedirs(trace_dir, mode=0o700, exist_ok=True)
         path = os.path.join(trace_dir, f"rank-{rank:05d}.jsonl")
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
-        self._lock = threading.Lock()
-        self._depth = _Depth()
+        self._trace = TraceFile(path)
+        self._lock = self._trace.lock  # held for a call's number, seq and line together
+        self._depth = _Depth() if _fastcall is None else _fastcall.Depth()
         self.rank = rank
         self.train_steps = train_steps
         self.eval_passes = eval_passes
@@ -222,7 +239,7 @@ class Recorder:
         # The module whose train()/eval() the user (or framework) called last: its
         # ``training`` flag is read, not remembered, as Lightning restores the mode
         # after validation by setting ``training`` on each submodule directly.
-        self._mode_module: Callable[[], Any] = lambda: None
+        self._mode_module: Callable[[], Any] = _NO_MODULE
         self._phase = "train"
         self._loader_names: dict[int, str] = {}
         self._position: dict[str, Any] | None = None  # the loader batch being processed
@@ -233,6 +250,9 @@ class Recorder:
         # per distinct call: its encoded fields and its group's seq counter
         self._static: dict[tuple[Any, ...], tuple[bytes, Iterator[int]]] = {}
         self._pinned_codes: set[Any] = set()  # keeps the code ids in _static's keys unique
+        # The C fast path's own cache of the same statics, by a hash of what _static's
+        # keys hold (record/_fastcall.c); cleared with _static.
+        self.fast_static: dict[int, tuple[bytes, Iterator[int]]] = {}
         self._noted: set[tuple[Any, ...]] = set()  # see note_site and first_time
         # Tensors dist.reduce left without its result on this rank, by id (record/rooted.py).
         self.rooted: dict[int, Any] = {}
@@ -261,14 +281,10 @@ class Recorder:
 
     def write(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        with self._lock:
-            os.write(self._fd, line)
+        self._trace.append(line)
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+        self._trace.close()
 
     def hello(self, script: str) -> None:
         env = os.environ
@@ -385,12 +401,27 @@ class Recorder:
     ) -> None:
         """Write one call line before the collective runs.
 
-        The hot path of the dry run: everything that repeats from call to call
-        (the stack, the group, shapes, phase) is encoded once per distinct call
-        and cached. A call costs a walk over the stack that reads each frame's code
-        and instruction offset (not its line number: computing f_lineno scans the
-        line table and cost 3x the rest of the walk), a dict lookup and one write.
+        The hot path of the dry run (record/_fastcall.c does the same in C for the
+        common calls, and comes here for the rest): everything that repeats from
+        call to call (the stack, the group, shapes, phase) is encoded once per
+        distinct call and cached. A call costs a walk over the stack that reads each
+        frame's code and instruction offset (not its line number: computing f_lineno
+        scans the line table and cost 3x the rest of the walk), a dict lookup and one
+        store into the trace's mapping.
         """
+        self.write_call(self.static_of(op, group, tensors, async_op, source, caller, extra))
+
+    def static_of(
+        self,
+        op: str,
+        group: Any,
+        tensors: Any,
+        async_op: bool,
+        source: str,
+        caller: Any,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[bytes, Iterator[int]]:
+        """A call's encoded fields (all but n, seq, ns and pos) and its group's seq counter."""
         key: list[Any] = [op, id(group), async_op, source, self._note_phase()]
         if extra is not None:
             key.append(tuple(sorted(extra.items())))
@@ -419,11 +450,14 @@ class Recorder:
         static = self._static.get(frozen)
         if static is None:
             static = self._encode_static(frozen, op, group, tensors, async_op, source, caller, extra)
+        return static
+
+    def write_call(self, static: tuple[bytes, Iterator[int]]) -> None:
         encoded, group_seq = static
         with self._lock:
             self._calls = calls = self._calls + 1
             line = _CALL_LINE % (calls, next(group_seq), time.time_ns(), self._position_bytes, encoded)
-            os.write(self._fd, line)
+            self._trace.append_locked(line)
 
     def _encode_static(
         self,
@@ -476,6 +510,7 @@ class Recorder:
         encoded = ("," + json.dumps(fields, separators=(",", ":"))[1:-1]).encode()
         if len(self._static) > 10_000:  # a script that never repeats a call: stay bounded
             self._static.clear()
+            self.fast_static.clear()  # keyed by code ids too, which may now be reused
             self._pinned_codes.clear()
         frame = caller
         for _ in range(_KEY_FRAMES):
@@ -555,7 +590,42 @@ class Recorder:
                 depth.inside = 0
 
         recorded.__ncclcheck_wrapped__ = fn  # type: ignore[attr-defined]
-        return recorded
+        if is_p2p or group_is_first or process_group_of is not None:
+            return recorded  # what the C fast path does not read: peers, another group argument
+        return self._fast_call(fn, recorded, op, source, group_index, async_index) or recorded
+
+    def _fast_call(
+        self,
+        fn: Callable[..., Any],
+        slow: Callable[..., Any],
+        op: str,
+        source: str,
+        group_index: int | None,
+        async_index: int | None,
+    ) -> Callable[..., Any] | None:
+        """The same wrapper in C (record/_fastcall.c), which hands ``slow`` every call it
+        does not take; None where the extension was not built or is turned off."""
+        if _fastcall is None or os.environ.get(ENV_PURE_PYTHON) == "1":
+            return None
+        fast = _fastcall.FastCall(
+            fn=fn,
+            slow=slow,
+            recorder=self,
+            op=op,
+            source=source,
+            depth=self._depth,
+            rooted=self.rooted,
+            lock=self._lock,
+            trace=self._trace,
+            cache=self.fast_static,
+            tensor_type=self._tensor_type,
+            grad_enabled=self._grad_enabled,
+            group_index=-1 if group_index is None else group_index,
+            async_index=-1 if async_index is None else async_index,
+        )
+        functools.update_wrapper(fast, fn)
+        fast.__ncclcheck_wrapped__ = fn
+        return fast  # type: ignore[no-any-return]
 
     def wrap_new_group(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``dist.new_group`` recording each call before it runs, in a sequence of its own.
