@@ -197,11 +197,13 @@ def _progress_facts(trace_dir: Path) -> tuple[int, str]:
     """(most collectives issued by a rank, the lowest rank's phase) from the trace tails."""
     most, phase = 0, ""
     for path in sorted(trace_dir.glob(TRACE_GLOB)):
-        for record in reversed(_tail_records(path)):
-            if record.get("t") == "call":
-                most = max(most, int(record.get("n", 0)))  # type: ignore[call-overload]
-                phase = phase or str(record.get("phase", ""))
-                break
+        records = _tail_records(path)
+        calls = [int(r.get("n", 0)) for r in records if r.get("t") == "call"]  # type: ignore[call-overload]
+        if calls:
+            most = max(most, calls[-1])
+            # the phase a rank is in: its last batch, phase or site line says it
+            told = [str(r["phase"]) for r in records if "phase" in r and r.get("t") != "exit"]
+            phase = phase or (told[-1] if told else "")
     return most, phase
 
 

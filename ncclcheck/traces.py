@@ -180,7 +180,11 @@ def _deferred(record: dict[str, Any] | None) -> Deferred | None:
     return Deferred(str(record.get("by", "a framework")), str(record.get("for", "?")), frame)
 
 
-_STATIC_START = ',"op":'  # the recorder writes n, seq, ns and pos first, then the static fields
+# A call line: n, seq, ns and pos, then the id of its site line (",\"site\":3"), whose
+# fields (op, group, shapes, stack...) it shares with every call of that site; traces
+# of earlier versions carried those fields in each call line, from ",\"op\":" on.
+_SITE_REF = ',"site":'
+_STATIC_START = ',"op":'
 
 
 class CallWindow(Sequence[CollectiveCall]):
@@ -270,17 +274,26 @@ class _CallReader:
         self.rank = rank
         self._templates: dict[str, CollectiveCall] = {}
         self._positions: dict[str, dict[str, Any]] = {}
+        self._sites: dict[int, CollectiveCall] = {}  # site id -> its template
+
+    def add_site(self, record: dict[str, Any]) -> None:
+        """A site line: the fields every call naming its id shares."""
+        self._sites[int(record["id"])] = _call(self.rank, {**record, "seq": 0, "n": 0})
 
     def read(self, line: str) -> CollectiveCall:
         start = line.find(_STATIC_START)
-        if start < 0:
-            return _call(self.rank, json.loads(line))
-        static = line[start:].rstrip()
-        template = self._templates.get(static)
-        if template is None:
-            record = json.loads("{" + static[1:])
-            record.update(seq=0, n=0)
-            template = self._templates[static] = _call(self.rank, record)
+        if start >= 0:  # a line that carries its static fields (traces of earlier versions)
+            static = line[start:].rstrip()
+            template = self._templates.get(static)
+            if template is None:
+                record = json.loads("{" + static[1:])
+                record.update(seq=0, n=0)
+                template = self._templates[static] = _call(self.rank, record)
+        else:
+            start = line.rfind(_SITE_REF)
+            if start < 0:
+                return _call(self.rank, json.loads(line))
+            template = self._sites[int(line[start + len(_SITE_REF) :].rstrip().rstrip("}"))]
         head = line[:start]
         position_at = head.find(',"pos":')
         position = None
@@ -392,6 +405,9 @@ def _read_trace(
             elif kind == "call":
                 history.append(_call(trace.rank, record))
                 trace.phase = history[-1].phase
+            elif kind == "site":
+                assert calls is not None  # made with the hello line
+                calls.add_site(record)
             elif kind == "init":
                 trace.initialised = True
                 trace.backend = record.get("backend")

@@ -20,7 +20,7 @@ from ncclcheck.record.tracefile import GROWTH
 from .conftest import PLAYBOOKS
 from .test_preflight import preflight
 
-fastcall = recorder_module._fastcall
+fastcall = recorder_module.fastcall
 
 
 def test_the_fast_path_is_built_by_the_install() -> None:
@@ -52,9 +52,15 @@ def wrapped(tmp_path: Path, name: str, pure: bool, monkeypatch: pytest.MonkeyPat
 
 
 def calls(recorder: Recorder) -> list[dict[str, Any]]:
+    """The call lines, each with the fields of the site line it names."""
     recorder.close()
-    lines = Path(recorder._trace.path).read_text().splitlines()
-    return [json.loads(line) for line in lines if line.startswith('{"t":"call"')]
+    records = [json.loads(line) for line in Path(recorder._trace.path).read_text().splitlines()]
+    sites = {record.pop("id"): record for record in records if record.pop("t") == "site"}
+    found = []
+    for record in records:
+        if "site" in record:
+            found.append({**sites[record["site"]], **record})
+    return found
 
 
 def drive(collective: Callable[..., Any], recorder: Recorder) -> None:

@@ -2,16 +2,21 @@
  * its call line into the trace's mapping before it calls the collective.
  *
  * Why C: on a small gloo all_reduce the same work in Python (Recorder.record_call)
- * added 15% to the call on a 2-vCPU machine: every Python operation there ran
+ * added 11-28% to the call on a 2-vCPU machine: every Python operation there ran
  * several times slower between two collectives than alone. This does what
- * recorder.py's wrapper does for the common calls and hands every other one to it
- * (the `slow` callable): p2p, kwargs it does not know, a framework's deferred call,
- * a tensor dist.reduce left behind (rooted.py), a call it has not seen before (the
- * encoding of its static fields stays in Python: Recorder.static_of), another
- * thread in the middle of a write, and a trace that must grow.
+ * recorder.py's wrapper does for the calls it has seen before and hands every
+ * other one to it (the `slow` callable): p2p and the other wrappers it is not made
+ * for (recorder.py decides), a framework's deferred call, a tensor dist.reduce left
+ * behind (rooted.py). A call it has not seen before gets its fields from Python
+ * (Recorder.static_of, which writes the site line); another thread in the middle
+ * of a write is waited for in Python (Recorder.write_call); a trace that must grow
+ * grows in Python (TraceFile.append_locked).
  *
- * What it writes is byte for byte what Recorder.write_call writes; it shares the
- * recorder's call counter, per-group seq counters, lock and trace file.
+ * What it writes is byte for byte what Recorder.write_call writes (tests/
+ * test_fastcall.py compares them); it shares the recorder's call counter, per-group
+ * seq counters, lock and trace file. The fields it reads on every call are in a
+ * State struct (hotstate.py), not looked up as attributes: 13 lookups per call were
+ * a third of its time.
  *
  * A cached call is keyed by a 64-bit hash of what Recorder.static_of's key holds
  * (op, group, async_op, source, phase, each tensor's shape, dtype and device, each
@@ -22,6 +27,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,9 +36,9 @@
 
 #define KEY_FRAMES 64 /* recorder.py's _KEY_FRAMES */
 
-static PyObject *s_deferred, *s_mode_module, *s_training, *s_user_no_grad, *s_in_backward,
-    *s_phase_attr, *s_note_phase, *s_outermost_frame, *s_calls, *s_position_bytes, *s_map, *s_end,
-    *s_capacity, *s_static_of, *s_append_locked, *s_shape, *s_dtype, *s_is_cpu, *s_device, *s_group, *s_async_op,
+static PyObject *s_training,
+    *s_note_phase,
+    *s_static_of, *s_append_locked, *s_shape, *s_dtype, *s_is_cpu, *s_device, *s_group, *s_async_op,
     *s_acquire, *s_release, *s_write_call, *s_train, *s_eval;
 
 /* How deep this thread is inside recorded collectives (recorder.py's _Depth): a C
@@ -71,6 +77,77 @@ static PyTypeObject DepthType = {
     .tp_getset = depth_getset,
 };
 
+/* What the hot path reads on every call, without an attribute lookup: the recorder
+ * and its TraceFile keep these fields here (hotstate.py makes the object; recorder.py
+ * and tracefile.py read and set them as attributes). */
+typedef struct {
+    PyObject_HEAD
+    long long calls;       /* call lines written */
+    PyObject *position;    /* bytes: ',"pos":{...}' of the loader batch being processed, or b"" */
+    PyObject *phase;       /* str: the phase the last phase line told */
+    PyObject *deferred;    /* a framework's deferred origin, or None */
+    PyObject *mode_module; /* weakref.ref (or a callable) to the module that told the phase */
+    int user_no_grad;      /* no_grad/inference_mode blocks of the user's own that are open */
+    int in_backward;       /* > 0 inside backward(): grad mode is off there, not for evaluation */
+    PyObject *outermost;   /* the bootstrap's frame: the walk over the stack stops there */
+    Py_ssize_t end;        /* bytes written to the trace */
+    Py_ssize_t capacity;   /* bytes the trace's mapping holds */
+    PyObject *map;         /* the trace's mmap.mmap, or None once closed (or in a forked child) */
+} State;
+
+static int state_traverse(State *self, visitproc visit, void *arg) {
+    Py_VISIT(self->position);
+    Py_VISIT(self->phase);
+    Py_VISIT(self->deferred);
+    Py_VISIT(self->mode_module);
+    Py_VISIT(self->outermost);
+    Py_VISIT(self->map);
+    return 0;
+}
+
+static int state_clear(State *self) {
+    Py_CLEAR(self->position);
+    Py_CLEAR(self->phase);
+    Py_CLEAR(self->deferred);
+    Py_CLEAR(self->mode_module);
+    Py_CLEAR(self->outermost);
+    Py_CLEAR(self->map);
+    return 0;
+}
+
+static void state_dealloc(State *self) {
+    PyObject_GC_UnTrack(self);
+    state_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef state_members[] = {
+    {"calls", T_LONGLONG, offsetof(State, calls), 0, NULL},
+    {"position", T_OBJECT, offsetof(State, position), 0, NULL},
+    {"phase", T_OBJECT, offsetof(State, phase), 0, NULL},
+    {"deferred", T_OBJECT, offsetof(State, deferred), 0, NULL},
+    {"mode_module", T_OBJECT, offsetof(State, mode_module), 0, NULL},
+    {"user_no_grad", T_INT, offsetof(State, user_no_grad), 0, NULL},
+    {"in_backward", T_INT, offsetof(State, in_backward), 0, NULL},
+    {"outermost", T_OBJECT, offsetof(State, outermost), 0, NULL},
+    {"end", T_PYSSIZET, offsetof(State, end), 0, NULL},
+    {"capacity", T_PYSSIZET, offsetof(State, capacity), 0, NULL},
+    {"map", T_OBJECT, offsetof(State, map), 0, NULL},
+    {NULL},
+};
+
+static PyTypeObject StateType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ncclcheck.record._fastcall.State",
+    .tp_basicsize = sizeof(State),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The recorder's per-call state, read by the C fast path (see hotstate.py).",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)state_dealloc,
+    .tp_traverse = (traverseproc)state_traverse,
+    .tp_clear = (inquiry)state_clear,
+    .tp_members = state_members,
+};
+
 typedef struct {
     PyObject_HEAD
     PyObject *dict;         /* __dict__: functools.wraps's attributes, __ncclcheck_wrapped__ */
@@ -83,7 +160,8 @@ typedef struct {
     PyObject *rooted;       /* the recorder's rooted dict */
     PyObject *acquire;      /* the trace lock's acquire and release, bound */
     PyObject *release;
-    PyObject *trace;        /* the TraceFile */
+    PyObject *trace;        /* the TraceFile (its append_locked grows the file) */
+    State *state;           /* the recorder's State, which the TraceFile shares */
     PyObject *cache;        /* recorder.fast_static: hash -> (encoded, seq counter) */
     PyObject *tensor_type;  /* torch.Tensor */
     PyObject *grad_enabled; /* torch.is_grad_enabled */
@@ -174,19 +252,20 @@ static int mix_tensors(FastCall *self, PyObject *const *items, Py_ssize_t count,
 /* recorder.phase: "eval" when the module told last is not training, or when the
  * user's own no_grad is open outside backward. New reference or NULL. */
 static PyObject *current_phase(FastCall *self) {
-    PyObject *ref = PyObject_GetAttr(self->recorder, s_mode_module);
-    if (ref == NULL)
-        return NULL;
+    State *state = self->state;
+    PyObject *ref = state->mode_module;
     PyObject *module;
-    if (PyWeakref_CheckRef(ref)) {
+    if (ref == NULL || ref == Py_None) {
+        module = Py_None;
+        Py_INCREF(module);
+    } else if (PyWeakref_CheckRef(ref)) {
         module = PyWeakref_GetObject(ref); /* borrowed; Py_None once dead */
         Py_INCREF(module);
     } else {
         module = PyObject_CallNoArgs(ref);
+        if (module == NULL)
+            return NULL;
     }
-    Py_DECREF(ref);
-    if (module == NULL)
-        return NULL;
     int eval = 0;
     if (module != Py_None) {
         PyObject *training = PyObject_GetAttr(module, s_training);
@@ -201,33 +280,15 @@ static PyObject *current_phase(FastCall *self) {
     } else {
         Py_DECREF(module);
     }
-    if (!eval) {
-        PyObject *open = PyObject_GetAttr(self->recorder, s_user_no_grad);
-        if (open == NULL)
+    if (!eval && state->user_no_grad > 0) {
+        PyObject *enabled = PyObject_CallNoArgs(self->grad_enabled);
+        if (enabled == NULL)
             return NULL;
-        long blocks = PyLong_AsLong(open);
-        Py_DECREF(open);
-        if (blocks == -1 && PyErr_Occurred())
+        int grad = PyObject_IsTrue(enabled);
+        Py_DECREF(enabled);
+        if (grad < 0)
             return NULL;
-        if (blocks > 0) {
-            PyObject *enabled = PyObject_CallNoArgs(self->grad_enabled);
-            if (enabled == NULL)
-                return NULL;
-            int grad = PyObject_IsTrue(enabled);
-            Py_DECREF(enabled);
-            if (grad < 0)
-                return NULL;
-            if (!grad) {
-                PyObject *backward = PyObject_GetAttr(self->recorder, s_in_backward);
-                if (backward == NULL)
-                    return NULL;
-                int in_backward = PyObject_IsTrue(backward);
-                Py_DECREF(backward);
-                if (in_backward < 0)
-                    return NULL;
-                eval = !in_backward;
-            }
-        }
+        eval = !grad && !state->in_backward;
     }
     PyObject *phase = eval ? s_eval : s_train;
     Py_INCREF(phase);
@@ -263,21 +324,7 @@ static int put_text(char *out, int at, const char *text) {
 /* Store the call line in the trace's mapping; the lock is held. 0, 1 (the trace
  * must grow: done through TraceFile.append_locked) or -1. */
 static int store_line(FastCall *self, PyObject *encoded) {
-    PyObject *calls_obj = PyObject_GetAttr(self->recorder, s_calls);
-    if (calls_obj == NULL)
-        return -1;
-    long long calls = PyLong_AsLongLong(calls_obj);
-    Py_DECREF(calls_obj);
-    if (calls == -1 && PyErr_Occurred())
-        return -1;
-    calls += 1;
-    PyObject *new_calls = PyLong_FromLongLong(calls);
-    if (new_calls == NULL)
-        return -1;
-    int failed = PyObject_SetAttr(self->recorder, s_calls, new_calls);
-    Py_DECREF(new_calls);
-    if (failed)
-        return -1;
+    State *state = self->state;
     PyObject *counter = PyTuple_GET_ITEM(encoded, 1);
     PyObject *seq_obj = PyIter_Next(counter);
     if (seq_obj == NULL) {
@@ -289,6 +336,12 @@ static int store_line(FastCall *self, PyObject *encoded) {
     Py_DECREF(seq_obj);
     if (seq == -1 && PyErr_Occurred())
         return -1;
+    PyObject *position = state->position, *fields = PyTuple_GET_ITEM(encoded, 0);
+    if (position == NULL || !PyBytes_Check(position) || !PyBytes_Check(fields)) {
+        PyErr_SetString(PyExc_TypeError, "call fields are not bytes");
+        return -1;
+    }
+    long long calls = ++state->calls;
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now); /* time.time_ns()'s clock */
     long long ns = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
@@ -300,78 +353,43 @@ static int store_line(FastCall *self, PyObject *encoded) {
     head_len = put_number(head, head_len, seq);
     head_len = put_text(head, head_len, ",\"ns\":");
     head_len = put_number(head, head_len, ns);
-    PyObject *position = PyObject_GetAttr(self->recorder, s_position_bytes);
-    if (position == NULL)
-        return -1;
-    PyObject *fields = PyTuple_GET_ITEM(encoded, 0);
-    if (!PyBytes_Check(position) || !PyBytes_Check(fields)) {
-        Py_DECREF(position);
-        PyErr_SetString(PyExc_TypeError, "call fields are not bytes");
-        return -1;
-    }
     Py_ssize_t position_len = PyBytes_GET_SIZE(position), fields_len = PyBytes_GET_SIZE(fields);
     Py_ssize_t total = head_len + position_len + fields_len + 2;
-    int result = -1;
-    PyObject *mapped = PyObject_GetAttr(self->trace, s_map);
-    PyObject *end_obj = NULL, *capacity_obj = NULL;
-    if (mapped == NULL)
-        goto done;
-    if (mapped == Py_None) { /* closed, or a forked child: as TraceFile.append_locked */
-        result = 0;
-        goto done;
-    }
-    end_obj = PyObject_GetAttr(self->trace, s_end);
-    capacity_obj = PyObject_GetAttr(self->trace, s_capacity);
-    if (end_obj == NULL || capacity_obj == NULL)
-        goto done;
-    Py_ssize_t end = PyLong_AsSsize_t(end_obj), capacity = PyLong_AsSsize_t(capacity_obj);
-    if ((end == -1 || capacity == -1) && PyErr_Occurred())
-        goto done;
-    if (end + total > capacity) { /* rare: the line, assembled, through Python's grow */
+    PyObject *mapped = state->map;
+    if (mapped == NULL || mapped == Py_None) /* closed, or a forked child: as TraceFile.append_locked */
+        return 0;
+    if (state->end + total > state->capacity) { /* rare: the line, assembled, through Python's grow */
         PyObject *line = PyBytes_FromStringAndSize(NULL, total);
         if (line == NULL)
-            goto done;
+            return -1;
         char *out = PyBytes_AS_STRING(line);
         memcpy(out, head, head_len);
         memcpy(out + head_len, PyBytes_AS_STRING(position), position_len);
         memcpy(out + head_len + position_len, PyBytes_AS_STRING(fields), fields_len);
         memcpy(out + total - 2, "}\n", 2);
-        PyObject *done_append = PyObject_CallMethodOneArg(self->trace, s_append_locked, line);
+        PyObject *appended = PyObject_CallMethodOneArg(self->trace, s_append_locked, line);
         Py_DECREF(line);
-        if (done_append == NULL)
-            goto done;
-        Py_DECREF(done_append);
-        result = 1;
-        goto done;
+        if (appended == NULL)
+            return -1;
+        Py_DECREF(appended);
+        return 0;
     }
-    Py_buffer view;
+    Py_buffer view; /* taken per call: a buffer held on would stop the mapping's resize */
     if (PyObject_GetBuffer(mapped, &view, PyBUF_WRITABLE) < 0)
-        goto done;
-    if (view.len < end + total) {
+        return -1;
+    if (view.len < state->end + total) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_RuntimeError, "trace mapping smaller than its capacity");
-        goto done;
+        return -1;
     }
-    char *out = (char *)view.buf + end;
+    char *out = (char *)view.buf + state->end;
     memcpy(out, head, head_len);
     memcpy(out + head_len, PyBytes_AS_STRING(position), position_len);
     memcpy(out + head_len + position_len, PyBytes_AS_STRING(fields), fields_len);
     memcpy(out + total - 2, "}\n", 2);
     PyBuffer_Release(&view);
-    PyObject *new_end = PyLong_FromSsize_t(end + total);
-    if (new_end == NULL)
-        goto done;
-    failed = PyObject_SetAttr(self->trace, s_end, new_end);
-    Py_DECREF(new_end);
-    if (failed)
-        goto done;
-    result = 0;
-done:
-    Py_DECREF(position);
-    Py_XDECREF(mapped);
-    Py_XDECREF(end_obj);
-    Py_XDECREF(capacity_obj);
-    return result;
+    state->end += total;
+    return 0;
 }
 
 static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
@@ -384,13 +402,8 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *args, 
         return PyObject_Vectorcall(self->fn, args, nargsf, kwnames);
     if (PyDict_GET_SIZE(self->rooted) > 0)
         return call_slow(self, args, nargsf, kwnames);
-    PyObject *deferred = PyObject_GetAttr(self->recorder, s_deferred);
-    if (deferred == NULL)
-        return NULL;
-    int has_deferred = deferred != Py_None;
-    Py_DECREF(deferred);
-    if (has_deferred)
-        return call_slow(self, args, nargsf, kwnames);
+    if (self->state->deferred != NULL && self->state->deferred != Py_None)
+        return call_slow(self, args, nargsf, kwnames); /* a framework's deferred call: its origin */
 
     /* group, async_op and the tensors, as recorder.py's wrapper reads them */
     PyObject *group = Py_None;
@@ -413,16 +426,12 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *args, 
             return NULL;
     }
     PyObject *tensors = NULL; /* (*args, *kwargs.values()), made for a call not seen before */
-    PyObject *result = NULL, *phase = NULL, *key = NULL, *outermost = NULL;
+    PyObject *result = NULL, *phase = NULL, *key = NULL, *outermost;
     phase = current_phase(self);
     if (phase == NULL)
         goto done;
-    PyObject *told = PyObject_GetAttr(self->recorder, s_phase_attr);
-    if (told == NULL)
-        goto done;
-    int same = PyUnicode_Compare(told, phase) == 0;
-    Py_DECREF(told);
-    if (!same) { /* a phase line, as Recorder._note_phase writes it */
+    PyObject *told = self->state->phase;
+    if (told == NULL || !PyUnicode_Check(told) || PyUnicode_Compare(told, phase) != 0) { /* a phase line, as Recorder._note_phase writes it */
         PyObject *noted = PyObject_CallMethodNoArgs(self->recorder, s_note_phase);
         if (noted == NULL)
             goto done;
@@ -437,9 +446,7 @@ static PyObject *fastcall_vectorcall(PyObject *callable, PyObject *const *args, 
     h = mix(h, phase == s_eval ? 2 : 1);
     if (mix_tensors(self, args, nargs + nkw, &h, 0) < 0)
         goto done;
-    outermost = PyObject_GetAttr(self->recorder, s_outermost_frame);
-    if (outermost == NULL)
-        goto done;
+    outermost = self->state->outermost;
     PyFrameObject *caller = PyEval_GetFrame(); /* borrowed: the frame that called us */
     PyFrameObject *frame = caller;
     Py_XINCREF(frame);
@@ -531,21 +538,23 @@ done:
     Py_XDECREF(tensors);
     Py_XDECREF(phase);
     Py_XDECREF(key);
-    Py_XDECREF(outermost);
     return result;
 }
 
 static int fastcall_init(FastCall *self, PyObject *args, PyObject *kwargs) {
-    static char *names[] = {"fn",    "slow",        "recorder",     "op",          "source",      "depth",
-                            "rooted", "lock",       "trace",        "cache",       "tensor_type", "grad_enabled",
-                            "group_index", "async_index", NULL};
-    PyObject *fn, *slow, *recorder, *op, *source, *depth, *rooted, *lock, *trace, *cache, *tensor_type,
+    static char *names[] = {"fn",    "slow",  "recorder",    "op",           "source",      "depth",
+                            "rooted", "lock", "trace",      "state",        "cache",       "tensor_type",
+                            "grad_enabled", "group_index", "async_index", NULL};
+    PyObject *fn, *slow, *recorder, *op, *source, *depth, *rooted, *lock, *trace, *state, *cache, *tensor_type,
         *grad_enabled;
     Py_ssize_t group_index, async_index;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOUUOO!OOO!OOnn", names, &fn, &slow, &recorder, &op,
-                                     &source, &depth, &PyDict_Type, &rooted, &lock, &trace, &PyDict_Type,
-                                     &cache, &tensor_type, &grad_enabled, &group_index, &async_index))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOUUOO!OOO!O!OOnn", names, &fn, &slow, &recorder, &op,
+                                     &source, &depth, &PyDict_Type, &rooted, &lock, &trace, &StateType, &state,
+                                     &PyDict_Type, &cache, &tensor_type, &grad_enabled, &group_index,
+                                     &async_index))
         return -1;
+    Py_INCREF(state);
+    Py_XSETREF(self->state, (State *)state);
     PyObject **slots[] = {&self->fn,    &self->slow,  &self->recorder, &self->op,
                           &self->source, &self->depth, &self->rooted,   &self->trace,
                           &self->cache,  &self->tensor_type, &self->grad_enabled};
@@ -578,6 +587,7 @@ static int fastcall_traverse(FastCall *self, visitproc visit, void *arg) {
     Py_VISIT(self->acquire);
     Py_VISIT(self->release);
     Py_VISIT(self->trace);
+    Py_VISIT(self->state);
     Py_VISIT(self->cache);
     Py_VISIT(self->tensor_type);
     Py_VISIT(self->grad_enabled);
@@ -596,6 +606,7 @@ static int fastcall_clear(FastCall *self) {
     Py_CLEAR(self->acquire);
     Py_CLEAR(self->release);
     Py_CLEAR(self->trace);
+    Py_CLEAR(self->state);
     Py_CLEAR(self->cache);
     Py_CLEAR(self->tensor_type);
     Py_CLEAR(self->grad_enabled);
@@ -659,19 +670,8 @@ static struct PyModuleDef fastcall_module = {
     } while (0)
 
 PyMODINIT_FUNC PyInit__fastcall(void) {
-    INTERN(s_deferred, "deferred");
-    INTERN(s_mode_module, "_mode_module");
     INTERN(s_training, "training");
-    INTERN(s_user_no_grad, "user_no_grad");
-    INTERN(s_in_backward, "in_backward");
-    INTERN(s_phase_attr, "_phase");
     INTERN(s_note_phase, "_note_phase");
-    INTERN(s_outermost_frame, "outermost_frame");
-    INTERN(s_calls, "_calls");
-    INTERN(s_position_bytes, "_position_bytes");
-    INTERN(s_map, "_map");
-    INTERN(s_end, "_end");
-    INTERN(s_capacity, "_capacity");
     INTERN(s_static_of, "static_of");
     INTERN(s_append_locked, "append_locked");
     INTERN(s_shape, "shape");
@@ -685,7 +685,7 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     INTERN(s_write_call, "write_call");
     INTERN(s_train, "train");
     INTERN(s_eval, "eval");
-    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&DepthType) < 0)
+    if (PyType_Ready(&FastCallType) < 0 || PyType_Ready(&DepthType) < 0 || PyType_Ready(&StateType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&fastcall_module);
     if (module == NULL)
@@ -693,6 +693,12 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     Py_INCREF(&FastCallType);
     if (PyModule_AddObject(module, "FastCall", (PyObject *)&FastCallType) < 0) {
         Py_DECREF(&FastCallType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&StateType);
+    if (PyModule_AddObject(module, "State", (PyObject *)&StateType) < 0) {
+        Py_DECREF(&StateType);
         Py_DECREF(module);
         return NULL;
     }

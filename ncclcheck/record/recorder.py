@@ -12,11 +12,15 @@ Trace lines (``"t"`` is the kind):
 
 - ``hello``: rank, local_rank, world_size, group_rank, host, pid, script
 - ``init``: the process group was initialised (backend)
-- ``call``: one collective (or a ``new_group``, in a group of its own named
-  ``new_group``, with its ``members``): n (per rank), op, group, group_ranks, seq (per
-  group), ns (wall clock in integer nanoseconds; the other lines have ``time``),
-  shapes, dtypes, device, async, phase, loader position, site, stack; ``shadow``
-  for a stand-in DDP's Join issues on a rank that ran out of batches
+- ``site``: what every call from one call site shares, written before the first
+  call that names it: id, op, group, group_ranks, shapes, dtypes, device, async,
+  phase, src, stack (the user's frames, outermost first), and where they apply libs,
+  issuer, later (a framework's deferred call), ``shadow`` (a stand-in DDP's Join
+  issues on a rank that ran out of batches), peer, bucket, members (a ``new_group``,
+  recorded in a group of its own named ``new_group``)
+- ``call``: one collective: n (per rank), seq (per group), ns (wall clock in integer
+  nanoseconds; the other lines have ``time``), pos (the loader batch being
+  processed), site (the id of its site line): about 60 bytes a call
 - ``pass``: a DataLoader pass started or ended (name, role, len, sampler, batches)
 - ``batch``: a batch was drawn (loader name, pass, index): progress and position
 - ``phase``: the phase changed (train/eval)
@@ -42,12 +46,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ncclcheck.record.frames import framework_name, is_user_code, is_user_file, user_frames
+from ncclcheck.record.hotstate import fastcall, new_state
 from ncclcheck.record.tracefile import TraceFile
-
-try:  # the hot path in C, built at install where a C compiler is found (hatch_build.py)
-    from ncclcheck.record import _fastcall  # type: ignore[attr-defined]
-except ImportError:
-    _fastcall = None
 
 # Every public collective and p2p operation of torch.distributed that a user or
 # a library calls through the module. Object collectives call tensor
@@ -106,15 +106,6 @@ class OwnLauncher(BaseException):
     """Raised where the script starts ranks of its own (torch.multiprocessing.spawn):
     those processes would run without the recorder, so the dry run stops there.
     A BaseException, so that a script's ``except Exception`` does not swallow it."""
-
-
-class _Gone:
-    """Stands for no module: the one reference to an instance of it dies at once."""
-
-
-# No module has told the phase yet: a weak reference that is already dead reads as
-# None, as a live one reads as its module (the C fast path reads both without a call).
-_NO_MODULE: Callable[[], Any] = weakref.ref(_Gone())
 
 
 class _Depth(threading.local):
@@ -218,6 +209,15 @@ def _issuer(frame: Any) -> str:
     return f"{frame.f_globals.get('__name__', '?')}:{getattr(code, 'co_qualname', code.co_name)}"
 
 
+def _in_state(field: str, doc: str) -> Any:
+    """A Recorder attribute kept in its ``state`` (hotstate.py), where the C path reads it."""
+    return property(
+        lambda self: getattr(self.state, field),
+        lambda self, value: setattr(self.state, field, value),
+        doc=doc,
+    )
+
+
 class Recorder:
     """One per rank process. Thread-safe: DDP hooks may run on autograd threads."""
 
@@ -226,21 +226,19 @@ class Recorder:
     ) -> None:
         os.makedirs(trace_dir, mode=0o700, exist_ok=True)
         path = os.path.join(trace_dir, f"rank-{rank:05d}.jsonl")
-        self._trace = TraceFile(path)
+        # the C fast path (record/_fastcall.c) where it was built and is not turned off
+        self._in_c = fastcall is not None and os.environ.get(ENV_PURE_PYTHON) != "1"
+        # what every call reads and sets: the call counter, phase, position, trace offset
+        self.state = new_state(self._in_c)
+        self._trace = TraceFile(path, self.state)
         self._lock = self._trace.lock  # held for a call's number, seq and line together
-        self._depth = _Depth() if _fastcall is None else _fastcall.Depth()
+        self._depth = fastcall.Depth() if self._in_c else _Depth()
         self.rank = rank
         self.train_steps = train_steps
         self.eval_passes = eval_passes
         self.max_train_passes = max_train_passes
-        self._calls = 0
         self._group_seq: dict[str, Iterator[int]] = {}  # per group name: the next seq
         self._group_cache: dict[int, tuple[str, list[int]]] = {}
-        # The module whose train()/eval() the user (or framework) called last: its
-        # ``training`` flag is read, not remembered, as Lightning restores the mode
-        # after validation by setting ``training`` on each submodule directly.
-        self._mode_module: Callable[[], Any] = _NO_MODULE
-        self._phase = "train"
         self._loader_names: dict[int, str] = {}
         self._position: dict[str, Any] | None = None  # the loader batch being processed
         self._eval_passes_done = 0
@@ -253,18 +251,11 @@ class Recorder:
         # The C fast path's own cache of the same statics, by a hash of what _static's
         # keys hold (record/_fastcall.c); cleared with _static.
         self.fast_static: dict[int, tuple[bytes, Iterator[int]]] = {}
+        self._site_ids = itertools.count()  # the ids of site lines
         self._noted: set[tuple[Any, ...]] = set()  # see note_site and first_time
         # Tensors dist.reduce left without its result on this rank, by id (record/rooted.py).
         self.rooted: dict[int, Any] = {}
         self.watching_rooted_reads = False
-        self._position_bytes = b""
-        self.in_backward = 0  # autograd runs with grad mode off: that is not evaluation
-        self.user_no_grad = 0  # no_grad/inference_mode blocks the user's code has open
-        # The walk over the caller's stack stops here: the frames outside the user's
-        # script (the bootstrap, runpy) are the same for every call.
-        self.outermost_frame: Any = None
-        # Set while a framework runs a collective the user asked for earlier (frameworks.py).
-        self.deferred: DeferredOrigin | None = None
         # False during an eval pass that is not the job's evaluation (Lightning's sanity
         # check: two batches before training, often with the logging skipped).
         self.counts_as_eval_pass: Callable[[], bool] = lambda: True
@@ -276,6 +267,22 @@ class Recorder:
         self._grad_enabled = torch.is_grad_enabled
         self._tensor_type = torch.Tensor
         self.stop_reason: str | None = None
+
+    # The fields of ``state`` other modules set, by their names of old.
+    outermost_frame = _in_state(
+        "outermost",
+        "The walk over the caller's stack stops here: the frames outside the user's "
+        "script (the bootstrap, runpy) are the same for every call.",
+    )
+    deferred = _in_state(
+        "deferred", "Set while a framework runs a collective the user asked for earlier (frameworks.py)."
+    )
+    user_no_grad = _in_state(
+        "user_no_grad", "no_grad/inference_mode blocks the user's code has open (bootstrap.py counts them)."
+    )
+    in_backward = _in_state(
+        "in_backward", "> 0 inside backward(): autograd runs with grad mode off, which is not evaluation."
+    )
 
     # -- writing -----------------------------------------------------------------
 
@@ -335,7 +342,7 @@ class Recorder:
             "code": code,
             "time": time.time(),
             "phase": self.phase,
-            "calls": self._calls,
+            "calls": self.state.calls,
         }
         if error:
             record["error"] = error
@@ -351,18 +358,22 @@ class Recorder:
 
     @property
     def phase(self) -> str:
-        module = self._mode_module()
+        # The module whose train()/eval() the user (or framework) called last: its
+        # ``training`` flag is read, not remembered, as Lightning restores the mode
+        # after validation by setting ``training`` on each submodule directly.
+        state = self.state
+        module = state.mode_module()
         if module is not None and not module.training:
             return "eval"
         # gradients off by the user's own no_grad/inference_mode (a library's is not
         # evaluation: FSDP gathers parameters under no_grad while training)
-        user_off = self.user_no_grad > 0 and not self._grad_enabled()
-        return "eval" if user_off and not self.in_backward else "train"
+        user_off = state.user_no_grad > 0 and not self._grad_enabled()
+        return "eval" if user_off and not state.in_backward else "train"
 
     def _note_phase(self) -> str:
         phase = self.phase
-        if phase != self._phase:
-            self._phase = phase
+        if phase != self.state.phase:
+            self.state.phase = phase
             self.write({"t": "phase", "phase": phase, "time": time.time()})
         return phase
 
@@ -375,9 +386,9 @@ class Recorder:
                 break
             module = inner
         try:
-            self._mode_module = weakref.ref(module)
+            self.state.mode_module = weakref.ref(module)
         except TypeError:  # not weak-referenceable: hold it
-            self._mode_module = lambda: module
+            self.state.mode_module = lambda: module
         self._note_phase()
 
     # -- collectives ---------------------------------------------------------------
@@ -435,7 +446,8 @@ class Recorder:
             elif isinstance(value, (list, tuple)):
                 _tensor_key(value, key, tensor_type, 1)
         frame = caller
-        outermost = self.outermost_frame
+        state = self.state
+        outermost = state.outermost
         depth = 0
         while frame is not None and frame is not outermost and depth < _KEY_FRAMES:
             # Code objects by id: hashing a code object hashes its contents. The
@@ -444,8 +456,8 @@ class Recorder:
             append(frame.f_lasti)
             frame = frame.f_back
             depth += 1
-        if self.deferred is not None:
-            append(("deferred", self.deferred.token))
+        if state.deferred is not None:
+            append(("deferred", state.deferred.token))
         frozen = tuple(key)
         static = self._static.get(frozen)
         if static is None:
@@ -454,9 +466,10 @@ class Recorder:
 
     def write_call(self, static: tuple[bytes, Iterator[int]]) -> None:
         encoded, group_seq = static
+        state = self.state
         with self._lock:
-            self._calls = calls = self._calls + 1
-            line = _CALL_LINE % (calls, next(group_seq), time.time_ns(), self._position_bytes, encoded)
+            state.calls = calls = state.calls + 1
+            line = _CALL_LINE % (calls, next(group_seq), time.time_ns(), state.position, encoded)
             self._trace.append_locked(line)
 
     def _encode_static(
@@ -485,7 +498,7 @@ class Recorder:
             # from the tensors: a barrier or an object collective names none
             "device": ",".join(sorted({device for _, _, device in facts})),
             "async": async_op,
-            "phase": self._phase,
+            "phase": self.state.phase,
             "src": source,
             "stack": [list(f) for f in reversed(frames)],
             **(extra or {}),
@@ -521,7 +534,10 @@ class Recorder:
         group_seq = self._group_seq.get(name)
         if group_seq is None:
             group_seq = self._group_seq[name] = itertools.count()
-        static = self._static[key] = (encoded, group_seq)
+        # The fields go to the trace once, in a site line; each call line names its id.
+        site = next(self._site_ids)
+        self._trace.append(b'{"t":"site","id":%d%b}\n' % (site, encoded))
+        static = self._static[key] = (b',"site":%d' % site, group_seq)
         return static
 
     def wrap_collective(
@@ -605,9 +621,9 @@ class Recorder:
     ) -> Callable[..., Any] | None:
         """The same wrapper in C (record/_fastcall.c), which hands ``slow`` every call it
         does not take; None where the extension was not built or is turned off."""
-        if _fastcall is None or os.environ.get(ENV_PURE_PYTHON) == "1":
+        if not self._in_c:
             return None
-        fast = _fastcall.FastCall(
+        fast = fastcall.FastCall(
             fn=fn,
             slow=slow,
             recorder=self,
@@ -617,6 +633,7 @@ class Recorder:
             rooted=self.rooted,
             lock=self._lock,
             trace=self._trace,
+            state=self.state,
             cache=self.fast_static,
             tensor_type=self._tensor_type,
             grad_enabled=self._grad_enabled,
@@ -730,7 +747,7 @@ class Recorder:
 
     def pass_ended(self, tracked: _TrackedIterator, exhausted: bool) -> None:
         self._position = None
-        self._position_bytes = b""
+        self.state.position = b""
         if tracked.role == "eval" and exhausted and not tracked.counted:
             self._eval_pass_complete(tracked)
         self.write(
@@ -750,7 +767,7 @@ class Recorder:
             "batch": tracked.index,
             "role": tracked.role,
         }
-        self._position_bytes = (',"pos":' + json.dumps(self._position, separators=(",", ":"))).encode()
+        self.state.position = (',"pos":' + json.dumps(self._position, separators=(",", ":"))).encode()
         self.write({"t": "batch", **self._position, "phase": self._note_phase(), "time": time.time()})
         if tracked.role == "train":
             self._train_since_eval += 1

@@ -21,6 +21,9 @@ import mmap
 import os
 import threading
 import weakref
+from typing import Any
+
+from ncclcheck.record.hotstate import new_state
 
 GROWTH = 1 << 20  # bytes the file is extended by when the data reaches its end
 
@@ -51,22 +54,30 @@ def _write_zeros(fd: int, offset: int, length: int) -> None:
 
 
 class TraceFile:
-    """Appends bytes to a file through a shared mapping. Thread-safe."""
+    """Appends bytes to a file through a shared mapping. Thread-safe.
 
-    def __init__(self, path: str) -> None:
+    Its offset, capacity and mapping live in ``state`` (hotstate.new_state), which
+    the recorder's C fast path shares to store call lines without a lookup."""
+
+    def __init__(self, path: str, state: Any = None) -> None:
         self.path = path
+        self.state = state if state is not None else new_state(in_c=False)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        self._capacity = GROWTH
         _write_zeros(self._fd, 0, GROWTH)
-        self._map: mmap.mmap | None = mmap.mmap(self._fd, self._capacity, mmap.MAP_SHARED)
-        self._end = 0
+        self.state.capacity = GROWTH
+        self.state.end = 0
+        self.state.map = mmap.mmap(self._fd, GROWTH, mmap.MAP_SHARED)
         self._lock = threading.Lock()
         _OPEN.add(self)
 
     @property
     def end(self) -> int:
         """How many bytes have been written."""
-        return self._end
+        return int(self.state.end)
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
 
     def append(self, data: bytes) -> None:
         """Store ``data`` after what was written; a no-op once closed or in a forked child."""
@@ -75,45 +86,42 @@ class TraceFile:
 
     def append_locked(self, data: bytes) -> None:
         """``append`` for a caller that holds ``lock`` already (the recorder's hot path)."""
-        mapped = self._map
+        state = self.state
+        mapped = state.map
         if mapped is None:
             return
-        start = self._end
+        start = state.end
         end = start + len(data)
-        if end > self._capacity:
+        if end > state.capacity:
             self._grow(end)
-            mapped = self._map
-            assert mapped is not None
+            mapped = state.map
         mapped[start:end] = data
-        self._end = end
-
-    @property
-    def lock(self) -> threading.Lock:
-        return self._lock
+        state.end = end
 
     def _grow(self, needed: int) -> None:
-        assert self._map is not None
+        state = self.state
         capacity = (needed // GROWTH + 1) * GROWTH
-        _write_zeros(self._fd, self._capacity, capacity - self._capacity)
-        self._map.resize(capacity)
-        self._capacity = capacity
+        _write_zeros(self._fd, state.capacity, capacity - state.capacity)
+        state.map.resize(capacity)
+        state.capacity = capacity
 
     def close(self) -> None:
         """Unmap, and cut the file to its data: a closed trace is plain JSON lines."""
         with self._lock:
-            if self._map is None:
+            state = self.state
+            if state.map is None:
                 return
-            self._map.close()
-            self._map = None
+            state.map.close()
+            state.map = None
             try:
-                os.ftruncate(self._fd, self._end)
+                os.ftruncate(self._fd, state.end)
             finally:
                 os.close(self._fd)
                 self._fd = -1
 
     def detach(self) -> None:
         """In a forked child: forget the parent's mapping and file without touching them."""
-        self._map = None
+        self.state.map = None
         self._fd = -1
 
 
