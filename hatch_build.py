@@ -28,12 +28,13 @@ class FastCallBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
         relative = os.path.join("ncclcheck", "record", "_fastcall" + suffix)
         target = os.path.join(self.root, relative)
-        compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+        # LDSHARED: the compiler and the flags this Python links its own extensions with
+        # ("gcc -shared ..." on Linux; "-bundle -undefined dynamic_lookup" on macOS).
+        linker = os.environ.get("LDSHARED") or sysconfig.get_config_var("LDSHARED") or "cc -shared"
         command = [
-            *compiler,
+            *shlex.split(linker),
             "-O2",
-            "-shared",
-            "-fPIC",
+            *shlex.split(sysconfig.get_config_var("CCSHARED") or "-fPIC"),
             "-I" + sysconfig.get_paths()["include"],
             os.path.join(self.root, SOURCE),
             "-o",

@@ -56,13 +56,17 @@ folder, rank, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with open(f"{folder}/rank-{rank:05d}.jsonl", "w") as out:
     out.write(json.dumps({"t": "hello", "rank": rank, "world_size": 2, "pid": rank, "host": "h"}) + "\\n")
     out.write(json.dumps({"t": "init", "backend": "gloo", "world_size": 2}) + "\\n")
-    for n in range(1, calls + 1):
-        line = 30 if n == calls and rank == 1 else (10 + n % 2)
+    for site, line in enumerate((10, 11, 30)):  # each call site's fields, once
         out.write(
-            f'{{"t":"call","n":{n},"seq":{n - 1},"time":{n}.0,'
-            f'"pos":{{"loader":"train","pass":0,"batch":{n % 500},"role":"train"}},'
-            f'"op":"all_reduce","group":"0","group_ranks":[0,1],"shapes":[[1024]],"dtypes":["float32"],'
-            f'"device":"cpu","async":false,"phase":"train","src":"python","stack":[["train.py",{line},"step"]]}}\\n'
+            f'{{"t":"site","id":{site},"op":"all_reduce","group":"0","group_ranks":[0,1],"shapes":[[1024]],'
+            f'"dtypes":["float32"],"device":"cpu","async":false,"phase":"train","src":"python",'
+            f'"stack":[["train.py",{line},"step"]]}}\\n'
+        )
+    for n in range(1, calls + 1):
+        site = 2 if n == calls and rank == 1 else n % 2
+        out.write(
+            f'{{"t":"call","n":{n},"seq":{n - 1},"ns":{n}000000000,'
+            f'"pos":{{"loader":"train","pass":0,"batch":{n % 500},"role":"train"}},"site":{site}}}\\n'
         )
 """
 # The same traces held whole (every call, one object each) and aligned, as before streaming.

@@ -63,3 +63,53 @@ def test_wheel_install_ships_the_playbooks(tmp_path: Path) -> None:
     for playbook in playbooks:
         assert Path(playbook["repro"]).is_relative_to(target / "ncclcheck" / "_playbooks")
         assert Path(playbook["repro"]).is_file() and Path(playbook["fixed"]).is_file()
+
+
+def test_without_a_c_compiler_the_wheel_is_pure_and_records_in_python(tmp_path: Path) -> None:
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    # a linker that fails, as on a machine without a C compiler
+    env = {**os.environ, "LDSHARED": "false"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
+        timeout=300,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    (wheel,) = wheels.glob("ncclcheck-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")  # no compiled module in it
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    assert not list((target / "ncclcheck" / "record").glob("_fastcall*"))
+    probe = (
+        "import tempfile; from ncclcheck.record import hotstate; "
+        "from ncclcheck.record.recorder import Recorder; "
+        "r = Recorder(tempfile.mkdtemp(), 0, 5, 1, 10); "
+        "wrapped = r.wrap_collective('barrier', lambda group=None: 0); "
+        "print(hotstate.fastcall, type(r.state).__name__, wrapped.__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert result.stdout.split() == ["None", "PyState", "<lambda>"]

@@ -35,6 +35,10 @@
 #include <time.h>
 
 #define KEY_FRAMES 64 /* recorder.py's _KEY_FRAMES */
+/* What hotstate.py checks before it uses this module: raise it with any change to
+ * State, FastCall's arguments or the trace line, so that a module built from an
+ * older source is not used with newer Python code (an editable install not rebuilt). */
+#define FASTCALL_ABI 1
 
 static PyObject *s_training,
     *s_note_phase,
@@ -693,6 +697,10 @@ PyMODINIT_FUNC PyInit__fastcall(void) {
     Py_INCREF(&FastCallType);
     if (PyModule_AddObject(module, "FastCall", (PyObject *)&FastCallType) < 0) {
         Py_DECREF(&FastCallType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(module, "ABI", FASTCALL_ABI) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -11,15 +11,27 @@ No torch import here.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+# The _fastcall.c this Python code goes with (its FASTCALL_ABI).
+FASTCALL_ABI = 1
 
 fastcall: Any
 try:  # built at install where a C compiler is found (hatch_build.py)
     from ncclcheck.record import _fastcall as fastcall  # type: ignore[attr-defined,no-redef]
 except ImportError:
     fastcall = None
+else:
+    if getattr(fastcall, "ABI", None) != FASTCALL_ABI:  # built from another version's source
+        warnings.warn(
+            "ncclcheck: ncclcheck/record/_fastcall is out of date (reinstall to rebuild it); "
+            "the recorder runs in Python",
+            stacklevel=1,
+        )
+        fastcall = None
 
 
 class _Gone:
