@@ -291,6 +291,40 @@ def test_a_rank_that_dies_before_any_collective_is_sited_where_its_error_left(tm
     assert report.summary["backend"] is None  # these traces never say which backend
 
 
+def test_call_lines_take_their_fields_from_the_site_line_they_name(tmp_path: Path) -> None:
+    hello = json.dumps({"t": "hello", "rank": 0, "world_size": 2, "pid": 1, "host": "h"})
+    site = (
+        '{"t":"site","id":%d,"op":"%s","group":"0","group_ranks":[0,1],"shapes":[[2]],'
+        '"dtypes":["float32"],"device":"cpu","async":false,"phase":"%s","src":"python",'
+        '"stack":[["train.py",5,"main"],["train.py",%d,"step"]]}'
+    )
+    lines = [
+        hello,
+        site % (0, "all_reduce", "train", 12),
+        '{"t":"call","n":1,"seq":0,"ns":1500000000,"site":0}',
+        site % (1, "barrier", "eval", 30),
+        '{"t":"call","n":2,"seq":1,"ns":2500000000,"pos":{"loader":"val","pass":1,"batch":3,"role":"eval"},'
+        '"site":1}',
+        '{"t":"call","n":3,"seq":2,"ns":3500000000,"site":0}',
+    ]
+    path = tmp_path / "rank-00000.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    calls = load_rank_trace(path).calls
+    assert [(c.n, c.seq, c.op, c.phase, c.site) for c in calls] == [
+        (1, 0, "all_reduce", "train", Frame("train.py", 12, "step")),
+        (2, 1, "barrier", "eval", Frame("train.py", 30, "step")),
+        (3, 2, "all_reduce", "train", Frame("train.py", 12, "step")),
+    ]
+    assert [c.time for c in calls] == [1.5, 2.5, 3.5]
+    assert calls[1].position == {"loader": "val", "pass": 1, "batch": 3, "role": "eval"}
+    assert calls[0].position is None and calls[2].position is None
+    assert calls[1].user_stack == [Frame("train.py", 5, "main"), Frame("train.py", 30, "step")]
+    # a call that names a site the file never wrote
+    path.write_text("\n".join([*lines, '{"t":"call","n":4,"seq":3,"ns":1,"site":7}']) + "\n")
+    with pytest.raises(InputError, match=r"rank-00000\.jsonl:7: malformed 'call' trace line"):
+        load_rank_trace(path)
+
+
 def test_trace_reader_skips_a_truncated_last_line_and_rejects_garbage(tmp_path: Path) -> None:
     hello = json.dumps({"t": "hello", "rank": 0, "world_size": 2, "pid": 1, "host": "h"})
     path = tmp_path / "rank-00000.jsonl"
