@@ -1,8 +1,9 @@
 """Reading the per-rank trace files a dry run writes (see record/recorder.py).
 
 Lines are read as JSON, never unpickled. A rank killed while writing leaves a
-truncated last line, which is expected and skipped; anything else that is not
-a trace line is an error naming the file and the line.
+truncated last line, which is expected and skipped, and a file its rank left open
+ends in zero bytes past its data (record/tracefile.py), where reading stops;
+anything else that is not a trace line is an error naming the file and the line.
 """
 
 from __future__ import annotations
@@ -353,8 +354,7 @@ def _read_trace(
     history: list[CollectiveCall] | CallWindow = []
     open_passes: dict[int, LoaderPass] = {}
     content = False
-    for number, text in enumerate(lines, 1):
-        line = text
+    for number, line in enumerate(lines, 1):
         cut = line.find("\0")
         if cut >= 0 and not line[cut:].strip("\0"):
             # the zero bytes past the records of a file its rank still writes (or was
