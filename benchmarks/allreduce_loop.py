@@ -81,8 +81,9 @@ def main() -> None:
         empty.record_call = lambda *args: None  # type: ignore[method-assign]
         wrapper_only = empty.wrap_collective("all_reduce", plain)
 
-        # The trace line's write alone, a call line's size to a file of its own: the
-        # system call that leaves a record a rank killed inside the collective keeps.
+        # A write(2) of a call line (of the old, 300-byte size) to a file of its own: what
+        # a recorder that writes each record before the collective pays for the call
+        # alone, and what storing into the trace's mapping (tracefile.py) avoids.
         line_fd = os.open(
             os.path.join(tempfile.mkdtemp(prefix="ncclcheck-bench-"), "write"),
             os.O_WRONLY | os.O_CREAT | os.O_APPEND,

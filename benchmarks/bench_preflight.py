@@ -135,7 +135,7 @@ def main() -> None:
     )
     print(
         f"  {'one trace-line write, then plain':<34}{'':>9}{median['write_ratio']:>9.2f}x"
-        f"   (the system call that makes a record outlive its rank)"
+        f"   (a write(2) per call; the recorder stores into a mapping instead)"
     )
     print(
         f"  {'recorder work alone (no network)':<34}{median['cpu_us']:>9.1f}"

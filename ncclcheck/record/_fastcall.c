@@ -15,8 +15,8 @@
  * What it writes is byte for byte what Recorder.write_call writes (tests/
  * test_fastcall.py compares them); it shares the recorder's call counter, per-group
  * seq counters, lock and trace file. The fields it reads on every call are in a
- * State struct (hotstate.py), not looked up as attributes: 13 lookups per call were
- * a third of its time.
+ * State struct (hotstate.py), not looked up as attributes: with 13 lookups per call
+ * it took 1.1-1.5 us a call alone, 0.7-0.8 us without.
  *
  * A cached call is keyed by a 64-bit hash of what Recorder.static_of's key holds
  * (op, group, async_op, source, phase, each tensor's shape, dtype and device, each
@@ -325,6 +325,15 @@ static int put_text(char *out, int at, const char *text) {
     return at + (int)length;
 }
 
+/* head + position + fields + "}\n": the call line, as Recorder.write_call formats it */
+static void copy_line(char *out, const char *head, int head_len, PyObject *position, PyObject *fields) {
+    Py_ssize_t position_len = PyBytes_GET_SIZE(position), fields_len = PyBytes_GET_SIZE(fields);
+    memcpy(out, head, head_len);
+    memcpy(out + head_len, PyBytes_AS_STRING(position), position_len);
+    memcpy(out + head_len + position_len, PyBytes_AS_STRING(fields), fields_len);
+    memcpy(out + head_len + position_len + fields_len, "}\n", 2);
+}
+
 /* Store the call line in the trace's mapping; the lock is held. 0, 1 (the trace
  * must grow: done through TraceFile.append_locked) or -1. */
 static int store_line(FastCall *self, PyObject *encoded) {
@@ -357,8 +366,7 @@ static int store_line(FastCall *self, PyObject *encoded) {
     head_len = put_number(head, head_len, seq);
     head_len = put_text(head, head_len, ",\"ns\":");
     head_len = put_number(head, head_len, ns);
-    Py_ssize_t position_len = PyBytes_GET_SIZE(position), fields_len = PyBytes_GET_SIZE(fields);
-    Py_ssize_t total = head_len + position_len + fields_len + 2;
+    Py_ssize_t total = head_len + PyBytes_GET_SIZE(position) + PyBytes_GET_SIZE(fields) + 2;
     PyObject *mapped = state->map;
     if (mapped == NULL || mapped == Py_None) /* closed, or a forked child: as TraceFile.append_locked */
         return 0;
@@ -366,11 +374,7 @@ static int store_line(FastCall *self, PyObject *encoded) {
         PyObject *line = PyBytes_FromStringAndSize(NULL, total);
         if (line == NULL)
             return -1;
-        char *out = PyBytes_AS_STRING(line);
-        memcpy(out, head, head_len);
-        memcpy(out + head_len, PyBytes_AS_STRING(position), position_len);
-        memcpy(out + head_len + position_len, PyBytes_AS_STRING(fields), fields_len);
-        memcpy(out + total - 2, "}\n", 2);
+        copy_line(PyBytes_AS_STRING(line), head, head_len, position, fields);
         PyObject *appended = PyObject_CallMethodOneArg(self->trace, s_append_locked, line);
         Py_DECREF(line);
         if (appended == NULL)
@@ -386,11 +390,7 @@ static int store_line(FastCall *self, PyObject *encoded) {
         PyErr_SetString(PyExc_RuntimeError, "trace mapping smaller than its capacity");
         return -1;
     }
-    char *out = (char *)view.buf + state->end;
-    memcpy(out, head, head_len);
-    memcpy(out + head_len, PyBytes_AS_STRING(position), position_len);
-    memcpy(out + head_len + position_len, PyBytes_AS_STRING(fields), fields_len);
-    memcpy(out + total - 2, "}\n", 2);
+    copy_line((char *)view.buf + state->end, head, head_len, position, fields);
     PyBuffer_Release(&view);
     state->end += total;
     return 0;

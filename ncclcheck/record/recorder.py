@@ -400,17 +400,9 @@ class Recorder:
             cached = self._group_cache[key] = _describe_group(group)
         return cached
 
-    def record_call(
-        self,
-        op: str,
-        group: Any,
-        tensors: Any,
-        async_op: bool,
-        source: str,
-        caller: Any,
-        extra: dict[str, Any] | None = None,
-    ) -> None:
-        """Write one call line before the collective runs.
+    def record_call(self, *call: Any) -> None:
+        """Write one call line before the collective runs; ``call`` is what ``static_of``
+        takes (op, group, tensors, async_op, source, caller[, extra]).
 
         The hot path of the dry run (record/_fastcall.c does the same in C for the
         common calls, and comes here for the rest): everything that repeats from
@@ -420,7 +412,7 @@ class Recorder:
         scans the line table and cost 3x the rest of the walk), a dict lookup and one
         store into the trace's mapping.
         """
-        self.write_call(self.static_of(op, group, tensors, async_op, source, caller, extra))
+        self.write_call(self.static_of(*call))
 
     def static_of(
         self,

@@ -71,11 +71,6 @@ class TraceFile:
         _OPEN.add(self)
 
     @property
-    def end(self) -> int:
-        """How many bytes have been written."""
-        return int(self.state.end)
-
-    @property
     def lock(self) -> threading.Lock:
         return self._lock
 
