@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ncclcheck.probe_worker import sizes
+from ncclcheck.runtime.probe_worker import sizes
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ncclcheck.proctree import kill_tree  # noqa: E402
+from ncclcheck.launch.proctree import kill_tree  # noqa: E402
 
 SCRIPT = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from workers import run_worker
 
-from ncclcheck.watchdog import Watchdog
+from ncclcheck.runtime.watchdog import Watchdog
 
 
 def wrapper_own_cost_us(calls: int = 200_000) -> tuple[float, float]:

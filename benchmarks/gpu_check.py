@@ -96,7 +96,7 @@ FLIGHT_RECORDER_SCRIPT = """
 import json, os, sys
 import torch, torch.distributed as dist
 import torch._C._distributed_c10d as c10d
-from ncclcheck import flight_recorder
+from ncclcheck.evidence import flight_recorder
 
 cuda = torch.cuda.is_available()
 dist.init_process_group("nccl" if cuda else "gloo")

@@ -12,7 +12,7 @@ is named rather than waited for::
         for batch in val_loader:
             ...
 
-``watchdog(timeout=...)`` (see ncclcheck.watchdog) reports a collective that
+``watchdog(timeout=...)`` (see ncclcheck.runtime.watchdog) reports a collective that
 waits too long, with its site and what the other ranks do, before the backend's
 timeout.
 
@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ncclcheck.watchdog import Watchdog, _open_phases, watchdog
+from ncclcheck.runtime.watchdog import Watchdog, _open_phases, watchdog
 
 __all__ = ["AbsentRanks", "MisalignedPhase", "Watchdog", "aligned_phase", "check_aligned", "watchdog"]
 

@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 
-from ncclcheck.launch import DryRunSettings, TorchrunOptions
+from ncclcheck.launch.torchrun import DryRunSettings, TorchrunOptions
 from ncclcheck.model import Report, Severity, Verdict
-from ncclcheck.pytest_ranks import RUNNER, TestSpec
 from ncclcheck.record.frameworks import UNLIMITED_STEPS
+from ncclcheck.runtime.pytest_ranks import RUNNER, TestSpec
 
 MARKER = "ncclcheck"
 _RANK_ARGUMENTS = ("rank", "world_size", "local_rank")
@@ -168,8 +168,8 @@ def _preflight_or_fail(
     trace_dir: Path | None = None,
 ) -> Report:
     """Run preflight; fail the calling test with the report when it has errors."""
+    from ncclcheck.commands.preflight import run_preflight
     from ncclcheck.errors import NcclcheckError
-    from ncclcheck.preflight import run_preflight
     from ncclcheck.render.console import report_text
 
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ncclcheck.proctree import kill_tree
+from ncclcheck.launch.proctree import kill_tree
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"

@@ -1,4 +1,4 @@
-"""ncclcheck.activity on real processes: a job that sleeps is idle, one whose grandchild
+"""ncclcheck.evidence.activity on real processes: a job that sleeps is idle, one whose grandchild
 (a DataLoader worker, a rank under torchrun) computes is busy, and CPU a process used
 before it was first seen does not count."""
 
@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ncclcheck.activity import JobActivity
-from ncclcheck.proctree import kill_tree
+from ncclcheck.evidence.activity import JobActivity
+from ncclcheck.launch.proctree import kill_tree
 
 SLEEP = "import time; time.sleep(60)"
 SPIN = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"

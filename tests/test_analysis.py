@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.analyze import source
-from ncclcheck.analyze.align import Mismatch, compare, divergences
-from ncclcheck.diagnose import Evidence, diagnose
 from ncclcheck.errors import InputError
-from ncclcheck.lanes import build_lanes
+from ncclcheck.explain import source
+from ncclcheck.explain.align import Mismatch, compare, divergences
+from ncclcheck.explain.diagnose import Evidence, diagnose
 from ncclcheck.model import CollectiveCall, Frame
-from ncclcheck.traces import CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
+from ncclcheck.record.traces import CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
+from ncclcheck.render.lanes import build_lanes
 
 
 def call(
@@ -456,7 +456,7 @@ def _entry(seq: int, op: str, state: str = "scheduled") -> dict:  # type: ignore
 
 
 def test_flight_recorder_dumps_give_the_last_call_per_group_and_the_disagreement(tmp_path: Path) -> None:
-    from ncclcheck import flight_recorder
+    from ncclcheck.evidence import flight_recorder
 
     (tmp_path / "fr_0").write_text(
         _fr_dump([_entry(3, "nccl:all_reduce", "completed"), _entry(4, "nccl:all_reduce")])
@@ -482,7 +482,7 @@ def test_flight_recorder_dumps_give_the_last_call_per_group_and_the_disagreement
 def test_flight_recorder_is_off_without_its_buffer_and_pickles_are_never_unpickled(tmp_path: Path) -> None:
     import pickle
 
-    from ncclcheck import flight_recorder
+    from ncclcheck.evidence import flight_recorder
 
     assert flight_recorder.dump_path({}, 0) is None
     assert flight_recorder.dump_path({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}, 3) == "/tmp/nccl_trace_rank_3"
@@ -577,7 +577,7 @@ def test_the_deepest_root_decides_whose_code_a_file_is(
     ],
 )
 def test_a_collective_syncbatchnorm_issued_is_named_and_advised(issuer: str) -> None:
-    from ncclcheck.diagnose import issued_at, issuer_advice, op_text
+    from ncclcheck.explain.diagnose import issued_at, issuer_advice, op_text
 
     call = CollectiveCall(rank=0, seq=3, op="all_gather", group="0", group_ranks=[0, 1], issuer=issuer)
     assert op_text(call) == "all_gather (SyncBatchNorm's batch statistics, in training mode)"
@@ -621,7 +621,7 @@ def test_reductions_a_framework_runs_for_different_names_are_a_mismatch() -> Non
 def test_statements_after_a_stop_skip_what_ran_in_earlier_passes_and_what_waits_for_nothing(
     tmp_path: Path,
 ) -> None:
-    from ncclcheck.analyze.source import statements_after
+    from ncclcheck.explain.source import statements_after
 
     script = tmp_path / "train.py"
     script.write_text(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.traces import load_traces
+from ncclcheck.record.traces import load_traces
 
 from .conftest import REPO, processes_marked, run_bounded
 
@@ -169,8 +169,8 @@ def test_a_py_spy_that_is_not_there_is_exit_2() -> None:
 
 
 def test_py_spy_missing_from_path_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from ncclcheck import stacks
     from ncclcheck.errors import InputError
+    from ncclcheck.evidence import stacks
 
     monkeypatch.delenv("NCCLCHECK_PY_SPY", raising=False)
     monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))  # no py-spy beside it

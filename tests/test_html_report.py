@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.lanes import build_lanes
 from ncclcheck.model import Report, Verdict
+from ncclcheck.record.traces import load_traces
 from ncclcheck.render.html import report_html
-from ncclcheck.traces import load_traces
+from ncclcheck.render.lanes import build_lanes
 
 from .conftest import PLAYBOOKS, ncclcheck
 

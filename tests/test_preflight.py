@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from ncclcheck.catalogue import load_catalogue
-from ncclcheck.traces import load_traces
+from ncclcheck.record.traces import load_traces
 
 from .conftest import PLAYBOOKS, REPO, line_in, run_bounded
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.watchdog import ABORT_EXIT_CODE, _describe_waits
+from ncclcheck.runtime.watchdog import ABORT_EXIT_CODE, _describe_waits
 
 from .conftest import REPO, run_bounded, torchrun_argv
 
@@ -131,7 +131,7 @@ def test_stop_puts_torch_back() -> None:
 
 def test_a_blocking_call_is_reported_once_then_said_to_return(tmp_path: Path) -> None:
     # One process, no process group: a stand-in collective that blocks for 1 s.
-    from ncclcheck.watchdog import Watchdog
+    from ncclcheck.runtime.watchdog import Watchdog
 
     def all_reduce(tensor: object, op: object = None, group: object = None, async_op: bool = False) -> str:
         time.sleep(1.0)

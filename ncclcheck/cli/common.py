@@ -9,12 +9,12 @@ from pathlib import Path
 
 import typer
 
+from ncclcheck.commands.preflight import default_nproc
 from ncclcheck.errors import InputError
-from ncclcheck.lanes import Lanes
-from ncclcheck.launch import TorchrunOptions
+from ncclcheck.launch.torchrun import TorchrunOptions
 from ncclcheck.model import Report
-from ncclcheck.preflight import default_nproc
 from ncclcheck.render import console
+from ncclcheck.render.lanes import Lanes
 
 
 @dataclass

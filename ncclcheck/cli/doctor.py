@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ncclcheck.cli.common import JSON_OPTION, REPORT_OPTION, emit_report
-from ncclcheck.doctor import dump_to, run_doctor, run_doctor_from
+from ncclcheck.commands.doctor import dump_to, run_doctor, run_doctor_from
 from ncclcheck.errors import UsageError
 from ncclcheck.model import format_ranks
 

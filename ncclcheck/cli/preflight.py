@@ -21,10 +21,10 @@ from ncclcheck.cli.common import (
     emit_report,
     torchrun_options,
 )
-from ncclcheck.lanes import build_lanes
-from ncclcheck.launch import DryRunSettings, Progress
-from ncclcheck.preflight import report_from, run_preflight
-from ncclcheck.traces import load_traces
+from ncclcheck.commands.preflight import report_from, run_preflight
+from ncclcheck.launch.torchrun import DryRunSettings, Progress
+from ncclcheck.record.traces import load_traces
+from ncclcheck.render.lanes import build_lanes
 
 
 class _ProgressLine:

@@ -17,7 +17,7 @@ from ncclcheck.cli.common import (
     emit_report,
     torchrun_options,
 )
-from ncclcheck.probe import ProbeSettings, choose_backend, parse_layout, run_probe
+from ncclcheck.commands.probe import ProbeSettings, choose_backend, parse_layout, run_probe
 
 
 def probe_command(

@@ -16,7 +16,6 @@ import time
 import traceback
 from typing import Any
 
-from ncclcheck import rendezvous
 from ncclcheck.record import cpu_map, frames, frameworks, perturb, rooted
 from ncclcheck.record.recorder import (
     COLLECTIVES,
@@ -29,6 +28,7 @@ from ncclcheck.record.recorder import (
     OwnLauncher,
     Recorder,
 )
+from ncclcheck.runtime import rendezvous
 
 ENV_PROBE_TIMEOUT = "NCCLCHECK_PROBE_TIMEOUT"
 PROBE_FAILED_EXIT = 75  # a rank whose peers never checked in

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from html import escape
 
-from ncclcheck.lanes import Lanes
 from ncclcheck.model import Report, Severity, format_ranks
+from ncclcheck.render.lanes import Lanes
 
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d1d1f; }

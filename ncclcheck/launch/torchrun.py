@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncclcheck.activity import JobActivity
-from ncclcheck.proctree import kill_tree
+from ncclcheck.evidence.activity import JobActivity
+from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
+from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.perturb import ENV_PERTURB
@@ -37,8 +38,7 @@ from ncclcheck.record.recorder import (
     ENV_TRAIN_STEPS,
 )
 from ncclcheck.record.tracefile import data_end, seal
-from ncclcheck.stacks import ProcessStack, dump_stacks
-from ncclcheck.traces import TRACE_GLOB, load_traces
+from ncclcheck.record.traces import TRACE_GLOB, load_traces
 
 
 @dataclass

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ncclcheck.analyze.align import Divergence, StreamAligner, divergences
 from ncclcheck.errors import InputError
+from ncclcheck.explain.align import Divergence, StreamAligner, divergences
 from ncclcheck.model import CollectiveCall, Deferred, Frame
 
 TRACE_GLOB = "rank-*.jsonl"

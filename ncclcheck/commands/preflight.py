@@ -9,10 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncclcheck.diagnose import Evidence, diagnose, relative, split_exit_error
 from ncclcheck.errors import InputError, UsageError
-from ncclcheck.lanes import Lanes, build_lanes
-from ncclcheck.launch import (
+from ncclcheck.explain.diagnose import Evidence, diagnose, relative, split_exit_error
+from ncclcheck.launch.torchrun import (
     DryRunSettings,
     LaunchResult,
     Progress,
@@ -22,7 +21,8 @@ from ncclcheck.launch import (
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
-from ncclcheck.traces import TRACE_GLOB, RankTrace, load_traces
+from ncclcheck.record.traces import TRACE_GLOB, RankTrace, load_traces
+from ncclcheck.render.lanes import Lanes, build_lanes
 
 
 @dataclass

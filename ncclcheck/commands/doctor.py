@@ -24,11 +24,12 @@ from typing import Any, NoReturn
 
 import psutil
 
-from ncclcheck import flight_recorder
-from ncclcheck.analyze import source
-from ncclcheck.analyze.align import Divergence, Mismatch
-from ncclcheck.diagnose import OP_ADVICE, Diagnoser, Evidence, issued_at, relative, who
 from ncclcheck.errors import InputError, StackPermissionError
+from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence.stacks import ProcessStack, ThreadStack, dump_stacks
+from ncclcheck.explain import source
+from ncclcheck.explain.align import Divergence, Mismatch
+from ncclcheck.explain.diagnose import OP_ADVICE, Diagnoser, Evidence, issued_at, relative, who
 from ncclcheck.model import (
     CollectiveCall,
     Finding,
@@ -42,7 +43,6 @@ from ncclcheck.model import (
 )
 from ncclcheck.record.frames import framework_name
 from ncclcheck.record.recorder import COLLECTIVES, P2P
-from ncclcheck.stacks import ProcessStack, ThreadStack, dump_stacks
 
 # the torch.distributed functions a rank can wait in (what the recorder wraps)
 # Group creation waits on peers too: every rank enters new_group, members or not.
@@ -700,7 +700,7 @@ def _deferred_finding(waiting: list[StackClass], diagnoser: Diagnoser, evidence:
     inside = next((c for c in waiting if c.deferred is not None and c.frames), None)
     if inside is None or inside.deferred is None:
         return None
-    from ncclcheck.lint import run_lint  # reads source: only for this case
+    from ncclcheck.commands.lint import run_lint  # reads source: only for this case
 
     known = inside.deferred
     entry = Path(inside.frames[0].file)  # the script: lint follows its imports

@@ -25,7 +25,7 @@ _COLLECTIVE_FUNCTIONS = ("_engine_run_backward",)  # DDP's bucket all_reduce wai
 # recorder's DataLoader wrapper is not one: a rank stuck in its data is not in a collective.
 _WRAPPER_FUNCTIONS = {
     "ncclcheck/record/recorder.py": ("recorded", "ddp_hook"),
-    "ncclcheck/watchdog.py": ("watched", "tracked"),
+    "ncclcheck/runtime/watchdog.py": ("watched", "tracked"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The probe's rank side, run by torch.distributed.run (``--module ncclcheck.probe_worker``).
+"""The probe's rank side, run by torch.distributed.run (``--module ncclcheck.runtime.probe_worker``).
 
 Each rank checks in through torchrun's store, shares what it is (host, device,
 versions, NCCL_/TORCH_/MASTER_ settings), runs every collective on known values
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ncclcheck.rendezvous import CheckInFailed, check_in
+from ncclcheck.runtime.rendezvous import CheckInFailed, check_in
 
 ENV_OUT = "NCCLCHECK_PROBE_OUT"
 ENV_CONFIG = "NCCLCHECK_PROBE_CONFIG"

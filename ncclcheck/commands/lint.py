@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncclcheck.analyze.source import (
+from ncclcheck.errors import InputError
+from ncclcheck.explain.source import (
     DATA,
     RANK,
     RANK_CALLS,
@@ -36,7 +37,6 @@ from ncclcheck.analyze.source import (
     rank_derived_names,
     reaching_rank_names,
 )
-from ncclcheck.errors import InputError
 from ncclcheck.record.recorder import COLLECTIVES, P2P
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each

@@ -25,7 +25,7 @@ from typing import Any
 RUNNER = '''"""Written by ncclcheck's pytest plugin: runs one test function on this rank."""
 import sys
 
-from ncclcheck.pytest_ranks import run
+from ncclcheck.runtime.pytest_ranks import run
 
 run(sys.argv[1])
 '''

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ncclcheck.model import CollectiveCall
 from ncclcheck.record.frames import shown_path
-from ncclcheck.traces import RankTrace, divergences_of
+from ncclcheck.record.traces import RankTrace, divergences_of
 
 
 @dataclass

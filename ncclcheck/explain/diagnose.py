@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclcheck.analyze import source
-from ncclcheck.analyze.align import Divergence, Mismatch
 from ncclcheck.catalogue import Catalogue, load_catalogue
+from ncclcheck.evidence.stacks import ProcessStack
+from ncclcheck.explain import source
+from ncclcheck.explain.align import Divergence, Mismatch
 from ncclcheck.model import (
     CollectiveCall,
     Finding,
@@ -28,8 +29,7 @@ from ncclcheck.model import (
     Verdict,
     format_ranks,
 )
-from ncclcheck.stacks import ProcessStack
-from ncclcheck.traces import RankTrace, RootedRead, divergences_of, trace_frame
+from ncclcheck.record.traces import RankTrace, RootedRead, divergences_of, trace_frame
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """probe: can these ranks talk, all of them, correctly, and how fast.
 
-Launches ``ncclcheck.probe_worker`` through torch.distributed.run with the same
+Launches ``ncclcheck.runtime.probe_worker`` through torch.distributed.run with the same
 launch options as preflight, bounds the whole run, reaps every process, then
 reads what each rank wrote: who checked in, what each rank is, which checks
 failed and whose contributions were wrong, and the bandwidth table computed as
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncclcheck.diagnose import who
 from ncclcheck.errors import UsageError
-from ncclcheck.launch import TorchrunOptions, parse_torchrun_failures, start_torchrun
+from ncclcheck.explain.diagnose import who
+from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.torchrun import TorchrunOptions, parse_torchrun_failures, start_torchrun
 from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Verdict
-from ncclcheck.probe_worker import BUS_FACTOR, CHECKIN_FAILED_EXIT, ENV_CONFIG, ENV_OUT
-from ncclcheck.proctree import kill_tree
+from ncclcheck.runtime.probe_worker import BUS_FACTOR, CHECKIN_FAILED_EXIT, ENV_CONFIG, ENV_OUT
 
 # Of the settings the worker collects (probe_worker._SETTINGS_PREFIXES), the one that
 # differs between ranks by design: which GPU each one sees.
@@ -91,7 +91,7 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
         "torch.distributed.run",
         *torchrun.argv(),
         "--module",
-        "ncclcheck.probe_worker",
+        "ncclcheck.runtime.probe_worker",
     ]
     log_path = out / "torchrun.log"
     # the whole probe is bounded: check-in, each stage's collectives, and a margin

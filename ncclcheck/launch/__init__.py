@@ -1,0 +1,1 @@
+"""Starting ranks through torch.distributed.run, watching them, reaping them."""
