@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclcheck.causes import Cause
 from ncclcheck.errors import PlaybookError
+
+_CAUSE_IDS = [cause.value for cause in Cause]
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -207,6 +210,11 @@ def load_playbook(folder: Path) -> Playbook:
 
     if data["id"] != folder.name:
         raise PlaybookError(f"{path}: id {data['id']!r} differs from its folder {folder.name!r}")
+    if data["id"] not in _CAUSE_IDS:
+        raise PlaybookError(
+            f"{path}: id {data['id']!r} is not a cause ncclcheck names",
+            hint=f"Add it to ncclcheck/causes.py, or use one of: {', '.join(_CAUSE_IDS)}.",
+        )
     for required in (REPRO_FILE, FIXED_FILE):
         if not (folder / required).is_file():
             raise PlaybookError(f"{folder}: missing {required}")

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any
 
 from ncclcheck import __version__
+from ncclcheck.causes import Cause
 
 
 class Verdict(str, Enum):
@@ -203,7 +204,7 @@ class RankState:
 class Finding:
     """One diagnosed problem, named by a cause id of the catalogue."""
 
-    cause: str
+    cause: Cause
     severity: Severity
     message: str
     ranks: list[int] = field(default_factory=list)
@@ -215,11 +216,13 @@ class Finding:
     playbook: str = ""
 
     def __post_init__(self) -> None:
+        self.cause = Cause(self.cause)  # an id no playbook has is an error, not an empty fix
         if not self.playbook:
-            self.playbook = self.cause
+            self.playbook = self.cause.value
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["cause"] = self.cause.value
         data["severity"] = self.severity.value
         return data
 

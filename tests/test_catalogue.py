@@ -127,3 +127,29 @@ def test_load_catalogue_skips_private_folders_and_rejects_non_folders(tmp_path: 
     assert load_catalogue(root).ids == ["straggler"]
     with pytest.raises(PlaybookError, match="not a folder of playbooks"):
         load_catalogue(tmp_path / "nowhere")
+
+
+def test_every_cause_has_a_playbook_and_every_playbook_is_a_cause() -> None:
+    from ncclcheck.causes import Cause
+
+    assert {cause.value for cause in Cause} == EXPECTED_IDS == set(load_catalogue(PLAYBOOKS).ids)
+
+
+def test_a_playbook_whose_id_is_no_cause_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "rank-died"
+    shutil.copytree(PLAYBOOKS / "rank-crashed", folder)
+    _edit(folder, 'id = "rank-crashed"', 'id = "rank-died"')
+    with pytest.raises(PlaybookError, match="'rank-died' is not a cause ncclcheck names"):
+        load_playbook(folder)
+
+
+def test_a_finding_with_an_unknown_cause_is_an_error_not_an_empty_fix() -> None:
+    from ncclcheck.causes import Cause
+    from ncclcheck.model import Finding, Severity
+
+    with pytest.raises(ValueError, match="rank-died"):
+        Finding("rank-died", Severity.ERROR, "a rank died")  # type: ignore[arg-type]
+    finding = Finding("straggler", Severity.WARNING, "slow")  # type: ignore[arg-type]
+    assert finding.cause is Cause.STRAGGLER
+    assert finding.to_dict()["cause"] == "straggler" and finding.playbook == "straggler"
+    assert f"{finding.cause}" == "straggler"

@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import psutil
 
+from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack, dump_stacks
@@ -514,12 +515,12 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
     if recorded and report.findings:
         report.findings[0].evidence += recorded
         parted = flight_recorder.disagreement(dumps)
-        if parted is not None and report.findings[0].cause in ("transport-hang", "straggler"):
+        if parted is not None and report.findings[0].cause in (Cause.TRANSPORT_HANG, Cause.STRAGGLER):
             # The stacks look alike, the Flight Recorder shows the sequences differ.
             group, by_op = parted
             sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
             report.findings[0] = Diagnoser(Evidence(traces={}, world_size=world)).finding(
-                "collective-order-mismatch",
+                Cause.COLLECTIVE_ORDER_MISMATCH,
                 f"the ranks wait alike, but their Flight Recorders show different collectives at the "
                 f"same position on group {group}: "
                 + "; ".join(f"{who(r)} issued {op}" for op, r in sorted(by_op.items())),
@@ -529,7 +530,7 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
                 site=report.findings[0].site,
                 evidence=report.findings[0].evidence,
             )
-    if report.findings and report.findings[0].cause == "transport-hang" and not recorded:
+    if report.findings and report.findings[0].cause == Cause.TRANSPORT_HANG and not recorded:
         # What a stack cannot show: on which pass of this line each rank is. An extra or
         # missing collective earlier (an uneven eval loop) may have paired silently with
         # one of the same size, leaving the ranks a call apart here.
@@ -562,7 +563,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         ranks = sorted(r for c in classes for r in c.ranks)
         return [
             diagnoser.finding(
-                "rank-crashed",
+                Cause.RANK_CRASHED,
                 f"{who(missing)} of {world} are not running on this host while {who(ranks)} wait",
                 ranks=ranks,
                 absent_ranks=missing,
@@ -580,7 +581,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
             if all(_CREATED_GROUP in state for state in only.states.values()):
                 return [
                     diagnoser.finding(
-                        "rank-conditional-collective",
+                        Cause.RANK_CONDITIONAL_COLLECTIVE,
                         f"every rank waits in new_group at {_site(only)}, but they give the group "
                         "different names: "
                         + "; ".join(lines)
@@ -602,7 +603,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
                 ]
             return [
                 diagnoser.finding(
-                    "collective-order-mismatch",
+                    Cause.COLLECTIVE_ORDER_MISMATCH,
                     f"every rank waits in {only.blocking} at {_site(only)}, but not at the same point "
                     f"of its sequence: "
                     + "; ".join(lines)
@@ -618,7 +619,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
             evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
         return [
             diagnoser.finding(
-                "transport-hang",
+                Cause.TRANSPORT_HANG,
                 f"every rank is in {only.blocking} at {_site(only)}"
                 + (f" or frozen ({who(frozen)})" if frozen else "")
                 + ": the stacks are aligned, so the transport is the suspect; run `ncclcheck probe` "
@@ -635,7 +636,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         ranks = sorted(r for c in waiting for r in c.ranks)
         return [
             diagnoser.finding(
-                "straggler",
+                Cause.STRAGGLER,
                 f"{who(ranks)} wait in {waiting[0].blocking} while {who(late)} are busy outside any "
                 f"collective ({outside[0].blocking} at {_where(outside[0])})",
                 ranks=ranks,
@@ -672,7 +673,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         finding = diagnoser.branch(divergence, small.ranks, big.ranks, evidence)
         if small.blocking == big.blocking and finding.message.endswith("at that point"):
             finding = diagnoser.finding(
-                "collective-order-mismatch",
+                Cause.COLLECTIVE_ORDER_MISMATCH,
                 f"{who(small.ranks)} and {who(big.ranks)} wait in {small.blocking} at different "
                 f"sites ({_site(small)} and {_site(big)}): their collective sequences differ",
                 ranks=small.ranks,
@@ -684,7 +685,7 @@ def diagnose_classes(classes: list[StackClass], world: int, found: list[int]) ->
         return [finding]
     return [
         Finding(
-            cause="straggler",
+            cause=Cause.STRAGGLER,
             severity=Severity.WARNING,
             message="no rank is inside a collective: the job is slow or stuck outside communication",
             ranks=found,
@@ -708,14 +709,14 @@ def _deferred_finding(waiting: list[StackClass], diagnoser: Diagnoser, evidence:
         findings, _ = run_lint([entry]) if entry.is_file() else ([], None)
     except Exception:  # unreadable source must not hide the stacks' own diagnosis
         return None
-    asked = [f for f in findings if f.cause == "rank-conditional-collective" and known.marker in f.message]
+    asked = [f for f in findings if f.cause == Cause.RANK_CONDITIONAL_COLLECTIVE and known.marker in f.message]
     if not asked:
         return None
     others = sorted(r for c in waiting if c is not inside for r in c.ranks)
     first = asked[0]
     site = f"{relative(first.path, os.getcwd())}:{first.line}"
     return diagnoser.finding(
-        "rank-conditional-collective",
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
         f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside {known.what}, while "
         f"{who(others)} {_verb(others)} elsewhere: the source makes that call only on some ranks ({site})",
         ranks=inside.ranks,
@@ -804,14 +805,14 @@ def _loop_finding(
 ) -> Finding:
     assert inside.site is not None
     if source.swallowing_try(inside.site.file, inside.site.line) is not None:
-        cause = "rank-exception"
+        cause = Cause.RANK_EXCEPTION
         message = (
             f"{who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
             f"errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
             f"collectives"
         )
     else:
-        cause = "uneven-eval-batches"
+        cause = Cause.UNEVEN_EVAL_BATCHES
         message = (
             f"{who(inside.ranks)} are still in the loop at "
             f"{relative(frame.file, os.getcwd())}:{loop.lineno} (in "
@@ -826,7 +827,7 @@ def _loop_finding(
         if origin is not None:
             built = f"{origin.name} = DataLoader(...) at {relative(origin.file, os.getcwd())}:{origin.line}"
             if origin.sampler is None and not origin.rank_sharded:
-                cause = "missing-distributed-sampler"
+                cause = Cause.MISSING_DISTRIBUTED_SAMPLER
                 message += (
                     f"; the loader ({built}) has no sampler and its dataset is not sharded by "
                     f"rank, so each rank iterates a set of its own length"

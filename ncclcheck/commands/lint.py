@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.explain.source import (
     DATA,
@@ -114,7 +115,7 @@ _IGNORE = re.compile(r"#\s*ncclcheck:\s*ignore(?:\[([a-z0-9\-, ]+)\])?")
 
 @dataclass
 class LintFinding:
-    cause: str
+    cause: Cause
     severity: str  # error | warning
     path: str
     line: int
@@ -780,7 +781,7 @@ class Linter:
             if not set(names) & consumed:
                 continue  # built and handed back (a loader factory): its user decides how to shard it
             dataset = ast.unparse(call.args[0]) if call.args else "?"
-            cause = "uneven-eval-batches"
+            cause = Cause.UNEVEN_EVAL_BATCHES
             stream = _iterable_dataset_class(module, call.args[0]) if call.args else None
             if stream is not None:
                 # No sampler applies to an IterableDataset: it splits the stream itself.
@@ -808,7 +809,7 @@ class Linter:
                         f"DistributedSampler(..., shuffle=False)"
                     )
                 else:
-                    cause = "missing-distributed-sampler"
+                    cause = Cause.MISSING_DISTRIBUTED_SAMPLER
                     message = (
                         f"eval loader {names[0]} = DataLoader({dataset}, ...) has no sampler= in a "
                         f"distributed script: every rank evaluates its own copy of the set"
@@ -1260,7 +1261,7 @@ class _ScopeChecker:
         if found:
             call, collective = found[0]
             self.add(
-                "collective-order-mismatch",
+                Cause.COLLECTIVE_ORDER_MISMATCH,
                 "warning",
                 call,
                 f"{collective.label} in a loop over {ast.unparse(loop.iter)} (line {loop.lineno}): "
@@ -1300,7 +1301,7 @@ class _ScopeChecker:
                     _inner_call, collective = found[0]
                     param = ast.unparse(node.iter)
                     self.add(
-                        "collective-order-mismatch",
+                        Cause.COLLECTIVE_ORDER_MISMATCH,
                         "warning",
                         call,
                         f"{collective.label} in a loop over {param} in {target.name}() (line "
@@ -1322,7 +1323,7 @@ class _ScopeChecker:
         ]
         if sized:
             self.add(
-                "collective-shape-mismatch",
+                Cause.COLLECTIVE_SHAPE_MISMATCH,
                 "warning",
                 call,
                 f"{collective.label} of {sized[0]}, whose size depends on the data (boolean indexing, "
@@ -1487,7 +1488,7 @@ class _ScopeChecker:
                 for call, collective in self.collectives(node.body):
                     if collective.label not in handled:
                         self.add(
-                            "rank-exception",
+                            Cause.RANK_EXCEPTION,
                             "warning",
                             call,
                             f"{collective.label} inside a try whose except (line "
@@ -1528,7 +1529,7 @@ class _ScopeChecker:
                 and len(collective.chain) == 1
             ):
                 self.add(
-                    "data-dependent-branch",
+                    Cause.DATA_DEPENDENT_BRANCH,
                     "warning",
                     call,
                     f"{collective.label}: generation runs one forward per new token and, with FSDP "
@@ -1591,16 +1592,16 @@ class _ScopeChecker:
 
     def report_branch(self, guard: _Guard, call: ast.Call, collective: _Collective) -> None:
         if guard.kind == RANK:
-            cause, severity, why = "rank-conditional-collective", "error", "rank-dependent"
+            cause, severity, why = Cause.RANK_CONDITIONAL_COLLECTIVE, "error", "rank-dependent"
         elif guard.kind == DATA:
             cause, severity, why = (
-                "data-dependent-branch",
+                Cause.DATA_DEPENDENT_BRANCH,
                 "warning",
                 "data-dependent (a tensor's value or size)",
             )
         else:
             cause, severity, why = (
-                "unsynchronized-decision",
+                Cause.UNSYNCHRONIZED_DECISION,
                 "warning",
                 "rank-local (a clock, a file check, a random draw)",
             )
@@ -1630,8 +1631,8 @@ class _ScopeChecker:
             return
         certain = [pair for pair in in_loop if pair[1].certain]
         call, collective = (certain or in_loop)[0]
-        cause = {RANK: "rank-conditional-collective", DATA: "data-dependent-branch"}.get(
-            kind, "unsynchronized-decision"
+        cause = {RANK: Cause.RANK_CONDITIONAL_COLLECTIVE, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
+            kind, Cause.UNSYNCHRONIZED_DECISION
         )
         guard = _Guard(kind, loop.lineno, ast.unparse(loop.test))
         self.add(
@@ -1652,8 +1653,8 @@ class _ScopeChecker:
             return  # one finding per exit: the first call it skips
         self.reported_exits.add(id(exit_node))
         statement = _exit_word(exit_node)
-        cause = {RANK: "rank-early-exit", DATA: "data-dependent-branch"}.get(
-            guard.kind, "unsynchronized-decision"
+        cause = {RANK: Cause.RANK_EARLY_EXIT, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
+            guard.kind, Cause.UNSYNCHRONIZED_DECISION
         )
         severity = "error" if guard.kind == RANK and collective.certain else "warning"
         self.add(
@@ -1691,7 +1692,7 @@ class _ScopeChecker:
             collective = self.linter.collective_of_call(call, self.module, self.function, self.ddp)
             if collective is not None:
                 self.add(
-                    "rank-conditional-collective",
+                    Cause.RANK_CONDITIONAL_COLLECTIVE,
                     "error" if collective.certain else "warning",
                     call,
                     f"{collective.label} in {self.function.name}(), which runs on rank 0 only "
@@ -1701,7 +1702,7 @@ class _ScopeChecker:
 
     def add(
         self,
-        cause: str,
+        cause: Cause,
         severity: str,
         call: ast.Call,
         message: str,

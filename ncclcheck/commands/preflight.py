@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError, UsageError
 from ncclcheck.explain.diagnose import Evidence, diagnose, relative, split_exit_error
 from ncclcheck.launch.torchrun import (
@@ -277,7 +278,7 @@ def _probe_finding(traces: dict[int, RankTrace], world: int) -> Finding:
             "hosts that checked in, by node: " + ", ".join(f"node {g}: {h}" for g, h in sorted(hosts.items()))
         )
     return Finding(
-        cause="rank-crashed",
+        cause=Cause.RANK_CRASHED,
         severity=Severity.ERROR,
         message=(
             f"rendezvous probe: ranks {format_ranks(missing)} of {world} never checked in "

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclcheck.causes import Cause
 from ncclcheck.errors import UsageError
 from ncclcheck.explain.diagnose import who
 from ncclcheck.launch.proctree import kill_tree
@@ -123,7 +124,7 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
     world = max([world, *(int(d["world"]) for d in ranks.values() if isinstance(d.get("world"), int))])
     report = build_report(ranks, world, backend, exits, first_failure, timed_out, elapsed, settings)
     for finding in report.findings:
-        if finding.cause == "rank-crashed":  # what the ranks printed last says why
+        if finding.cause == Cause.RANK_CRASHED:  # what the ranks printed last says why
             finding.evidence += [f"log: {line}" for line in log_tail]
     return report
 
@@ -176,7 +177,7 @@ def build_report(
                 why.append(f"rank {r} never started (no process wrote its record)")
         findings.append(
             Finding(
-                cause="rank-crashed",
+                cause=Cause.RANK_CRASHED,
                 severity=Severity.ERROR,
                 message=f"{who(missing)} of {world} never checked in within "
                 f"{settings.checkin_timeout:.0f} s; {who(present) if present else 'no rank'} did",
@@ -210,7 +211,7 @@ def build_report(
         ]
         findings.append(
             Finding(
-                cause="transport-hang",
+                cause=Cause.TRANSPORT_HANG,
                 severity=Severity.ERROR,
                 message=f"{op} gave wrong results on {who(seen_by)}"
                 + (f"; the wrong contribution came from {who(culprits)}" if culprits else ""),
@@ -229,7 +230,7 @@ def build_report(
         if not row["ok"]:
             findings.append(
                 Finding(
-                    cause="transport-hang",
+                    cause=Cause.TRANSPORT_HANG,
                     severity=Severity.ERROR,
                     message=f"all_reduce on {row['dimension']} group {row['members']} gave a wrong result",
                     ranks=row["members"],
@@ -240,7 +241,7 @@ def build_report(
     if timed_out:
         findings.append(
             Finding(
-                cause="transport-hang",
+                cause=Cause.TRANSPORT_HANG,
                 severity=Severity.ERROR,
                 message=f"the probe did not finish within its bound and was stopped after {elapsed:.0f} s",
                 ranks=sorted(ranks),
@@ -250,7 +251,7 @@ def build_report(
     elif first_failure is not None and not missing and not failed:
         findings.append(
             Finding(
-                cause="rank-crashed",
+                cause=Cause.RANK_CRASHED,
                 severity=Severity.ERROR,
                 message=f"rank {first_failure} failed during the probe (exit {exits.get(first_failure)})",
                 ranks=[first_failure],
@@ -312,7 +313,7 @@ def _differ_finding(key: str, values: dict[str, list[int]]) -> Finding:
     described = "; ".join(f"{who(ranks)}: {value}" for value, ranks in sorted(values.items()))
     fewest = min(values.values(), key=len)
     return Finding(
-        cause="transport-hang",
+        cause=Cause.TRANSPORT_HANG,
         severity=Severity.WARNING,
         message=f"{key} differs between ranks ({described}): a mismatch here is a classic cause of hangs "
         f"that look like transport faults",

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclcheck.causes import Cause
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.evidence.stacks import ProcessStack
 from ncclcheck.explain import source
@@ -253,12 +254,12 @@ class Diagnoser:
         how, code = self.exit_of(rank)
         return how == "killed" and code == -15 and self.ev.first_failure not in (None, rank)
 
-    def fix(self, cause: str) -> str:
+    def fix(self, cause: Cause) -> str:
         return self.catalogue.get(cause).fix.direct if cause in self.catalogue else ""
 
     def finding(
         self,
-        cause: str,
+        cause: Cause,
         message: str,
         *,
         ranks: list[int],
@@ -479,7 +480,7 @@ class Diagnoser:
         if first.kind is Mismatch.SHAPE:
             call = calls[made[0]]
             return self.finding(
-                "collective-shape-mismatch",
+                Cause.COLLECTIVE_SHAPE_MISMATCH,
                 f"{who(first.members)} call {call.op if call else '?'} at the same "
                 f"site with different shapes or dtypes",
                 ranks=first.members,
@@ -541,7 +542,7 @@ class Diagnoser:
         sides = "; ".join(f"{who(ranks)}: {request}" for request, ranks in by_request.items())
         by = call.later.by if call.later else "the framework"
         return self.finding(
-            "collective-shape-mismatch",
+            Cause.COLLECTIVE_SHAPE_MISMATCH,
             f"{who(first.members)} reach {by}'s {call.op} at {self.site(call.site)} for values "
             f"logged under different names ({sides}): they pair with each other, and a rank "
             f"that logged more names than the others waits forever",
@@ -576,7 +577,7 @@ class Diagnoser:
                         "each side waits for the other in a different process group: a cycle",
                     ]
                     return self.finding(
-                        "collective-order-mismatch",
+                        Cause.COLLECTIVE_ORDER_MISMATCH,
                         f"{who(one.present)} and {who(two.present)} "
                         f"issue the same collectives in a different order across process groups "
                         f"{one.group} and {two.group}",
@@ -598,7 +599,7 @@ class Diagnoser:
         where = _location_of(ended)
         evidence = [*evidence, *(f"rank {r} ended: {self.exit_text(r)}" for r in left)]
         return self.finding(
-            "rank-early-exit",
+            Cause.RANK_EARLY_EXIT,
             f"{who(left)} left the script early"
             + (f" (sys.exit at {relative(where[0], self.ev.cwd)}:{where[1]})" if where else "")
             + f" while {who(made)} went on to {call.op if call else '?'} at "
@@ -682,7 +683,7 @@ class Diagnoser:
                 f"{who(dead)} died", f"{who(dead)} died after an eval pass with no batch", 1
             )
         finding = self.finding(
-            "rank-crashed",
+            Cause.RANK_CRASHED,
             message,
             ranks=survivors,
             absent_ranks=dead,
@@ -731,7 +732,7 @@ class Diagnoser:
             if r in self.ev.traces
         }
         return self.finding(
-            "uneven-eval-batches",
+            Cause.UNEVEN_EVAL_BATCHES,
             f"{who(joined)} ran out of batches and joined at {self.site(stand_in.site)} "
             f"(DDP's Join), which stands in for DDP's own collectives only; {who(own)} "
             f"made the {op_text(call)} at {self.site(call.site)} in a later step, and "
@@ -781,9 +782,9 @@ class Diagnoser:
                 f"dataset {loader_pass.dataset}"
                 + ("" if loader_pass.distributed_sampler else " (no DistributedSampler)")
             )
-        cause = "uneven-eval-batches"
+        cause = Cause.UNEVEN_EVAL_BATCHES
         if any(not p.distributed_sampler for p in passes) and self.eval_samples_overlap():
-            cause = "missing-distributed-sampler"
+            cause = Cause.MISSING_DISTRIBUTED_SAMPLER
             evidence.append(
                 "the ranks evaluate overlapping samples: each rank draws its own "
                 "eval set instead of a shard of one"
@@ -827,7 +828,7 @@ class Diagnoser:
             f"{who(skipped)} made no {op_text(earlier)} at "
             f"{self.site(site)} for {step.get('loader')} batch {step.get('batch')}",
         ]
-        cause, reason = "data-dependent-branch", ""
+        cause, reason = Cause.DATA_DEPENDENT_BRANCH, ""
         if site is not None:
             # the try may be a caller's, around the step function the error left early
             swallow, swallow_file = None, site.file
@@ -847,7 +848,7 @@ class Diagnoser:
                     exits = source.conditional_exits(frame.file, loop)
                     site = frame
             if swallow is not None:
-                cause = "rank-exception"
+                cause = Cause.RANK_EXCEPTION
                 reason = (
                     f"the call is inside a try at {self.site(Frame(swallow_file, swallow.lineno, ''))}"
                     " whose handler swallows the error and continues"
@@ -855,9 +856,9 @@ class Diagnoser:
             elif exits:
                 guard = exits[-1]
                 cause = {
-                    "rank": "rank-conditional-collective",
-                    "data": "data-dependent-branch",
-                }.get(guard.kind, "unsynchronized-decision")
+                    "rank": Cause.RANK_CONDITIONAL_COLLECTIVE,
+                    "data": Cause.DATA_DEPENDENT_BRANCH,
+                }.get(guard.kind, Cause.UNSYNCHRONIZED_DECISION)
                 reason = (
                     f"`{guard.statement}` under `if {guard.text}` at "
                     f"{self.site(Frame(site.file, guard.line, ''))} skips it"
@@ -892,7 +893,7 @@ class Diagnoser:
         for rank in late:
             evidence.append(f"rank {rank} is outside any collective: {self.frames_text(rank)}")
         return Finding(
-            cause="straggler",
+            cause=Cause.STRAGGLER,
             severity=Severity.ERROR,
             message=(
                 f"{who(made)} waited in {call.op if call else '?'} for "
@@ -904,7 +905,7 @@ class Diagnoser:
             op=call.op if call else None,
             site=self.site(call.site if call else None),
             evidence=evidence,
-            fix=self.fix("straggler"),
+            fix=self.fix(Cause.STRAGGLER),
         )
 
     def busy_where(self, rank: int) -> str:
@@ -956,7 +957,7 @@ class Diagnoser:
                     f" sends {who(side_made)} to it"
                 )
                 return self.call_finding(
-                    "rank-conditional-collective",
+                    Cause.RANK_CONDITIONAL_COLLECTIVE,
                     f"only {who(side_made)} reached {op_text(side_call)} at "
                     f"{self.site(side_call.site)} in "
                     f"{side_call.site.function if side_call.site else '?'}(), under "
@@ -1028,12 +1029,12 @@ class Diagnoser:
                 continue
             frame, guard = around
             if kind == source.DATA:
-                cause, what, test_is = "data-dependent-branch", "a test on the data", "tests the data"
+                cause, what, test_is = Cause.DATA_DEPENDENT_BRANCH, "a test on the data", "tests the data"
             else:
                 reads = " and ".join(source.rank_local_reads(guard.text, frame.file))
                 if not reads:
                     continue
-                cause = "unsynchronized-decision"
+                cause = Cause.UNSYNCHRONIZED_DECISION
                 what = f"a test each rank answers for itself ({reads}, never synchronised)"
                 test_is = f"is {reads} each rank makes for itself"
             evidence.append(
@@ -1061,7 +1062,7 @@ class Diagnoser:
                 )
                 break
         return self.call_finding(
-            "rank-conditional-collective",
+            Cause.RANK_CONDITIONAL_COLLECTIVE,
             f"{who(made)} called {op_text(call)} at {self.site(call.site)}; "
             f"{who(other)} did something else at that point",
             call,
@@ -1072,7 +1073,7 @@ class Diagnoser:
 
     def call_finding(
         self,
-        cause: str,
+        cause: Cause,
         message: str,
         call: CollectiveCall,
         made: list[int],
@@ -1147,13 +1148,13 @@ class Diagnoser:
             f"`{keyword} {guard.text}` ({where})"
         )
         if rooted:
-            cause = "unsynchronized-decision"
+            cause = Cause.UNSYNCHRONIZED_DECISION
             rank, read = rooted[0]
             message += (
                 f": it reads what dist.reduce at {self.site(read.reduce_site)} left on rank {rank}, "
                 f"not the result, which only rank {read.dst} receives"
             )
-        elif cause == "unsynchronized-decision":
+        elif cause == Cause.UNSYNCHRONIZED_DECISION:
             message += ": its value differs per rank and was never synchronised"
         return self.finding(
             cause,
@@ -1184,7 +1185,7 @@ class Diagnoser:
             waiting = sorted(r for r in stacks if r not in late)
             call = lasts.get(waiting[0])
             return Finding(
-                cause="straggler",
+                cause=Cause.STRAGGLER,
                 severity=Severity.ERROR,
                 message=(
                     f"{who(waiting)} waited in a collective for {who(late)}, busy outside any collective"
@@ -1194,7 +1195,7 @@ class Diagnoser:
                 op=call.op if call else None,
                 site=self.site(call.site if call else None),
                 evidence=[f"rank {r}: {self.frames_text(r)}" for r in late],
-                fix=self.fix("straggler"),
+                fix=self.fix(Cause.STRAGGLER),
             )
         call = next(iter(lasts.values()), None)
         frozen = [r for r, s in stacks.items() if s.status in ("stopped", "tracing-stop", "disk-sleep")]
@@ -1202,7 +1203,7 @@ class Diagnoser:
         if frozen:
             evidence.append(f"{who(frozen)} are frozen (process state stopped)")
         return Finding(
-            cause="transport-hang",
+            cause=Cause.TRANSPORT_HANG,
             severity=Severity.ERROR,
             message=(
                 f"every rank is in the same {call.op if call else 'collective'} at "
@@ -1214,7 +1215,7 @@ class Diagnoser:
             op=call.op if call else None,
             site=self.site(call.site if call else None),
             evidence=evidence,
-            fix=self.fix("transport-hang"),
+            fix=self.fix(Cause.TRANSPORT_HANG),
         )
 
     # -- warnings ----------------------------------------------------------------------
@@ -1222,7 +1223,7 @@ class Diagnoser:
     def warnings(self, errors: list[Finding]) -> list[Finding]:
         causes = {f.cause for f in errors}
         found: list[Finding] = []
-        if self.ev.world_size > 1 and "missing-distributed-sampler" not in causes:
+        if self.ev.world_size > 1 and Cause.MISSING_DISTRIBUTED_SAMPLER not in causes:
             loaders: dict[str, set[str]] = {}
             for trace in self.ev.traces.values():
                 for loader_pass in trace.eval_passes:
@@ -1238,18 +1239,18 @@ class Diagnoser:
                 )
                 found.append(
                     Finding(
-                        cause="missing-distributed-sampler",
+                        cause=Cause.MISSING_DISTRIBUTED_SAMPLER,
                         severity=Severity.WARNING,
                         message=(
                             f"eval loader {loader} has no DistributedSampler "
                             f"({', '.join(sorted(samplers))}): {effect}"
                         ),
-                        fix=self.fix("missing-distributed-sampler"),
+                        fix=self.fix(Cause.MISSING_DISTRIBUTED_SAMPLER),
                     )
                 )
         found += self.rooted_reads()
         uneven_train = self.uneven_train_loader()
-        if uneven_train is not None and "uneven-eval-batches" not in causes:
+        if uneven_train is not None and Cause.UNEVEN_EVAL_BATCHES not in causes:
             found.append(uneven_train)
         # complete passes only: a rank that died mid-pass has a partial count
         counts = {
@@ -1260,11 +1261,11 @@ class Diagnoser:
         if (
             len(counts) > 1
             and len(set(counts.values())) > 1
-            and not causes & {"uneven-eval-batches", "missing-distributed-sampler"}
+            and not causes & {Cause.UNEVEN_EVAL_BATCHES, Cause.MISSING_DISTRIBUTED_SAMPLER}
         ):
             found.append(
                 Finding(
-                    cause="uneven-eval-batches",
+                    cause=Cause.UNEVEN_EVAL_BATCHES,
                     severity=Severity.WARNING,
                     message=(
                         "eval loaders yield different numbers of batches per rank: "
@@ -1272,7 +1273,7 @@ class Diagnoser:
                         + "; a per-batch collective in the eval loop would hang"
                     ),
                     ranks=sorted(counts),
-                    fix=self.fix("uneven-eval-batches"),
+                    fix=self.fix(Cause.UNEVEN_EVAL_BATCHES),
                 )
             )
         return found
@@ -1299,7 +1300,7 @@ class Diagnoser:
             members = sorted(self.ev.traces)
             found.append(
                 Finding(
-                    cause="unsynchronized-decision",
+                    cause=Cause.UNSYNCHRONIZED_DECISION,
                     severity=Severity.WARNING,
                     message=(
                         f"{who(ranks)} read {name} with {read.how} at {self.site(read.site)} in "
@@ -1349,7 +1350,7 @@ class Diagnoser:
             if all(self.ev.traces[r].join_stand_ins for r, n in per_rank.items() if n < most):
                 continue  # the ranks with fewer batches joined: DDP's Join stood in for them
             return Finding(
-                cause="uneven-eval-batches",
+                cause=Cause.UNEVEN_EVAL_BATCHES,
                 severity=Severity.WARNING,
                 message=(
                     f"train loader {loader} yields different numbers of batches per rank ("
@@ -1361,7 +1362,7 @@ class Diagnoser:
                     "DDP's join()"
                 ),
                 ranks=sorted(per_rank),
-                fix=self.fix("uneven-eval-batches"),
+                fix=self.fix(Cause.UNEVEN_EVAL_BATCHES),
             )
         return None
 
@@ -1376,12 +1377,12 @@ def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, source.Guard] 
     return None
 
 
-def _cause_of_exit(condition_kind: str) -> str:
+def _cause_of_exit(condition_kind: str) -> Cause:
     """The cause an early exit or skip names, by what its condition reads."""
     return {
-        source.RANK: "rank-early-exit",
-        source.DATA: "data-dependent-branch",
-    }.get(condition_kind, "unsynchronized-decision")
+        source.RANK: Cause.RANK_EARLY_EXIT,
+        source.DATA: Cause.DATA_DEPENDENT_BRANCH,
+    }.get(condition_kind, Cause.UNSYNCHRONIZED_DECISION)
 
 
 def _location_of(described: str) -> tuple[str, int] | None:
