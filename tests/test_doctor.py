@@ -253,7 +253,7 @@ def test_a_new_group_some_ranks_skipped_is_named_from_the_group_being_created() 
     # group every rank creates next is "2" on ranks 0-1 and "1" on rank 2. Either all
     # three wait in that new_group (read from py-spy's locals), or rank 2, having found
     # the stale keys of group "1", already waits in its all_reduce.
-    from ncclcheck.explain.diagnose import OP_ADVICE
+    from ncclcheck.communicates import OP_ADVICE
 
     script = SCRIPTS / "new_group_on_members.py"
     code, report = doctor_on_hung(script, 3)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import itertools
 import json
-import linecache
 import os
 import socket
 import time
@@ -25,12 +24,13 @@ from typing import Any, NoReturn
 import psutil
 
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import DEFERRED_FRAMES, DeferredFrame
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.evidence import flight_recorder
-from ncclcheck.evidence.stacks import ProcessStack, ThreadStack, dump_stacks
+from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks, issuer_advice
 from ncclcheck.explain import source
 from ncclcheck.explain.align import Divergence, Mismatch
-from ncclcheck.explain.diagnose import OP_ADVICE, Diagnoser, Evidence, issued_at, relative, who
+from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative, who
 from ncclcheck.model import (
     CollectiveCall,
     Finding,
@@ -43,21 +43,6 @@ from ncclcheck.model import (
     format_ranks,
 )
 from ncclcheck.record.frames import framework_name
-from ncclcheck.record.recorder import COLLECTIVES, P2P
-
-# the torch.distributed functions a rank can wait in (what the recorder wraps)
-# Group creation waits on peers too: every rank enters new_group, members or not.
-_COLLECTIVE_NAMES = frozenset(COLLECTIVES) | frozenset(P2P) | {"new_group", "new_subgroups", "split_group"}
-# DDP's own broadcasts: the C++ _broadcast_coalesced shows no Python frame, the
-# method that calls it does. (file fragment, function) -> what the rank waits in.
-_DDP_BROADCASTS = {
-    ("torch/nn/parallel/distributed.py", "_distributed_broadcast_coalesced"): (
-        "_broadcast_coalesced (DDP's broadcast of buffers from rank 0, in forward())"
-    ),
-    ("torch/distributed/utils.py", "_sync_params_and_buffers"): (
-        "_broadcast_coalesced (DDP's broadcast of parameters from rank 0, as it is built)"
-    ),
-}
 
 
 @dataclass
@@ -84,7 +69,7 @@ class StackClass:
     frames: list[Frame]  # the user's frames, outermost first
     # per rank: what tells apart ranks waiting at the same line (see rank_state)
     states: dict[int, dict[str, str]] = field(default_factory=dict)
-    # a framework running a collective for an earlier call of the user's (see _DEFERRED)
+    # a framework running a collective for an earlier call of the user's (see DEFERRED_FRAMES)
     deferred: DeferredFrame | None = None
     libraries: list[str] = field(default_factory=list)  # third-party packages on the stack
     advice: str | None = None  # what to do about a collective library code issued
@@ -168,110 +153,11 @@ def _status(proc: psutil.Process) -> str:
         return "gone"
 
 
-def _issuer(callers: list[Frame]) -> tuple[str, str] | None:
-    """(what issued it, what to do) when library code the user called issued the
-    collective (SyncBatchNorm, torch.distributed.checkpoint); None when the user's did."""
-    for frame in callers:  # outward, past torch.distributed's own wrappers
-        issued = issued_at(frame.file, frame.function)
-        if issued is not None:  # torch.distributed.checkpoint's are issuers themselves
-            return issued
-        if "torch/distributed/" not in frame.file.replace("\\", "/"):
-            return None
-    return None
-
-
-def _collective_frame(main: ThreadStack) -> int | None:
-    """The index of the collective the main thread waits in (innermost first): the API
-    its caller called, the outermost collective of the run of torch.distributed frames
-    (all_gather_into_tensor, not the all_gather_single it calls; all_gather_object,
-    not its all_gather)."""
-    for index, frame in enumerate(main.frames):
-        if "torch/distributed/" in frame.file and frame.function in _COLLECTIVE_NAMES:
-            outer = index
-            for later in range(index + 1, len(main.frames)):
-                if "torch/distributed/" not in main.frames[later].file:
-                    break
-                if main.frames[later].function in _COLLECTIVE_NAMES:
-                    outer = later
-            return outer
-    return None
-
-
-def issuer_advice_of(stack: ProcessStack) -> str | None:
-    """What to do about the collective a rank waits in, when library code issued it."""
-    main = stack.main
-    index = _collective_frame(main) if main is not None else None
-    if main is None or index is None:
-        return None
-    issued = _issuer(main.frames[index + 1 :])
-    if issued:
-        return issued[1] or None
-    return OP_ADVICE.get(main.frames[index].function)
-
-
-def blocking_call(stack: ProcessStack) -> tuple[str, bool]:
-    """What the main thread waits in: (a collective's name, True) or (what else, False)."""
-    main = stack.main
-    if main is None:
-        return ("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
-    collective = _collective_frame(main)
-    for index, frame in enumerate(main.frames):  # innermost first
-        if index == collective:
-            issued = _issuer(main.frames[index + 1 :])
-            return (f"{frame.function} ({issued[0]})" if issued else frame.function, True)
-        if frame.function == "_engine_run_backward":
-            return ("all_reduce (DDP gradient buckets, in backward)", True)
-        path = frame.file.replace("\\", "/")
-        for (fragment, function), what in _DDP_BROADCASTS.items():
-            # py-spy qualifies methods with their class
-            if path.endswith(fragment) and frame.function.rsplit(".", 1)[-1] == function:
-                return (what, True)
-    for frame in main.frames:
-        if "torch/utils/data/" in frame.file:
-            return ("DataLoader", False)
-    if main.frames and main.frames[0].function in ("sleep", "wait", "join", "_wait_for_tstate_lock"):
-        return (main.frames[0].function, False)
-    if (
-        main.frames
-        and main.is_user(0)
-        and ".wait(" in linecache.getline(main.frames[0].file, main.frames[0].line)
-    ):
-        # `work.wait()` on an async_op=True collective: py-spy shows no frame for the
-        # C++ wait, only the user's line
-        return ("wait() on an async collective", True)
-    if stack.status == "stopped":
-        return ("stopped (SIGSTOP)", False)
-    return ("compute or I/O", False)
-
-
-@dataclass(frozen=True)
-class DeferredFrame:
-    """Framework code that runs a collective for a call the user made earlier, so the
-    user's frames on the stack (``trainer.fit``) do not show which call it was."""
-
-    file: str  # a path fragment of the framework's frame
-    function: str
-    what: str  # said in the evidence
-    library: str  # for the playbook's fix in that framework's terms
-    marker: str  # a lint finding about the user's call mentions this
-
-
-_DEFERRED = (
-    DeferredFrame(
-        "logger_connector/result.py",
-        "compute",
-        "Lightning's epoch-end reduction of the values logged with self.log(..., sync_dist=True)",
-        "lightning",
-        "sync_dist=True",
-    ),
-)
-
-
 def _deferred_in(stack: ProcessStack) -> DeferredFrame | None:
     main = stack.main
     for frame in main.frames if main else []:
         path = frame.file.replace("\\", "/")
-        for known in _DEFERRED:
+        for known in DEFERRED_FRAMES:
             # py-spy qualifies methods with their class: _ResultMetric.compute
             if path.endswith(known.file) and frame.function.rsplit(".", 1)[-1] == known.function:
                 return known
@@ -296,23 +182,24 @@ def _libraries(stack: ProcessStack) -> list[str]:
 def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
     classes: dict[tuple[object, ...], StackClass] = {}
     for rank, stack in sorted(stacks.items()):
-        blocking, in_collective = blocking_call(stack)
+        where = blocking(stack)
+        what, in_collective = where.what, where.waits_for_peers
         frames = list(reversed(_user_frames(stack)))
         deferred = _deferred_in(stack) if in_collective else None
-        key = (blocking, tuple((f.file, f.line, f.function) for f in frames), deferred)
+        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred)
         if key not in classes:
             classes[key] = StackClass(
                 [],
-                blocking,
+                what,
                 in_collective,
                 frames,
                 deferred=deferred,
                 libraries=_libraries(stack),
-                advice=issuer_advice_of(stack),
+                advice=issuer_advice(stack),
             )
         classes[key].ranks.append(rank)
         if in_collective:
-            classes[key].states[rank] = rank_state(stack, blocking)
+            classes[key].states[rank] = rank_state(stack, what)
     return sorted(classes.values(), key=lambda c: c.ranks[0])
 
 
@@ -493,7 +380,7 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
     report = Report(command="doctor", verdict=Verdict.HANG, world_size=world)
     for proc in ranks:
         stack = stacks[proc.rank]
-        blocking, in_collective = blocking_call(stack)
+        where = blocking(stack)
         user = _user_frames(stack)
         report.ranks.append(
             RankState(
@@ -501,12 +388,8 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
                 host=proc.host,
                 pid=proc.pid,
                 phase=None,
-                state=RankStatus.IN_COLLECTIVE if in_collective else RankStatus.STUCK,
-                where=(
-                    f"{relative(user[0].file, os.getcwd())}:{user[0].line} in {user[0].function} ({blocking})"
-                )
-                if user
-                else blocking,
+                state=RankStatus.IN_COLLECTIVE if where.waits_for_peers else RankStatus.STUCK,
+                where=f"{_frame_text(user[0])} ({where.what})" if user else where.what,
             )
         )
     report.findings = diagnose_classes(classes, world, [r.rank for r in ranks])
@@ -709,7 +592,9 @@ def _deferred_finding(waiting: list[StackClass], diagnoser: Diagnoser, evidence:
         findings, _ = run_lint([entry]) if entry.is_file() else ([], None)
     except Exception:  # unreadable source must not hide the stacks' own diagnosis
         return None
-    asked = [f for f in findings if f.cause == Cause.RANK_CONDITIONAL_COLLECTIVE and known.marker in f.message]
+    asked = [
+        f for f in findings if f.cause == Cause.RANK_CONDITIONAL_COLLECTIVE and known.marker in f.message
+    ]
     if not asked:
         return None
     others = sorted(r for c in waiting if c is not inside for r in c.ranks)
@@ -938,6 +823,10 @@ def _not_distributed(
         "not a distributed job: no process there has RANK and WORLD_SIZE in its environment",
         hint="Its stack, innermost first:\n  " + "\n  ".join(lines or ["(none readable)"]),
     )
+
+
+def _frame_text(frame: Frame) -> str:
+    return f"{relative(frame.file, os.getcwd())}:{frame.line} in {frame.function}"
 
 
 def _site(cls: StackClass) -> str | None:

@@ -26,6 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import (
+    ACCELERATE_METHODS,
+    ACCELERATE_SAVE_STATE,
+    COLLECTIVES,
+    DCP_FUNCTIONS,
+    DCP_MODULE,
+    LIGHTNING_COLLECTIVES,
+    P2P,
+    STATE_DICT_FUNCTIONS,
+    STATE_DICT_MODULE,
+    ZERO_CONSOLIDATE,
+)
 from ncclcheck.errors import InputError
 from ncclcheck.explain.source import (
     DATA,
@@ -38,7 +50,6 @@ from ncclcheck.explain.source import (
     rank_derived_names,
     reaching_rank_names,
 )
-from ncclcheck.record.recorder import COLLECTIVES, P2P
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
@@ -49,34 +60,6 @@ _NEW_GROUP = (
     "new_group (every rank enters it, members or not: groups are named by a count of "
     "new_group calls, so a rank that skips one names every later group differently)"
 )
-# accelerate's Accelerator methods that communicate (CAUSES.md)
-_ACCELERATE_METHODS = frozenset(
-    {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone"}
-)
-# save_state waits for every rank only with automatic checkpoint naming, and saves
-# collectively under FSDP or DeepSpeed (huggingface/accelerate#1171): under plain DDP
-# rank 0 alone may call it, so lint warns rather than errs
-_ACCELERATE_SAVE_STATE = (
-    "save_state() (it waits for every rank with automatic checkpoint naming, and saves "
-    "collectively under FSDP or DeepSpeed)"
-)
-_ZERO_CONSOLIDATE = "(ZeroRedundancyOptimizer broadcasts every rank's shard)"
-# torch.distributed.checkpoint's entry points: each plans the save or load across the
-# ranks with collectives (unless no_dist=True)
-_DCP_MODULE = "torch.distributed.checkpoint"
-_DCP_FUNCTIONS = frozenset({"save", "load", "async_save", "save_state_dict", "load_state_dict"})
-# its state_dict helpers, which gather sharded (FSDP, DTensor) state: "call on every rank"
-_STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
-_STATE_DICT_FUNCTIONS = frozenset(
-    {
-        "get_model_state_dict",
-        "get_optimizer_state_dict",
-        "get_state_dict",
-        "set_model_state_dict",
-        "set_optimizer_state_dict",
-        "set_state_dict",
-    }
-)
 _RANK_ZERO_DECORATORS = frozenset(
     {"rank_zero_only", "main_process_only", "on_main_process", "on_local_main_process"}
 )
@@ -86,10 +69,6 @@ _EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE
 )
 _RANK_WORDS = RANK_NAMES | RANK_CALLS
-# Lightning's Strategy (trainer.strategy) and Fabric methods that communicate, besides barrier
-_LIGHTNING_COLLECTIVES = frozenset(
-    {"broadcast", "reduce", "reduce_boolean_decision", "all_gather", "all_reduce"}
-)
 # where the group goes among a collective's positional arguments
 _GROUP_POSITION = {
     "all_reduce": 2,
@@ -125,6 +104,7 @@ class LintFinding:
     condition_line: int | None = None  # the if that decides, where there is one
     call_line: int | None = None  # the call in the checked file that leads to the collective
     checked_path: str = ""  # the checked file (the condition and the call are there)
+    label: str = ""  # the communicating call as lint names it (`self.log(sync_dist=True)`)
 
     @property
     def site(self) -> str:
@@ -269,8 +249,8 @@ class Linter:
                     module.libraries.add(alias.name.split(".")[0])
                     if alias.name == "torch.distributed":
                         module.dist_aliases.add(alias.asname or "torch.distributed")
-                    elif alias.name == _DCP_MODULE:
-                        module.dcp_aliases.add(alias.asname or _DCP_MODULE)
+                    elif alias.name == DCP_MODULE:
+                        module.dcp_aliases.add(alias.asname or DCP_MODULE)
                     elif follow:
                         target = self._resolve_module(module.path, alias.name, 0)
                         if target is not None:
@@ -287,9 +267,9 @@ class Linter:
                         module.dist_functions.add(local)
                     elif base == "torch.distributed" and alias.name == "checkpoint":
                         module.dcp_aliases.add(local)
-                    elif base == _DCP_MODULE and alias.name in _DCP_FUNCTIONS:
+                    elif base == DCP_MODULE and alias.name in DCP_FUNCTIONS:
                         module.dcp_functions.add(local)
-                    elif base == _STATE_DICT_MODULE and alias.name in _STATE_DICT_FUNCTIONS:
+                    elif base == STATE_DICT_MODULE and alias.name in STATE_DICT_FUNCTIONS:
                         module.state_dict_functions.add(local)
                     elif follow:
                         self._note_import(module, base, node.level, alias.name, local)
@@ -379,7 +359,7 @@ class Linter:
         if label is not None:
             path = _relative(module.path)
             certain = not label.endswith("forward through DistributedDataParallel") and not (
-                label.endswith(_ACCELERATE_SAVE_STATE)
+                label.endswith(ACCELERATE_SAVE_STATE)
                 and not (module.shards_parameters or module.automatic_checkpoints)
             )
             return _Collective(
@@ -429,17 +409,17 @@ class Linter:
         if attr in _DIST_OPS and self.is_dist(func.value, module):
             return _dist_label(attr, call)
         if (
-            attr in _DCP_FUNCTIONS
-            and (receiver in module.dcp_aliases or receiver == _DCP_MODULE)
+            attr in DCP_FUNCTIONS
+            and (receiver in module.dcp_aliases or receiver == DCP_MODULE)
             and not _keyword_true(call, "no_dist")
         ):
             return f"{receiver}.{attr}() (torch.distributed.checkpoint plans it across the ranks)"
-        if attr in _ACCELERATE_METHODS and "accelerator" in receiver.lower():
+        if attr in ACCELERATE_METHODS and "accelerator" in receiver.lower():
             return f"{receiver}.{attr}"
         if attr == "consolidate_state_dict":  # ZeroRedundancyOptimizer's (a name of its own)
-            return f"{receiver}.consolidate_state_dict() {_ZERO_CONSOLIDATE}"
+            return f"{receiver}.consolidate_state_dict() {ZERO_CONSOLIDATE}"
         if attr == "save_state" and "accelerator" in receiver.lower():
-            return f"{receiver}.{_ACCELERATE_SAVE_STATE}"
+            return f"{receiver}.{ACCELERATE_SAVE_STATE}"
         if attr in ("log", "log_dict") and any(
             k.arg == "sync_dist" and not (isinstance(k.value, ast.Constant) and not k.value.value)
             for k in call.keywords
@@ -453,7 +433,7 @@ class Linter:
             return "self.all_gather"
         if attr == "barrier" and "strategy" in receiver:
             return f"{receiver}.barrier"
-        if attr in _LIGHTNING_COLLECTIVES and ("strategy" in receiver or "fabric" in receiver.lower()):
+        if attr in LIGHTNING_COLLECTIVES and ("strategy" in receiver or "fabric" in receiver.lower()):
             return f"{receiver}.{attr}"  # Lightning's Strategy and Fabric: broadcast, reduce, ...
         if attr == "compute" and "torchmetrics" in module.libraries and not call.args:
             return f"{receiver}.compute() (torchmetrics syncs its states)"
@@ -1729,6 +1709,7 @@ class _ScopeChecker:
                 guard.line if guard is not None else None,
                 call.lineno,
                 self.path,
+                collective.label,
             )
         )
 

@@ -4,6 +4,7 @@ watchdog and doctor). Dumps run in parallel, each bounded by a timeout."""
 from __future__ import annotations
 
 import json
+import linecache
 import os
 import shutil
 import subprocess
@@ -14,19 +15,10 @@ from typing import Any
 
 import psutil
 
+from ncclcheck.communicates import DDP_BROADCASTS, OP_ADVICE, OWN_WRAPPERS, WAITABLE_OPS, issued_at
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.model import Frame
 from ncclcheck.record.frames import is_user_file
-
-# Frames of these files mean "waiting for other ranks".
-_COLLECTIVE_FILES = ("torch/distributed/",)
-_COLLECTIVE_FUNCTIONS = ("_engine_run_backward",)  # DDP's bucket all_reduce waits in backward
-# ncclcheck's own wrappers around a collective (the recorder's, the watchdog's); the
-# recorder's DataLoader wrapper is not one: a rank stuck in its data is not in a collective.
-_WRAPPER_FUNCTIONS = {
-    "ncclcheck/record/recorder.py": ("recorded", "ddp_hook"),
-    "ncclcheck/runtime/watchdog.py": ("watched", "tracked"),
-}
 
 
 @dataclass
@@ -102,18 +94,114 @@ class ProcessStack:
 
     @property
     def in_collective(self) -> bool:
-        main = self.main
-        if main is None:
-            return False
-        return any(
-            any(marker in frame.file for marker in _COLLECTIVE_FILES)
-            or frame.function in _COLLECTIVE_FUNCTIONS
-            or any(
-                frame.file.replace("\\", "/").endswith(path) and frame.function in functions
-                for path, functions in _WRAPPER_FUNCTIONS.items()
-            )
-            for frame in main.frames
-        )
+        return blocking(self).waits_for_peers
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Where a rank's main thread is: what it waits in, and whether that is a wait for
+    the other ranks (a collective, DDP's gradient buckets or broadcasts, a wait() on an
+    async collective, or torch.distributed's own set-up and store)."""
+
+    what: str
+    waits_for_peers: bool
+
+
+def _issued_by_library(callers: list[Frame]) -> tuple[str, str] | None:
+    """(what issued it, what to do) when library code the user called issued the
+    collective (SyncBatchNorm, torch.distributed.checkpoint); None when the user's did."""
+    for frame in callers:  # outward, past torch.distributed's own wrappers
+        issued = issued_at(frame.file, frame.function)
+        if issued is not None:  # torch.distributed.checkpoint's are issuers themselves
+            return issued
+        if "torch/distributed/" not in frame.file.replace("\\", "/"):
+            return None
+    return None
+
+
+def _collective_frame(main: ThreadStack) -> int | None:
+    """The index of the collective the main thread waits in (innermost first): the API
+    its caller called, the outermost collective of the run of torch.distributed frames
+    (all_gather_into_tensor, not the all_gather_single it calls; all_gather_object,
+    not its all_gather)."""
+    for index, frame in enumerate(main.frames):
+        if "torch/distributed/" in frame.file and frame.function in WAITABLE_OPS:
+            outer = index
+            for later in range(index + 1, len(main.frames)):
+                if "torch/distributed/" not in main.frames[later].file:
+                    break
+                if main.frames[later].function in WAITABLE_OPS:
+                    outer = later
+            return outer
+    return None
+
+
+def issuer_advice(stack: ProcessStack) -> str | None:
+    """What to do about the collective a rank waits in, when library code issued it."""
+    main = stack.main
+    index = _collective_frame(main) if main is not None else None
+    if main is None or index is None:
+        return None
+    issued = _issued_by_library(main.frames[index + 1 :])
+    if issued:
+        return issued[1] or None
+    return OP_ADVICE.get(main.frames[index].function)
+
+
+def _distributed_call(main: ThreadStack) -> Blocking | None:
+    """A wait inside torch.distributed that is no collective (init_process_group, a
+    store's get, a rendezvous), or inside ncclcheck's own wrapper of one: the run of
+    library frames below the user's innermost frame holds it. (torchelastic's @record
+    wraps the whole script from outside: an outer frame does not count.)"""
+    outermost: Frame | None = None
+    for index, frame in enumerate(main.frames):  # innermost first, up to the user's code
+        if main.is_user(index):
+            break
+        path = frame.file.replace("\\", "/")
+        if any(path.endswith(wrapper) and frame.function in names for wrapper, names in OWN_WRAPPERS.items()):
+            return Blocking("a collective (ncclcheck's wrapper around it)", True)
+        if "torch/distributed/" in path:
+            outermost = frame
+    return Blocking(f"{outermost.function} (torch.distributed)", True) if outermost else None
+
+
+def blocking(stack: ProcessStack) -> Blocking:
+    """What the main thread waits in. The one classification of a stack: preflight's
+    rank states and doctor's stack classes both read it."""
+    main = stack.main
+    if main is None:
+        return Blocking("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
+    collective = _collective_frame(main)
+    for index, frame in enumerate(main.frames):  # innermost first
+        if index == collective:
+            issued = _issued_by_library(main.frames[index + 1 :])
+            return Blocking(f"{frame.function} ({issued[0]})" if issued else frame.function, True)
+        if frame.function == "_engine_run_backward":
+            return Blocking("all_reduce (DDP gradient buckets, in backward)", True)
+        path = frame.file.replace("\\", "/")
+        for (fragment, function), what in DDP_BROADCASTS.items():
+            # py-spy qualifies methods with their class
+            if path.endswith(fragment) and frame.function.rsplit(".", 1)[-1] == function:
+                return Blocking(what, True)
+    for frame in main.frames:
+        if "torch/utils/data/" in frame.file:
+            return Blocking("DataLoader", False)
+    distributed = _distributed_call(main)
+    if distributed is not None:
+        return distributed
+    if main.frames and main.frames[0].function in ("sleep", "wait", "join", "_wait_for_tstate_lock"):
+        return Blocking(main.frames[0].function, False)
+    if (
+        main.frames
+        and main.is_user(0)
+        and ".wait(" in linecache.getline(main.frames[0].file, main.frames[0].line)
+    ):
+        # `work.wait()` on an async_op=True collective: py-spy shows no frame for the
+        # C++ wait, only the user's line
+        return Blocking("wait() on an async collective", True)
+    if stack.status == "stopped":
+        return Blocking("stopped (SIGSTOP)", False)
+    return Blocking("compute or I/O", False)
 
 
 ENV_PY_SPY = "NCCLCHECK_PY_SPY"

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclcheck.causes import Cause
 from ncclcheck.catalogue import Catalogue, load_catalogue
+from ncclcheck.causes import Cause
+from ncclcheck.communicates import OP_ADVICE, OP_ORIGINS, issuer_of
 from ncclcheck.evidence.stacks import ProcessStack
 from ncclcheck.explain import source
 from ncclcheck.explain.align import Divergence, Mismatch
@@ -57,123 +58,18 @@ def relative(path: str, cwd: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-# Collectives a user never wrote, named for what issued them.
-# DDP broadcasts rank 0's parameters when it is built and its buffers (BatchNorm's
-# running stats) at every forward() with broadcast_buffers=True, in eval too.
-_OP_ORIGINS = {
-    "_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0",
-    "new_group": "a process group's creation, which every rank enters, members or not",
-}
-# What to do about a call the user wrote, by op, where the op itself is the surprise.
-OP_ADVICE = {
-    "new_group": (
-        "create every group on every rank, in the same order, and test membership only where "
-        "it is used: `eval_group = dist.new_group([0, 1])` before the `if`, then "
-        "`if rank in eval_ranks: dist.all_reduce(x, group=eval_group)` (non-members get "
-        "GroupMember.NON_GROUP_MEMBER). Groups are named by a count of new_group calls: a "
-        "rank that skipped one names every later group differently and waits for peers that "
-        "never come (with TORCH_DIST_INIT_BARRIER=1 it waits in new_group itself)"
-    ),
-}
-
-
-# Library code that issues collectives inside a call that looks local, keyed by module
-# and function name (Python 3.10 records no class name): what it is, and what to do.
-_SYNCBN_ADVICE = (
-    "SyncBatchNorm synchronises its statistics across the ranks in training mode only: "
-    "call model.eval() before a forward that not every rank runs, or let every rank run it"
-)
-_ISSUERS = {
-    # PyTorch's SyncBatchNorm, and preflight --cpu's stand-in for it (record/cpu_syncbn.py)
-    **{
-        (module, function): (what, _SYNCBN_ADVICE)
-        for module in ("torch.nn.modules._functions", "ncclcheck.record.cpu_syncbn")
-        for function, what in (
-            ("forward", "SyncBatchNorm's batch statistics, in training mode"),
-            ("backward", "SyncBatchNorm's gradient statistics"),
-        )
-    },
-    # torch.distributed.checkpoint plans every save and load across the ranks: its
-    # _DistWrapper issues them all (gather_object, scatter_object, all_reduce, ...)
-    ("torch.distributed.checkpoint.utils", "*"): (
-        "torch.distributed.checkpoint coordinating a save or load across the ranks",
-        "torch.distributed.checkpoint's save() and load() are collective: call them on every "
-        "rank (each writes or reads its own shards); for a file rank 0 alone writes, use "
-        "torch.save(model.state_dict()) under the rank test",
-    ),
-    # DTensor (FSDP2's parameters, tensor parallelism) gathers or redistributes shards
-    # through functional collectives: full_tensor(), a full state_dict, redistribute()
-    **{
-        (module, "*"): (
-            "DTensor gathering or redistributing its shards, in full_tensor() or redistribute()",
-            "a DTensor's full_tensor() and redistribute() communicate: call them on every rank "
-            "and keep only torch.save or the printing under the rank test (or gather the state "
-            "with get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, "
-            "cpu_offload=True)) on every rank: rank 0 receives the full tensors)",
-        )
-        for module in (
-            "torch.distributed.tensor.placement_types",
-            "torch.distributed.tensor._collective_utils",
-            "torch.distributed.tensor._redistribute",
-        )
-    },
-    # accelerate's barrier: the user's own wait_for_everyone(), or the one inside
-    # save_state() with automatic checkpoint naming (huggingface/accelerate#1171)
-    ("accelerate.state", "wait_for_everyone"): (
-        "accelerate's wait_for_everyone",
-        "accelerate waits for every process in wait_for_everyone() and inside save_state() "
-        "with automatic checkpoint naming (under FSDP or DeepSpeed, save_state(), save_model() "
-        "and get_state_dict() gather the state as well): call them on every process, and keep "
-        "only your own file writes under accelerator.is_main_process",
-    ),
-    # Lightning's strategy barrier: inside trainer.save_checkpoint() (before and after the
-    # write, which global zero alone does), or the user's own strategy.barrier()
-    **{
-        (f"{package}.strategies.{strategy}", "barrier"): (
-            "Lightning's strategy barrier",
-            "Lightning's trainer.save_checkpoint() waits for every rank (and gathers sharded "
-            "state under FSDP or DeepSpeed) and writes the file on global zero alone: call it "
-            "on every rank, without the is_global_zero test",
-        )
-        for package in ("lightning.pytorch", "pytorch_lightning")
-        for strategy in ("ddp", "fsdp", "deepspeed", "model_parallel")
-    },
-    # ZeroRedundancyOptimizer.consolidate_state_dict() broadcasts every rank's shard of
-    # the optimizer state, each rank in turn: called where only the checkpoint is written
-    ("torch.distributed.optim.zero_redundancy_optimizer", "_broadcast_object"): (
-        "ZeroRedundancyOptimizer gathering its state shards, in consolidate_state_dict()",
-        "ZeroRedundancyOptimizer.consolidate_state_dict(to=0) broadcasts every rank's shard: "
-        "call it on every rank, then save optimizer.state_dict() on rank 0 alone",
-    ),
-    # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
-    ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
-        "torchmetrics' gather of every rank's metric state, in compute()",
-        "",
-    ),
-}
-
-
 def _issued(call: CollectiveCall) -> tuple[str, str] | None:
     if not call.issuer:
         return None
     module, _, qualname = call.issuer.partition(":")
-    return _ISSUERS.get((module, qualname.rpartition(".")[2])) or _ISSUERS.get((module, "*"))
-
-
-def issued_at(file: str, function: str) -> tuple[str, str] | None:
-    """The same, for a frame of a stack dump (a path; py-spy's "Class.method" name)."""
-    path = file.replace("\\", "/")
-    for (module, name), issued in _ISSUERS.items():
-        if path.endswith(module.replace(".", "/") + ".py") and name in ("*", function.rpartition(".")[2]):
-            return issued
-    return None
+    return issuer_of(module, qualname)
 
 
 def op_text(call: CollectiveCall) -> str:
     """The op as a finding names it: one the user never wrote says what issued it (DDP's
     internal broadcast, a SyncBatchNorm layer)."""
     issued = _issued(call)
-    origin = issued[0] if issued else _OP_ORIGINS.get(call.op)
+    origin = issued[0] if issued else OP_ORIGINS.get(call.op)
     return f"{call.op} ({origin})" if origin else call.op
 
 

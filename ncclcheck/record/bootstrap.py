@@ -16,14 +16,13 @@ import time
 import traceback
 from typing import Any
 
+from ncclcheck.communicates import COLLECTIVES, P2P
 from ncclcheck.record import cpu_map, frames, frameworks, perturb, rooted
 from ncclcheck.record.recorder import (
-    COLLECTIVES,
     ENV_EVAL_PASSES,
     ENV_MAX_TRAIN_PASSES,
     ENV_TRACE_DIR,
     ENV_TRAIN_STEPS,
-    P2P,
     DryRunComplete,
     OwnLauncher,
     Recorder,

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from ncclcheck.communicates import FUNCTIONAL_COLLECTIVES
 from ncclcheck.record.frames import first_user_frame, user_frames
 from ncclcheck.record.recorder import DeferredOrigin, Recorder
 
@@ -215,31 +216,6 @@ def _patch_transformers_trainer(module: ModuleType, recorder: Recorder) -> None:
         functools.update_wrapper(made, original)
         setattr(trainer_class, method, made)
     trainer_class._ncclcheck_patched = True
-
-
-# torch.distributed._functional_collectives: what DTensor (full_tensor(), redistribute,
-# tensor parallelism) and compiled code communicate with, outside torch.distributed's
-# module-level functions. Each returns at once with a tensor that waits when used.
-FUNCTIONAL_COLLECTIVES = (
-    "broadcast",
-    "all_reduce",
-    "all_gather_single",
-    "all_gather_single_autograd",
-    "all_gather_tensor",
-    "all_gather_tensor_autograd",
-    "reduce_scatter_single",
-    "reduce_scatter_single_autograd",
-    "reduce_scatter_tensor",
-    "reduce_scatter_tensor_autograd",
-    "all_reduce_coalesced",
-    "all_gather_single_coalesced",
-    "all_gather_into_tensor_coalesced",
-    "reduce_scatter_single_coalesced",
-    "reduce_scatter_tensor_coalesced",
-    "all_to_all_single",
-    "all_to_all_single_autograd",
-    "permute_tensor",
-)
 
 
 def _patch_functional_collectives(module: ModuleType, recorder: Recorder) -> None:

@@ -45,38 +45,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ncclcheck.communicates import GROUP_CREATION, P2P
 from ncclcheck.record.frames import framework_name, is_user_code, is_user_file, user_frames
 from ncclcheck.record.hotstate import fastcall, new_state
 from ncclcheck.record.tracefile import TraceFile
-
-# Every public collective and p2p operation of torch.distributed that a user or
-# a library calls through the module. Object collectives call tensor
-# collectives inside; those inner calls are not recorded twice (see _Depth).
-COLLECTIVES = (
-    "all_reduce",
-    "all_gather",
-    "all_gather_into_tensor",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "broadcast",
-    "reduce",
-    "gather",
-    "scatter",
-    "barrier",
-    "monitored_barrier",
-    "all_gather_object",
-    "broadcast_object_list",
-    "gather_object",
-    "scatter_object_list",
-    "all_gather_single",  # FSDP2's parameter all-gather (torch >= 2.12)
-    "reduce_scatter_single",  # FSDP2's gradient reduce-scatter
-    "all_gather_coalesced",
-    "all_reduce_coalesced",
-    "_broadcast_coalesced",  # DDP's parameter and buffer broadcasts
-)
-P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
 
 ENV_TRACE_DIR = "NCCLCHECK_TRACE_DIR"
 ENV_TRAIN_STEPS = "NCCLCHECK_TRAIN_STEPS"
@@ -110,11 +82,6 @@ class OwnLauncher(BaseException):
 
 class _Depth(threading.local):
     inside = 0  # > 0 while a recorded collective (or DDP hook) runs on this thread
-
-
-# The sequence group creations are aligned in (see Recorder.wrap_new_group): every rank
-# of the job enters new_group, members or not, in the same order.
-GROUP_CREATION = "new_group"
 
 
 class _GroupCreation:

@@ -45,8 +45,8 @@ from pathlib import Path
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
+from ncclcheck.communicates import COLLECTIVES, P2P
 from ncclcheck.record.frames import is_user_code, shown_path
-from ncclcheck.record.recorder import COLLECTIVES, P2P
 
 ENV_DIRECTORY = "NCCLCHECK_WATCHDOG_DIR"
 DEFAULT_DIRECTORY = "ncclcheck-watchdog"

@@ -1,0 +1,265 @@
+"""What communicates: the one table of the calls that make the ranks wait for each other.
+
+The recorder wraps the torch ops named here, lint flags the library calls named
+here, doctor reads a stack against the frames named here, and the diagnosis names
+a collective by the library code that issued it from here. A call that learns to
+communicate (a new torch op, a framework's method) is added once, here.
+
+Pure data and two look-ups: this module is imported inside every rank of a dry
+run, before the user's script, so it imports nothing but the standard library.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# -- torch.distributed ----------------------------------------------------------------
+
+# Every public collective and p2p operation of torch.distributed that a user or
+# a library calls through the module. Object collectives call tensor
+# collectives inside; those inner calls are not recorded twice (see _Depth).
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "barrier",
+    "monitored_barrier",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+    "scatter_object_list",
+    "all_gather_single",  # FSDP2's parameter all-gather (torch >= 2.12)
+    "reduce_scatter_single",  # FSDP2's gradient reduce-scatter
+    "all_gather_coalesced",
+    "all_reduce_coalesced",
+    "_broadcast_coalesced",  # DDP's parameter and buffer broadcasts
+)
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list")
+
+# The sequence group creations are aligned in: every rank of the job enters new_group.
+GROUP_CREATION = "new_group"
+
+# torch.distributed._functional_collectives: what DTensor (full_tensor(), redistribute,
+# tensor parallelism) and compiled code communicate with, outside torch.distributed's
+# module-level functions. Each returns at once with a tensor that waits when used.
+FUNCTIONAL_COLLECTIVES = (
+    "broadcast",
+    "all_reduce",
+    "all_gather_single",
+    "all_gather_single_autograd",
+    "all_gather_tensor",
+    "all_gather_tensor_autograd",
+    "reduce_scatter_single",
+    "reduce_scatter_single_autograd",
+    "reduce_scatter_tensor",
+    "reduce_scatter_tensor_autograd",
+    "all_reduce_coalesced",
+    "all_gather_single_coalesced",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "all_to_all_single_autograd",
+    "permute_tensor",
+)
+
+# -- library calls a user writes that communicate (lint) ------------------------------
+
+# accelerate's Accelerator methods that communicate (CAUSES.md)
+ACCELERATE_METHODS = frozenset(
+    {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone"}
+)
+# save_state waits for every rank only with automatic checkpoint naming, and saves
+# collectively under FSDP or DeepSpeed (huggingface/accelerate#1171): under plain DDP
+# rank 0 alone may call it, so lint warns rather than errs
+ACCELERATE_SAVE_STATE = (
+    "save_state() (it waits for every rank with automatic checkpoint naming, and saves "
+    "collectively under FSDP or DeepSpeed)"
+)
+ZERO_CONSOLIDATE = "(ZeroRedundancyOptimizer broadcasts every rank's shard)"
+# torch.distributed.checkpoint's entry points: each plans the save or load across the
+# ranks with collectives (unless no_dist=True)
+DCP_MODULE = "torch.distributed.checkpoint"
+DCP_FUNCTIONS = frozenset({"save", "load", "async_save", "save_state_dict", "load_state_dict"})
+# its state_dict helpers, which gather sharded (FSDP, DTensor) state: "call on every rank"
+STATE_DICT_MODULE = "torch.distributed.checkpoint.state_dict"
+STATE_DICT_FUNCTIONS = frozenset(
+    {
+        "get_model_state_dict",
+        "get_optimizer_state_dict",
+        "get_state_dict",
+        "set_model_state_dict",
+        "set_optimizer_state_dict",
+        "set_state_dict",
+    }
+)
+# Lightning's Strategy (trainer.strategy) and Fabric methods that communicate, besides barrier
+LIGHTNING_COLLECTIVES = frozenset(
+    {"broadcast", "reduce", "reduce_boolean_decision", "all_gather", "all_reduce"}
+)
+
+
+# -- library code that issues a collective the user never wrote (diagnosis, doctor) ---
+
+# Collectives a user never wrote, named for what issued them.
+# DDP broadcasts rank 0's parameters when it is built and its buffers (BatchNorm's
+# running stats) at every forward() with broadcast_buffers=True, in eval too.
+OP_ORIGINS = {
+    "_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0",
+    "new_group": "a process group's creation, which every rank enters, members or not",
+}
+# What to do about a call the user wrote, by op, where the op itself is the surprise.
+OP_ADVICE = {
+    "new_group": (
+        "create every group on every rank, in the same order, and test membership only where "
+        "it is used: `eval_group = dist.new_group([0, 1])` before the `if`, then "
+        "`if rank in eval_ranks: dist.all_reduce(x, group=eval_group)` (non-members get "
+        "GroupMember.NON_GROUP_MEMBER). Groups are named by a count of new_group calls: a "
+        "rank that skipped one names every later group differently and waits for peers that "
+        "never come (with TORCH_DIST_INIT_BARRIER=1 it waits in new_group itself)"
+    ),
+}
+
+
+# Library code that issues collectives inside a call that looks local, keyed by module
+# and function name (Python 3.10 records no class name): what it is, and what to do.
+_SYNCBN_ADVICE = (
+    "SyncBatchNorm synchronises its statistics across the ranks in training mode only: "
+    "call model.eval() before a forward that not every rank runs, or let every rank run it"
+)
+ISSUERS = {
+    # PyTorch's SyncBatchNorm, and preflight --cpu's stand-in for it (record/cpu_syncbn.py)
+    **{
+        (module, function): (what, _SYNCBN_ADVICE)
+        for module in ("torch.nn.modules._functions", "ncclcheck.record.cpu_syncbn")
+        for function, what in (
+            ("forward", "SyncBatchNorm's batch statistics, in training mode"),
+            ("backward", "SyncBatchNorm's gradient statistics"),
+        )
+    },
+    # torch.distributed.checkpoint plans every save and load across the ranks: its
+    # _DistWrapper issues them all (gather_object, scatter_object, all_reduce, ...)
+    ("torch.distributed.checkpoint.utils", "*"): (
+        "torch.distributed.checkpoint coordinating a save or load across the ranks",
+        "torch.distributed.checkpoint's save() and load() are collective: call them on every "
+        "rank (each writes or reads its own shards); for a file rank 0 alone writes, use "
+        "torch.save(model.state_dict()) under the rank test",
+    ),
+    # DTensor (FSDP2's parameters, tensor parallelism) gathers or redistributes shards
+    # through functional collectives: full_tensor(), a full state_dict, redistribute()
+    **{
+        (module, "*"): (
+            "DTensor gathering or redistributing its shards, in full_tensor() or redistribute()",
+            "a DTensor's full_tensor() and redistribute() communicate: call them on every rank "
+            "and keep only torch.save or the printing under the rank test (or gather the state "
+            "with get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, "
+            "cpu_offload=True)) on every rank: rank 0 receives the full tensors)",
+        )
+        for module in (
+            "torch.distributed.tensor.placement_types",
+            "torch.distributed.tensor._collective_utils",
+            "torch.distributed.tensor._redistribute",
+        )
+    },
+    # accelerate's barrier: the user's own wait_for_everyone(), or the one inside
+    # save_state() with automatic checkpoint naming (huggingface/accelerate#1171)
+    ("accelerate.state", "wait_for_everyone"): (
+        "accelerate's wait_for_everyone",
+        "accelerate waits for every process in wait_for_everyone() and inside save_state() "
+        "with automatic checkpoint naming (under FSDP or DeepSpeed, save_state(), save_model() "
+        "and get_state_dict() gather the state as well): call them on every process, and keep "
+        "only your own file writes under accelerator.is_main_process",
+    ),
+    # Lightning's strategy barrier: inside trainer.save_checkpoint() (before and after the
+    # write, which global zero alone does), or the user's own strategy.barrier()
+    **{
+        (f"{package}.strategies.{strategy}", "barrier"): (
+            "Lightning's strategy barrier",
+            "Lightning's trainer.save_checkpoint() waits for every rank (and gathers sharded "
+            "state under FSDP or DeepSpeed) and writes the file on global zero alone: call it "
+            "on every rank, without the is_global_zero test",
+        )
+        for package in ("lightning.pytorch", "pytorch_lightning")
+        for strategy in ("ddp", "fsdp", "deepspeed", "model_parallel")
+    },
+    # ZeroRedundancyOptimizer.consolidate_state_dict() broadcasts every rank's shard of
+    # the optimizer state, each rank in turn: called where only the checkpoint is written
+    ("torch.distributed.optim.zero_redundancy_optimizer", "_broadcast_object"): (
+        "ZeroRedundancyOptimizer gathering its state shards, in consolidate_state_dict()",
+        "ZeroRedundancyOptimizer.consolidate_state_dict(to=0) broadcasts every rank's shard: "
+        "call it on every rank, then save optimizer.state_dict() on rank 0 alone",
+    ),
+    # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
+    ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
+        "torchmetrics' gather of every rank's metric state, in compute()",
+        "",
+    ),
+}
+
+# -- what a rank's stack shows while it waits (doctor, preflight's watchdog) ----------
+
+# the torch.distributed functions a rank can wait in (what the recorder wraps)
+# Group creation waits on peers too: every rank enters new_group, members or not.
+WAITABLE_OPS = frozenset(COLLECTIVES) | frozenset(P2P) | {"new_group", "new_subgroups", "split_group"}
+# DDP's own broadcasts: the C++ _broadcast_coalesced shows no Python frame, the
+# method that calls it does. (file fragment, function) -> what the rank waits in.
+DDP_BROADCASTS = {
+    ("torch/nn/parallel/distributed.py", "_distributed_broadcast_coalesced"): (
+        "_broadcast_coalesced (DDP's broadcast of buffers from rank 0, in forward())"
+    ),
+    ("torch/distributed/utils.py", "_sync_params_and_buffers"): (
+        "_broadcast_coalesced (DDP's broadcast of parameters from rank 0, as it is built)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class DeferredFrame:
+    """Framework code that runs a collective for a call the user made earlier, so the
+    user's frames on the stack (``trainer.fit``) do not show which call it was."""
+
+    file: str  # a path fragment of the framework's frame
+    function: str
+    what: str  # said in the evidence
+    library: str  # for the playbook's fix in that framework's terms
+    marker: str  # the label lint gives the user's call that asked for it contains this
+
+
+DEFERRED_FRAMES = (
+    DeferredFrame(
+        "logger_connector/result.py",
+        "compute",
+        "Lightning's epoch-end reduction of the values logged with self.log(..., sync_dist=True)",
+        "lightning",
+        "sync_dist=True",
+    ),
+)
+
+# ncclcheck's own wrappers around a collective (the recorder's, the watchdog's); the
+# recorder's DataLoader wrapper is not one: a rank stuck in its data is not in a collective.
+OWN_WRAPPERS = {
+    "ncclcheck/record/recorder.py": ("recorded", "ddp_hook"),
+    "ncclcheck/runtime/watchdog.py": ("watched", "tracked"),
+}
+
+
+def issuer_of(module: str, function: str) -> tuple[str, str] | None:
+    """(what issued it, what to do) for library code by module and function name."""
+    return ISSUERS.get((module, function.rpartition(".")[2])) or ISSUERS.get((module, "*"))
+
+
+def issued_at(file: str, function: str) -> tuple[str, str] | None:
+    """The same, for a frame of a stack dump (a path; py-spy's "Class.method" name)."""
+    path = file.replace("\\", "/")
+    for (module, name), issued in ISSUERS.items():
+        if path.endswith(module.replace(".", "/") + ".py") and name in ("*", function.rpartition(".")[2]):
+            return issued
+    return None
