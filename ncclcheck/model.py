@@ -142,6 +142,23 @@ class CollectiveCall:
     # collectives the others make in their steps: it pairs with them from another line.
     shadow: bool = False
 
+    @classmethod
+    def seen_on_stack(
+        cls, rank: int, op: str, site: Frame | None, user_stack: list[Frame], libraries: list[str]
+    ) -> CollectiveCall:
+        """A call a rank waits in, as its stack dump shows it (doctor): which group, and
+        which call of that group it is, a stack does not show (``group`` empty, ``seq`` -1)."""
+        return cls(
+            rank=rank,
+            seq=-1,
+            op=op,
+            group="",
+            group_ranks=[],
+            site=site,
+            user_stack=user_stack,
+            libraries=libraries,
+        )
+
     @property
     def site_text(self) -> str:
         return self.site.site if self.site else "?"

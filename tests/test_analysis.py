@@ -578,7 +578,7 @@ def test_the_deepest_root_decides_whose_code_a_file_is(
 )
 def test_a_collective_syncbatchnorm_issued_is_named_and_advised(issuer: str) -> None:
     from ncclcheck.communicates import issued_at
-    from ncclcheck.explain.diagnose import issuer_advice, op_text
+    from ncclcheck.explain.wording import issuer_advice, op_text
 
     call = CollectiveCall(rank=0, seq=3, op="all_gather", group="0", group_ranks=[0, 1], issuer=issuer)
     assert op_text(call) == "all_gather (SyncBatchNorm's batch statistics, in training mode)"

@@ -1,0 +1,154 @@
+"""Stack classes: ranks whose stacks are identical where it matters, merged (as LLNL's
+STAT does for MPI jobs), with what tells apart ranks that wait at the same line."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from ncclcheck.communicates import DEFERRED_FRAMES, DeferredFrame
+from ncclcheck.evidence.stacks import ProcessStack, blocking, issuer_advice
+from ncclcheck.explain import source
+from ncclcheck.explain.wording import who
+from ncclcheck.model import Frame
+from ncclcheck.record.frames import framework_name
+
+
+@dataclass
+class StackClass:
+    """Ranks whose relevant stacks are identical."""
+
+    ranks: list[int]
+    blocking: str  # all_reduce, barrier, DataLoader, sleep, compute, ...
+    in_collective: bool
+    frames: list[Frame]  # the user's frames, outermost first
+    # per rank: what tells apart ranks waiting at the same line (see rank_state)
+    states: dict[int, dict[str, str]] = field(default_factory=dict)
+    # a framework running a collective for an earlier call of the user's (see DEFERRED_FRAMES)
+    deferred: DeferredFrame | None = None
+    libraries: list[str] = field(default_factory=list)  # third-party packages on the stack
+    advice: str | None = None  # what to do about a collective library code issued
+
+    @property
+    def site(self) -> Frame | None:
+        return self.frames[-1] if self.frames else None
+
+
+def _deferred_in(stack: ProcessStack) -> DeferredFrame | None:
+    main = stack.main
+    for frame in main.frames if main else []:
+        path = frame.file.replace("\\", "/")
+        for known in DEFERRED_FRAMES:
+            # py-spy qualifies methods with their class: _ResultMetric.compute
+            if path.endswith(known.file) and frame.function.rsplit(".", 1)[-1] == known.function:
+                return known
+    return None
+
+
+def _libraries(stack: ProcessStack) -> list[str]:
+    """Third-party packages on the main thread's stack (lightning, transformers), named
+    after their folder in site-packages: the playbooks give some fixes in their terms."""
+    main = stack.main
+    found: set[str] = set()
+    for index, frame in enumerate(main.frames if main else []):
+        path = frame.file.replace("\\", "/")
+        marker = path.rfind("-packages/")
+        if main is not None and not main.is_user(index) and marker >= 0:
+            name = framework_name(path[marker + len("-packages/") :].split("/", 1)[0])
+            if name is not None and not name.endswith(".py"):
+                found.add(name)
+    return sorted(found)
+
+
+def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
+    classes: dict[tuple[object, ...], StackClass] = {}
+    for rank, stack in sorted(stacks.items()):
+        where = blocking(stack)
+        what, in_collective = where.what, where.waits_for_peers
+        frames = list(reversed(user_frames(stack)))
+        deferred = _deferred_in(stack) if in_collective else None
+        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred)
+        if key not in classes:
+            classes[key] = StackClass(
+                [],
+                what,
+                in_collective,
+                frames,
+                deferred=deferred,
+                libraries=_libraries(stack),
+                advice=issuer_advice(stack),
+            )
+        classes[key].ranks.append(rank)
+        if in_collective:
+            classes[key].states[rank] = rank_state(stack, what)
+    return sorted(classes.values(), key=lambda c: c.ranks[0])
+
+
+def user_frames(stack: ProcessStack) -> list[Frame]:
+    """The user's frames of the main thread, innermost first."""
+    main = stack.main
+    return [f for i, f in enumerate(main.frames) if main.is_user(i)] if main else []
+
+
+CREATED_GROUP = "name of the group being created"
+
+
+def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
+    """What tells apart ranks that wait at the same line, from py-spy's locals: the
+    process group the user's call passes (named after the variable that holds it)
+    and the values of the loop variables around each user frame. Ranks at one line
+    with different values are at different points of their collective sequences."""
+    main = stack.main
+    if main is None or not main.locals:
+        return {}
+    user = [  # innermost first
+        (f, values)
+        for i, (f, values) in enumerate(zip(main.frames, main.locals, strict=False))
+        if main.is_user(i)
+    ]
+    state: dict[str, str] = {}
+    for frame, values in zip(main.frames, main.locals, strict=False):
+        # torch names a new group by a count of new_group calls on that rank
+        if frame.function.endswith("_new_group_with_tag") and "group_name" in values:
+            state[CREATED_GROUP] = values["group_name"]
+    if user:
+        site, site_locals = user[0]
+        group = source.group_argument(site.file, site.line, op)
+        if group is None:
+            state["process group"] = "the default group"
+        else:
+            text = site_locals.get(group.id) if isinstance(group, ast.Name) else None
+            if text is None:
+                state["process group"] = ast.unparse(group)
+            elif text == "None":
+                state["process group"] = "the default group"
+            else:
+                # an object: name it after the outermost user variable holding the same one
+                holders = [n for _f, values in reversed(user) for n, t in values.items() if t == text]
+                state["process group"] = holders[0] if holders else ast.unparse(group)
+    for frame, values in user:
+        for loop in source.enclosing_loops(frame.file, frame.line):
+            for target in source.loop_targets(loop):
+                text = values.get(target)
+                if text is not None and " at 0x" not in text:  # addresses differ by process
+                    state[f"{target} in {frame.function}()"] = text
+    return state
+
+
+def state_split(cls: StackClass) -> tuple[list[list[int]], list[str]] | None:
+    """Ranks of one class grouped by the state values that differ among them."""
+    if len(cls.states) < 2:
+        return None
+    shared = set.intersection(*(set(state) for state in cls.states.values()))
+    differing = sorted(k for k in shared if len({state[k] for state in cls.states.values()}) > 1)
+    if not differing:
+        return None
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for rank, state in sorted(cls.states.items()):
+        groups.setdefault(tuple(state[k] for k in differing), []).append(rank)
+    parts = sorted(groups.values(), key=lambda ranks: (len(ranks), ranks[0]))
+    lines = [
+        f"{who(ranks)}: " + ", ".join(f"{k} = {v}" for k, v in zip(differing, values, strict=True))
+        for values, ranks in groups.items()
+    ]
+    return parts, lines

@@ -1,0 +1,200 @@
+"""Finding a job's ranks on this host: by their environment (RANK, WORLD_SIZE,
+LOCAL_RANK, GROUP_RANK, TORCHELASTIC_RUN_ID), or, for torch.multiprocessing.spawn,
+which sets none, by the process index its wrapper holds."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import psutil
+
+from ncclcheck.errors import InputError, StackPermissionError
+from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
+from ncclcheck.explain.wording import relative
+
+
+@dataclass
+class RankProcess:
+    pid: int
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    group_rank: int = 0
+    run_id: str = ""
+    host: str = field(default_factory=socket.gethostname)
+    status: str = ""
+    # a Flight Recorder dump of this rank, read on its host (see flight_recorder.read_dump)
+    flight_recorder: dict[str, Any] = field(default_factory=dict)
+
+
+def _environ(proc: psutil.Process) -> dict[str, str]:
+    try:
+        return proc.environ()
+    except psutil.AccessDenied:
+        raise StackPermissionError(f"no permission to read the environment of pid {proc.pid}") from None
+    except psutil.Error:
+        return {}
+
+
+def _peek_environ(proc: psutil.Process) -> dict[str, str]:
+    """The environment of a process we only glance at (a parent): unreadable is empty,
+    not an error, since it may belong to someone else (init, a container runtime)."""
+    try:
+        return proc.environ()
+    except psutil.Error:
+        return {}
+
+
+def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
+    """The rank processes reachable from ``pids``; and the Python processes seen if none is a rank."""
+    roots: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            raise InputError(f"no process with pid {pid}") from None
+        env = _environ(proc)
+        if "RANK" in env and "WORLD_SIZE" in env:
+            parent = proc.parent()  # a rank: look from its agent, to find its siblings too
+            parent_env = _peek_environ(parent) if parent is not None and parent.pid != 1 else {}
+            if parent is not None and parent_env and "RANK" not in parent_env:
+                proc = parent
+        roots.append(proc)
+    seen: dict[int, RankProcess] = {}
+    pythons: list[psutil.Process] = []
+    for root in roots:
+        for proc in [root, *root.children(recursive=True)]:
+            env = _environ(proc)
+            if "RANK" not in env or "WORLD_SIZE" not in env:
+                if _is_python(proc):
+                    pythons.append(proc)
+                continue
+            parent = proc.parent()
+            if parent is not None and _peek_environ(parent).get("RANK") == env["RANK"]:
+                continue  # a DataLoader worker inherits its rank's environment
+            seen[proc.pid] = RankProcess(
+                pid=proc.pid,
+                rank=int(env["RANK"]),
+                world_size=int(env["WORLD_SIZE"]),
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+                group_rank=int(env.get("GROUP_RANK", "0")),
+                run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+                status=_status(proc),
+            )
+            fr_path = flight_recorder.dump_path(env, int(env["RANK"]))
+            if fr_path is not None:
+                seen[proc.pid].flight_recorder = flight_recorder.read_dump(fr_path)
+    return sorted(seen.values(), key=lambda r: r.rank), pythons
+
+
+def _is_python(proc: psutil.Process) -> bool:
+    try:
+        return "python" in os.path.basename(proc.exe() or proc.name()).lower()
+    except psutil.Error:
+        return False
+
+
+def _status(proc: psutil.Process) -> str:
+    try:
+        return str(proc.status())
+    except psutil.Error:
+        return "gone"
+
+
+_SPAWN_WRAPPER = ("torch/multiprocessing/spawn.py", "_wrap")  # _wrap(fn, i, args, ...)
+
+
+_MAX_SPAWN_CANDIDATES = 256
+
+
+def spawned_ranks(
+    pythons: list[psutil.Process], native: bool, nonblocking: bool, timeout: float
+) -> tuple[list[RankProcess], dict[int, ProcessStack]]:
+    """Ranks started by torch.multiprocessing.spawn, which sets no RANK: each runs the
+    user's function under spawn's ``_wrap(fn, i, ...)``, whose ``i`` (the process index)
+    is the rank on one node. Read from the stacks, dumped once with their locals."""
+    candidates = pythons[:_MAX_SPAWN_CANDIDATES]
+    stacks = dump_stacks(
+        [p.pid for p in candidates], timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
+    )
+    found = _spawn_indices(stacks)
+    # Given one rank's pid: its siblings are the other ranks.
+    siblings = [
+        child
+        for parent in {_parent_pid(pid) for pid in found} - {None}
+        for child in _children(parent)
+        if child.pid not in stacks and _is_python(child)
+    ]
+    if siblings:
+        more = dump_stacks(
+            [p.pid for p in siblings[:_MAX_SPAWN_CANDIDATES]],
+            timeout=timeout,
+            native=native,
+            nonblocking=nonblocking,
+            with_locals=True,
+        )
+        stacks |= more
+        found |= _spawn_indices(more)
+    world = len(found)
+    ranks = [
+        RankProcess(pid=pid, rank=index, world_size=world, local_rank=index, status=stacks[pid].status)
+        for pid, index in sorted(found.items(), key=lambda item: item[1])
+    ]
+    if len({r.rank for r in ranks}) != len(ranks):  # two spawn jobs under one pid: cannot tell
+        return [], {}
+    return ranks, {r.pid: stacks[r.pid] for r in ranks}
+
+
+def _spawn_indices(stacks: dict[int, ProcessStack]) -> dict[int, int]:
+    """pid -> process index, for the stacks that run under spawn's ``_wrap(fn, i, ...)``."""
+    found: dict[int, int] = {}
+    for pid, stack in stacks.items():
+        main = stack.main
+        if main is None:
+            continue
+        for index, frame in enumerate(main.frames):
+            path = frame.file.replace("\\", "/")
+            if path.endswith(_SPAWN_WRAPPER[0]) and frame.function.rsplit(".", 1)[-1] == _SPAWN_WRAPPER[1]:
+                value = main.locals[index].get("i") if index < len(main.locals) else None
+                if value is not None and value.isdigit():
+                    found[pid] = int(value)
+                break
+    return found
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except psutil.Error:
+        return None
+
+
+def _children(pid: int | None) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children() if pid else []
+    except psutil.Error:
+        return []
+
+
+def not_distributed(
+    pythons: list[psutil.Process], native: bool, nonblocking: bool, timeout: float
+) -> NoReturn:
+    """No rank here: say so, with the stack of what is there."""
+    stacks = dump_stacks(
+        [p.pid for p in pythons[:4]], timeout=timeout, native=native, nonblocking=nonblocking
+    )
+    lines = []
+    for pid, stack in stacks.items():
+        frames = stack.main.frames[:8] if stack.main else []
+        lines.append(
+            f"pid {pid}: "
+            + " <- ".join(f"{f.function} ({relative(f.file, os.getcwd())}:{f.line})" for f in frames)
+        )
+    raise InputError(
+        "not a distributed job: no process there has RANK and WORLD_SIZE in its environment",
+        hint="Its stack, innermost first:\n  " + "\n  ".join(lines or ["(none readable)"]),
+    )

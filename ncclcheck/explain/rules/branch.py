@@ -1,0 +1,369 @@
+"""Reading the source around a call that only some ranks made: the rank test, early exit,
+loop exit or test on the data that sent the ranks different ways. Preflight reaches it
+from a divergence of the traces, doctor from ranks waiting at different lines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ncclcheck.causes import Cause
+from ncclcheck.explain import source
+from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
+from ncclcheck.explain.wording import (
+    issuer_advice,
+    op_text,
+    who,
+)
+from ncclcheck.model import CollectiveCall, Frame
+
+if TYPE_CHECKING:
+    from ncclcheck.explain.diagnose import Diagnoser
+
+
+@dataclass
+class Fork:
+    """Ranks at different calls (or at none) at one point of their histories: a
+    divergence of the traces (preflight) or ranks waiting at different lines (doctor,
+    whose calls are seen on stacks). ``made`` made ``call``; the ``other`` ranks made
+    ``alt`` or nothing, and stand at ``alt_stack``; the first ``common`` frames, outermost
+    first, are the functions both sides share."""
+
+    d: Diagnoser
+    members: list[int]
+    calls: dict[int, CollectiveCall | None]
+    made: list[int]
+    other: list[int]
+    evidence: list[str]
+    call: CollectiveCall
+    alt: CollectiveCall | None
+    stack: list[Frame]
+    alt_stack: list[Frame]
+    common: int
+
+    @classmethod
+    def of(
+        cls,
+        d: Diagnoser,
+        members: list[int],
+        calls: dict[int, CollectiveCall | None],
+        made: list[int],
+        other: list[int],
+        evidence: list[str],
+    ) -> Fork:
+        call = calls[made[0]]
+        assert call is not None
+        alt = next((calls[r] for r in other if calls[r] is not None), None)
+        alt_stack = alt.user_stack if alt else d.current_stack(other[0])
+        stack = call.user_stack
+        common = 0
+        while common < min(len(stack), len(alt_stack)) and (
+            stack[common].file,
+            stack[common].function,
+        ) == (alt_stack[common].file, alt_stack[common].function):
+            common += 1
+        chain = " -> ".join(f"{f.function}() at {d.site(f)}" for f in stack)
+        evidence = [*evidence, f"call chain on rank {made[0]}: {chain}"]
+        return cls(d, members, calls, made, other, evidence, call, alt, stack, alt_stack, common)
+
+
+def explain_fork(fork: Fork) -> Explanation:
+    explanation = first_explanation(FORK_RULES, fork)
+    assert explanation is not None, "the last rule always answers"
+    return explanation
+
+
+def rank_test_around_the_call(f: Fork) -> Explanation | None:
+    """A rank test around the call, in the shared frame or below it; the minority's
+    call too (on 16 ranks, rank 0's lone all_reduce is the minority, not the barrier)."""
+    d, alt = f.d, f.alt
+    alt_made = sorted(
+        r
+        for r in f.other
+        if alt is not None
+        and (theirs := f.calls[r]) is not None
+        and (theirs.op, theirs.site) == (alt.op, alt.site)
+    )
+    sides = [(f.call, f.stack, f.made, f.other)]
+    if alt is not None and alt_made:
+        sides.append((alt, alt.user_stack, alt_made, sorted(set(f.members) - set(alt_made))))
+    for side_call, side_stack, side_made, side_other in sides:
+        around = _guard_around(side_stack[max(f.common - 1, 0) :], source.RANK)
+        if around is not None:
+            frame, guard = around
+            where = d.site(Frame(frame.file, guard.line, ""))
+            return call_finding(
+                d,
+                Cause.RANK_CONDITIONAL_COLLECTIVE,
+                f"only {who(side_made)} reached {op_text(side_call)} at "
+                f"{d.site(side_call.site)} in "
+                f"{side_call.site.function if side_call.site else '?'}(), under "
+                f"`if {guard.text}`; {who(side_other)} never called it",
+                side_call,
+                side_made,
+                side_other,
+                [*f.evidence, f"`if {guard.text}` at {where} sends {who(side_made)} to it"],
+                Reason(ReasonKind.RANK_TEST, where, f"if {guard.text}"),
+            )
+    return None
+
+
+def early_exit_before_the_call(f: Fork) -> Explanation | None:
+    """An early exit, in a function the absent ranks left, before the call."""
+    d = f.d
+    for frame in f.stack[f.common :] or f.stack[-1:]:
+        function = source.enclosing_function(frame.file, frame.line)
+        if function is None:
+            continue
+        exits = [
+            g
+            for g in source.conditional_exits(frame.file, function, frame.line)
+            if g.statement in ("return", "raise")
+        ]
+        if exits:
+            guard = exits[-1]
+            where = d.site(Frame(frame.file, guard.line, ""))
+            return call_finding(
+                d,
+                _cause_of_exit(guard.kind),
+                f"{who(f.other)} left {frame.function}() early through the "
+                f"`{guard.statement}` at {where} and "
+                f"missed the {op_text(f.call)} at {d.site(f.call.site)} that "
+                f"{who(f.made)} waited in",
+                f.call,
+                f.made,
+                f.other,
+                [
+                    *f.evidence,
+                    f"`{guard.statement}` under `if {guard.text}` at {where} leaves "
+                    f"{frame.function}() before the call",
+                ],
+                Reason(ReasonKind.EARLY_EXIT, where, f"{guard.statement} under if {guard.text}"),
+            )
+    return None
+
+
+def a_loop_one_side_left(f: Fork) -> Explanation | None:
+    """A loop one side left: the break/return that ended it, and its condition. A side
+    that ran to the end of the script has left every loop its last call was in."""
+    d, evidence = f.d, list(f.evidence)
+    if f.alt is None and f.other and all(d.exit_of(r)[0] == "returned" for r in f.other):
+        left = loop_left(d, f.stack[-1], None, f.made, f.other, f.call, evidence)
+        if left is not None:
+            return left
+    if f.common and f.alt_stack:
+        shared = f.stack[f.common - 1]
+        alt_frame = f.alt_stack[f.common - 1]
+        for inside, outside, inside_ranks, outside_ranks in (
+            (shared, alt_frame, f.made, f.other),
+            (alt_frame, shared, f.other, f.made),
+        ):
+            left = loop_left(d, inside, outside.line, inside_ranks, outside_ranks, f.call, evidence)
+            if left is not None:
+                return left
+    return None
+
+
+def a_function_one_side_returned_from(f: Fork) -> Explanation | None:
+    """A function one side has returned from, whose loop the other is still in; the loop
+    may be in a function called from there (a comprehension's frame, then generate()'s
+    decoding loop): the outermost that has an exit."""
+    if 0 < f.common < len(f.stack) and len(f.alt_stack) <= f.common:
+        for frame in f.stack[f.common :]:
+            left = loop_left(f.d, frame, None, f.made, f.other, f.call, list(f.evidence))
+            if left is not None:
+                return left
+    return None
+
+
+def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
+    """A test around the call that the ranks answered differently: one on the data
+    (`if h.shape[0] > 1: h = self.bn(h)`), or one on a value each rank reads for itself
+    (`if os.path.exists(ckpt)` while rank 0 writes it, a clock, a random draw)."""
+    d = f.d
+    for kind in (source.DATA, source.OTHER):
+        around = _guard_around(f.stack[max(f.common - 1, 0) :], kind)
+        if around is None:
+            continue
+        frame, guard = around
+        if kind == source.DATA:
+            cause, what, test_is = Cause.DATA_DEPENDENT_BRANCH, "a test on the data", "tests the data"
+            reason_kind = ReasonKind.DATA_TEST
+        else:
+            reads = " and ".join(source.rank_local_reads(guard.text, frame.file))
+            if not reads:
+                continue
+            cause = Cause.UNSYNCHRONIZED_DECISION
+            what = f"a test each rank answers for itself ({reads}, never synchronised)"
+            test_is = f"is {reads} each rank makes for itself"
+            reason_kind = ReasonKind.LOCAL_TEST
+        where = d.site(Frame(frame.file, guard.line, ""))
+        return call_finding(
+            d,
+            cause,
+            f"only {who(f.made)} reached {op_text(f.call)} at {d.site(f.call.site)}, under "
+            f"`if {guard.text}`, {what}; {who(f.other)} skipped it",
+            f.call,
+            f.made,
+            f.other,
+            [
+                *f.evidence,
+                f"`if {guard.text}` at {where} {test_is}: {who(f.made)} passed it, {who(f.other)} did not",
+            ],
+            Reason(reason_kind, where, f"if {guard.text}"),
+        )
+    return None
+
+
+def nothing_in_the_source(f: Fork) -> Explanation:
+    """Nothing in the source explains it: report the place, plainly, with no reason, and a
+    value one side logged for a framework to reduce that the other side never did."""
+    evidence = list(f.evidence)
+    for mine, mine_ranks, theirs_ranks, theirs in (
+        (f.call, f.made, f.other, f.alt),
+        (f.alt, f.other, f.made, f.call),
+    ):
+        if mine is not None and mine.later is not None and (theirs is None or theirs.later is None):
+            evidence.append(
+                f"{who(mine_ranks)}: {mine.later.by} reduces {mine.later.request} here; "
+                f"{who(theirs_ranks)}: no such reduction at this point. If the names a rank logs "
+                f"depend on its data (self.log_dict of per-rank keys), log the same names on "
+                f"every rank"
+            )
+            break
+    return call_finding(
+        f.d,
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"{who(f.made)} called {op_text(f.call)} at {f.d.site(f.call.site)}; "
+        f"{who(f.other)} did something else at that point",
+        f.call,
+        f.made,
+        f.other,
+        evidence,
+        None,
+    )
+
+
+FORK_RULES = (
+    rank_test_around_the_call,
+    early_exit_before_the_call,
+    a_loop_one_side_left,
+    a_function_one_side_returned_from,
+    a_test_the_ranks_answered_differently,
+    nothing_in_the_source,
+)
+
+
+def call_finding(
+    d: Diagnoser,
+    cause: Cause,
+    message: str,
+    call: CollectiveCall,
+    made: list[int],
+    absent: list[int],
+    evidence: list[str],
+    reason: Reason | None = None,
+) -> Explanation:
+    """A finding sited at ``call``, with what to do when library code issued it (which,
+    when there is some, replaces the playbook's fix in the framework's terms: that one
+    is about another API of the framework)."""
+    advice = issuer_advice(call)
+    return d.explanation(
+        cause,
+        message,
+        ranks=made,
+        absent_ranks=absent,
+        op=call.op,
+        site=d.site(call.site),
+        evidence=[*evidence, *advice],
+        libraries=() if advice else call.libraries,
+        reason=reason,
+    )
+
+
+def loop_left(
+    d: Diagnoser,
+    inside: Frame,
+    outside_line: int | None,
+    inside_ranks: list[int],
+    outside_ranks: list[int],
+    call: CollectiveCall,
+    evidence: list[str],
+) -> Explanation | None:
+    """The loop around ``inside`` that the outside ranks left (one that does not hold
+    ``outside_line``; any, when they left the whole function), through which
+    break/return, under which condition."""
+    exits: list[source.Guard] = []
+    for loop in source.enclosing_loops(inside.file, inside.line):
+        if outside_line is not None and source.contains(loop, outside_line):
+            return None  # both sides are in this loop: it is not the one left
+        exits = [g for g in source.conditional_exits(inside.file, loop) if g.statement in ("break", "return")]
+        ended = source.while_test(inside.file, loop)
+        if not exits and ended is not None:
+            exits = [ended]  # no break: the loop's own test ended it
+        if exits:
+            break
+    if not exits:
+        return None
+    guard = exits[-1]
+    cause = _cause_of_exit(guard.kind)
+    where = d.site(Frame(inside.file, guard.line, ""))
+    # a test on what dist.reduce left on a rank that is not its dst (rooted.py)
+    rooted = [
+        (rank, read)
+        for rank, trace in sorted(d.ev.traces.items())
+        for read in trace.rooted_reads
+        if read.site.file == inside.file
+        and source.decision_at(read.site.file, read.site.line) in (f"if {guard.text}", f"while {guard.text}")
+    ]
+    how = (
+        f"when `{guard.text}` turned false"
+        if guard.statement == "while"
+        else f"through `{guard.statement}` under `if {guard.text}` at {where}"
+    )
+    evidence.append(
+        f"{who(outside_ranks)} left the loop at {d.site(Frame(inside.file, loop.lineno, ''))} "
+        f"in {inside.function}() {how}; {who(inside_ranks)} stayed in it"
+    )
+    keyword = "while" if guard.statement == "while" else "if"
+    message = (
+        f"{who(outside_ranks)} and {who(inside_ranks)} decided differently at "
+        f"`{keyword} {guard.text}` ({where})"
+    )
+    if rooted:
+        cause = Cause.UNSYNCHRONIZED_DECISION
+        rank, read = rooted[0]
+        message += (
+            f": it reads what dist.reduce at {d.site(read.reduce_site)} left on rank {rank}, "
+            f"not the result, which only rank {read.dst} receives"
+        )
+    elif cause == Cause.UNSYNCHRONIZED_DECISION:
+        message += ": its value differs per rank and was never synchronised"
+    return d.explanation(
+        cause,
+        message,
+        ranks=outside_ranks,
+        absent_ranks=inside_ranks,
+        op=call.op,
+        site=where,
+        evidence=evidence,
+        reason=Reason(ReasonKind.LOOP_EXIT, where, f"{guard.statement} under {keyword} {guard.text}"),
+    )
+
+
+def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, source.Guard] | None:
+    """The first ``if`` of ``kind`` around the frames' lines: frames outermost first,
+    each frame's tests innermost first."""
+    for frame in frames:
+        for guard in source.guards_of(frame.file, frame.line):
+            if guard.kind == kind:
+                return frame, guard
+    return None
+
+
+def _cause_of_exit(condition_kind: str) -> Cause:
+    """The cause an early exit or skip names, by what its condition reads."""
+    return {
+        source.RANK: Cause.RANK_EARLY_EXIT,
+        source.DATA: Cause.DATA_DEPENDENT_BRANCH,
+    }.get(condition_kind, Cause.UNSYNCHRONIZED_DECISION)

@@ -1,0 +1,489 @@
+"""The rules for the first divergence of a dry run's histories: which ranks parted at
+which call, and why (a cycle across groups, shapes, a rank that died or left, an uneven
+loader, a skipped step, a straggler); the source reasoning is branch.py's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ncclcheck.causes import Cause
+from ncclcheck.explain import source
+from ncclcheck.explain.align import Divergence, Mismatch
+from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.rules.branch import Fork, explain_fork
+from ncclcheck.explain.wording import (
+    collapse,
+    location_of,
+    op_text,
+    relative,
+    signal_name,
+    who,
+)
+from ncclcheck.model import Frame, Severity
+
+if TYPE_CHECKING:
+    from ncclcheck.explain.diagnose import Diagnoser
+
+
+@dataclass
+class Parting:
+    """The first divergence of a dry run's histories, as the rules read it: the ranks
+    that made the call (the majority's) and the others, with each rank's call as
+    evidence."""
+
+    d: Diagnoser
+    found: list[Divergence]
+    first: Divergence
+    made: list[int]
+    other: list[int]
+    evidence: list[str]
+
+
+def explain_divergence(d: Diagnoser, found: list[Divergence]) -> Explanation:
+    """The first divergence, explained by the first rule of DIVERGENCE_RULES that can."""
+    first = found[0]
+    made, other = first.majority()
+    calls = first.calls
+    evidence = [
+        f"rank {r}: {d.describe_call(calls[r])}"
+        + (" (it ran to the end of the script)" if calls[r] is None and d.exit_of(r)[0] == "returned" else "")
+        for r in sorted(calls)
+    ]
+    parting = Parting(d, found, first, made, other, collapse(evidence))
+    explanation = first_explanation(DIVERGENCE_RULES, parting)
+    assert explanation is not None, "the last rule, the source reading, always answers"
+    return explanation
+
+
+def cycle_across_groups(p: Parting) -> Explanation | None:
+    return order_mismatch(p.d, p.found)
+
+
+def shapes_differ(p: Parting) -> Explanation | None:
+    if p.first.kind is not Mismatch.SHAPE:
+        return None
+    call = p.first.calls[p.made[0]]
+    return p.d.explanation(
+        Cause.COLLECTIVE_SHAPE_MISMATCH,
+        f"{who(p.first.members)} call {call.op if call else '?'} at the same "
+        f"site with different shapes or dtypes",
+        ranks=p.first.members,
+        absent_ranks=[],
+        op=call.op if call else None,
+        site=p.d.site(call.site if call else None),
+        evidence=p.evidence,
+    )
+
+
+def requests_differ(p: Parting) -> Explanation | None:
+    return mixed_requests(p.d, p.first, p.made, p.evidence) if p.first.kind is Mismatch.REQUEST else None
+
+
+def rank_died_before_the_call(p: Parting) -> Explanation | None:
+    """A rank that died *here*: it never made this call (a rank that aborts inside a
+    mismatched collective made it, and is explained by the mismatch)."""
+    dead = [r for r in p.first.absent if p.d.died(r)]
+    return crashed(p.d, dead, p.first) if dead else None
+
+
+def rank_killed_in_the_call(p: Parting) -> Explanation | None:
+    """A rank killed inside (or just after) its call, and the ranks that had not got
+    there stopped by torchrun because of it: the divergence is the crash's echo.
+    (SIGABRT is gloo's own abort on a mismatched collective: explained by the mismatch.)"""
+    d, first = p.d, p.first
+    killed_inside = [
+        r for r in first.present if d.died(r) and signal_name(d.exit_of(r)[1]) not in (None, "SIGABRT")
+    ]
+    if killed_inside and first.absent and all(d.stopped_by_launcher(r) for r in first.absent):
+        return killed_in_call(d, killed_inside, first)
+    return None
+
+
+def ranks_left_the_script(p: Parting) -> Explanation | None:
+    left = [r for r in p.first.absent if p.d.exit_of(r)[0] == "sys.exit"]
+    if left and len(left) == len(p.first.absent):
+        return exited_early(p.d, p.first, p.made, left, p.evidence)
+    return None
+
+
+def ran_out_of_batches_under_join(p: Parting) -> Explanation | None:
+    return join_without_stand_in(p.d, p.first, p.evidence)
+
+
+def eval_loaders_of_different_lengths(p: Parting) -> Explanation | None:
+    return uneven_eval(p.d, p.first, p.evidence)
+
+
+def a_step_skipped(p: Parting) -> Explanation | None:
+    if p.first.kind is not Mismatch.STEP:
+        return None
+    return skipped_step(p.d, p.first, p.made, p.other, p.evidence)
+
+
+def a_rank_busy_elsewhere(p: Parting) -> Explanation | None:
+    return straggler(p.d, p.first, p.made, p.other, p.evidence)
+
+
+def the_source_decides(p: Parting) -> Explanation | None:
+    return explain_fork(Fork.of(p.d, p.first.members, p.first.calls, p.made, p.other, p.evidence))
+
+
+def mixed_requests(d: Diagnoser, first: Divergence, made: list[int], evidence: list[str]) -> Explanation:
+    """The ranks' n-th reductions are for values logged under different names (one
+    d.log_dict call, other keys per rank): each rank's value is reduced with
+    another name's, silently, and a rank with more names than the others hangs."""
+    calls = {r: c for r, c in first.calls.items() if c is not None}
+    call = calls[made[0]]
+    by_request: dict[str, list[int]] = {}
+    for rank, each in sorted(calls.items()):
+        by_request.setdefault(each.later.request if each.later else each.op, []).append(rank)
+    sides = "; ".join(f"{who(ranks)}: {request}" for request, ranks in by_request.items())
+    by = call.later.by if call.later else "the framework"
+    return d.explanation(
+        Cause.COLLECTIVE_SHAPE_MISMATCH,
+        f"{who(first.members)} reach {by}'s {call.op} at {d.site(call.site)} for values "
+        f"logged under different names ({sides}): they pair with each other, and a rank "
+        f"that logged more names than the others waits forever",
+        ranks=first.members,
+        absent_ranks=[],
+        op=call.op,
+        site=d.site(call.site),
+        evidence=evidence,
+        libraries=call.libraries,
+    )
+
+
+def order_mismatch(d: Diagnoser, found: list[Divergence]) -> Explanation | None:
+    """Two groups each waiting on ranks that are waiting in the other: a cycle."""
+    # lowest present rank first, so the report does not depend on which call was first
+    missing = sorted((d for d in found if d.kind is Mismatch.MISSING), key=lambda d: (d.present[:1], d.group))
+    for i, one in enumerate(missing):
+        for two in missing[i + 1 :]:
+            if one.group == two.group:
+                continue
+            if set(one.present) & set(two.absent) and set(one.absent) & set(two.present):
+                call_one = one.calls[one.present[0]]
+                call_two = two.calls[two.present[0]]
+                evidence = [
+                    f"group {one.group}: {who(one.present)} are in "
+                    f"{d.describe_call(call_one)}; {who(one.absent)} have not "
+                    f"made that call",
+                    f"group {two.group}: {who(two.present)} are in "
+                    f"{d.describe_call(call_two)}; {who(two.absent)} have not "
+                    f"made that call",
+                    "each side waits for the other in a different process group: a cycle",
+                ]
+                return d.explanation(
+                    Cause.COLLECTIVE_ORDER_MISMATCH,
+                    f"{who(one.present)} and {who(two.present)} "
+                    f"issue the same collectives in a different order across process groups "
+                    f"{one.group} and {two.group}",
+                    ranks=one.present,
+                    absent_ranks=one.absent,
+                    op=call_one.op if call_one else None,
+                    site=d.site(call_one.site if call_one else None),
+                    evidence=evidence,
+                )
+    return None
+
+
+def exited_early(
+    d: Diagnoser, first: Divergence, made: list[int], left: list[int], evidence: list[str]
+) -> Explanation:
+    """The absent ranks ended the script (sys.exit) while the others went on to a call."""
+    call = first.calls[made[0]]
+    trace = d.ev.traces.get(left[0])
+    ended = str(trace.exit.get("error") or "") if trace and trace.exit else ""
+    where = location_of(ended)
+    evidence = [*evidence, *(f"rank {r} ended: {d.exit_text(r)}" for r in left)]
+    return d.explanation(
+        Cause.RANK_EARLY_EXIT,
+        f"{who(left)} left the script early"
+        + (f" (sys.exit at {relative(where[0], d.ev.cwd)}:{where[1]})" if where else "")
+        + f" while {who(made)} went on to {call.op if call else '?'} at "
+        + f"{d.site(call.site if call else None)}",
+        ranks=made,
+        absent_ranks=left,
+        op=call.op if call else None,
+        site=f"{relative(where[0], d.ev.cwd)}:{where[1]}" if where else d.site(call.site if call else None),
+        evidence=evidence,
+    )
+
+
+def killed_in_call(d: Diagnoser, dead: list[int], first: Divergence) -> Explanation:
+    call = first.calls[dead[0]]
+    signal = signal_name(d.exit_of(dead[0])[1])
+    finding = crashed(d, dead, None)
+    finding.message = (
+        f"{who(dead)} died ({signal}) in or right after {d.describe_call(call)}; "
+        f"torchrun then stopped {who(first.absent)} before reaching it"
+    )
+    finding.op = call.op if call else None
+    finding.site = d.site(call.site if call else None)
+    return finding
+
+
+def crashed(d: Diagnoser, dead: list[int], divergence: Divergence | None) -> Explanation:
+    evidence = []
+    for rank in dead:
+        _how, code = d.exit_of(rank)
+        trace = d.ev.traces.get(rank)
+        error, error_site = d.exit_error(rank)
+        signal = signal_name(code)
+        last = trace.calls[-1] if trace and trace.calls else None
+        text = f"rank {rank} ended: {error or ('exit code ' + str(code))}"
+        if error_site:
+            text += f" at {d.site(error_site)} in {error_site.function}"
+        if signal:
+            text += f" ({signal})"
+        evidence.append(text)
+        evidence.append(f"rank {rank}'s last collective: {d.describe_call(last)}")
+    empty = {rank: found for rank in dead if (found := d.empty_eval_pass(rank)) is not None}
+    for rank, (loader, others) in empty.items():
+        evidence.append(
+            f"rank {rank}'s eval loader {loader} yielded no batch in its last pass (the other "
+            f"ranks: {', '.join(f'rank {r}: {n}' for r, n in sorted(others.items()))}), and what "
+            "follows the loop failed on this rank alone"
+        )
+    survivors = []
+    site = None
+    op = None
+    if divergence is not None:
+        survivors = [r for r in divergence.present if r not in dead]
+        if survivors:
+            call = divergence.calls[survivors[0]]
+            site = d.site(call.site if call else None)
+            op = call.op if call else None
+            evidence.append(f"{who(survivors)} waited in {d.describe_call(call)}")
+    message = f"{who(dead)} died" + (f" while {who(survivors)} waited in {op}" if survivors else "")
+    if not survivors:
+        # No one waited at a call of the user's: the line the error left from is the site
+        # (a CUDA or NCCL set-up error on one rank, before any collective).
+        error, error_site = d.exit_error(dead[0])
+        site = d.site(error_site)
+        if error:
+            message += ": " + error
+    if empty:
+        message = message.replace(
+            f"{who(dead)} died", f"{who(dead)} died after an eval pass with no batch", 1
+        )
+    finding = d.explanation(
+        Cause.RANK_CRASHED,
+        message,
+        ranks=survivors,
+        absent_ranks=dead,
+        op=op,
+        site=site,
+        evidence=evidence,
+    )
+    if empty:
+        finding.fix = (
+            f"An empty eval shard killed {who(sorted(empty))}: give every rank the same number of "
+            "batches (DistributedSampler(val_set, shuffle=False) pads the shards to equal length), "
+            "or make the code after the eval loop handle zero batches and still make its "
+            "collectives (reduce a sum and a count, not a mean of a list)."
+        )
+    return finding
+
+
+def join_without_stand_in(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explanation | None:
+    """Ranks that ran out of batches inside DDP's Join, facing a collective of the
+    user's own in the others' step: Join stands in for DDP's collectives only."""
+    joined = sorted(r for r, c in first.calls.items() if c is not None and c.shadow)
+    own = sorted(r for r, c in first.calls.items() if c is not None and not c.shadow and c.issuer is None)
+    if not joined or not own:
+        return None
+    call, stand_in = first.calls[own[0]], first.calls[joined[0]]
+    assert call is not None and stand_in is not None
+    batches = {
+        r: sum(p.batches for p in d.ev.traces[r].passes if p.role == "train")
+        for r in first.members
+        if r in d.ev.traces
+    }
+    return d.explanation(
+        Cause.UNEVEN_EVAL_BATCHES,
+        f"{who(joined)} ran out of batches and joined at {d.site(stand_in.site)} "
+        f"(DDP's Join), which stands in for DDP's own collectives only; {who(own)} "
+        f"made the {op_text(call)} at {d.site(call.site)} in a later step, and "
+        f"nothing on {who(joined)} answers it",
+        ranks=own,
+        absent_ranks=joined,
+        op=call.op,
+        site=d.site(call.site),
+        evidence=[
+            *evidence,
+            "batches drawn per rank: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(batches.items())),
+            "DDP's Join shadows the gradient all-reduce and its own notification, not "
+            "a collective the loop body calls: reduce that value after the loop, give "
+            "Join a Joinable that shadows it, or shard so every rank has the same "
+            "number of batches (DistributedSampler)",
+        ],
+    )
+
+
+def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explanation | None:
+    """Some ranks still in an eval loop's per-batch collective, the others past it."""
+    inside = sorted(
+        r for r, c in first.calls.items() if c is not None and (c.position or {}).get("role") == "eval"
+    )
+    outside = sorted(r for r in first.members if r not in inside)
+    if not inside or not outside:
+        return None
+    counts = {r: d.ev.traces[r].eval_batches() for r in first.members if r in d.ev.traces}
+    if None in counts.values() or len({str(c) for c in counts.values()}) <= 1:
+        return None
+    call = first.calls[inside[0]]
+    assert call is not None
+    passes = [p for t in d.ev.traces.values() for p in t.eval_passes]
+    evidence = [
+        *evidence,
+        "eval batches per rank: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items())),
+    ]
+    for loader_pass in {p.loader: p for p in passes}.values():
+        if loader_pass.iterable:
+            # No sampler applies: the playbook's DistributedSampler fix does not either.
+            evidence.append(
+                f"eval loader {loader_pass.loader}: dataset {loader_pass.dataset} is an "
+                "IterableDataset (it shards itself; no sampler applies)"
+            )
+            continue
+        evidence.append(
+            f"eval loader {loader_pass.loader}: sampler {loader_pass.sampler}, "
+            f"dataset {loader_pass.dataset}"
+            + ("" if loader_pass.distributed_sampler else " (no DistributedSampler)")
+        )
+    cause = Cause.UNEVEN_EVAL_BATCHES
+    if any(not p.distributed_sampler for p in passes) and d.eval_samples_overlap():
+        cause = Cause.MISSING_DISTRIBUTED_SAMPLER
+        evidence.append(
+            "the ranks evaluate overlapping samples: each rank draws its own "
+            "eval set instead of a shard of one"
+        )
+    return d.explanation(
+        cause,
+        f"eval loaders yield different numbers of batches per rank; "
+        f"{who(inside)} made a per-batch {op_text(call)} that "
+        f"{who(outside)} never made",
+        ranks=inside,
+        absent_ranks=outside,
+        op=call.op,
+        site=d.site(call.site),
+        evidence=evidence,
+    )
+
+
+def skipped_step(
+    d: Diagnoser, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+) -> Explanation:
+    """Same op and site, different loader batches: some ranks skipped a step's call."""
+    earlier = min(
+        (c for c in first.calls.values() if c is not None),
+        key=lambda c: (c.position or {}).get("batch", 0),
+    )
+    did = sorted(r for r, c in first.calls.items() if c is not None and c.position == earlier.position)
+    skipped = sorted(r for r in first.members if r not in did)
+    site = earlier.site
+    step = earlier.position or {}
+    evidence = [
+        *evidence,
+        f"{who(skipped)} made no {op_text(earlier)} at "
+        f"{d.site(site)} for {step.get('loader')} batch {step.get('batch')}",
+    ]
+    cause, reason = Cause.DATA_DEPENDENT_BRANCH, ""
+    if site is not None:
+        # the try may be a caller's, around the step function the error left early
+        swallow, swallow_file = None, site.file
+        for frame in reversed(earlier.user_stack or [site]):
+            swallow, swallow_file = source.swallowing_try(frame.file, frame.line), frame.file
+            if swallow is not None:
+                break
+        loop = source.innermost_loop(site.file, site.line)
+        exits = source.conditional_exits(site.file, loop, site.line) if loop else []
+        # the call may sit in a helper (step()): the loop that skipped it is a caller's
+        for frame in reversed(earlier.user_stack[:-1]):
+            if exits or loop is not None:
+                break
+            loop = source.innermost_loop(frame.file, frame.line)
+            if loop is not None:
+                # any exit of that loop: a break after the call ends the pass early too
+                exits = source.conditional_exits(frame.file, loop)
+                site = frame
+        if swallow is not None:
+            cause = Cause.RANK_EXCEPTION
+            reason = (
+                f"the call is inside a try at {d.site(Frame(swallow_file, swallow.lineno, ''))}"
+                " whose handler swallows the error and continues"
+            )
+        elif exits:
+            guard = exits[-1]
+            cause = {
+                "rank": Cause.RANK_CONDITIONAL_COLLECTIVE,
+                "data": Cause.DATA_DEPENDENT_BRANCH,
+            }.get(guard.kind, Cause.UNSYNCHRONIZED_DECISION)
+            reason = (
+                f"`{guard.statement}` under `if {guard.text}` at "
+                f"{d.site(Frame(site.file, guard.line, ''))} skips it"
+            )
+    if reason:
+        evidence.append(reason)
+    return d.explanation(
+        cause,
+        f"{who(skipped)} skipped the {op_text(earlier)} at {d.site(site)} for one "
+        f"step ({step.get('loader')} batch {step.get('batch')}); their later calls pair with "
+        f"the other ranks' earlier ones",
+        ranks=did,
+        absent_ranks=skipped,
+        op=earlier.op,
+        site=d.site(site),
+        evidence=evidence,
+    )
+
+
+def straggler(
+    d: Diagnoser, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+) -> Explanation | None:
+    if not d.ev.stalled or first.kind is not Mismatch.MISSING:
+        return None
+    late = [
+        r for r in other if r in d.ev.stacks and not d.ev.stacks[r].in_collective and d.ev.stacks[r].threads
+    ]
+    if not late or len(late) != len(other):
+        return None
+    call = first.calls[made[0]]
+    for rank in late:
+        evidence.append(f"rank {rank} is outside any collective: {d.frames_text(rank)}")
+    return Explanation(
+        cause=Cause.STRAGGLER,
+        severity=Severity.ERROR,
+        message=(
+            f"{who(made)} waited in {call.op if call else '?'} for "
+            f"{who(late)}, still busy outside any collective{d.busy_where(late[0])} "
+            f"({d.ev.stall_seconds:.0f} s without progress)"
+        ),
+        ranks=made,
+        absent_ranks=late,
+        op=call.op if call else None,
+        site=d.site(call.site if call else None),
+        evidence=evidence,
+        fix=d.fix(Cause.STRAGGLER),
+    )
+
+
+# The order is the precedence: a cycle across groups before anything one group shows;
+# what the calls' own fields prove (shapes, requests) before how the ranks ended; the
+# ranks' ends (died, killed, left) before the loaders; the source reading last, since it
+# always answers (with no reason when nothing in the source explains the parting).
+DIVERGENCE_RULES = (
+    cycle_across_groups,
+    shapes_differ,
+    requests_differ,
+    rank_died_before_the_call,
+    rank_killed_in_the_call,
+    ranks_left_the_script,
+    ran_out_of_batches_under_join,
+    eval_loaders_of_different_lengths,
+    a_step_skipped,
+    a_rank_busy_elsewhere,
+    the_source_decides,
+)

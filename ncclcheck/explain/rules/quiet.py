@@ -1,0 +1,209 @@
+"""What is said when the histories agree: a stall with every rank in the same call
+(straggler or transport), and the warnings about what would hang on another day
+(loaders without a DistributedSampler, uneven loaders, reads of a reduce's input)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ncclcheck.causes import Cause
+from ncclcheck.explain import source
+from ncclcheck.explain.engine import Explanation
+from ncclcheck.explain.wording import (
+    who,
+)
+from ncclcheck.model import Frame, Severity
+from ncclcheck.record.traces import RootedRead
+
+if TYPE_CHECKING:
+    from ncclcheck.explain.diagnose import Diagnoser
+
+
+def explain_stall_without_divergence(d: Diagnoser) -> Explanation:
+    """Every rank agrees on its history so far and nothing moves."""
+    lasts = {r: t.calls[-1] for r, t in d.ev.traces.items() if t.calls}
+    stacks = d.ev.stacks
+    late = [r for r, s in stacks.items() if s.threads and not s.in_collective]
+    if late and len(late) < len(stacks):
+        waiting = sorted(r for r in stacks if r not in late)
+        call = lasts.get(waiting[0])
+        return Explanation(
+            cause=Cause.STRAGGLER,
+            severity=Severity.ERROR,
+            message=(f"{who(waiting)} waited in a collective for {who(late)}, busy outside any collective"),
+            ranks=waiting,
+            absent_ranks=late,
+            op=call.op if call else None,
+            site=d.site(call.site if call else None),
+            evidence=[f"rank {r}: {d.frames_text(r)}" for r in late],
+            fix=d.fix(Cause.STRAGGLER),
+        )
+    call = next(iter(lasts.values()), None)
+    frozen = [r for r, s in stacks.items() if s.status in ("stopped", "tracing-stop", "disk-sleep")]
+    evidence = [f"every rank's last call: {d.describe_call(call)}"]
+    if frozen:
+        evidence.append(f"{who(frozen)} are frozen (process state stopped)")
+    return Explanation(
+        cause=Cause.TRANSPORT_HANG,
+        severity=Severity.ERROR,
+        message=(
+            f"every rank is in the same {call.op if call else 'collective'} at "
+            f"{d.site(call.site if call else None)} and nothing has moved for "
+            f"{d.ev.stall_seconds:.0f} s: the code is aligned, the transport is not"
+        ),
+        ranks=sorted(lasts),
+        absent_ranks=[],
+        op=call.op if call else None,
+        site=d.site(call.site if call else None),
+        evidence=evidence,
+        fix=d.fix(Cause.TRANSPORT_HANG),
+    )
+
+
+def warnings(d: Diagnoser, errors: list[Explanation]) -> list[Explanation]:
+    causes = {f.cause for f in errors}
+    found: list[Explanation] = []
+    if d.ev.world_size > 1 and Cause.MISSING_DISTRIBUTED_SAMPLER not in causes:
+        loaders: dict[str, set[str]] = {}
+        for trace in d.ev.traces.values():
+            for loader_pass in trace.eval_passes:
+                # an IterableDataset shards itself: no sampler to name
+                if not loader_pass.distributed_sampler and not loader_pass.iterable:
+                    loaders.setdefault(loader_pass.loader, set()).add(str(loader_pass.sampler))
+        overlap = d.eval_samples_overlap()
+        for loader, samplers in sorted(loaders.items()):
+            effect = (
+                "the ranks evaluate the same samples, so metrics count them more than once"
+                if overlap
+                else "its per-rank shards are made by hand and nothing keeps their lengths equal"
+            )
+            found.append(
+                Explanation(
+                    cause=Cause.MISSING_DISTRIBUTED_SAMPLER,
+                    severity=Severity.WARNING,
+                    message=(
+                        f"eval loader {loader} has no DistributedSampler "
+                        f"({', '.join(sorted(samplers))}): {effect}"
+                    ),
+                    fix=d.fix(Cause.MISSING_DISTRIBUTED_SAMPLER),
+                )
+            )
+    found += rooted_reads(d)
+    uneven_train = uneven_train_loader(d)
+    if uneven_train is not None and Cause.UNEVEN_EVAL_BATCHES not in causes:
+        found.append(uneven_train)
+    # complete passes only: a rank that died mid-pass has a partial count
+    counts = {
+        r: sum(p.batches for p in t.eval_passes if p.exhausted)
+        for r, t in d.ev.traces.items()
+        if any(p.exhausted for p in t.eval_passes)
+    }
+    if (
+        len(counts) > 1
+        and len(set(counts.values())) > 1
+        and not causes & {Cause.UNEVEN_EVAL_BATCHES, Cause.MISSING_DISTRIBUTED_SAMPLER}
+    ):
+        found.append(
+            Explanation(
+                cause=Cause.UNEVEN_EVAL_BATCHES,
+                severity=Severity.WARNING,
+                message=(
+                    "eval loaders yield different numbers of batches per rank: "
+                    + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items()))
+                    + "; a per-batch collective in the eval loop would hang"
+                ),
+                ranks=sorted(counts),
+                fix=d.fix(Cause.UNEVEN_EVAL_BATCHES),
+            )
+        )
+    return found
+
+
+def rooted_reads(d: Diagnoser) -> list[Explanation]:
+    """A rank read the tensor it gave dist.reduce, which only the dst rank receives
+    the result in (record/rooted.py): what it computes from it is its own partial
+    value, and a branch on it may part the ranks on another day's data."""
+    readers: dict[tuple[Frame, Frame], list[int]] = {}
+    example: dict[tuple[Frame, Frame], RootedRead] = {}
+    for rank, trace in sorted(d.ev.traces.items()):
+        for read in trace.rooted_reads:
+            key = (read.site, read.reduce_site)
+            readers.setdefault(key, []).append(rank)
+            example.setdefault(key, read)
+    found: list[Explanation] = []
+    for key, ranks in readers.items():
+        read = example[key]
+        name = f"`{read.var}`" if read.var else "the tensor"
+        decides = source.decision_at(read.site.file, read.site.line)
+        effect = (
+            f", and `{decides}` decides on it: ranks that decide differently part ways" if decides else ""
+        )
+        members = sorted(d.ev.traces)
+        found.append(
+            Explanation(
+                cause=Cause.UNSYNCHRONIZED_DECISION,
+                severity=Severity.WARNING,
+                message=(
+                    f"{who(ranks)} read {name} with {read.how} at {d.site(read.site)} in "
+                    f"{read.site.function}(), but dist.reduce at {d.site(read.reduce_site)} "
+                    f"sent the result to rank {read.dst} only: what a rank reads there is its "
+                    f"own partial value{effect}"
+                ),
+                ranks=ranks,
+                absent_ranks=[r for r in members if r not in ranks],
+                op="reduce",
+                site=d.site(read.site),
+                evidence=[
+                    f"dist.reduce(..., dst={read.dst}) at {d.site(read.reduce_site)} in "
+                    f"{read.reduce_site.function}() ({read.phase})",
+                    "call chain of the read: "
+                    + " -> ".join(f"{f.function}() at {d.site(f)}" for f in read.stack),
+                ],
+                fix=(
+                    "Where every rank needs the value, use dist.all_reduce instead of dist.reduce "
+                    "(divide by the world size for a mean); where only the dst rank should use "
+                    f"it, read it under `if rank == {read.dst}` and broadcast any decision taken "
+                    "on it."
+                ),
+            )
+        )
+    return found
+
+
+def uneven_train_loader(d: Diagnoser) -> Explanation | None:
+    """A train loader whose len() differs per rank, in a loop with a collective in
+    every step (DDP's gradient all_reduce): the ranks with fewer batches leave the
+    epoch while the others wait in their next step. The dry run's budget ends each
+    epoch early, so the run itself stays aligned: said as a warning."""
+    lengths: dict[str, dict[int, int]] = {}
+    cut = any(p.budget_cut for t in d.ev.traces.values() for p in t.passes if p.role == "train")
+    for rank, trace in d.ev.traces.items():
+        drawn = sum(p.batches for p in trace.passes if p.role == "train")
+        # at least one collective per train batch drawn: a collective in every step
+        if not drawn or trace.calls_per_phase().get("train", 0) < drawn:
+            continue
+        for loader_pass in trace.passes:
+            if loader_pass.role == "train" and loader_pass.index == 0 and loader_pass.length is not None:
+                lengths.setdefault(loader_pass.loader, {})[rank] = loader_pass.length
+    for loader, per_rank in sorted(lengths.items()):
+        if len(per_rank) < 2 or len(set(per_rank.values())) < 2:
+            continue
+        most = max(per_rank.values())
+        if all(d.ev.traces[r].join_stand_ins for r, n in per_rank.items() if n < most):
+            continue  # the ranks with fewer batches joined: DDP's Join stood in for them
+        return Explanation(
+            cause=Cause.UNEVEN_EVAL_BATCHES,
+            severity=Severity.WARNING,
+            message=(
+                f"train loader {loader} yields different numbers of batches per rank ("
+                + ", ".join(f"rank {r}: {n}" for r, n in sorted(per_rank.items()))
+                + "), and every step makes a collective: at the end of each epoch the ranks "
+                "with fewer batches move on while the others wait in their next step"
+                + (" (the dry run's budget ended each epoch sooner)" if cut else "")
+                + ". Shard with DistributedSampler, drop the remainder, or wrap the loop in "
+                "DDP's join()"
+            ),
+            ranks=sorted(per_rank),
+            fix=d.fix(Cause.UNEVEN_EVAL_BATCHES),
+        )
+    return None

@@ -1,0 +1,406 @@
+"""The rules for ranks' stacks merged into classes (doctor): who waits in which
+collective, who is elsewhere, and why. Where ranks wait at different lines, the
+source reading is the one preflight uses (branch.py), on the calls the stacks show.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ncclcheck.causes import Cause
+from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, state_split
+from ncclcheck.explain import source
+from ncclcheck.explain.diagnose import Diagnoser
+from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.rules.branch import Fork, explain_fork
+from ncclcheck.explain.wording import relative, who
+from ncclcheck.model import CollectiveCall, Frame, Severity
+
+
+@dataclass
+class Standoff:
+    """Every rank's stack, merged into classes of identical stacks: the ranks that wait
+    for their peers (``waiting``), those elsewhere (``outside``), those the OS froze, and
+    those not found on this host (``missing``)."""
+
+    d: Diagnoser
+    classes: list[StackClass]
+    world: int
+    found: list[int]
+    evidence: list[str]
+
+    @property
+    def missing(self) -> list[int]:
+        return sorted(set(range(self.world)) - set(self.found))
+
+    @property
+    def waiting(self) -> list[StackClass]:
+        return [c for c in self.classes if c.in_collective]
+
+    @property
+    def outside(self) -> list[StackClass]:
+        return [c for c in self.classes if not c.in_collective]
+
+    @property
+    def frozen(self) -> list[int]:
+        return sorted(r for c in self.outside if c.blocking.startswith("stopped") for r in c.ranks)
+
+    @property
+    def one_call(self) -> StackClass | None:
+        """The class every rank is in, when all wait in one (the frozen aside)."""
+        if len(self.waiting) == 1 and len(self.outside) == (1 if self.frozen else 0):
+            return self.waiting[0]
+        return None
+
+
+def explain_classes(d: Diagnoser, classes: list[StackClass], world: int, found: list[int]) -> Explanation:
+    """The playbooks' doctor signals, applied to the merged stack classes."""
+    evidence = [f"{who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
+    # what to do about a collective library code issued (SyncBatchNorm in training mode)
+    evidence += dict.fromkeys(c.advice for c in classes if c.advice is not None)
+    explanation = first_explanation(STACK_RULES, Standoff(d, classes, world, found, evidence))
+    assert explanation is not None, "the last rule always answers"
+    return explanation
+
+
+def ranks_missing_from_the_host(s: Standoff) -> Explanation | None:
+    missing, waiting = s.missing, s.waiting
+    if not missing:
+        return None
+    ranks = sorted(r for c in s.classes for r in c.ranks)
+    return s.d.explanation(
+        Cause.RANK_CRASHED,
+        f"{who(missing)} of {s.world} are not running on this host while {who(ranks)} wait",
+        ranks=ranks,
+        absent_ranks=missing,
+        op=waiting[0].blocking if waiting else None,
+        site=_site(waiting[0]) if waiting else None,
+        evidence=[*s.evidence, "a rank on another host? run doctor there too, with --dump-to"],
+    )
+
+
+def group_names_differ(s: Standoff) -> Explanation | None:
+    """Every rank in new_group at one line, each naming the group differently."""
+    only = s.one_call
+    split = state_split(only) if only is not None else None
+    if only is None or split is None or not all(CREATED_GROUP in state for state in only.states.values()):
+        return None
+    parts, lines = split
+    return s.d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"every rank waits in new_group at {_site(only)}, but they give the group "
+        "different names: "
+        + "; ".join(lines)
+        + ". torch names a group by a count of new_group calls, so the ranks made "
+        "different numbers of them before: an earlier new_group ran on some ranks "
+        "only (under a rank or membership test), and each side now waits for peers "
+        "of a group the others call by another name",
+        ranks=parts[0],
+        absent_ranks=sorted(r for part in parts[1:] for r in part),
+        op="new_group",
+        site=_site(only),
+        evidence=[
+            *s.evidence,
+            *lines,
+            "find the new_group under a test of the rank: `ncclcheck lint` on the "
+            "script names it, `ncclcheck preflight` shows which ranks called it",
+        ],
+    )
+
+
+def same_line_different_points(s: Standoff) -> Explanation | None:
+    """Every rank at one line, with loop variables or groups that say they are at
+    different points of their collective sequences."""
+    only = s.one_call
+    split = state_split(only) if only is not None else None
+    if only is None or split is None:
+        return None
+    parts, lines = split
+    return s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"every rank waits in {only.blocking} at {_site(only)}, but not at the same point "
+        f"of its sequence: "
+        + "; ".join(lines)
+        + ". Each side waits for a call the other makes later (or on another group)",
+        ranks=parts[0],
+        absent_ranks=sorted(r for part in parts[1:] for r in part),
+        op=only.blocking,
+        site=_site(only),
+        evidence=[*s.evidence, *lines],
+    )
+
+
+def every_rank_in_one_call(s: Standoff) -> Explanation | None:
+    only, frozen = s.one_call, s.frozen
+    if only is None:
+        return None
+    evidence = list(s.evidence)
+    if frozen:
+        evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
+    return s.d.explanation(
+        Cause.TRANSPORT_HANG,
+        f"every rank is in {only.blocking} at {_site(only)}"
+        + (f" or frozen ({who(frozen)})" if frozen else "")
+        + ": the stacks are aligned, so the transport is the suspect; run `ncclcheck probe` "
+        "with the same launcher options",
+        ranks=sorted(only.ranks + frozen),
+        absent_ranks=[],
+        op=only.blocking,
+        site=_site(only),
+        evidence=evidence,
+    )
+
+
+def some_ranks_outside_any_collective(s: Standoff) -> Explanation | None:
+    waiting, outside = s.waiting, s.outside
+    if not (waiting and outside):
+        return None
+    late = sorted(r for c in outside for r in c.ranks)
+    ranks = sorted(r for c in waiting for r in c.ranks)
+    return s.d.explanation(
+        Cause.STRAGGLER,
+        f"{who(ranks)} wait in {waiting[0].blocking} while {who(late)} are busy outside any "
+        f"collective ({outside[0].blocking} at {_where(outside[0])})",
+        ranks=ranks,
+        absent_ranks=late,
+        op=waiting[0].blocking,
+        site=_site(waiting[0]),
+        evidence=s.evidence,
+    )
+
+
+def a_framework_call_asked_by_some_ranks(s: Standoff) -> Explanation | None:
+    return _deferred_finding(s.waiting, s.d, s.evidence) if len(s.waiting) >= 2 else None
+
+
+def a_loop_some_ranks_left(s: Standoff) -> Explanation | None:
+    return _left_loop(s.waiting, s.d, s.evidence) if len(s.waiting) >= 2 else None
+
+
+def the_source_decides(s: Standoff) -> Explanation | None:
+    """Ranks wait in different collectives: read the source as preflight does, the
+    smaller class being the one that took the branch."""
+    if len(s.waiting) < 2:
+        return None
+    small, big = sorted(s.waiting, key=lambda c: (len(c.ranks), c.ranks[0]))[:2]
+    calls: dict[int, CollectiveCall | None] = {
+        rank: CollectiveCall.seen_on_stack(rank, cls.blocking, cls.site, cls.frames, cls.libraries)
+        for cls in (small, big)
+        for rank in cls.ranks
+    }
+    explanation = explain_fork(Fork.of(s.d, sorted(calls), calls, small.ranks, big.ranks, s.evidence))
+    if explanation.reason is None and small.blocking == big.blocking:
+        # nothing in the source sends them apart, and they wait in the same op at two
+        # lines: their sequences of calls differ
+        return s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH,
+            f"{who(small.ranks)} and {who(big.ranks)} wait in {small.blocking} at different "
+            f"sites ({_site(small)} and {_site(big)}): their collective sequences differ",
+            ranks=small.ranks,
+            absent_ranks=big.ranks,
+            op=small.blocking,
+            site=_site(small),
+            evidence=s.evidence,
+        )
+    return explanation
+
+
+def no_rank_waits(s: Standoff) -> Explanation:
+    return Explanation(
+        Cause.STRAGGLER,
+        "no rank is inside a collective: the job is slow or stuck outside communication",
+        ranks=s.found,
+        evidence=s.evidence,
+        severity=Severity.WARNING,
+        fix="",
+    )
+
+
+# The order is the precedence: a rank absent from the host explains everything after
+# it; one call everywhere (with names or loop values that differ, or alike: the
+# transport) before ranks outside any call; then, for ranks in different calls, a
+# framework's deferred call, a loop some ranks left, the source's branches.
+STACK_RULES = (
+    ranks_missing_from_the_host,
+    group_names_differ,
+    same_line_different_points,
+    every_rank_in_one_call,
+    some_ranks_outside_any_collective,
+    a_framework_call_asked_by_some_ranks,
+    a_loop_some_ranks_left,
+    the_source_decides,
+    no_rank_waits,
+)
+
+
+def _deferred_finding(
+    waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]
+) -> Explanation | None:
+    """Ranks waiting in a collective a framework runs later (Lightning's epoch-end sync):
+    the stack cannot say which of the user's calls asked for it, so read the user's
+    source, as lint does, for such a call under a rank test."""
+    inside = next((c for c in waiting if c.deferred is not None and c.frames), None)
+    if inside is None or inside.deferred is None:
+        return None
+    from ncclcheck.commands.lint import run_lint  # reads source: only for this case
+
+    known = inside.deferred
+    entry = Path(inside.frames[0].file)  # the script: lint follows its imports
+    try:
+        findings, _ = run_lint([entry]) if entry.is_file() else ([], None)
+    except Exception:  # unreadable source must not hide the stacks' own diagnosis
+        return None
+    asked = [f for f in findings if f.cause == Cause.RANK_CONDITIONAL_COLLECTIVE and known.marker in f.label]
+    if not asked:
+        return None
+    others = sorted(r for c in waiting if c is not inside for r in c.ranks)
+    first = asked[0]
+    site = f"{relative(first.path, os.getcwd())}:{first.line}"
+    return diagnoser.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside {known.what}, while "
+        f"{who(others)} {_verb(others)} elsewhere: the source makes that call only on some ranks ({site})",
+        ranks=inside.ranks,
+        absent_ranks=others,
+        op=inside.blocking,
+        site=site,
+        evidence=[
+            *evidence,
+            f"{who(inside.ranks)}: {inside.blocking} inside {known.what}, called from {_where(inside)}",
+            *(f"source: {f.site}: {f.message}" for f in asked),
+        ],
+        libraries=[known.library],
+    )
+
+
+def _verb(ranks: list[int]) -> str:
+    return "waits" if len(ranks) == 1 else "wait"
+
+
+def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]) -> Explanation | None:
+    """Some ranks still in a loop's collective, the others past the loop in the same function.
+
+    A try whose handler swallows errors around the call: rank-exception. A loop
+    with no conditional exit: it ran a different number of times per rank, which
+    for a loader loop means loaders of different lengths (uneven-eval-batches).
+    """
+    for inside in waiting:
+        for outside in waiting:
+            if inside is outside or inside.site is None or not outside.frames:
+                continue
+            shared = list(
+                itertools.takewhile(
+                    lambda pair: (pair[0].file, pair[0].function) == (pair[1].file, pair[1].function),
+                    zip(inside.frames, outside.frames, strict=False),
+                )
+            )
+            if not shared:
+                continue
+            here, there = inside.frames[len(shared) - 1], outside.frames[len(shared) - 1]
+            if _rank_branch_apart(here, there.line):
+                # `if rank == 0: evaluate(...)`: the others never entered the loop below;
+                # the source-reading diagnosis names the branch
+                return None
+            # the shared function's loops that the other side is outside of, then the
+            # loops of the functions below it, which the other side has left entirely
+            candidates = [(here, there.line)] + [(f, None) for f in inside.frames[len(shared) :]]
+            for frame, other_line in candidates:
+                loops = source.enclosing_loops(frame.file, frame.line)
+                if other_line is not None and any(source.contains(lp, other_line) for lp in loops):
+                    continue  # both sides inside one loop: they drifted apart, they did not leave it
+                if not loops:
+                    continue
+                if other_line is not None and other_line < loops[-1].lineno:
+                    # the other side waits above the loop, no loop of this function around
+                    # both: it never reached the loop (a branch before it sent it elsewhere)
+                    return None
+                if any(
+                    g.statement in ("break", "return")
+                    for loop in loops
+                    for g in source.conditional_exits(frame.file, loop)
+                ):
+                    return None  # a break or return decided: the source-reading diagnosis says which
+                return _loop_finding(inside, outside, frame, loops[0], diagnoser, evidence)
+    return None
+
+
+def _rank_branch_apart(frame: Frame, other_line: int) -> bool:
+    """Whether a rank test encloses ``frame``'s line but not ``other_line`` (same function)."""
+    for node in source.enclosing_chain(frame.file, frame.line):
+        if (
+            isinstance(node, ast.If)
+            and not source.contains(node, other_line)
+            and source.condition_kind(frame.file, node.test) == source.RANK
+        ):
+            return True
+    return False
+
+
+def _loop_finding(
+    inside: StackClass,
+    outside: StackClass,
+    frame: Frame,
+    loop: ast.stmt,
+    diagnoser: Diagnoser,
+    evidence: list[str],
+) -> Explanation:
+    assert inside.site is not None
+    if source.swallowing_try(inside.site.file, inside.site.line) is not None:
+        cause = Cause.RANK_EXCEPTION
+        message = (
+            f"{who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
+            f"errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
+            f"collectives"
+        )
+    else:
+        cause = Cause.UNEVEN_EVAL_BATCHES
+        message = (
+            f"{who(inside.ranks)} are still in the loop at "
+            f"{relative(frame.file, os.getcwd())}:{loop.lineno} (in "
+            f"{inside.blocking}), {who(outside.ranks)} already left it: the loop ran fewer "
+            f"times on them"
+        )
+        depth = inside.frames.index(frame) if frame in inside.frames else len(inside.frames) - 1
+        origin = source.loader_origin(
+            [(f.file, f.line) for f in inside.frames[: depth + 1]],
+            loop,
+        )
+        if origin is not None:
+            built = f"{origin.name} = DataLoader(...) at {relative(origin.file, os.getcwd())}:{origin.line}"
+            if origin.sampler is None and not origin.rank_sharded:
+                cause = Cause.MISSING_DISTRIBUTED_SAMPLER
+                message += (
+                    f"; the loader ({built}) has no sampler and its dataset is not sharded by "
+                    f"rank, so each rank iterates a set of its own length"
+                )
+            else:
+                evidence.append(
+                    f"{built}, sampler: {origin.sampler or 'none, dataset sharded by rank by hand'}"
+                )
+    return diagnoser.explanation(
+        cause,
+        message,
+        ranks=inside.ranks,
+        absent_ranks=outside.ranks,
+        op=inside.blocking,
+        site=_site(inside),
+        evidence=evidence,
+    )
+
+
+def _site(cls: StackClass) -> str | None:
+    return f"{relative(cls.site.file, os.getcwd())}:{cls.site.line}" if cls.site else None
+
+
+def _where(cls: StackClass) -> str:
+    if not cls.frames:
+        return "?"
+    return " -> ".join(f"{f.function}() {relative(f.file, os.getcwd())}:{f.line}" for f in cls.frames)
+
+
+def _frame_text(frame: Frame) -> str:
+    return f"{relative(frame.file, os.getcwd())}:{frame.line} in {frame.function}"
