@@ -35,8 +35,8 @@ browser: ## Debian's chromium, for the HTML report's browser test (skipped witho
 test: $(STAMP) browser ## Install if needed, then run the whole test suite (real ranks included)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## Only the tests that start no ranks
-	$(BIN)/pytest -m "not ranks" $(PYTEST_ARGS)
+test-fast: $(STAMP) ## The unit tests (tests/unit): analysis, rules, lint, parsing; no ranks, under a minute
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
 demo: $(STAMP) ## Preflight the rank-conditional-collective reproducer
 	$(BIN)/ncclcheck playbooks rank-conditional-collective

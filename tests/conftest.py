@@ -17,6 +17,7 @@ from ncclcheck.launch.proctree import kill_tree
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"
 FRAMEWORKS = REPO / "examples" / "frameworks"
+SCRIPTS = REPO / "tests" / "scripts"
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_bounded, torchrun_argv
+from ..conftest import REPO, run_bounded, torchrun_argv
 
 pytestmark = pytest.mark.ranks
 EXAMPLE = REPO / "examples" / "keep-it-fixed"

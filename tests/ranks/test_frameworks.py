@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import FRAMEWORKS, REPO, line_in
+from ..conftest import FRAMEWORKS, REPO, line_in
 from .test_doctor import doctor_on_hung
 from .test_preflight import leftover_ranks, preflight
 

@@ -102,7 +102,7 @@ def test_a_reader_that_leaves_early_does_not_change_the_exit_code(argv: list[str
     import subprocess
     import sys
 
-    from .conftest import REPO
+    from ..conftest import REPO
 
     read_end, write_end = os.pipe()
     os.close(read_end)  # every write to stdout now fails with EPIPE

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from .conftest import REPO, processes_marked
+from ..conftest import REPO, processes_marked
 
 pytestmark = pytest.mark.ranks
 

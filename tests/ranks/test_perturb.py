@@ -3,13 +3,11 @@ local clock) stay hidden on identical data and show once the values differ on pu
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from .conftest import ncclcheck
+from ..conftest import SCRIPTS, ncclcheck
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "local_decision.py"
+SCRIPT = SCRIPTS / "local_decision.py"
 pytestmark = pytest.mark.ranks
 
 

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from .conftest import PLAYBOOKS, processes_marked
+from ..conftest import PLAYBOOKS, processes_marked
 
 pytestmark = pytest.mark.ranks
 

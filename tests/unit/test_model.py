@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -20,9 +19,9 @@ from ncclcheck.model import (
     format_ranks,
 )
 
-SCHEMA = json.loads(
-    (Path(__file__).resolve().parent.parent / "ncclcheck" / "schemas" / "report.schema.json").read_text()
-)
+from ..conftest import REPO
+
+SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
 
 
 def sample_report() -> Report:

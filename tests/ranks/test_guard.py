@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, run_bounded
+from ..conftest import REPO, SCRIPTS, run_bounded
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "guard_phase.py"
+SCRIPT = SCRIPTS / "guard_phase.py"
 pytestmark = pytest.mark.ranks
 
 

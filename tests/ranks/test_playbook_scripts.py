@@ -11,7 +11,7 @@ import pytest
 
 from ncclcheck.catalogue import load_catalogue
 
-from .conftest import PLAYBOOKS, run_bounded, torchrun_argv
+from ..conftest import PLAYBOOKS, run_bounded, torchrun_argv
 
 PG_TIMEOUT_S = 6
 REPRO_BOUND_S = 40

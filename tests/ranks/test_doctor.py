@@ -20,9 +20,8 @@ import pytest
 
 from ncclcheck.launch.proctree import kill_tree
 
-from .conftest import PLAYBOOKS, REPO, line_in, run_bounded
+from ..conftest import PLAYBOOKS, REPO, SCRIPTS, line_in, run_bounded
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 pytestmark = pytest.mark.ranks
 
 

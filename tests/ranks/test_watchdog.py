@@ -13,9 +13,9 @@ import pytest
 
 from ncclcheck.runtime.watchdog import ABORT_EXIT_CODE, _describe_waits
 
-from .conftest import REPO, run_bounded, torchrun_argv
+from ..conftest import REPO, SCRIPTS, run_bounded, torchrun_argv
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "watchdog_hang.py"
+SCRIPT = SCRIPTS / "watchdog_hang.py"
 
 
 def line_of(fragment: str) -> int:

@@ -16,7 +16,7 @@ from ncclcheck.record.traces import load_traces
 from ncclcheck.render.html import report_html
 from ncclcheck.render.lanes import build_lanes
 
-from .conftest import PLAYBOOKS, ncclcheck
+from ..conftest import PLAYBOOKS, ncclcheck
 
 
 class Dom(HTMLParser):

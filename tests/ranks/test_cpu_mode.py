@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import REPO, line_in, ncclcheck, run_bounded, torchrun_argv
+from ..conftest import REPO, SCRIPTS, line_in, ncclcheck, run_bounded, torchrun_argv
 
-SCRIPT = Path(__file__).resolve().parent / "scripts" / "gpu_style.py"
+SCRIPT = SCRIPTS / "gpu_style.py"
 pytestmark = pytest.mark.ranks
 
 
@@ -73,14 +72,14 @@ def test_without_cpu_the_nccl_script_fails_with_a_pointer_to_it() -> None:
     assert "rerun with --cpu" in result.output
 
 
-SYNCBN_SCRIPT = Path(__file__).resolve().parent / "scripts" / "syncbn_gpu.py"
+SYNCBN_SCRIPT = SCRIPTS / "syncbn_gpu.py"
 
 
 def test_syncbatchnorm_on_cpu_matches_batchnorm_over_every_rank_batch() -> None:
     """--cpu's SyncBatchNorm (record/cpu_syncbn.py) on 3 gloo ranks with 2, 5 and 8
     samples (and once an empty batch): outputs, running statistics and gradients equal
     BatchNorm's over the batches put together, in float64."""
-    script = Path(__file__).resolve().parent / "scripts" / "cpu_syncbn_numerics.py"
+    script = SCRIPTS / "cpu_syncbn_numerics.py"
     result = run_bounded(torchrun_argv(script, 3), 150, cwd=REPO)
     assert result.returncode == 0, result.output
     assert "numerics ok" in result.output
@@ -122,7 +121,7 @@ def test_a_rank_zero_forward_in_training_mode_is_named_as_syncbatchnorms_all_gat
 
 
 def test_a_syncbatchnorm_skipped_for_one_ranks_single_sample_batch_is_a_data_dependent_branch() -> None:
-    script = Path(__file__).resolve().parent / "scripts" / "syncbn_single_sample.py"
+    script = SCRIPTS / "syncbn_single_sample.py"
     result, report = ncclcheck("preflight", "--cpu", "--json", "--stall-timeout", "6", str(script))
     assert result.returncode == 1, result.output
     finding = report["findings"][0]

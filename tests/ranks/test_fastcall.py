@@ -17,7 +17,7 @@ from ncclcheck.record import recorder as recorder_module
 from ncclcheck.record.recorder import ENV_PURE_PYTHON, Recorder
 from ncclcheck.record.tracefile import GROWTH
 
-from .conftest import PLAYBOOKS
+from ..conftest import PLAYBOOKS
 from .test_preflight import preflight
 
 fastcall = recorder_module.fastcall

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .conftest import REPO
+from ..conftest import REPO
 
 
 def test_wheel_install_ships_the_playbooks(tmp_path: Path) -> None:

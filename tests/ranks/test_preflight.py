@@ -18,9 +18,8 @@ import pytest
 from ncclcheck.catalogue import load_catalogue
 from ncclcheck.record.traces import load_traces
 
-from .conftest import PLAYBOOKS, REPO, line_in, run_bounded
+from ..conftest import PLAYBOOKS, REPO, SCRIPTS, line_in, run_bounded
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
 PLAYBOOK_IDS = load_catalogue(PLAYBOOKS).ids
 STALL = "6"  # seconds without progress before preflight calls it a hang

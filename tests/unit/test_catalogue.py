@@ -11,7 +11,7 @@ import pytest
 from ncclcheck.catalogue import load_catalogue, load_playbook
 from ncclcheck.errors import PlaybookError
 
-from .conftest import PLAYBOOKS, REPO
+from ..conftest import PLAYBOOKS, REPO
 
 CAUSES_MD = REPO.parent / "shared" / "design" / "CAUSES.md"
 EXPECTED_IDS = {

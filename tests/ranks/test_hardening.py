@@ -16,9 +16,8 @@ import pytest
 
 from ncclcheck.record.traces import load_traces
 
-from .conftest import REPO, processes_marked, run_bounded
+from ..conftest import REPO, SCRIPTS, processes_marked, run_bounded
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 FAULTS = SCRIPTS / "faults.py"
 
 

@@ -15,9 +15,8 @@ import pytest
 
 from ncclcheck.commands.lint import run_lint
 
-from .conftest import FRAMEWORKS, PLAYBOOKS, REPO, run_bounded
+from ..conftest import FRAMEWORKS, PLAYBOOKS, REPO, SCRIPTS, run_bounded
 
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
 SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
 
 

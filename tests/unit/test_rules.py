@@ -1,0 +1,277 @@
+"""The explanation engine and its rules on synthetic evidence: calls as traces record
+them, stacks as py-spy shows them, source files the rules read. No ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ncclcheck.catalogue import load_catalogue
+from ncclcheck.causes import Cause
+from ncclcheck.evidence.classes import merge_stacks
+from ncclcheck.evidence.stacks import ProcessStack, blocking
+from ncclcheck.explain.align import divergences
+from ncclcheck.explain.engine import Explanation, ReasonKind, first_explanation
+from ncclcheck.explain.rules import branch, divergence, stacks
+from ncclcheck.explain.rules.branch import Fork, explain_fork
+from ncclcheck.explain.rules.divergence import explain_divergence
+from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.model import Severity
+
+from ..conftest import PLAYBOOKS
+from .factories import TORCH, call, diagnoser, line_of, script, stack, waiting_in
+
+# -- the engine -------------------------------------------------------------------------
+
+
+def test_the_first_rule_of_a_table_that_explains_wins() -> None:
+    said: list[str] = []
+
+    def silent(_: int) -> Explanation | None:
+        said.append("silent")
+        return None
+
+    def first(_: int) -> Explanation | None:
+        said.append("first")
+        return Explanation(Cause.STRAGGLER, "first")
+
+    def second(_: int) -> Explanation | None:
+        said.append("second")
+        return Explanation(Cause.TRANSPORT_HANG, "second")
+
+    explanation = first_explanation((silent, first, second), 0)
+    assert explanation is not None and explanation.message == "first"
+    assert said == ["silent", "first"]  # a later rule is not even asked
+    assert first_explanation((silent,), 0) is None
+
+
+def test_an_explanation_carries_the_playbooks_fix_unless_it_has_its_own() -> None:
+    catalogue = load_catalogue(PLAYBOOKS)
+    plain = Explanation(Cause.STRAGGLER, "slow").finding(catalogue)
+    assert plain.fix == catalogue.get(Cause.STRAGGLER).fix.direct and plain.fix
+    own = Explanation(Cause.STRAGGLER, "slow", fix="do this").finding(catalogue)
+    assert own.fix == "do this"
+    assert Explanation(Cause.STRAGGLER, "x", fix="").finding(catalogue).fix == ""
+
+
+def test_each_table_ends_with_a_rule_that_always_answers() -> None:
+    # the source reading and doctor's "no rank waits" close their tables: the commands
+    # assert an answer, so a table must never run dry
+    assert divergence.DIVERGENCE_RULES[-1] is divergence.the_source_decides
+    assert branch.FORK_RULES[-1] is branch.nothing_in_the_source
+    assert stacks.STACK_RULES[-1] is stacks.no_rank_waits
+
+
+# -- the source reading (branch.py), fed by traces --------------------------------------
+
+RANK_TEST = """
+def main(rank):
+    if rank == 0:
+        all_reduce()
+    barrier()
+"""
+EARLY_EXIT = """
+def evaluate(rank):
+    if rank > 0:
+        return
+    all_reduce()
+
+
+def main(rank):
+    evaluate(rank)
+    barrier()
+"""
+DATA_TEST = """
+def main(batch):
+    if batch.shape[0] > 1:
+        all_reduce()
+    barrier()
+"""
+LOOP_EXIT = """
+def main(rank):
+    for step in range(10):
+        loss = compute()
+        if loss < 0.1:
+            break
+        all_reduce()
+    barrier()
+"""
+NOTHING = """
+def main(rank):
+    all_reduce()
+    barrier()
+"""
+
+
+def _fork(tmp_path: Path, body: str, lone: str, other: str, lone_function: str = "main") -> Fork:
+    """Rank 0 made the call at the line holding ``lone``, rank 1 the one at ``other``."""
+    path = script(tmp_path, body)
+    lone_line, other_line = line_of(path, lone), line_of(path, other)
+    outer = [] if lone_function == "main" else [call(0, path, line_of(path, "    evaluate(rank)")).site]
+    calls = {
+        0: call(0, path, lone_line, function=lone_function, stack=outer),  # type: ignore[arg-type]
+        1: call(1, path, other_line, op="barrier"),
+    }
+    return Fork.of(diagnoser(tmp_path), [0, 1], calls, [0], [1], [])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("body", "lone_function", "cause", "reason", "at", "test"),
+    [
+        (
+            RANK_TEST,
+            "main",
+            Cause.RANK_CONDITIONAL_COLLECTIVE,
+            ReasonKind.RANK_TEST,
+            "if rank == 0",
+            "rank == 0",
+        ),
+        # an exit is sited at its return or break, the test it is under said beside it
+        (EARLY_EXIT, "evaluate", Cause.RANK_EARLY_EXIT, ReasonKind.EARLY_EXIT, "return", "rank > 0"),
+        (
+            DATA_TEST,
+            "main",
+            Cause.DATA_DEPENDENT_BRANCH,
+            ReasonKind.DATA_TEST,
+            "if batch",
+            "batch.shape[0] > 1",
+        ),
+        (LOOP_EXIT, "main", Cause.UNSYNCHRONIZED_DECISION, ReasonKind.LOOP_EXIT, "break", "loss < 0.1"),
+    ],
+)
+def test_the_source_reading_names_what_sent_the_ranks_apart(
+    tmp_path: Path, body: str, lone_function: str, cause: Cause, reason: ReasonKind, at: str, test: str
+) -> None:
+    explanation = explain_fork(_fork(tmp_path, body, "all_reduce()", "barrier()", lone_function))
+    assert explanation.cause is cause, explanation
+    assert explanation.reason is not None and explanation.reason.kind is reason
+    path = str(tmp_path / "train.py")
+    assert explanation.reason.site == f"train.py:{line_of(path, at)}"
+    assert test in explanation.reason.text
+
+
+def test_a_parting_nothing_in_the_source_explains_has_no_reason(tmp_path: Path) -> None:
+    explanation = explain_fork(_fork(tmp_path, NOTHING, "all_reduce()", "barrier()"))
+    assert explanation.reason is None
+    assert explanation.cause is Cause.RANK_CONDITIONAL_COLLECTIVE  # where they parted, said plainly
+    assert (explanation.ranks, explanation.absent_ranks) == ([0], [1])
+
+
+def test_a_divergence_of_shapes_is_named_before_the_source_is_read(tmp_path: Path) -> None:
+    path = script(tmp_path, RANK_TEST)
+    line = line_of(path, "all_reduce()")
+    found = divergences({0: [call(0, path, line, shape=4)], 1: [call(1, path, line, shape=3)]})
+    explanation = explain_divergence(diagnoser(tmp_path), found)
+    assert explanation.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert explanation.ranks == [0, 1]
+
+
+# -- one classification of a stack -----------------------------------------------------
+
+USER = "/work/train.py"
+
+
+@pytest.mark.parametrize(
+    ("dump", "what", "waits"),
+    [
+        (waiting_in("all_reduce", (USER, 9, "main")), "all_reduce", True),
+        (
+            stack((f"{TORCH}/autograd/graph.py", 824, "_engine_run_backward"), (USER, 9, "main")),
+            "all_reduce (DDP gradient buckets, in backward)",
+            True,
+        ),
+        (
+            # a store's wait inside init_process_group: torch.distributed, no collective
+            stack(
+                (f"{TORCH}/distributed/rendezvous.py", 70, "_create_c10d_store"),
+                (f"{TORCH}/distributed/distributed_c10d.py", 1500, "init_process_group"),
+                (USER, 3, "main"),
+            ),
+            "init_process_group (torch.distributed)",
+            True,
+        ),
+        (
+            # torchelastic's @record wraps the whole script: an outer frame is no wait
+            stack(
+                (USER, 5, "compute"),
+                (f"{TORCH}/distributed/elastic/multiprocessing/errors/__init__.py", 355, "wrapper"),
+            ),
+            "compute or I/O",
+            False,
+        ),
+        (
+            stack((f"{TORCH}/utils/data/dataloader.py", 630, "__next__"), (USER, 7, "main")),
+            "DataLoader",
+            False,
+        ),
+        (ProcessStack(pid=1, threads=[], status="stopped"), "stopped (SIGSTOP)", False),
+    ],
+)
+def test_one_classification_of_where_a_stack_waits(dump: ProcessStack, what: str, waits: bool) -> None:
+    assert (blocking(dump).what, blocking(dump).waits_for_peers) == (what, waits)
+    assert dump.in_collective is waits  # preflight's rank state reads the same
+
+
+# -- doctor's rules, on stack classes ---------------------------------------------------
+
+
+def _doctor(tmp_path: Path, dumps: dict[int, ProcessStack], world: int = 2) -> Explanation:
+    return explain_classes(diagnoser(tmp_path, world), merge_stacks(dumps), world, sorted(dumps))
+
+
+def test_doctor_and_preflight_read_one_rank_test_alike(tmp_path: Path) -> None:
+    path = script(tmp_path, RANK_TEST)
+    reduce_line, barrier_line = line_of(path, "all_reduce()"), line_of(path, "barrier()")
+    from_stacks = _doctor(
+        tmp_path,
+        {
+            0: waiting_in("all_reduce", (path, reduce_line, "main")),
+            1: waiting_in("barrier", (path, barrier_line, "main")),
+        },
+    )
+    from_traces = explain_fork(_fork(tmp_path, RANK_TEST, "all_reduce()", "barrier()"))
+    for explanation in (from_stacks, from_traces):
+        assert explanation.cause is Cause.RANK_CONDITIONAL_COLLECTIVE
+        assert explanation.reason is not None and explanation.reason.kind is ReasonKind.RANK_TEST
+        assert (explanation.site, explanation.ranks, explanation.absent_ranks) == (
+            f"train.py:{reduce_line}",
+            [0],
+            [1],
+        )
+
+
+def test_one_op_at_two_lines_the_source_cannot_explain_is_an_order_mismatch(tmp_path: Path) -> None:
+    path = script(tmp_path, "def main():\n    all_reduce()\n    all_reduce()\n")
+    explanation = _doctor(
+        tmp_path,
+        {0: waiting_in("all_reduce", (path, 2, "main")), 1: waiting_in("all_reduce", (path, 3, "main"))},
+    )
+    assert explanation.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+
+
+def test_every_rank_in_the_same_call_is_the_transport(tmp_path: Path) -> None:
+    dumps = {r: waiting_in("all_reduce", (USER, 9, "main")) for r in (0, 1)}
+    assert _doctor(tmp_path, dumps).cause is Cause.TRANSPORT_HANG
+
+
+def test_a_rank_outside_any_collective_is_the_straggler(tmp_path: Path) -> None:
+    dumps = {0: waiting_in("all_reduce", (USER, 9, "main")), 1: stack((USER, 5, "compute"), status="running")}
+    explanation = _doctor(tmp_path, dumps)
+    assert (explanation.cause, explanation.ranks, explanation.absent_ranks) == (Cause.STRAGGLER, [0], [1])
+    assert explanation.severity is Severity.ERROR
+
+
+def test_a_rank_missing_from_the_host_comes_first(tmp_path: Path) -> None:
+    dumps = {0: waiting_in("all_reduce", (USER, 9, "main")), 1: stack((USER, 5, "compute"))}
+    explanation = _doctor(tmp_path, dumps, world=3)
+    assert (explanation.cause, explanation.absent_ranks) == (Cause.RANK_CRASHED, [2])
+
+
+def test_no_rank_in_a_collective_is_a_warning_not_a_cause(tmp_path: Path) -> None:
+    explanation = _doctor(tmp_path, {r: stack((USER, 5, "compute")) for r in (0, 1)})
+    assert (explanation.cause, explanation.severity, explanation.fix) == (
+        Cause.STRAGGLER,
+        Severity.WARNING,
+        "",
+    )
