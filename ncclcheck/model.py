@@ -217,6 +217,21 @@ class RankState:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class SourceLocation:
+    """Where lint found a finding in the source, for its text and SARIF outputs and for
+    suppression comments: the collective's own place, and in the checked file the test
+    that decides and the call that leads there. Not part of the report's JSON."""
+
+    path: str
+    line: int
+    col: int
+    condition_line: int | None = None  # the if that decides, where there is one
+    call_line: int | None = None  # the call in the checked file that leads to the collective
+    checked_path: str = ""  # the checked file (the condition and the call are there)
+    label: str = ""  # the communicating call as lint names it (`self.log(sync_dist=True)`)
+
+
 @dataclass
 class Finding:
     """One diagnosed problem, named by a cause id of the catalogue."""
@@ -231,6 +246,7 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     fix: str = ""
     playbook: str = ""
+    location: SourceLocation | None = None  # lint's findings: where in the source
 
     def __post_init__(self) -> None:
         self.cause = Cause(self.cause)  # an id no playbook has is an error, not an empty fix
@@ -239,6 +255,7 @@ class Finding:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["location"]  # lint's own detail: its JSON report says the site and column
         data["cause"] = self.cause.value
         data["severity"] = self.severity.value
         return data

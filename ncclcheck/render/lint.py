@@ -3,45 +3,44 @@ for code-scanning tools (GitHub code scanning, GitLab, VS Code's SARIF viewer)."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ncclcheck import __version__
 from ncclcheck.catalogue import Catalogue
-from ncclcheck.commands.lint import LintFinding
+from ncclcheck.commands.lint.findings import located
 from ncclcheck.model import Finding, Report, Severity, Verdict
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 HOME = "https://github.com/ncclcheck/ncclcheck"
 
 
-def text_lines(findings: list[LintFinding]) -> list[str]:
+def text_lines(findings: list[Finding]) -> list[str]:
     """``path:line:col: cause: message``, as compilers and ruff print, warnings marked."""
     return [
-        f"{f.path}:{f.line}:{f.col}: {f.cause}: "
-        + ("" if f.severity == "error" else "(warning) ")
+        f"{located(f).path}:{located(f).line}:{located(f).col}: {f.cause}: "
+        + ("" if f.severity is Severity.ERROR else "(warning) ")
         + f.message
         for f in findings
     ]
 
 
-def report(findings: list[LintFinding], catalogue: Catalogue) -> Report:
-    errors = any(f.severity == "error" for f in findings)
+def report(findings: list[Finding], catalogue: Catalogue) -> Report:
+    errors = any(f.severity is Severity.ERROR for f in findings)
     result = Report(command="lint", verdict=Verdict.MISALIGNED if errors else Verdict.ALIGNED, world_size=0)
     for f in findings:
         result.findings.append(
-            Finding(
-                cause=f.cause,
-                severity=Severity.ERROR if f.severity == "error" else Severity.WARNING,
-                message=f.message,
-                site=f.site,
-                evidence=[f"column {f.col}", *f.evidence],
+            replace(
+                f,
+                evidence=[f"column {located(f).col}", *f.evidence],
                 fix=catalogue.get(f.cause).fix.direct.strip() if f.cause in catalogue else "",
+                location=None,
             )
         )
     return result
 
 
-def sarif(findings: list[LintFinding], catalogue: Catalogue) -> dict[str, Any]:
+def sarif(findings: list[Finding], catalogue: Catalogue) -> dict[str, Any]:
     causes = sorted({f.cause for f in findings} | {p.id for p in catalogue})
     rules = []
     for cause in causes:
@@ -56,13 +55,13 @@ def sarif(findings: list[LintFinding], catalogue: Catalogue) -> dict[str, Any]:
         {
             "ruleId": f.cause,
             "ruleIndex": causes.index(f.cause),
-            "level": "error" if f.severity == "error" else "warning",
+            "level": "error" if f.severity is Severity.ERROR else "warning",
             "message": {"text": f.message},
             "locations": [
                 {
                     "physicalLocation": {
-                        "artifactLocation": {"uri": f.path.replace("\\", "/")},
-                        "region": {"startLine": f.line, "startColumn": f.col},
+                        "artifactLocation": {"uri": located(f).path.replace("\\", "/")},
+                        "region": {"startLine": located(f).line, "startColumn": located(f).col},
                     }
                 }
             ],

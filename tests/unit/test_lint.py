@@ -24,7 +24,7 @@ def lint_source(tmp_path: Path, source: str, name: str = "train.py") -> list[tup
     path = tmp_path / name
     path.write_text(textwrap.dedent(source))
     findings, _ = run_lint([path])
-    return [(f.cause, f.line, f.severity) for f in findings]
+    return [(f.cause, f.location.line, f.severity) for f in findings]
 
 
 # -- the catalogue -------------------------------------------------------------------
@@ -38,8 +38,8 @@ def test_every_repro_that_shows_in_source_is_flagged_at_its_line(catalogue) -> N
             assert findings == [], (playbook.id, findings)
             continue
         line = expect.site_line(playbook.folder, expect.lint_site)
-        hits = [f for f in findings if f.cause == playbook.id and f.line == line]
-        assert hits, (playbook.id, line, [(f.cause, f.line) for f in findings])
+        hits = [f for f in findings if f.cause == playbook.id and f.location.line == line]
+        assert hits, (playbook.id, line, [(f.cause, f.location.line) for f in findings])
 
 
 def test_every_fixed_script_is_clean(catalogue) -> None:
@@ -56,7 +56,7 @@ def test_a_ddp_model_passed_to_a_rank_zero_helper_is_followed_into_its_forward(t
     findings, _ = run_lint([script])
     (finding,) = [f for f in findings if f.cause == "rank-conditional-collective"]
     assert finding.severity == "warning"
-    assert "BatchNorm buffers" in script.read_text().splitlines()[finding.line - 1]
+    assert "BatchNorm buffers" in script.read_text().splitlines()[finding.location.line - 1]
     assert "forward through DistributedDataParallel" in finding.message
     assert "through evaluate() called at" in finding.message
     # The same script with buffer-free layers, or broadcast_buffers=False: nothing to say.
@@ -77,7 +77,7 @@ def test_an_iterable_eval_set_is_judged_by_its_own_split_not_by_a_sampler(tmp_pa
     findings, _ = run_lint([script])
     (finding,) = findings
     assert (finding.cause, finding.severity) == ("uneven-eval-batches", "warning")
-    assert "val_loader = DataLoader(RankStream(5)" in script.read_text().splitlines()[finding.line - 1]
+    assert "val_loader = DataLoader(RankStream(5)" in script.read_text().splitlines()[finding.location.line - 1]
     assert "an IterableDataset whose __iter__ splits the stream by rank" in finding.message
     # a stream that does not split by rank: no sampler to ask for, nothing to say
     copy = tmp_path / "stream.py"
@@ -94,10 +94,10 @@ def test_a_collective_in_a_helper_module_is_reported_at_the_helper_with_the_chai
     findings, _ = run_lint([SCRIPTS / "helper_project" / "train.py"])
     (finding,) = findings
     assert finding.cause == "rank-conditional-collective"
-    assert finding.path.endswith("helper_project/metrics.py")
+    assert finding.location.path.endswith("helper_project/metrics.py")
     assert (
         "dist.all_reduce(stats)"
-        in (SCRIPTS / "helper_project" / "metrics.py").read_text().splitlines()[finding.line - 1]
+        in (SCRIPTS / "helper_project" / "metrics.py").read_text().splitlines()[finding.location.line - 1]
     )
     assert "is_main" in finding.message
     chain = " ".join(finding.evidence)
@@ -117,14 +117,14 @@ def test_framework_examples_each_misaligned_script_once_and_no_aligned_one() -> 
     all_reduce and a torchmetrics compute(), each under a rank test; the fixed scripts
     are clean."""
     findings, _ = run_lint([FRAMEWORKS])
-    found = sorted((Path(f.path).name, f.cause, f.severity) for f in findings)
+    found = sorted((Path(f.location.path).name, f.cause, f.severity) for f in findings)
     assert found == [
         ("accelerate_misaligned.py", "rank-conditional-collective", "error"),
         ("lightning_misaligned.py", "rank-conditional-collective", "error"),
         ("torchmetrics_misaligned.py", "rank-conditional-collective", "error"),
         ("transformers_misaligned.py", "rank-conditional-collective", "error"),
     ]
-    conditions = {Path(f.path).name: f.message for f in findings}
+    conditions = {Path(f.location.path).name: f.message for f in findings}
     assert "accuracy.compute() (torchmetrics syncs its states)" in conditions["torchmetrics_misaligned.py"]
     assert "`self.trainer.is_global_zero`" in conditions["lightning_misaligned.py"]
     assert "self.log(sync_dist=True)" in conditions["lightning_misaligned.py"]

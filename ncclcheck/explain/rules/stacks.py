@@ -246,7 +246,7 @@ def _deferred_finding(
     inside = next((c for c in waiting if c.deferred is not None and c.frames), None)
     if inside is None or inside.deferred is None:
         return None
-    from ncclcheck.commands.lint import run_lint  # reads source: only for this case
+    from ncclcheck.commands.lint import located, run_lint  # reads source: only for this case
 
     known = inside.deferred
     entry = Path(inside.frames[0].file)  # the script: lint follows its imports
@@ -254,12 +254,16 @@ def _deferred_finding(
         findings, _ = run_lint([entry]) if entry.is_file() else ([], None)
     except Exception:  # unreadable source must not hide the stacks' own diagnosis
         return None
-    asked = [f for f in findings if f.cause == Cause.RANK_CONDITIONAL_COLLECTIVE and known.marker in f.label]
+    asked = [
+        f
+        for f in findings
+        if f.cause == Cause.RANK_CONDITIONAL_COLLECTIVE and known.marker in located(f).label
+    ]
     if not asked:
         return None
     others = sorted(r for c in waiting if c is not inside for r in c.ranks)
     first = asked[0]
-    site = f"{relative(first.path, os.getcwd())}:{first.line}"
+    site = f"{relative(located(first).path, os.getcwd())}:{located(first).line}"
     return diagnoser.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
         f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside {known.what}, while "

@@ -1,0 +1,124 @@
+"""What lint finds and what it works on: the finding, and the collectives, functions,
+modules and guards it reasons about."""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ncclcheck.causes import Cause
+from ncclcheck.model import Finding, Severity, SourceLocation
+
+# Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
+# side's branch is paired with the other's, so lint leaves them out.
+
+
+def lint_finding(
+    cause: Cause,
+    severity: str,
+    path: str,
+    line: int,
+    col: int,
+    message: str,
+    evidence: list[str] | None = None,
+    condition_line: int | None = None,
+    call_line: int | None = None,
+    checked_path: str = "",
+    label: str = "",
+) -> Finding:
+    """A finding of lint's: the one Finding type, sited in the source."""
+    return Finding(
+        cause=cause,
+        severity=Severity(severity),
+        message=message,
+        site=f"{path}:{line}",
+        evidence=evidence or [],
+        location=SourceLocation(path, line, col, condition_line, call_line, checked_path, label),
+    )
+
+
+def located(finding: Finding) -> SourceLocation:
+    """Where a finding of lint's is (every one has a location)."""
+    assert finding.location is not None, "lint's findings carry their location"
+    return finding.location
+
+
+@dataclass
+class _Collective:
+    """How a call communicates: its label, and the chain to the torch call for user functions."""
+
+    label: str
+    chain: list[str]  # "function() at path:line", outermost first, ending at the collective
+    path: str  # where the communicating call itself is (in a helper, maybe another module)
+    line: int
+    col: int
+    certain: bool = True  # False for a DDP forward: it communicates only with buffers to sync
+
+
+@dataclass
+class _Function:
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    module: _Module
+    class_name: str | None
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+
+@dataclass
+class _Module:
+    path: Path
+    tree: ast.Module
+    lines: list[str]
+    dist_aliases: set[str] = field(default_factory=set)  # names bound to torch.distributed
+    dist_functions: set[str] = field(default_factory=set)  # ops imported by name
+    dcp_aliases: set[str] = field(default_factory=set)  # names of torch.distributed.checkpoint
+    dcp_functions: set[str] = field(default_factory=set)  # its save/load imported by name
+    state_dict_functions: set[str] = field(default_factory=set)  # its state_dict helpers, by name
+    imported_functions: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    imported_modules: dict[str, Path] = field(default_factory=dict)
+    functions: dict[str, list[_Function]] = field(default_factory=dict)
+    methods: dict[tuple[str, str], _Function] = field(default_factory=dict)
+    libraries: set[str] = field(default_factory=set)  # top-level packages imported
+    wraps_ddp: bool = False  # the module wraps a model in DistributedDataParallel
+    ddp_names: set[str] = field(default_factory=set)  # bound to DDP(...) whose forward() may broadcast
+    shards_parameters: bool = False  # FSDP or DeepSpeed ZeRO: every forward gathers shards
+    # accelerate's ProjectConfiguration(automatic_checkpoint_naming=True): save_state waits
+    automatic_checkpoints: bool = False
+    ignores: dict[int, set[str] | None] = field(default_factory=dict)  # line -> causes (None: all)
+    all_nodes: list[ast.AST] = field(default_factory=list)  # one walk of the whole tree, reused
+
+
+@dataclass(frozen=True)
+class _Guard:
+    kind: str  # rank | data | other
+    line: int
+    text: str
+    # both sides issue the same collectives: no rank misses one by taking either side
+    balanced: bool = False
+    # `rank == src`, `self.rank == to`: one peer chosen per round, as collective algorithms
+    # do on purpose; lint cannot prove the other side matches, so it only warns
+    peer: bool = False
+    test: ast.expr | None = field(default=None, compare=False)  # the if's test
+
+
+def _relative(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen: set[tuple[str, int, int, str]] = set()
+    unique = []
+    for finding in findings:
+        where = located(finding)
+        key = (where.path, where.line, where.col, finding.cause)
+        if key not in seen:
+            seen.add(key)
+            unique.append(finding)
+    return unique

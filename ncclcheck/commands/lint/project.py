@@ -1,0 +1,613 @@
+"""The project lint reads: its modules parsed and indexed, names resolved through their
+imports, and which calls communicate (directly, or through the user's own functions)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+# Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
+# side's branch is paired with the other's, so lint leaves them out.
+from ncclcheck.commands.lint.findings import _Collective, _dedupe, _Function, _Module, _relative, located
+from ncclcheck.commands.lint.samplers import eval_loaders_without_sampler
+from ncclcheck.commands.lint.scope import _ScopeChecker
+from ncclcheck.commands.lint.syntax import (
+    _called_names,
+    _calls_in,
+    _ddp_names,
+    _ddp_parameters,
+    _dist_label,
+    _ignore_comments,
+    _is_rank_zero_only,
+    _keyword_true,
+    _returns_cat,
+    _walk,
+    _walk_scope,
+)
+from ncclcheck.commands.lint.tables import _DIST_OPS, _RANK_WORDS, _ROOTED, _UNSYNCED_CALLS
+from ncclcheck.communicates import (
+    ACCELERATE_METHODS,
+    ACCELERATE_SAVE_STATE,
+    DCP_FUNCTIONS,
+    DCP_MODULE,
+    LIGHTNING_COLLECTIVES,
+    STATE_DICT_FUNCTIONS,
+    STATE_DICT_MODULE,
+    ZERO_CONSOLIDATE,
+)
+from ncclcheck.errors import InputError
+from ncclcheck.explain.source import (
+    bound_names,
+    rank_derived_names,
+)
+from ncclcheck.model import Finding
+
+
+class Linter:
+    def __init__(self) -> None:
+        self.modules: dict[Path, _Module] = {}
+        self.modules_by_tree: dict[int, _Module] = {}
+        # (id(function node), its DDP parameters) -> the first collective it reaches
+        self._collective_of: dict[tuple[int, frozenset[str]], _Collective | None] = {}
+        self._in_progress: set[tuple[int, frozenset[str]]] = set()
+        self._local_number: dict[int, bool] = {}  # id(function node) -> returns a rank-local number
+        self._variable_size: dict[int, bool] = {}  # id(function node) -> returns a data-sized tensor
+        self._nodes: dict[int, list[ast.AST]] = {}  # id(scope) -> its nodes, nested defs left out
+        self._derived: dict[int, set[str]] = {}
+        self._ddp: dict[int, set[str]] = {}
+        self._mentions: dict[int, bool] = {}
+        self._synced: dict[int, set[str]] = {}
+        self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
+        self.files_checked = 0
+        self.lines_checked = 0
+
+    def derived_names(self, scope: ast.AST) -> set[str]:
+        """Names assigned from rank values in ``scope`` (``is_main = rank == 0``), cached; a
+        scope that names no rank at all is answered without analysis."""
+        key = id(scope)
+        if key not in self._derived:
+            nodes = self.nodes(scope)
+            mentioned = {
+                n.id if isinstance(n, ast.Name) else n.attr
+                for n in nodes
+                if isinstance(n, (ast.Name, ast.Attribute))
+            }
+            self._mentions[key] = bool(mentioned & _RANK_WORDS)
+            self._derived[key] = rank_derived_names(scope, nodes) if mentioned & _RANK_WORDS else set()
+        return self._derived[key]
+
+    def mentions_rank(self, scope: ast.AST) -> bool:
+        """Does ``scope`` name a rank (``rank``, ``get_rank()``, ``is_main_process``, ...)?"""
+        if id(scope) not in self._mentions:
+            self.derived_names(scope)
+        return self._mentions[id(scope)]
+
+    def ddp_names_of(self, scope: ast.AST) -> set[str]:
+        key = id(scope)
+        if key not in self._ddp:
+            self._ddp[key] = _ddp_names(self.nodes(scope))
+        return self._ddp[key]
+
+    def nodes(self, scope: ast.AST) -> list[ast.AST]:
+        """The nodes of a function (or module top level), walked once: every check reads them."""
+        key = id(scope)
+        if key not in self._nodes:
+            self._nodes[key] = list(_walk_scope(scope))
+        return self._nodes[key]
+
+    # -- loading -------------------------------------------------------------------
+
+    def load(self, path: Path, follow: bool = True) -> _Module | None:
+        path = path.resolve()
+        if path in self.modules:
+            return self.modules[path]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise InputError(f"{_relative(path)}: not a text file") from None
+        except OSError as exc:
+            raise InputError(f"{_relative(path)}: {exc.strerror}") from None
+        try:
+            tree = ast.parse(text, filename=str(path))
+        except SyntaxError as exc:
+            raise InputError(f"{_relative(path)}:{exc.lineno}: syntax error: {exc.msg}") from None
+        module = _Module(path, tree, text.splitlines())
+        module.all_nodes = _walk(tree, enter_scopes=True)
+        self.modules[path] = module
+        self.modules_by_tree[id(tree)] = module
+        self.lines_checked += len(module.lines)
+        module.ignores = _ignore_comments(text)
+        self._index(module, follow)
+        return module
+
+    def _index(self, module: _Module, follow: bool) -> None:
+        for node in module.all_nodes:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    module.libraries.add(alias.name.split(".")[0])
+                    if alias.name == "torch.distributed":
+                        module.dist_aliases.add(alias.asname or "torch.distributed")
+                    elif alias.name == DCP_MODULE:
+                        module.dcp_aliases.add(alias.asname or DCP_MODULE)
+                    elif follow:
+                        target = self._resolve_module(module.path, alias.name, 0)
+                        if target is not None:
+                            module.imported_modules[alias.asname or alias.name] = target
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level == 0:
+                    module.libraries.add(base.split(".")[0])
+                for alias in node.names:
+                    local = alias.asname or alias.name
+                    if base == "torch" and alias.name == "distributed":
+                        module.dist_aliases.add(local)
+                    elif base == "torch.distributed" and alias.name in _DIST_OPS:
+                        module.dist_functions.add(local)
+                    elif base == "torch.distributed" and alias.name == "checkpoint":
+                        module.dcp_aliases.add(local)
+                    elif base == DCP_MODULE and alias.name in DCP_FUNCTIONS:
+                        module.dcp_functions.add(local)
+                    elif base == STATE_DICT_MODULE and alias.name in STATE_DICT_FUNCTIONS:
+                        module.state_dict_functions.add(local)
+                    elif follow:
+                        self._note_import(module, base, node.level, alias.name, local)
+        for statement in module.tree.body:
+            self._index_definitions(module, statement, None)
+        module.ddp_names = _ddp_names(module.all_nodes)
+        text = "\n".join(module.lines)
+        module.shards_parameters = "deepspeed" in module.libraries or any(
+            word in text for word in ("FullyShardedDataParallel", "fully_shard(", "zero_stage", "stage3")
+        )
+        module.automatic_checkpoints = any(
+            isinstance(node, ast.keyword)
+            and node.arg == "automatic_checkpoint_naming"
+            and not (isinstance(node.value, ast.Constant) and not node.value.value)
+            for node in module.all_nodes
+        )
+        # backward() all-reduces gradients whatever the model holds
+        module.wraps_ddp = bool(_ddp_names(module.all_nodes, forward_communicates=False)) or (
+            "DistributedDataParallel(" in text
+        )
+
+    def _index_definitions(self, module: _Module, node: ast.stmt, class_name: str | None) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = _Function(node, module, class_name)
+            module.functions.setdefault(node.name, []).append(function)
+            if class_name is not None:
+                module.methods[(class_name, node.name)] = function
+        elif isinstance(node, ast.ClassDef):
+            for child in node.body:
+                self._index_definitions(module, child, node.name)
+
+    def _note_import(self, module: _Module, base: str, level: int, name: str, local: str) -> None:
+        # `from pkg import sub` may name a module or a function
+        as_module = self._resolve_module(module.path, f"{base}.{name}" if base else name, level)
+        if as_module is not None:
+            module.imported_modules[local] = as_module
+            return
+        source = self._resolve_module(module.path, base, level) if base or level else None
+        if source is not None:
+            module.imported_functions[local] = (source, name)
+
+    def _resolve_module(self, importer: Path, dotted: str, level: int) -> Path | None:
+        """A module of the user's project: relative to the importer's folder (as
+        ``python script.py`` puts it on sys.path) or to the package above it."""
+        key = (importer.parent, dotted, level)
+        if key not in self._module_paths:
+            self._module_paths[key] = self._find_module(importer, dotted, level)
+        return self._module_paths[key]
+
+    def _find_module(self, importer: Path, dotted: str, level: int) -> Path | None:
+        root = importer.parent
+        for _ in range(max(0, level - 1)):
+            root = root.parent
+        parts = [p for p in dotted.split(".") if p]
+        candidates = [root]
+        if level == 0:
+            candidates += [p for p in importer.parents][1:4]  # a package's root, a few levels up
+        for base in candidates:
+            target = base.joinpath(*parts) if parts else base
+            for path in (target.with_suffix(".py"), target / "__init__.py"):
+                if parts and path.is_file():
+                    return path.resolve()
+        return None
+
+    def _module_of(self, path: Path) -> _Module | None:
+        try:
+            return self.load(path)
+        except InputError:
+            return None  # an imported module that does not parse: not followed
+
+    # -- which calls communicate ----------------------------------------------------
+
+    def is_dist(self, node: ast.expr, module: _Module) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in module.dist_aliases
+        return (
+            isinstance(node, ast.Attribute)
+            and node.attr == "distributed"
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        )
+
+    def collective_of_call(
+        self, call: ast.Call, module: _Module, function: _Function | None, ddp_names: set[str]
+    ) -> _Collective | None:
+        label = self._direct_label(call, module, ddp_names)
+        if label is not None:
+            path = _relative(module.path)
+            certain = not label.endswith("forward through DistributedDataParallel") and not (
+                label.endswith(ACCELERATE_SAVE_STATE)
+                and not (module.shards_parameters or module.automatic_checkpoints)
+            )
+            return _Collective(
+                label, [f"{label} at {path}:{call.lineno}"], path, call.lineno, call.col_offset + 1, certain
+            )
+        func = call.func
+        if isinstance(func, ast.Attribute):
+            target = self._resolve_attribute_call(func, module, function)
+        elif isinstance(func, ast.Name):
+            target = self._resolve_name_call(func.id, module)
+        else:
+            return None
+        if target is None:
+            return None
+        inner = self.collective_of_function(target, _ddp_parameters(call, target, ddp_names))
+        if inner is None:
+            return None
+        here = f"{_relative(module.path)}:{call.lineno}"
+        return _Collective(
+            inner.label,
+            [f"{target.name}() called at {here}", *inner.chain],
+            inner.path,
+            inner.line,
+            inner.col,
+            inner.certain,
+        )
+
+    def _direct_label(self, call: ast.Call, module: _Module, ddp_names: set[str]) -> str | None:
+        """What a call communicates by itself (torch.distributed, a library), or None."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            if func.id in module.dist_functions:
+                return _dist_label(func.id, call)
+            if func.id in ddp_names:
+                return f"{func.id}(...) forward through DistributedDataParallel"
+            if func.id in module.dcp_functions and not _keyword_true(call, "no_dist"):
+                return f"{func.id}() (torch.distributed.checkpoint plans it across the ranks)"
+            if func.id in module.state_dict_functions:
+                return f"{func.id}() (gathers or scatters sharded state across the ranks)"
+            return None
+        if not isinstance(func, ast.Attribute):
+            return None
+        receiver = ast.unparse(func.value)
+        if not isinstance(func.value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+            receiver = f"({receiver})"  # (a + b).backward(), not a + b.backward()
+        attr = func.attr
+        if attr in _DIST_OPS and self.is_dist(func.value, module):
+            return _dist_label(attr, call)
+        if (
+            attr in DCP_FUNCTIONS
+            and (receiver in module.dcp_aliases or receiver == DCP_MODULE)
+            and not _keyword_true(call, "no_dist")
+        ):
+            return f"{receiver}.{attr}() (torch.distributed.checkpoint plans it across the ranks)"
+        if attr in ACCELERATE_METHODS and "accelerator" in receiver.lower():
+            return f"{receiver}.{attr}"
+        if attr == "consolidate_state_dict":  # ZeroRedundancyOptimizer's (a name of its own)
+            return f"{receiver}.consolidate_state_dict() {ZERO_CONSOLIDATE}"
+        if attr == "save_state" and "accelerator" in receiver.lower():
+            return f"{receiver}.{ACCELERATE_SAVE_STATE}"
+        if attr in ("log", "log_dict") and any(
+            k.arg == "sync_dist" and not (isinstance(k.value, ast.Constant) and not k.value.value)
+            for k in call.keywords
+        ):
+            return f"{receiver}.{attr}(sync_dist=True)"
+        if (
+            attr == "all_gather"
+            and receiver == "self"
+            and module.libraries & {"lightning", "pytorch_lightning"}
+        ):
+            return "self.all_gather"
+        if attr == "barrier" and "strategy" in receiver:
+            return f"{receiver}.barrier"
+        if attr in LIGHTNING_COLLECTIVES and ("strategy" in receiver or "fabric" in receiver.lower()):
+            return f"{receiver}.{attr}"  # Lightning's Strategy and Fabric: broadcast, reduce, ...
+        if attr == "compute" and "torchmetrics" in module.libraries and not call.args:
+            return f"{receiver}.compute() (torchmetrics syncs its states)"
+        if attr in ("full_tensor", "redistribute") and "torch" in module.libraries:
+            # DTensor's (FSDP2 parameters, tensor parallelism): both names are its own
+            return f"{receiver}.{attr}() (a DTensor gathers or moves its shards)"
+        if attr == "save_checkpoint" and "deepspeed" in module.libraries:
+            return f"{receiver}.save_checkpoint (DeepSpeed)"
+        if (
+            attr == "save_checkpoint"
+            and "trainer" in receiver.lower()
+            and module.libraries & {"lightning", "pytorch_lightning"}
+        ):
+            return f"{receiver}.save_checkpoint() (Lightning waits for every rank in it)"
+        if attr == "generate" and module.shards_parameters and not _keyword_true(call, "synced_gpus"):
+            return f"{receiver}.generate() without synced_gpus=True"
+        if attr == "backward" and module.wraps_ddp:
+            return f"{receiver}.backward() (DDP all-reduces the gradients)"
+        return None
+
+    def _resolve_name_call(self, name: str, module: _Module) -> _Function | None:
+        if name in module.functions:
+            return module.functions[name][0]
+        if name in module.imported_functions:
+            path, original = module.imported_functions[name]
+            source = self._module_of(path)
+            if source is not None and original in source.functions:
+                return source.functions[original][0]
+        return None
+
+    def _resolve_attribute_call(
+        self, func: ast.Attribute, module: _Module, function: _Function | None
+    ) -> _Function | None:
+        value = func.value
+        if isinstance(value, ast.Name):
+            if value.id in ("self", "cls") and function is not None and function.class_name is not None:
+                return module.methods.get((function.class_name, func.attr))
+            if value.id in module.imported_modules:
+                source = self._module_of(module.imported_modules[value.id])
+                if source is not None and func.attr in source.functions:
+                    return source.functions[func.attr][0]
+        return None
+
+    def collective_of_function(
+        self, function: _Function, ddp_parameters: frozenset[str] = frozenset()
+    ) -> _Collective | None:
+        """The first collective a call to ``function`` reaches, whatever the branches.
+
+        ``ddp_parameters``: its parameters that this call binds to a DDP-wrapped model
+        (``evaluate(model, loader)``), whose forward then communicates as the caller's would.
+        """
+        key = (id(function.node), ddp_parameters)
+        if key in self._collective_of:
+            return self._collective_of[key]
+        if key in self._in_progress:
+            return None  # recursion: the first visit decides
+        self._in_progress.add(key)
+        found: _Collective | None = None
+        ddp_names = self.ddp_names_of(function.node) | ddp_parameters
+        for call in _calls_in(function.node):
+            this = self.collective_of_call(call, function.module, function, ddp_names)
+            if this is not None and (found is None or this.certain):
+                found = this  # the first collective; a certain one over a DDP forward
+            if found is not None and found.certain:
+                break
+        self._in_progress.discard(key)
+        self._collective_of[key] = found
+        return found
+
+    def resolve_call(self, call: ast.Call, module: _Module, function: _Function | None) -> _Function | None:
+        func = call.func
+        if isinstance(func, ast.Name):
+            return self._resolve_name_call(func.id, module)
+        if isinstance(func, ast.Attribute):
+            return self._resolve_attribute_call(func, module, function)
+        return None
+
+    def variable_size_names(self, scope: ast.AST, module: _Module, function: _Function | None) -> set[str]:
+        """Tensors whose size depends on the data: boolean indexing, nonzero, masked_select,
+        unique, torch.cat of a list built in a loop, or a user function returning one."""
+        sized: set[str] = set()
+        masks: set[str] = set()
+        for node in self.nodes(scope):
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Compare):
+                masks |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        for node in self.nodes(scope):
+            if isinstance(node, ast.Assign) and self._is_variable_size(node.value, module, function, masks):
+                sized |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        return sized
+
+    def _is_variable_size(
+        self, value: ast.expr, module: _Module, function: _Function | None, masks: set[str], depth: int = 0
+    ) -> bool:
+        for node in ast.walk(value):
+            if isinstance(node, ast.Subscript) and (
+                isinstance(node.slice, ast.Compare)
+                or (isinstance(node.slice, ast.Name) and node.slice.id in masks)
+            ):
+                return True
+            if isinstance(node, ast.Call):
+                name = (
+                    node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                )
+                if name in ("nonzero", "masked_select", "unique", "generate"):
+                    return True
+                target = self.resolve_call(node, module, function)
+                if target is not None and depth < 2 and self._returns_variable_size(target, depth):
+                    return True
+        return False
+
+    def _returns_variable_size(self, target: _Function, depth: int) -> bool:
+        key = id(target.node)
+        if key in self._variable_size:
+            return self._variable_size[key]
+        self._variable_size[key] = False  # recursion guard
+        returns = [n.value for n in self.nodes(target.node) if isinstance(n, ast.Return) and n.value]
+        inner_masks = {
+            t.id
+            for n in self.nodes(target.node)
+            if isinstance(n, ast.Assign) and isinstance(n.value, ast.Compare)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        found = any(self._is_variable_size(r, target.module, target, inner_masks, depth + 1) for r in returns)
+        if not found and any(_returns_cat(r) for r in returns):
+            # torch.cat of a list that a loop appends boolean-indexed pieces to
+            appended = [
+                n.args[0]
+                for n in self.nodes(target.node)
+                if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "append"
+                and n.args
+            ]
+            found = any(
+                self._is_variable_size(a, target.module, target, inner_masks, depth + 1) for a in appended
+            )
+        self._variable_size[key] = found
+        return found
+
+    def rank_local_names(self, scope: ast.AST, module: _Module, function: _Function | None) -> set[str]:
+        """Names whose value differs between ranks without any rank in sight: a clock, a file
+        check, the ``.item()`` of a tensor no collective touched, or what a user function
+        returns that computes a number from tensors and communicates nothing."""
+        synced = self.synced_names(scope, module)
+        local: set[str] = set()
+        assignments = [
+            n for n in self.nodes(scope) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        ]
+        # `skip = strategy.broadcast(skip)`: a value a collective returns is every rank's
+        from_collectives = {
+            name
+            for node in assignments
+            if isinstance(node.value, ast.Call) and self._direct_label(node.value, module, set()) is not None
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+            for name in bound_names(target)
+        }
+        synced = synced | from_collectives
+        for _ in range(3):
+            before = len(local)
+            for node in assignments:
+                value = node.value
+                if value is None:
+                    continue
+                if self._is_rank_local(value, module, function, synced, local):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    # `self.total += loss.item()` makes an attribute rank-local, not `self`
+                    local |= {name for t in targets for name in bound_names(t)} - synced
+            if len(local) == before:
+                break
+        return local
+
+    def synced_names(self, scope: ast.AST, module: _Module) -> set[str]:
+        """Names passed to a collective in ``scope``: their values agree across ranks after it."""
+        key = id(scope)
+        if key not in self._synced:
+            synced: set[str] = set()
+            for call in self.nodes(scope):
+                if not isinstance(call, ast.Call):
+                    continue
+                label = self._direct_label(call, module, set())
+                if label is not None and label.split(".")[-1] not in _ROOTED:
+                    synced |= {arg.id for arg in call.args if isinstance(arg, ast.Name)}
+            self._synced[key] = synced
+        return self._synced[key]
+
+    def rooted_names(self, scope: ast.AST, module: _Module) -> dict[str, tuple[str, int]]:
+        """Tensors passed to dist.reduce / gather / scatter, each with that call's label and
+        line: after the call their value is the result on the destination rank only, and
+        whatever is left on the others. Not those a later line broadcasts or all-reduces
+        (`dist.reduce(x, 0)` then `dist.broadcast(x, 0)`): every rank holds rank 0's again."""
+        rooted: dict[str, tuple[str, int]] = {}
+        synced_at: dict[str, int] = {}
+        for call in self.nodes(scope):
+            if not (isinstance(call, ast.Call) and call.args and isinstance(call.args[0], ast.Name)):
+                continue
+            label = self._direct_label(call, module, set())
+            if label is None:
+                continue
+            name = call.args[0].id
+            if label.split(".")[-1] in _ROOTED:
+                rooted.setdefault(name, (label, call.lineno))
+            else:
+                synced_at[name] = max(synced_at.get(name, 0), call.lineno)
+        return {name: at for name, at in rooted.items() if synced_at.get(name, 0) <= at[1]}
+
+    def _is_rank_local(
+        self, value: ast.expr, module: _Module, function: _Function | None, synced: set[str], local: set[str]
+    ) -> bool:
+        for node in ast.walk(value):
+            if isinstance(node, ast.Name) and node.id in local:
+                return True
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in _UNSYNCED_CALLS:
+                return True
+            if name in ("item", "tolist") and isinstance(func, ast.Attribute):
+                root = func.value
+                while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+                    root = root.func if isinstance(root, ast.Call) else root.value
+                if not (isinstance(root, ast.Name) and root.id in synced):
+                    return True
+            target = (
+                self._resolve_name_call(func.id, module)
+                if isinstance(func, ast.Name)
+                else self._resolve_attribute_call(func, module, function)
+                if isinstance(func, ast.Attribute)
+                else None
+            )
+            if target is not None and self._returns_local_number(target):
+                return True
+        return False
+
+    def _returns_local_number(self, function: _Function) -> bool:
+        """A function that turns tensors into a number with ``.item()`` and communicates nothing."""
+        key = id(function.node)
+        if key not in self._local_number:
+            self._local_number[key] = self._computes_local_number(function)
+        return self._local_number[key]
+
+    def _computes_local_number(self, function: _Function) -> bool:
+        """``.item()`` of a tensor, or a clock, a file check, a random draw
+        (``def should_resume(path): return os.path.exists(path)``)."""
+        if self.collective_of_function(function) is not None:
+            return False
+        node = function.node
+        has_return = any(isinstance(n, ast.Return) and n.value is not None for n in self.nodes(node))
+        return has_return and any(
+            isinstance(n, ast.Call)
+            and (
+                (isinstance(n.func, ast.Attribute) and n.func.attr == "item")
+                or _called_names(n) & _UNSYNCED_CALLS
+            )
+            for n in self.nodes(node)
+        )
+
+    # -- findings --------------------------------------------------------------------
+
+    def check(self, module: _Module) -> list[Finding]:
+        self.files_checked += 1
+        findings: list[Finding] = []
+        module_derived = self.derived_names(module.tree)
+        indexed = {id(f.node): f for functions in module.functions.values() for f in functions}
+        scopes: list[tuple[_Function | None, ast.AST]] = [(None, module.tree)]
+        for node in module.all_nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                scopes.append((indexed.get(id(node)) or _Function(node, module, None), node))
+        for function, scope in scopes:
+            derived = module_derived | (self.derived_names(scope) if function is not None else set())
+            ddp_names = (self.ddp_names_of(scope) if function is not None else set()) | module.ddp_names
+            checker = _ScopeChecker(self, module, function, derived, ddp_names)
+            body = (
+                scope.body if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else []
+            )
+            checker.block(body, [])
+            if function is not None and _is_rank_zero_only(function.node):
+                checker.decorated_rank_zero()
+            findings += checker.findings
+        findings += eval_loaders_without_sampler(self, module)
+        return [f for f in _dedupe(findings) if not self._ignored(module, f)]
+
+    def _ignored(self, module: _Module, finding: Finding) -> bool:
+        """``# ncclcheck: ignore[cause]`` on the collective's line, on the line of the call
+        that leads to it, or on the line of its condition."""
+        where = located(finding)
+        collective_module = self.modules.get(Path(where.path).resolve(), module)
+        places = [
+            (collective_module, where.line),
+            (module, where.call_line),
+            (module, where.condition_line),
+        ]
+        for place, line in places:
+            if line is not None and line in place.ignores:
+                causes = place.ignores[line]
+                if causes is None or finding.cause in causes:
+                    return True
+        return False

@@ -1,0 +1,552 @@
+"""Checking one scope (a module's top level, a function): the collectives each statement
+reaches, under which guards and loops, and the findings they make."""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from ncclcheck.causes import Cause
+
+# Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
+# side's branch is paired with the other's, so lint leaves them out.
+from ncclcheck.commands.lint.findings import _Collective, _Function, _Guard, _Module, _relative, lint_finding
+from ncclcheck.commands.lint.rank_sets import _negates, _same_on_every_rank
+from ncclcheck.commands.lint.statements import VISITORS, is_exit, visit_exit
+from ncclcheck.commands.lint.syntax import (
+    _called_names,
+    _calls_in,
+    _exit_word,
+    _has_exit,
+    _names_tested_for_value,
+    _reads_shape,
+    _tests_membership,
+    _walk_scope,
+)
+from ncclcheck.commands.lint.tables import (
+    _GROUP_POSITION,
+    _SIZE_SENSITIVE,
+    _TENSOR_VALUE_CALLS,
+    _UNSYNCED_CALLS,
+)
+from ncclcheck.explain.source import (
+    DATA,
+    RANK,
+    kind_of,
+    reaching_rank_names,
+)
+from ncclcheck.model import Finding
+
+if TYPE_CHECKING:
+    from ncclcheck.commands.lint.project import Linter
+
+
+class _ScopeChecker:
+    """Walks one function (or a module's top level) with the conditions around each statement."""
+
+    def __init__(
+        self, linter: Linter, module: _Module, function: _Function | None, derived: set[str], ddp: set[str]
+    ) -> None:
+        self.linter = linter
+        self.module = module
+        self.function = function
+        self.derived = derived
+        self.ddp = ddp
+        self.findings: list[Finding] = []
+        self.path = _relative(module.path)
+        # an exit under a diverging condition, waiting for a later collective: (guard, statement, loop)
+        self.pending_exits: list[tuple[_Guard, ast.stmt, ast.stmt | None]] = []
+        self.reported_exits: set[int] = set()  # one finding per exit: the first call it skips
+        scope = function.node if function is not None else module.tree
+        self.scope = scope
+        self._scope_collectives: list[tuple[ast.Call, _Collective]] | None = None
+        self.complementary: set[int] = set()  # ifs balanced by a sibling with the negated test
+        self._filled_lines: dict[str, list[int]] = {}  # container -> lines of its rank-dependent filling
+        # computed on first use: most scopes never need them
+        self._rank_local: set[str] | None = None
+        self._rank_ordered: set[str] | None = None
+        self._variable_size: set[str] | None = None
+
+    @property
+    def rank_local(self) -> set[str]:
+        if self._rank_local is None:
+            self._rank_local = self.linter.rank_local_names(self.scope, self.module, self.function)
+        return self._rank_local
+
+    @property
+    def rank_ordered(self) -> set[str]:
+        if self._rank_ordered is None:
+            self._rank_ordered = self._filled_under_rank_conditions(self.scope)
+        return self._rank_ordered
+
+    @rank_ordered.setter
+    def rank_ordered(self, names: set[str]) -> None:
+        self._rank_ordered = names
+
+    @property
+    def variable_size(self) -> set[str]:
+        if self._variable_size is None:
+            padded = any("pad" in name for name in _called_names(self.linter.nodes(self.scope)))
+            self._variable_size = (
+                set() if padded else self.linter.variable_size_names(self.scope, self.module, self.function)
+            )
+        return self._variable_size
+
+    def _filled_under_rank_conditions(self, scope: ast.AST) -> set[str]:
+        """Containers that only some ranks add to (``if local_rank == 0: metrics["x"] = ...``):
+        their order or length differs per rank."""
+        filled: set[str] = set()
+        if not (self.derived or self.linter.mentions_rank(scope)):
+            return filled
+        for node in self.linter.nodes(scope):
+            if not (isinstance(node, ast.If) and kind_of(node.test, self.derived) == RANK):
+                continue
+            for inner in (n for statement in node.body + node.orelse for n in _walk_scope(statement)):
+                if isinstance(inner, ast.Assign):
+                    for target in inner.targets:
+                        if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                            filled.add(target.value.id)
+                            self._filled_lines.setdefault(target.value.id, []).append(inner.lineno)
+                elif (
+                    isinstance(inner, ast.Call)
+                    and isinstance(inner.func, ast.Attribute)
+                    and inner.func.attr in ("setdefault", "update", "add", "append", "insert", "extend")
+                    and isinstance(inner.func.value, ast.Name)
+                ):
+                    filled.add(inner.func.value.id)
+                    self._filled_lines.setdefault(inner.func.value.id, []).append(inner.lineno)
+        return filled
+
+    def order_of_loop(self, loop: ast.For | ast.AsyncFor) -> str | None:
+        """Why the iteration order of ``loop`` may differ between ranks, or None."""
+        iterable = loop.iter
+        if (
+            isinstance(iterable, ast.Call)
+            and isinstance(iterable.func, ast.Attribute)
+            and iterable.func.attr
+            in (
+                "items",
+                "keys",
+                "values",
+            )
+        ):
+            iterable = iterable.func.value
+        if (
+            isinstance(iterable, ast.Name)
+            and iterable.id in self.rank_ordered
+            and not self._rebound(iterable.id, loop)
+        ):
+            return f"{iterable.id} is filled under a rank-dependent condition, so its order differs per rank"
+        if isinstance(iterable, (ast.Set, ast.SetComp)):
+            return "a set's iteration order is not the same in every process"
+        if isinstance(iterable, ast.Call):
+            name = ast.unparse(iterable.func)
+            if name in ("set", "frozenset"):
+                return "a set's iteration order is not the same in every process"
+            if name.split(".")[-1] in ("listdir", "scandir", "glob", "iglob", "rglob", "iterdir"):
+                return f"{name}() lists files in file-system order, which differs between hosts"
+        return None
+
+    def _rebound(self, name: str, loop: ast.stmt) -> bool:
+        """Is ``name`` assigned anew (``ret = broadcast_list[0]``) after its rank-dependent
+        filling and before ``loop``? Then the loop sees the new value."""
+        filled_at = max((line for line in self._filled_lines.get(name, []) if line < loop.lineno), default=0)
+        return any(
+            isinstance(node, ast.Assign)
+            and filled_at < node.lineno < loop.lineno
+            and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+            for node in self.linter.nodes(self.scope)
+        )
+
+    def check_ordered_loop(self, loop: ast.For | ast.AsyncFor) -> None:
+        reason = self.order_of_loop(loop)
+        if reason is None:
+            return
+        found = self.collectives(loop.body)
+        if found:
+            call, collective = found[0]
+            self.add(
+                Cause.COLLECTIVE_ORDER_MISMATCH,
+                "warning",
+                call,
+                f"{collective.label} in a loop over {ast.unparse(loop.iter)} (line {loop.lineno}): "
+                f"{reason}; iterate sorted(...) so every rank issues the same sequence",
+                collective,
+            )
+
+    def check_passed_containers(self, call: ast.Call) -> None:
+        """A rank-filled container handed to a helper that loops over it with a collective."""
+        if not any(isinstance(a, ast.Name) for a in [*call.args, *(k.value for k in call.keywords)]):
+            return
+        if not self.rank_ordered:
+            return
+        target = self.linter.resolve_call(call, self.module, self.function)
+        if target is None:
+            return
+        params = [a.arg for a in (*target.node.args.posonlyargs, *target.node.args.args)]
+        if params and params[0] in ("self", "cls"):
+            params = params[1:]
+        passed: dict[str, str] = {}
+        for index, arg in enumerate(call.args):
+            if isinstance(arg, ast.Name) and arg.id in self.rank_ordered and index < len(params):
+                passed[params[index]] = arg.id
+        for keyword in call.keywords:
+            if isinstance(keyword.value, ast.Name) and keyword.value.id in self.rank_ordered and keyword.arg:
+                passed[keyword.arg] = keyword.value.id
+        if not passed:
+            return
+        helper = _ScopeChecker(
+            self.linter, target.module, target, set(), self.linter.ddp_names_of(target.node)
+        )
+        helper.rank_ordered = set(passed)
+        for node in self.linter.nodes(target.node):
+            if isinstance(node, (ast.For, ast.AsyncFor)) and helper.order_of_loop(node) is not None:
+                found = helper.collectives(node.body)
+                if found:
+                    _inner_call, collective = found[0]
+                    param = ast.unparse(node.iter)
+                    self.add(
+                        Cause.COLLECTIVE_ORDER_MISMATCH,
+                        "warning",
+                        call,
+                        f"{collective.label} in a loop over {param} in {target.name}() (line "
+                        f"{node.lineno}), which gets {', '.join(sorted(set(passed.values())))}: filled "
+                        f"under a rank-dependent condition, its order differs per rank; iterate sorted(...)",
+                        collective,
+                    )
+                    return
+
+    def check_shapes(self, call: ast.Call, collective: _Collective) -> None:
+        if not collective.label.startswith("dist.") or len(collective.chain) != 1:
+            return
+        if collective.label.split(".")[-1] not in _SIZE_SENSITIVE or not self.variable_size:
+            return
+        sized = [
+            a.id
+            for a in [*call.args, *(k.value for k in call.keywords)]
+            if isinstance(a, ast.Name) and a.id in self.variable_size
+        ]
+        if sized:
+            self.add(
+                Cause.COLLECTIVE_SHAPE_MISMATCH,
+                "warning",
+                call,
+                f"{collective.label} of {sized[0]}, whose size depends on the data (boolean indexing, "
+                f"nonzero, masked_select, cat of a list): ranks pass tensors of different sizes; pad "
+                f"to a common size (gather the sizes first) or use all_gather_object",
+                collective,
+            )
+
+    def kind(self, test: ast.expr, branches: list[ast.stmt]) -> str:
+        kind = kind_of(test, self.derived)
+        if kind == RANK and kind_of(test, set()) != RANK:
+            # rank-dependent only through names: those whose rank value reaches the test
+            kind = kind_of(test, reaching_rank_names(self.scope, self.derived, test.lineno))
+        if kind == RANK and _same_on_every_rank(test):
+            return "other"  # `local_rank != -1`: "is this job distributed", true on every rank
+        if kind == DATA and not (_called_names(test) & _TENSOR_VALUE_CALLS or _reads_shape(test)):
+            kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
+        if kind == DATA:
+            names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+            if names & self.linter.rooted_names(self.scope, self.module).keys():
+                return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
+            if names and names <= self.linter.synced_names(self.scope, self.module):
+                kind = "other"  # the value of a tensor that was all-reduced or broadcast first
+        if kind in (RANK, DATA):
+            return kind
+        if _called_names(test) & _UNSYNCED_CALLS:
+            return "unsynced"
+        if self.collectives(branches) or _has_exit(branches):
+            # a function of the project's that returns such a value: `if should_resume(path)`
+            for call in (n for n in ast.walk(test) if isinstance(n, ast.Call)):
+                target = self.linter.resolve_call(call, self.module, self.function)
+                if target is not None and self.linter._returns_local_number(target):
+                    return "unsynced"
+        names = _names_tested_for_value(test)
+        # rank-local values take an analysis of the scope: only worth it where the branch
+        # could skip something (a collective or an exit)
+        if names and (self.collectives(branches) or _has_exit(branches)) and names & self.rank_local:
+            return "unsynced"
+        return kind
+
+    @property
+    def scope_collectives(self) -> list[tuple[ast.Call, _Collective]]:
+        """Every call of this scope that communicates, found in one pass (most scopes: none)."""
+        if self._scope_collectives is None:
+            found = [
+                (node, collective)
+                for node in self.linter.nodes(self.scope)
+                if isinstance(node, ast.Call)
+                and (collective := self.linter.collective_of_call(node, self.module, self.function, self.ddp))
+                is not None
+            ]
+            self._scope_collectives = sorted(found, key=lambda pair: (pair[0].lineno, pair[0].col_offset))
+        return self._scope_collectives
+
+    def collectives_within(self, node: ast.AST) -> list[tuple[ast.Call, _Collective]]:
+        start = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        end = (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
+        return [
+            (call, collective)
+            for call, collective in self.scope_collectives
+            if start <= (call.lineno, call.col_offset)
+            and (call.end_lineno or 0, call.end_col_offset or 0) <= end
+        ]
+
+    def collectives(self, statements: list[ast.stmt]) -> list[tuple[ast.Call, _Collective]]:
+        if not self.scope_collectives:
+            return []
+        found = []
+        for statement in statements:
+            if not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found += self.collectives_within(statement)
+        return found
+
+    def block(self, statements: list[ast.stmt], guards: list[_Guard], loop: ast.stmt | None = None) -> None:
+        self._mark_complementary(statements)
+        for statement in statements:
+            self.statement(statement, guards, loop)
+
+    def _mark_complementary(self, statements: list[ast.stmt]) -> None:
+        """``if not is_main: barrier()`` ... ``if is_main: barrier()`` in one block (the
+        "main process first" idiom): every rank makes the call once, in one of the two."""
+        ifs = [s for s in statements if isinstance(s, ast.If) and not s.orelse]
+        if len(ifs) < 2 or not self.scope_collectives:
+            return
+        for i, first in enumerate(ifs):
+            for second in ifs[i + 1 :]:
+                if _negates(first.test, second.test):
+                    labels_first = [c.label for _call, c in self.collectives(first.body)]
+                    labels_second = [c.label for _call, c in self.collectives(second.body)]
+                    if labels_first and labels_first == labels_second:
+                        self.complementary |= {id(first), id(second)}
+
+    def statement(self, node: ast.stmt, guards: list[_Guard], loop: ast.stmt | None) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return  # checked as scopes of their own
+        visitor = visit_exit if is_exit(node) else VISITORS.get(type(node))
+        if visitor is None:
+            self.calls_here(node, guards)
+        else:
+            visitor(self, node, guards, loop)
+
+    def branches_differ(self, node: ast.If) -> bool:
+        """Do the two sides of the if issue different collectives? (same on both: fine)"""
+        body = [c.label for _call, c in self.collectives(node.body)]
+        orelse = [c.label for _call, c in self.collectives(node.orelse)]
+        return body != orelse
+
+    def calls_here(self, node: ast.AST, guards: list[_Guard]) -> None:
+        if self.rank_ordered:
+            for call in _calls_in(node):
+                self.check_passed_containers(call)
+        for call, collective in self.collectives_within(node) if self.scope_collectives else []:
+            self.check_shapes(call, collective)
+            if (
+                collective.label.endswith("generate() without synced_gpus=True")
+                and len(collective.chain) == 1
+            ):
+                self.add(
+                    Cause.DATA_DEPENDENT_BRANCH,
+                    "warning",
+                    call,
+                    f"{collective.label}: generation runs one forward per new token and, with FSDP "
+                    f"or ZeRO-3, every forward all-gathers sharded parameters; ranks whose sequences "
+                    f"end sooner stop gathering and the others wait. Pass synced_gpus=True",
+                    collective,
+                )
+            for guard, exit_node, _loop in self.pending_exits:
+                if not isinstance(exit_node, (ast.Break, ast.Continue)):
+                    self.report_exit(guard, exit_node, call, collective)
+            diverging = [
+                g
+                for g in guards
+                if g.kind != "other" and not g.balanced and not self.members_of_its_group(g, call, collective)
+            ]
+            if diverging:
+                self.report_branch(diverging[-1], call, collective)
+
+    def members_of_its_group(self, guard: _Guard, call: ast.Call, collective: _Collective) -> bool:
+        """``if rank in ranks: dist.all_reduce(x, group=group)`` where ``group =
+        dist.new_group(ranks)``, or a test on ``get_process_group_ranks(group)`` or
+        ``get_rank(group)``: only the group's members call it, and they are all its ranks."""
+        if guard.kind != RANK or guard.test is None or len(collective.chain) != 1:
+            return False
+        group = next((k.value for k in call.keywords if k.arg == "group"), None)
+        position = _GROUP_POSITION.get(collective.label.rpartition(".")[2])
+        if group is None and position is not None and len(call.args) > position:
+            group = call.args[position]
+        if group is None:
+            return False
+        group_text = ast.unparse(group)
+        members = self.ranks_of_group(group_text) | {
+            f"{prefix}get_process_group_ranks({group_text})" for prefix in ("", "dist.", "torch.distributed.")
+        }
+        return any(_tests_membership(node, group_text, members) for node in ast.walk(guard.test))
+
+    def ranks_of_group(self, group_text: str) -> set[str]:
+        """The expressions a group of this name was made from: ``ranks`` for
+        ``group = dist.new_group(ranks)`` (or ``new_group(ranks=ranks)``), in this scope or
+        at module level."""
+        found: set[str] = set()
+        for scope in (self.scope, self.module.tree):
+            for node in self.linter.nodes(scope):
+                if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+                    continue
+                if getattr(node.value.func, "attr", getattr(node.value.func, "id", "")) != "new_group":
+                    continue
+                if not any(ast.unparse(target) == group_text for target in node.targets):
+                    continue
+                made_from = [
+                    *node.value.args[:1],
+                    *(k.value for k in node.value.keywords if k.arg == "ranks"),
+                ]
+                found |= {ast.unparse(ranks) for ranks in made_from}
+        return found
+
+    def at(self, line: int, collective: _Collective) -> str:
+        """A line of the checked file, named so that it reads right next to the finding's site."""
+        return f"line {line}" if collective.path == self.path else f"{self.path}:{line}"
+
+    def report_branch(self, guard: _Guard, call: ast.Call, collective: _Collective) -> None:
+        if guard.kind == RANK:
+            cause, severity, why = Cause.RANK_CONDITIONAL_COLLECTIVE, "error", "rank-dependent"
+        elif guard.kind == DATA:
+            cause, severity, why = (
+                Cause.DATA_DEPENDENT_BRANCH,
+                "warning",
+                "data-dependent (a tensor's value or size)",
+            )
+        else:
+            cause, severity, why = (
+                Cause.UNSYNCHRONIZED_DECISION,
+                "warning",
+                "rank-local (a clock, a file check, a random draw)",
+            )
+        if not collective.certain or guard.peer:
+            severity = "warning"
+        self.add(
+            cause,
+            severity,
+            call,
+            f"{collective.label} is reached only where `{guard.text}` "
+            f"({self.at(guard.line, collective)}) holds, a {why} condition: the other ranks never "
+            f"make this call",
+            collective,
+            guard,
+        )
+
+    def check_while_test(self, loop: ast.While) -> None:
+        """``while time.time() - start < budget:`` around a collective: a test whose value
+        differs per rank ends the loop after a different number of passes on each."""
+        if isinstance(loop.test, ast.Constant) or self.collectives_within(loop.test):
+            return  # a test that communicates (broadcasts rank 0's decision) is agreed on
+        in_loop = sorted(self.collectives(loop.body), key=lambda pair: (pair[0].lineno, pair[0].col_offset))
+        if not in_loop:
+            return
+        kind = self.kind(loop.test, loop.body)
+        if kind == "other":
+            return
+        certain = [pair for pair in in_loop if pair[1].certain]
+        call, collective = (certain or in_loop)[0]
+        cause = {RANK: Cause.RANK_CONDITIONAL_COLLECTIVE, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
+            kind, Cause.UNSYNCHRONIZED_DECISION
+        )
+        guard = _Guard(kind, loop.lineno, ast.unparse(loop.test))
+        self.add(
+            cause,
+            "error" if kind == RANK and collective.certain else "warning",
+            call,
+            f"{collective.label} runs in every pass of the `while` at line {loop.lineno}, whose test "
+            f"`{guard.text}` can differ per rank: ranks that leave the loop sooner never make "
+            "the others' last calls",
+            collective,
+            guard,
+        )
+
+    def report_exit(
+        self, guard: _Guard, exit_node: ast.stmt, call: ast.Call, collective: _Collective
+    ) -> None:
+        if id(exit_node) in self.reported_exits:
+            return  # one finding per exit: the first call it skips
+        self.reported_exits.add(id(exit_node))
+        statement = _exit_word(exit_node)
+        cause = {RANK: Cause.RANK_EARLY_EXIT, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
+            guard.kind, Cause.UNSYNCHRONIZED_DECISION
+        )
+        severity = "error" if guard.kind == RANK and collective.certain else "warning"
+        self.add(
+            cause,
+            severity,
+            call,
+            f"{collective.label} is skipped by the `{statement}` at line {exit_node.lineno} under "
+            f"`{guard.text}` ({self.at(guard.line, collective)}): ranks that take it never make "
+            f"this call",
+            collective,
+            guard,
+        )
+
+    def rooted_reason(self, guard: _Guard) -> str:
+        """Why a condition is rank-local when it reads what dist.reduce left on a rank: said,
+        since the value came out of a collective and looks synchronised."""
+        if guard.kind != "unsynced":
+            return ""
+        try:
+            read = {n.id for n in ast.walk(ast.parse(guard.text, mode="eval")) if isinstance(n, ast.Name)}
+        except SyntaxError:
+            return ""
+        rooted = self.linter.rooted_names(self.scope, self.module)
+        for name in sorted(read & rooted.keys()):
+            label, line = rooted[name]
+            return (
+                f"; `{name}` holds the result of {label}() at line {line}, which only its "
+                "destination rank receives: the others test their own partial value"
+            )
+        return ""
+
+    def decorated_rank_zero(self) -> None:
+        assert self.function is not None
+        for call in _calls_in(self.function.node):
+            collective = self.linter.collective_of_call(call, self.module, self.function, self.ddp)
+            if collective is not None:
+                self.add(
+                    Cause.RANK_CONDITIONAL_COLLECTIVE,
+                    "error" if collective.certain else "warning",
+                    call,
+                    f"{collective.label} in {self.function.name}(), which runs on rank 0 only "
+                    f"(decorated with a rank-zero decorator)",
+                    collective,
+                )
+
+    def add(
+        self,
+        cause: Cause,
+        severity: str,
+        call: ast.Call,
+        message: str,
+        collective: _Collective,
+        guard: _Guard | None = None,
+    ) -> None:
+        where = f" (in {self.function.name}()" if self.function else " (at module level"
+        evidence = [f"call chain: {' -> '.join(collective.chain)}"]
+        if guard is not None:
+            evidence.append(f"condition at {self.path}:{guard.line}: {guard.text}")
+            message += self.rooted_reason(guard)
+        if len(collective.chain) > 1:
+            where += f", through {' -> '.join(collective.chain[:-1])}"
+        where += ")"
+        self.findings.append(
+            lint_finding(
+                cause,
+                severity,
+                collective.path,
+                collective.line,
+                collective.col,
+                message + where,
+                evidence,
+                guard.line if guard is not None else None,
+                call.lineno,
+                self.path,
+                collective.label,
+            )
+        )

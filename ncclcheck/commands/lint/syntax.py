@@ -1,0 +1,243 @@
+"""Small readings of Python syntax trees: calls, exits, decorators, DDP's models."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from collections.abc import Iterable, Iterator
+
+# Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
+# side's branch is paired with the other's, so lint leaves them out.
+from ncclcheck.commands.lint.findings import _Function
+from ncclcheck.commands.lint.tables import (
+    _BUFFERLESS_LAYERS,
+    _CHILD_FIELDS,
+    _IGNORE,
+    _NEW_GROUP,
+    _RANK_ZERO_DECORATORS,
+    _SCOPES,
+)
+
+
+def _ddp_parameters(call: ast.Call, target: _Function, ddp_names: set[str]) -> frozenset[str]:
+    """The parameters of ``target`` that ``call`` passes a DDP-wrapped model to, by name."""
+    if not ddp_names:
+        return frozenset()
+    arguments = target.node.args
+    positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+    if target.class_name is not None and isinstance(call.func, ast.Attribute) and positional:
+        positional = positional[1:]  # self.evaluate(model): self is bound already
+    found: set[str] = set()
+    for name, value in zip(positional, call.args, strict=False):
+        if isinstance(value, ast.Name) and value.id in ddp_names:
+            found.add(name)
+    keywords = set(positional) | {a.arg for a in arguments.kwonlyargs}
+    for keyword in call.keywords:
+        if keyword.arg in keywords and isinstance(keyword.value, ast.Name) and keyword.value.id in ddp_names:
+            found.add(keyword.arg)
+    return frozenset(found)
+
+
+def _callee_name(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _forward_broadcasts(ddp_call: ast.Call) -> bool:
+    """Whether this DDP model's forward() may broadcast buffers: not with
+    ``broadcast_buffers=False``, nor for an inline stack of buffer-free layers."""
+    for keyword in ddp_call.keywords:
+        if keyword.arg == "broadcast_buffers" and isinstance(keyword.value, ast.Constant):
+            return bool(keyword.value.value)
+    wrapped = ddp_call.args[0] if ddp_call.args else None
+    if isinstance(wrapped, ast.Call) and _callee_name(wrapped) in _BUFFERLESS_LAYERS:
+        return False
+    if isinstance(wrapped, ast.Call) and _callee_name(wrapped) == "Sequential" and wrapped.args:
+        return not all(
+            isinstance(layer, ast.Call) and _callee_name(layer) in _BUFFERLESS_LAYERS
+            for layer in wrapped.args
+        )
+    return True  # a model of the user's own: it may hold buffers
+
+
+def _ddp_names(nodes: Iterable[ast.AST], forward_communicates: bool = True) -> set[str]:
+    """Names bound to ``DDP(...)`` / ``DistributedDataParallel(...)`` among ``nodes``; with
+    ``forward_communicates``, only those whose forward() may (see _forward_broadcasts)."""
+    names: set[str] = set()
+    for node in nodes:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and _callee_name(node.value) in ("DDP", "DistributedDataParallel")
+            and (not forward_communicates or _forward_broadcasts(node.value))
+        ):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names
+
+
+def _calls_in(root: ast.AST) -> Iterator[ast.Call]:
+    """Calls in ``root`` and below it, in source order, without entering nested functions,
+    lambdas or classes (their bodies run when they are called, not here)."""
+    stack: list[ast.AST] = [root]
+    while stack:
+        node = stack.pop()
+        if node is not root and isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+        ):
+            continue
+        if isinstance(node, ast.Call):
+            yield node
+        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def _returns_cat(expr: ast.expr) -> bool:
+    return isinstance(expr, ast.Call) and ast.unparse(expr.func) in ("torch.cat", "cat", "torch.concat")
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    # ctx (Load/Store) is a node under every name: skipping it halves the walk
+    fields = _CHILD_FIELDS.get(cls)
+    if fields is None:
+        fields = _CHILD_FIELDS[cls] = tuple(
+            f for f in getattr(cls, "_fields", ()) if f not in ("ctx", "type_comment", "type_ignores")
+        )
+    return fields
+
+
+def _walk(root: ast.AST, enter_scopes: bool) -> list[ast.AST]:
+    """The nodes under ``root`` (faster than ast.walk, which every check here would repeat);
+    without ``enter_scopes``, nested functions, lambdas and classes are left out."""
+    found: list[ast.AST] = []
+    stack: list[ast.AST] = [root]
+    while stack:
+        node = stack.pop()
+        if not enter_scopes and node is not root and isinstance(node, _SCOPES):
+            continue
+        found.append(node)
+        for name in _child_fields(type(node)):
+            value = getattr(node, name, None)
+            if type(value) is list:
+                stack.extend(v for v in value if isinstance(v, ast.AST))
+            elif isinstance(value, ast.AST):
+                stack.append(value)
+    return found
+
+
+def _walk_scope(root: ast.AST) -> list[ast.AST]:
+    return _walk(root, enter_scopes=False)
+
+
+def _dist_label(name: str, call: ast.Call) -> str | None:
+    if name != "new_group":
+        return f"dist.{name}"
+    return None if _keyword_true(call, "use_local_synchronization") else f"dist.{_NEW_GROUP}"
+
+
+def _keyword_true(call: ast.Call, name: str) -> bool:
+    return any(
+        k.arg == name and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords
+    )
+
+
+def _reads_shape(expr: ast.expr) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "shape" for n in ast.walk(expr))
+
+
+def _has_exit(statements: list[ast.stmt]) -> bool:
+    return any(
+        isinstance(n, (ast.Return, ast.Break, ast.Continue))
+        for statement in statements
+        for n in _walk_scope(statement)
+    )
+
+
+def _is_rank_zero_only(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    for decorator in node.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+        if name in _RANK_ZERO_DECORATORS:
+            return True
+    return False
+
+
+def _names_tested_for_value(test: ast.expr) -> set[str]:
+    """The names a condition reads the value of: not those it only tests against None
+    (``if grad_norm is None``: whether it was given, the same on every rank)."""
+    presence_only: set[int] = set()
+    for node in ast.walk(test):
+        if (
+            isinstance(node, ast.Compare)
+            and all(isinstance(op, (ast.Is, ast.IsNot)) for op in node.ops)
+            and all(isinstance(c, ast.Constant) and c.value is None for c in node.comparators)
+        ):
+            presence_only |= {id(n) for n in ast.walk(node.left)}
+    return {n.id for n in ast.walk(test) if isinstance(n, ast.Name) and id(n) not in presence_only}
+
+
+def _tests_membership(node: ast.AST, group_text: str, members: set[str]) -> bool:
+    """``rank in ranks`` (``members``: what the group was made from, or its
+    get_process_group_ranks), or ``dist.get_rank(group) >= 0`` (-1 outside the group;
+    not ``== 0``, which picks the group's first rank)."""
+    if not isinstance(node, ast.Compare) or len(node.ops) != 1:
+        return False
+    op, left, right = node.ops[0], node.left, node.comparators[0]
+    if isinstance(op, ast.In):
+        return ast.unparse(right) in members
+    if not isinstance(left, ast.Call):
+        return False
+    name = left.func.attr if isinstance(left.func, ast.Attribute) else getattr(left.func, "id", "")
+    if name not in ("get_rank", "get_group_rank"):
+        return False
+    if not any(ast.unparse(arg) == group_text for arg in [*left.args, *(k.value for k in left.keywords)]):
+        return False
+    bound = ast.unparse(right)
+    return (isinstance(op, ast.GtE) and bound == "0") or (
+        isinstance(op, (ast.NotEq, ast.Gt)) and bound == "-1"
+    )
+
+
+def _called_names(where: ast.AST | Iterable[ast.AST]) -> set[str]:
+    """Names of the functions called in an expression (or among a list of nodes)."""
+    calls: set[str] = set()
+    for child in ast.walk(where) if isinstance(where, ast.AST) else where:
+        if isinstance(child, ast.Call):
+            func = child.func
+            calls.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+    return calls
+
+
+def _is_exit_call(node: ast.stmt) -> bool:
+    if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
+        return False
+    func = node.value.func
+    return ast.unparse(func) in ("sys.exit", "exit", "quit", "os._exit")
+
+
+def _clean_exit(node: ast.stmt) -> bool:
+    """sys.exit() / sys.exit(0) / exit(None): the process ends with status 0."""
+    assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+    args = node.value.args
+    return not args or (isinstance(args[0], ast.Constant) and args[0].value in (0, None))
+
+
+def _exit_word(node: ast.stmt) -> str:
+    if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        return ast.unparse(node.value.func) + "()"
+    return type(node).__name__.lower()
+
+
+def _ignore_comments(text: str) -> dict[int, set[str] | None]:
+    found: dict[int, set[str] | None] = {}
+    if "ncclcheck" not in text:
+        return found
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                match = _IGNORE.search(token.string)
+                if match:
+                    causes = match.group(1)
+                    found[token.start[0]] = {c.strip() for c in causes.split(",")} if causes else None
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return found
