@@ -73,7 +73,7 @@ FUNCTIONAL_COLLECTIVES = (
 
 # -- library calls a user writes that communicate (lint) ------------------------------
 
-# accelerate's Accelerator methods that communicate (CAUSES.md)
+# accelerate's Accelerator methods that communicate (docs/causes.md)
 ACCELERATE_METHODS = frozenset(
     {"gather", "gather_for_metrics", "reduce", "pad_across_processes", "wait_for_everyone"}
 )

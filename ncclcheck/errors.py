@@ -1,7 +1,7 @@
 """One error hierarchy: each error knows its exit code and the help a user needs.
 
 The CLI prints ``str(error)`` and, on a second line, ``error.hint``; nothing else
-maps errors to exit codes (see CONTRACT.md: 0 clean, 1 findings, 2 could not
+maps errors to exit codes (see docs/contract.md: 0 clean, 1 findings, 2 could not
 run, 3 ncclcheck's own bug).
 """
 

@@ -1,6 +1,6 @@
 """The data every part of ncclcheck passes around: plain dataclasses.
 
-The report's JSON shape is CONTRACT.md's; ``Report.to_dict`` writes it and
+The report's JSON shape is docs/contract.md's; ``Report.to_dict`` writes it and
 ``Report.from_dict`` reads it back, and ``schemas/report.schema.json`` states it
 for tools that consume it. Nothing else in ncclcheck defines a report shape.
 """
@@ -193,7 +193,7 @@ EvalBatches = int | dict[str, int] | None
 
 @dataclass
 class RankState:
-    """One rank as a report shows it (CONTRACT.md's ``ranks`` entries)."""
+    """One rank as a report shows it (docs/contract.md's ``ranks`` entries)."""
 
     rank: int
     host: str = ""

@@ -1,7 +1,7 @@
 """The command line: typer commands that parse options, call the core, pick a renderer.
 
 ``ErrorMappingGroup`` is the one place where errors become exit codes
-(CONTRACT.md): a NcclcheckError prints its message and hint and exits with its
+(docs/contract.md): a NcclcheckError prints its message and hint and exits with its
 code; anything else is a bug (exit 3), with a traceback only under ``--debug``.
 """
 

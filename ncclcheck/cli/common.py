@@ -26,7 +26,7 @@ STATE = GlobalState()
 
 JSON_OPTION = typer.Option(False, "--json", help="Print one JSON document on stdout, nothing else.")
 
-# torchrun's launch options, with torchrun's names (CONTRACT.md): preflight and probe
+# torchrun's launch options, with torchrun's names (docs/contract.md): preflight and probe
 NPROC_OPTION = typer.Option(
     None, "--nproc-per-node", "--nproc_per_node", help="Ranks on this node (default: visible GPUs, or 2)."
 )

@@ -293,7 +293,7 @@ def _probe_finding(traces: dict[int, RankTrace], world: int) -> Finding:
 
 
 def default_nproc() -> int:
-    """The number of visible GPUs, or 2 where there are none (CONTRACT.md)."""
+    """The number of visible GPUs, or 2 where there are none (docs/contract.md)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return 2

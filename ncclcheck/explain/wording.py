@@ -12,7 +12,7 @@ from ncclcheck.model import CollectiveCall, Frame, format_ranks
 
 
 def relative(path: str, cwd: str) -> str:
-    """A path as CONTRACT.md shows sites: relative to cwd when below it, else absolute."""
+    """A path as docs/contract.md shows sites: relative to cwd when below it, else absolute."""
     try:
         rel = os.path.relpath(path, cwd)
     except ValueError:

@@ -43,7 +43,7 @@ from ncclcheck.record.traces import TRACE_GLOB, load_traces
 
 @dataclass
 class TorchrunOptions:
-    """torchrun's launch options, with torchrun's names (CONTRACT.md)."""
+    """torchrun's launch options, with torchrun's names (docs/contract.md)."""
 
     nproc_per_node: int = 2
     nnodes: str = "1"

@@ -36,7 +36,7 @@ def silence_stdout() -> None:
 
 class _Console(Console):
     def on_broken_pipe(self) -> None:
-        # rich's own exits with 1, which would read as "errors found" (CONTRACT.md)
+        # rich's own exits with 1, which would read as "errors found" (docs/contract.md)
         self.quiet = True
         silence_stdout()
 

@@ -77,7 +77,9 @@ def test_an_iterable_eval_set_is_judged_by_its_own_split_not_by_a_sampler(tmp_pa
     findings, _ = run_lint([script])
     (finding,) = findings
     assert (finding.cause, finding.severity) == ("uneven-eval-batches", "warning")
-    assert "val_loader = DataLoader(RankStream(5)" in script.read_text().splitlines()[finding.location.line - 1]
+    assert (
+        "val_loader = DataLoader(RankStream(5)" in script.read_text().splitlines()[finding.location.line - 1]
+    )
     assert "an IterableDataset whose __iter__ splits the stream by rank" in finding.message
     # a stream that does not split by rank: no sampler to ask for, nothing to say
     copy = tmp_path / "stream.py"
