@@ -149,10 +149,56 @@ def build_report(
 ) -> Report:
     """Pure: the report from what the ranks wrote and what torchrun said."""
     report = Report(command="probe", verdict=Verdict.ALIGNED, world_size=world)
-    findings: list[Finding] = []
-    hosts = {r: d.get("host", "?") for r, d in ranks.items()}
+    missing, findings = _who_arrived(ranks, world, exits, settings)
+    # what each rank is, and where they differ
+    everyone = next((d.get("everyone") for d in ranks.values() if d.get("everyone")), None)
+    if everyone:
+        findings += _differences(everyone)
+    wrong = _wrong_results(ranks)
+    findings += wrong
+    # performance: the collective is as slow as its slowest rank
+    table = _bandwidth(ranks, world)
+    layout_rows = [row for d in ranks.values() for row in d.get("layout", [])]
+    findings += _wrong_in_subgroups(layout_rows)
+    if timed_out:
+        findings.append(
+            Finding(
+                cause=Cause.TRANSPORT_HANG,
+                severity=Severity.ERROR,
+                message=f"the probe did not finish within its bound and was stopped after {elapsed:.0f} s",
+                ranks=sorted(ranks),
+                evidence=[f"rank {r}: last stage {d.get('stage')}" for r, d in sorted(ranks.items())],
+            )
+        )
+    elif first_failure is not None and not missing and not wrong:
+        findings.append(
+            Finding(
+                cause=Cause.RANK_CRASHED,
+                severity=Severity.ERROR,
+                message=f"rank {first_failure} failed during the probe (exit {exits.get(first_failure)})",
+                ranks=[first_failure],
+                evidence=[f"rank {r}: last stage {d.get('stage')}" for r, d in sorted(ranks.items())],
+            )
+        )
+    report.findings = findings
+    errors = any(f.severity is Severity.ERROR for f in findings)
+    report.verdict = Verdict.ERROR if errors else Verdict.ALIGNED
+    report.ranks = [_rank_state(r, ranks.get(r, {}), exits) for r in range(world)]
+    report.summary = {
+        "backend": backend,
+        "elapsed_s": round(elapsed, 2),
+        "checks": _check_summary(ranks),
+        "performance": table,
+        "layout": _layout_summary(layout_rows),
+    }
+    return report
 
-    # 1. who arrived
+
+def _who_arrived(
+    ranks: dict[int, dict[str, Any]], world: int, exits: dict[int, int], settings: ProbeSettings
+) -> tuple[list[int], list[Finding]]:
+    """The ranks that never checked in, and the finding that names them."""
+    hosts = {r: d.get("host", "?") for r, d in ranks.items()}
     checked_in = {r for r, d in ranks.items() if d.get("stage") not in (None, "started", "check-in failed")}
     said_missing = sorted({m for d in ranks.values() for m in d.get("missing", [])})
     # no record and not stopped by torchrun's signal either (a stopped rank was running)
@@ -165,35 +211,32 @@ def build_report(
     missing = sorted(set(said_missing) | set(never_started) | set(crashed))
     if not checked_in and not missing:
         missing = list(range(world))
-    if missing:
-        present = sorted(set(range(world)) - set(missing))
-        why = []
-        for r in missing:
-            if r in exits and exits[r] != CHECKIN_FAILED_EXIT:
-                why.append(f"rank {r} exited with {exits[r]} before checking in")
-            elif r in ranks:
-                why.append(f"rank {r} started on {hosts[r]} (pid {ranks[r].get('pid')}) and never checked in")
-            else:
-                why.append(f"rank {r} never started (no process wrote its record)")
-        findings.append(
-            Finding(
-                cause=Cause.RANK_CRASHED,
-                severity=Severity.ERROR,
-                message=f"{who(missing)} of {world} never checked in within "
-                f"{settings.checkin_timeout:.0f} s; {who(present) if present else 'no rank'} did",
-                ranks=present,
-                absent_ranks=missing,
-                op="check-in",
-                evidence=why,
-            )
-        )
+    if not missing:
+        return [], []
+    present = sorted(set(range(world)) - set(missing))
+    why = []
+    for r in missing:
+        if r in exits and exits[r] != CHECKIN_FAILED_EXIT:
+            why.append(f"rank {r} exited with {exits[r]} before checking in")
+        elif r in ranks:
+            why.append(f"rank {r} started on {hosts[r]} (pid {ranks[r].get('pid')}) and never checked in")
+        else:
+            why.append(f"rank {r} never started (no process wrote its record)")
+    finding = Finding(
+        cause=Cause.RANK_CRASHED,
+        severity=Severity.ERROR,
+        message=f"{who(missing)} of {world} never checked in within "
+        f"{settings.checkin_timeout:.0f} s; {who(present) if present else 'no rank'} did",
+        ranks=present,
+        absent_ranks=missing,
+        op="check-in",
+        evidence=why,
+    )
+    return missing, [finding]
 
-    # 2. what each rank is, and where they differ
-    everyone = next((d.get("everyone") for d in ranks.values() if d.get("everyone")), None)
-    if everyone:
-        findings += _differences(everyone)
 
-    # 3. correctness
+def _wrong_results(ranks: dict[int, dict[str, Any]]) -> list[Finding]:
+    """Collectives that gave wrong results on known values, and whose contribution was wrong."""
     failed: dict[str, list[int]] = {}
     blamed: dict[str, set[int]] = {}
     for r, d in sorted(ranks.items()):
@@ -202,6 +245,7 @@ def build_report(
                 failed.setdefault(check["op"], []).append(r)
                 blamed.setdefault(check["op"], set()).update(check.get("wrong_from", []))
     culprits = sorted(set().union(*blamed.values())) if blamed else []
+    findings = []
     for op, seen_by in sorted(failed.items()):
         details = [
             f"rank {r}: {c.get('detail') or 'wrong'}"
@@ -221,71 +265,39 @@ def build_report(
                 evidence=details[:8],
             )
         )
+    return findings
 
-    # 4. performance: the collective is as slow as its slowest rank
-    table = _bandwidth(ranks, world)
-    # 5. subgroups of the layout
-    layout_rows = [row for d in ranks.values() for row in d.get("layout", [])]
-    for row in layout_rows:
-        if not row["ok"]:
-            findings.append(
-                Finding(
-                    cause=Cause.TRANSPORT_HANG,
-                    severity=Severity.ERROR,
-                    message=f"all_reduce on {row['dimension']} group {row['members']} gave a wrong result",
-                    ranks=row["members"],
-                    op="all_reduce",
-                    evidence=[row["detail"]],
-                )
-            )
-    if timed_out:
-        findings.append(
-            Finding(
-                cause=Cause.TRANSPORT_HANG,
-                severity=Severity.ERROR,
-                message=f"the probe did not finish within its bound and was stopped after {elapsed:.0f} s",
-                ranks=sorted(ranks),
-                evidence=[f"rank {r}: last stage {d.get('stage')}" for r, d in sorted(ranks.items())],
-            )
-        )
-    elif first_failure is not None and not missing and not failed:
-        findings.append(
-            Finding(
-                cause=Cause.RANK_CRASHED,
-                severity=Severity.ERROR,
-                message=f"rank {first_failure} failed during the probe (exit {exits.get(first_failure)})",
-                ranks=[first_failure],
-                evidence=[f"rank {r}: last stage {d.get('stage')}" for r, d in sorted(ranks.items())],
-            )
-        )
 
-    report.findings = findings
-    errors = any(f.severity is Severity.ERROR for f in findings)
-    report.verdict = Verdict.ERROR if errors else Verdict.ALIGNED
-    for r in range(world):
-        d = ranks.get(r, {})
-        report.ranks.append(
-            RankState(
-                rank=r,
-                host=d.get("host", "?"),
-                pid=d.get("pid"),
-                exit_code=exits.get(r, 0 if d.get("stage") == "done" else None),
-                state=RankStatus.EXITED,
-                where=f"probe stage: {d['stage']}"
-                if d.get("stage")
-                else "stopped by torchrun before it wrote anything"
-                if exits.get(r, 0) < 0
-                else "never started",
-            )
+def _wrong_in_subgroups(layout_rows: list[dict[str, Any]]) -> list[Finding]:
+    return [
+        Finding(
+            cause=Cause.TRANSPORT_HANG,
+            severity=Severity.ERROR,
+            message=f"all_reduce on {row['dimension']} group {row['members']} gave a wrong result",
+            ranks=row["members"],
+            op="all_reduce",
+            evidence=[row["detail"]],
         )
-    report.summary = {
-        "backend": backend,
-        "elapsed_s": round(elapsed, 2),
-        "checks": _check_summary(ranks),
-        "performance": table,
-        "layout": _layout_summary(layout_rows),
-    }
-    return report
+        for row in layout_rows
+        if not row["ok"]
+    ]
+
+
+def _rank_state(rank: int, record: dict[str, Any], exits: dict[int, int]) -> RankState:
+    if record.get("stage"):
+        where = f"probe stage: {record['stage']}"
+    elif exits.get(rank, 0) < 0:
+        where = "stopped by torchrun before it wrote anything"
+    else:
+        where = "never started"
+    return RankState(
+        rank=rank,
+        host=record.get("host", "?"),
+        pid=record.get("pid"),
+        exit_code=exits.get(rank, 0 if record.get("stage") == "done" else None),
+        state=RankStatus.EXITED,
+        where=where,
+    )
 
 
 def _differences(everyone: list[dict[str, Any]]) -> list[Finding]:

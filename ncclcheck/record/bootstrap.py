@@ -18,12 +18,12 @@ from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
 from ncclcheck.record import cpu_map, frames, frameworks, perturb, rooted
+from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
     ENV_MAX_TRAIN_PASSES,
     ENV_TRACE_DIR,
     ENV_TRAIN_STEPS,
-    DryRunComplete,
     OwnLauncher,
     Recorder,
 )
@@ -35,12 +35,17 @@ PROBE_FAILED_EXIT = 75  # a rank whose peers never checked in
 
 def install(recorder: Recorder) -> None:
     """Patch torch so that every collective, DDP bucket, phase change and batch is recorded."""
-    import torch
+    _wrap_collectives(recorder)
+    _track_phases_and_loaders(recorder)
+    _hook_ddp_and_backward(recorder)
+    _track_user_no_grad(recorder)
+    _refuse_own_launchers()
+
+
+def _wrap_collectives(recorder: Recorder) -> None:
+    """Every collective and p2p call, group creation, and the process group's set-up and end."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader
 
     for op in (*COLLECTIVES, *P2P):
         original = getattr(dist, op, None) or getattr(c10d, op, None)
@@ -86,6 +91,12 @@ def install(recorder: Recorder) -> None:
     dist.destroy_process_group = destroy_process_group
     c10d.destroy_process_group = destroy_process_group
 
+
+def _track_phases_and_loaders(recorder: Recorder) -> None:
+    """Module.train()/eval() (the phase) and every DataLoader iteration (batches per pass)."""
+    from torch import nn
+    from torch.utils.data import DataLoader
+
     original_train = nn.Module.train
     in_train = [False]
 
@@ -108,6 +119,13 @@ def install(recorder: Recorder) -> None:
         return recorder.track(self, original_iter(self), sys._getframe(1))
 
     DataLoader.__iter__ = dataloader_iter
+
+
+def _hook_ddp_and_backward(recorder: Recorder) -> None:
+    """DDP's gradient all-reduces, through a comm hook that chains to the user's, and
+    backward() calls (where they come from)."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
 
     original_ddp_init = DistributedDataParallel.__init__
     original_register = DistributedDataParallel.register_comm_hook
@@ -138,8 +156,6 @@ def install(recorder: Recorder) -> None:
             recorder.in_backward -= 1
 
     torch.autograd.backward = backward
-    _track_user_no_grad(recorder)
-    _refuse_own_launchers()
 
 
 def _refuse_own_launchers() -> None:

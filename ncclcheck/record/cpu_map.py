@@ -85,14 +85,21 @@ def _gloo(backend: Any) -> Any:
 def install(recorder: Recorder) -> None:
     """Patch torch so that a CUDA/NCCL script runs on CPU with gloo (after the recorder's
     own patches, which these wrap)."""
-    import torch
+    note = _Mapper(recorder).note
+    _map_process_groups(note)
+    _map_cuda_queries(note)
+    _map_devices(note)
+    _map_wrappers(note)
+
+    from ncclcheck.record.cpu_syncbn import run_sync_batch_norm_on_cpu
+
+    run_sync_batch_norm_on_cpu(note)
+
+
+def _map_process_groups(note: Callable[[str], None]) -> None:
+    """NCCL process groups become gloo ones."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
-    from torch import nn
-    from torch.nn.parallel import DistributedDataParallel
-
-    mapper = _Mapper(recorder)
-    note = mapper.note
 
     original_init = dist.init_process_group
 
@@ -123,6 +130,11 @@ def install(recorder: Recorder) -> None:
     dist.new_group = new_group
     c10d.new_group = new_group
 
+
+def _map_cuda_queries(note: Callable[[str], None]) -> None:
+    """torch.cuda answers as a machine with one GPU per local rank would."""
+    import torch
+
     local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 
@@ -141,6 +153,12 @@ def install(recorder: Recorder) -> None:
     for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved"):
         replace_cuda(name, lambda *a, **k: 0)
     replace_cuda("get_device_name", lambda *a, **k: "cpu (ncclcheck preflight --cpu)")
+
+
+def _map_devices(note: Callable[[str], None]) -> None:
+    """Tensors and modules sent to a CUDA device stay on the CPU."""
+    import torch
+    from torch import nn
 
     def tensor_cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         note(".cuda()")
@@ -191,6 +209,13 @@ def install(recorder: Recorder) -> None:
 
         setattr(torch, name, on_cpu)
 
+
+def _map_wrappers(note: Callable[[str], None]) -> None:
+    """DDP's device_ids, autocast and GradScaler for CUDA, made CPU ones."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
     original_ddp_init = DistributedDataParallel.__init__
 
     def ddp_init(self: DistributedDataParallel, module: nn.Module, *args: Any, **kwargs: Any) -> None:
@@ -226,7 +251,3 @@ def install(recorder: Recorder) -> None:
         original_scaler_init(self, device, *args, **kwargs)
 
     torch.amp.GradScaler.__init__ = scaler_init
-
-    from ncclcheck.record.cpu_syncbn import run_sync_batch_norm_on_cpu
-
-    run_sync_batch_norm_on_cpu(note)

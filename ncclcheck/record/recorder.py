@@ -42,12 +42,22 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from ncclcheck.communicates import GROUP_CREATION, P2P
-from ncclcheck.record.frames import framework_name, is_user_code, is_user_file, user_frames
+from ncclcheck.communicates import P2P
+from ncclcheck.record.calls import (
+    _CREATIONS,
+    _describe_group,
+    _in_state,
+    _issuer,
+    _libraries_on,
+    _tensor_key,
+    _tensor_signature,
+    _under_join_exit,
+)
+from ncclcheck.record.frames import is_user_code, user_frames
 from ncclcheck.record.hotstate import fastcall, new_state
+from ncclcheck.record.loaders import DryRunComplete, _name_of, _TrackedIterator
 from ncclcheck.record.tracefile import TraceFile
 
 ENV_TRACE_DIR = "NCCLCHECK_TRACE_DIR"
@@ -58,20 +68,11 @@ ENV_DRY_RUN = "NCCLCHECK_DRY_RUN"
 # "1": record in Python only, without the C fast path (to compare the two, or to rule it out)
 ENV_PURE_PYTHON = "NCCLCHECK_PURE_PYTHON"
 
-_EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
-
 
 # bytes %: cheaper than str + encode. The time in integer nanoseconds: formatting a
 # float made a loop of small gloo all_reduces 1-3% slower.
 _CALL_LINE = b'{"t":"call","n":%d,"seq":%d,"ns":%d%b%b}\n'
 _KEY_FRAMES = 64  # frames of the caller's stack that tell one call site from another
-
-
-class DryRunComplete(BaseException):
-    """Raised on every rank at the same logical point to end the dry run.
-
-    A BaseException, so that a script's ``except Exception`` does not swallow it.
-    """
 
 
 class OwnLauncher(BaseException):
@@ -82,107 +83,6 @@ class OwnLauncher(BaseException):
 
 class _Depth(threading.local):
     inside = 0  # > 0 while a recorded collective (or DDP hook) runs on this thread
-
-
-class _GroupCreation:
-    """Stands for the sequence of new_group calls where a call names its group."""
-
-
-_CREATIONS = _GroupCreation()
-
-
-def _describe_group(group: Any) -> tuple[str, list[int]]:
-    import torch.distributed as dist
-
-    if group is _CREATIONS:
-        return GROUP_CREATION, list(range(dist.get_world_size()))
-    resolved = group if group is not None else dist.group.WORLD
-    try:
-        name = str(resolved.group_name)
-    except Exception:  # a group object of another kind
-        name = repr(resolved)
-    try:
-        ranks = list(dist.get_process_group_ranks(resolved))
-    except Exception:
-        ranks = []
-    return name, ranks
-
-
-def _tensor_key(values: Any, key: list[Any], tensor_type: type, depth: int = 0) -> None:
-    """What tells one call's tensors from another's, cheaply: shape, dtype object and
-    device index (-1 on CPU), for the tensors in the arguments (lists of lists too).
-    Hashable without formatting anything; the readable form is made once per key."""
-    if isinstance(values, tensor_type):
-        key.append(values.shape)  # type: ignore[attr-defined]
-        key.append(values.dtype)  # type: ignore[attr-defined]
-        key.append(values.get_device())  # type: ignore[attr-defined]
-    elif isinstance(values, (list, tuple)) and depth < 2:
-        for value in values:
-            _tensor_key(value, key, tensor_type, depth + 1)
-
-
-def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]], depth: int = 0) -> None:
-    """(shape, dtype, device) of the tensors in a call's arguments, as the trace writes them."""
-    import torch
-
-    if isinstance(values, torch.Tensor):
-        facts.append((tuple(values.shape), str(values.dtype)[6:], values.device.type))
-    elif isinstance(values, (list, tuple)) and depth < 2:
-        for value in values:
-            _tensor_signature(value, facts, depth + 1)
-
-
-@dataclass(frozen=True)
-class DeferredOrigin:
-    """Where the user asked for a collective a framework runs later (see record/frameworks.py)."""
-
-    token: int  # tells origins apart in the recorder's per-call-site cache
-    stack: list[list[Any]]  # the user's frames when they asked, outermost first
-    described: str  # what they called: "self.log('val_loss', sync_dist=True)"
-    framework: str
-
-
-def _libraries_on(frame: Any, outermost: Any) -> list[str]:
-    """The third-party packages on a call's stack (lightning, accelerate, transformers):
-    those that called the user's code or that the user called to reach the collective,
-    so a finding can give the fix in that framework's terms."""
-    found: set[str] = set()
-    while frame is not None and frame is not outermost:
-        if not is_user_code(frame.f_code):
-            name = framework_name(str(frame.f_globals.get("__name__", "")).partition(".")[0])
-            if name is not None:
-                found.add(name)
-        frame = frame.f_back
-    return sorted(found)
-
-
-_JOIN_MODULE = "torch.distributed.algorithms.join"
-
-
-def _under_join_exit(frame: Any, outermost: Any) -> bool:
-    """True for a collective that DDP's Join context issues from its ``__exit__`` on a
-    rank that ran out of batches: a stand-in ("shadow") for the collective the ranks
-    still training make in their step, from another line by design."""
-    while frame is not None and frame is not outermost:
-        if frame.f_code.co_name == "__exit__" and frame.f_globals.get("__name__") == _JOIN_MODULE:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _issuer(frame: Any) -> str:
-    """ "module:Class.function" of the library code that called a collective."""
-    code = frame.f_code
-    return f"{frame.f_globals.get('__name__', '?')}:{getattr(code, 'co_qualname', code.co_name)}"
-
-
-def _in_state(field: str, doc: str) -> Any:
-    """A Recorder attribute kept in its ``state`` (hotstate.py), where the C path reads it."""
-    return property(
-        lambda self: getattr(self.state, field),
-        lambda self, value: setattr(self.state, field, value),
-        doc=doc,
-    )
 
 
 class Recorder:
@@ -776,159 +676,3 @@ class Recorder:
                 f"{self._train_since_eval} train steps after the last"
             )
             raise DryRunComplete(self.stop_reason)
-
-
-def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
-    """The variable in ``scope`` bound to ``loader``, or to a wrapper of it
-    (accelerate's DataLoaderShard keeps the real loader as ``base_dataloader``)."""
-    for var, value in scope.items():
-        if var.startswith("_") or var == "self":
-            continue
-        if value is loader:
-            return var
-        if "DataLoader" in type(value).__name__ and (getattr(value, "base_dataloader", None) is loader):
-            return var
-    return None
-
-
-_pass_counter = itertools.count()
-
-
-class _TrackedIterator:
-    """Wraps a DataLoader iterator: counts batches, knows its role, applies the budget."""
-
-    def __init__(self, recorder: Recorder, loader: Any, inner: Iterator[Any], name: str) -> None:
-        self._recorder = recorder
-        self._loader = loader
-        self._inner = inner
-        self.name = name
-        self.pass_index = next(_pass_counter)
-        self.index = 0
-        self.hinted = False  # the role came from the framework that made the loader
-        self.role = self._guess_role()
-        self.length = self._safe_len()
-        self.counted = False  # counted as a complete eval pass already
-        self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
-        self._ended = False
-        recorder.pass_started(self)
-
-    def _guess_role(self) -> str:
-        hint = self._recorder.loader_hints.get(id(self._loader))
-        if hint is not None:
-            self.hinted = True
-            return hint[1]
-        if self._recorder.phase == "eval":
-            return "eval"
-        lowered = self.name.lower()
-        return "eval" if any(hint in lowered for hint in _EVAL_NAME_HINTS) else "train"
-
-    def facts(self) -> dict[str, Any]:
-        from torch.utils.data import IterableDataset
-        from torch.utils.data.distributed import DistributedSampler
-
-        loader = self._loader
-        sampler = getattr(loader, "sampler", None)
-        batch_sampler = getattr(loader, "batch_sampler", None)
-        inner_sampler = getattr(batch_sampler, "sampler", None)
-        dataset = getattr(loader, "dataset", None)
-        # DistributedSampler, or a framework's own sharding (accelerate's
-        # BatchSamplerShard / IterableDatasetShard, DistributedBatchSampler, ...),
-        # which evens the shards out; a class of the user's own named "Shard" is the
-        # hand-made split this looks for, not one of those.
-        distributed = (
-            isinstance(sampler, DistributedSampler)
-            or isinstance(inner_sampler, DistributedSampler)
-            or any(
-                ("Shard" in type(part).__name__ or "Distributed" in type(part).__name__)
-                and not _defined_in_user_code(type(part))
-                for part in (sampler, batch_sampler, dataset)
-                if part is not None
-            )
-        )
-        length = self._safe_len()
-        return {
-            "loader": self.name,
-            "pass": self.pass_index,
-            "role": self.role,
-            "batches": self.index,
-            "budget_cut": self.cut_by_budget,
-            "len": length,
-            "sampler": type(sampler).__name__ if sampler is not None else None,
-            "distributed_sampler": distributed,
-            "dataset": type(dataset).__name__,
-            # no sampler shards an IterableDataset: its own __iter__ splits the stream
-            "iterable": isinstance(dataset, IterableDataset),
-            "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
-        }
-
-    def __iter__(self) -> _TrackedIterator:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._inner)  # type: ignore[arg-type]
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def __next__(self) -> Any:
-        if self._ended:
-            raise StopIteration
-        if self.role == "train" and not self.hinted and self._recorder.phase == "eval":
-            self.role = "eval"  # iterated before model.eval(): the first batch tells
-        try:
-            self._recorder.budget_check(self)
-            batch = next(self._inner)
-        except StopIteration:
-            self._end(exhausted=self.index >= (self._safe_len() or self.index))
-            raise
-        except DryRunComplete:
-            self._end(exhausted=False)
-            raise
-        self.index += 1
-        self._recorder.batch_drawn(self)
-        return batch
-
-    def _safe_len(self) -> int | None:
-        # TypeError for a dataset without __len__; a user's __len__ may raise anything,
-        # and the recorder must not raise into the loop it watches.
-        try:
-            return len(self._loader)
-        except Exception:
-            return None
-
-    def _end(self, exhausted: bool) -> None:
-        if not self._ended:
-            self._ended = True
-            self._recorder.pass_ended(self, exhausted)
-
-
-def _defined_in_user_code(cls: type) -> bool:
-    module = sys.modules.get(cls.__module__)
-    filename = getattr(module, "__file__", None)
-    return cls.__module__ == "__main__" or (isinstance(filename, str) and is_user_file(filename))
-
-
-def _sample_ids(loader: Any, limit: int = 256) -> list[int] | None:
-    """The first dataset indices this rank's eval loader visits, for overlap checks.
-
-    Only for samplers that need no random state (iterating a RandomSampler would
-    change the script's random numbers), and not for an IterableDataset: its loader's
-    sampler yields None forever, the dataset shards itself. Never raises: a sampler
-    of the user's own that yields something else than indices gives None.
-    """
-    from torch.utils.data import IterableDataset, RandomSampler, Subset
-
-    sampler = getattr(loader, "sampler", None)
-    dataset = getattr(loader, "dataset", None)
-    if sampler is None or isinstance(sampler, RandomSampler) or isinstance(dataset, IterableDataset):
-        return None
-    if getattr(sampler, "shuffle", False) and not hasattr(sampler, "seed"):
-        return None
-    try:
-        indices = [int(i) for i in itertools.islice(iter(sampler), limit)]
-        while isinstance(dataset, Subset):
-            indices = [int(dataset.indices[i]) for i in indices]
-            dataset = dataset.dataset
-    except Exception:
-        return None
-    return indices

@@ -387,72 +387,17 @@ def _read_trace(
             ) from None
         try:
             if kind == "hello":
-                trace = RankTrace(
-                    rank=int(record["rank"]),
-                    host=str(record.get("host", "")),
-                    pid=record.get("pid"),
-                    local_rank=int(record.get("local_rank", 0)),
-                    group_rank=int(record.get("group_rank", 0)),
-                    world_size=int(record.get("world_size", 0)),
-                    script=str(record.get("script", "")),
-                    path=path,
-                )
+                trace = _hello(record, path)
                 history = make_calls(trace.rank)
                 trace.calls = history
                 calls = _CallReader(trace.rank)
             elif trace is None:
                 raise InputError(f"{path}:{number}: trace does not start with a hello line")
-            elif kind == "call":
-                history.append(_call(trace.rank, record))
-                trace.phase = history[-1].phase
             elif kind == "site":
                 assert calls is not None  # made with the hello line
                 calls.add_site(record)
-            elif kind == "init":
-                trace.initialised = True
-                trace.backend = record.get("backend")
-            elif kind == "pass":
-                if record.get("event") == "start":
-                    open_passes[int(record["pass"])] = loader_pass = _pass(record)
-                    trace.passes.append(loader_pass)
-                else:
-                    ended = open_passes.pop(int(record["pass"]), None)
-                    loader_pass = ended if ended is not None else _pass(record)
-                    loader_pass.batches = int(record.get("batches", loader_pass.batches))
-                    loader_pass.exhausted = bool(record.get("exhausted", False))
-                    loader_pass.budget_cut = bool(record.get("budget_cut", False))
-                    loader_pass.role = str(record.get("role", loader_pass.role))
-            elif kind == "batch":
-                current = open_passes.get(int(record["pass"]))
-                if current is not None:
-                    current.batches = int(record["batch"])
-                    current.role = str(record.get("role", current.role))
-                trace.phase = str(record.get("phase", trace.phase))
-            elif kind == "phase":
-                trace.phase = str(record["phase"])
-            elif kind == "exit":
-                trace.exit = record
-            elif kind == "destroy":
-                trace.destroyed = True
-            elif kind == "probe":
-                trace.probe = record
-            elif kind == "rooted_read":
-                trace.rooted_reads.append(
-                    RootedRead(
-                        how=str(record["how"]),
-                        site=trace_frame(record["site"]),
-                        stack=[trace_frame(f) for f in record.get("stack") or []],
-                        var=record.get("var"),
-                        phase=str(record.get("phase", "train")),
-                        reduce_site=trace_frame(record["reduce"]["site"]),
-                        dst=int(record["reduce"]["dst"]),
-                    )
-                )
-            elif kind in ("cpu", "perturb", "framework"):
-                noted = (str(record["kind"]), trace_frame(record["site"]))
-                {"cpu": trace.cpu_mapped, "perturb": trace.perturbed, "framework": trace.adapted}[
-                    kind
-                ].append(noted)
+            else:
+                _apply(trace, kind, record, history, open_passes)
         except (KeyError, TypeError, ValueError):
             raise InputError(f"{path}:{number}: malformed {kind!r} trace line") from None
         when = record_time(record)
@@ -466,6 +411,75 @@ def _read_trace(
             )
         raise InputError(f"{path}: empty trace file (the rank never started its bootstrap)")
     return trace
+
+
+def _hello(record: dict[str, Any], path: Path) -> RankTrace:
+    return RankTrace(
+        rank=int(record["rank"]),
+        host=str(record.get("host", "")),
+        pid=record.get("pid"),
+        local_rank=int(record.get("local_rank", 0)),
+        group_rank=int(record.get("group_rank", 0)),
+        world_size=int(record.get("world_size", 0)),
+        script=str(record.get("script", "")),
+        path=path,
+    )
+
+
+def _apply(
+    trace: RankTrace,
+    kind: str,
+    record: dict[str, Any],
+    history: list[CollectiveCall] | CallWindow,
+    open_passes: dict[int, LoaderPass],
+) -> None:
+    """One record after the hello line, applied to the rank's trace."""
+    if kind == "call":
+        history.append(_call(trace.rank, record))
+        trace.phase = history[-1].phase
+    elif kind == "init":
+        trace.initialised = True
+        trace.backend = record.get("backend")
+    elif kind == "pass":
+        if record.get("event") == "start":
+            open_passes[int(record["pass"])] = loader_pass = _pass(record)
+            trace.passes.append(loader_pass)
+        else:
+            ended = open_passes.pop(int(record["pass"]), None)
+            loader_pass = ended if ended is not None else _pass(record)
+            loader_pass.batches = int(record.get("batches", loader_pass.batches))
+            loader_pass.exhausted = bool(record.get("exhausted", False))
+            loader_pass.budget_cut = bool(record.get("budget_cut", False))
+            loader_pass.role = str(record.get("role", loader_pass.role))
+    elif kind == "batch":
+        current = open_passes.get(int(record["pass"]))
+        if current is not None:
+            current.batches = int(record["batch"])
+            current.role = str(record.get("role", current.role))
+        trace.phase = str(record.get("phase", trace.phase))
+    elif kind == "phase":
+        trace.phase = str(record["phase"])
+    elif kind == "exit":
+        trace.exit = record
+    elif kind == "destroy":
+        trace.destroyed = True
+    elif kind == "probe":
+        trace.probe = record
+    elif kind == "rooted_read":
+        trace.rooted_reads.append(
+            RootedRead(
+                how=str(record["how"]),
+                site=trace_frame(record["site"]),
+                stack=[trace_frame(f) for f in record.get("stack") or []],
+                var=record.get("var"),
+                phase=str(record.get("phase", "train")),
+                reduce_site=trace_frame(record["reduce"]["site"]),
+                dst=int(record["reduce"]["dst"]),
+            )
+        )
+    elif kind in ("cpu", "perturb", "framework"):
+        noted = (str(record["kind"]), trace_frame(record["site"]))
+        {"cpu": trace.cpu_mapped, "perturb": trace.perturbed, "framework": trace.adapted}[kind].append(noted)
 
 
 def load_traces(folder: Path, live: bool = False) -> Traces:

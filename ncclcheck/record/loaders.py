@@ -1,0 +1,179 @@
+"""The recorder's view of a DataLoader: each pass over it, its batches, its role (train
+or eval), its sampler and dataset, and the sample ids that tell overlapping shards."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from ncclcheck.record.frames import is_user_file
+
+if TYPE_CHECKING:
+    from ncclcheck.record.recorder import Recorder
+
+# a loader whose variable name holds one of these is an eval loader (unless its mode says otherwise)
+_EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
+# numbers every pass over a loader in this process, whatever the loader
+_pass_counter = itertools.count()
+
+
+class DryRunComplete(BaseException):
+    """Raised on every rank at the same logical point to end the dry run.
+
+    A BaseException, so that a script's ``except Exception`` does not swallow it.
+    """
+
+
+def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
+    """The variable in ``scope`` bound to ``loader``, or to a wrapper of it
+    (accelerate's DataLoaderShard keeps the real loader as ``base_dataloader``)."""
+    for var, value in scope.items():
+        if var.startswith("_") or var == "self":
+            continue
+        if value is loader:
+            return var
+        if "DataLoader" in type(value).__name__ and (getattr(value, "base_dataloader", None) is loader):
+            return var
+    return None
+
+
+class _TrackedIterator:
+    """Wraps a DataLoader iterator: counts batches, knows its role, applies the budget."""
+
+    def __init__(self, recorder: Recorder, loader: Any, inner: Iterator[Any], name: str) -> None:
+        self._recorder = recorder
+        self._loader = loader
+        self._inner = inner
+        self.name = name
+        self.pass_index = next(_pass_counter)
+        self.index = 0
+        self.hinted = False  # the role came from the framework that made the loader
+        self.role = self._guess_role()
+        self.length = self._safe_len()
+        self.counted = False  # counted as a complete eval pass already
+        self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
+        self._ended = False
+        recorder.pass_started(self)
+
+    def _guess_role(self) -> str:
+        hint = self._recorder.loader_hints.get(id(self._loader))
+        if hint is not None:
+            self.hinted = True
+            return hint[1]
+        if self._recorder.phase == "eval":
+            return "eval"
+        lowered = self.name.lower()
+        return "eval" if any(hint in lowered for hint in _EVAL_NAME_HINTS) else "train"
+
+    def facts(self) -> dict[str, Any]:
+        from torch.utils.data import IterableDataset
+        from torch.utils.data.distributed import DistributedSampler
+
+        loader = self._loader
+        sampler = getattr(loader, "sampler", None)
+        batch_sampler = getattr(loader, "batch_sampler", None)
+        inner_sampler = getattr(batch_sampler, "sampler", None)
+        dataset = getattr(loader, "dataset", None)
+        # DistributedSampler, or a framework's own sharding (accelerate's
+        # BatchSamplerShard / IterableDatasetShard, DistributedBatchSampler, ...),
+        # which evens the shards out; a class of the user's own named "Shard" is the
+        # hand-made split this looks for, not one of those.
+        distributed = (
+            isinstance(sampler, DistributedSampler)
+            or isinstance(inner_sampler, DistributedSampler)
+            or any(
+                ("Shard" in type(part).__name__ or "Distributed" in type(part).__name__)
+                and not _defined_in_user_code(type(part))
+                for part in (sampler, batch_sampler, dataset)
+                if part is not None
+            )
+        )
+        length = self._safe_len()
+        return {
+            "loader": self.name,
+            "pass": self.pass_index,
+            "role": self.role,
+            "batches": self.index,
+            "budget_cut": self.cut_by_budget,
+            "len": length,
+            "sampler": type(sampler).__name__ if sampler is not None else None,
+            "distributed_sampler": distributed,
+            "dataset": type(dataset).__name__,
+            # no sampler shards an IterableDataset: its own __iter__ splits the stream
+            "iterable": isinstance(dataset, IterableDataset),
+            "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
+        }
+
+    def __iter__(self) -> _TrackedIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __next__(self) -> Any:
+        if self._ended:
+            raise StopIteration
+        if self.role == "train" and not self.hinted and self._recorder.phase == "eval":
+            self.role = "eval"  # iterated before model.eval(): the first batch tells
+        try:
+            self._recorder.budget_check(self)
+            batch = next(self._inner)
+        except StopIteration:
+            self._end(exhausted=self.index >= (self._safe_len() or self.index))
+            raise
+        except DryRunComplete:
+            self._end(exhausted=False)
+            raise
+        self.index += 1
+        self._recorder.batch_drawn(self)
+        return batch
+
+    def _safe_len(self) -> int | None:
+        # TypeError for a dataset without __len__; a user's __len__ may raise anything,
+        # and the recorder must not raise into the loop it watches.
+        try:
+            return len(self._loader)
+        except Exception:
+            return None
+
+    def _end(self, exhausted: bool) -> None:
+        if not self._ended:
+            self._ended = True
+            self._recorder.pass_ended(self, exhausted)
+
+
+def _defined_in_user_code(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    filename = getattr(module, "__file__", None)
+    return cls.__module__ == "__main__" or (isinstance(filename, str) and is_user_file(filename))
+
+
+def _sample_ids(loader: Any, limit: int = 256) -> list[int] | None:
+    """The first dataset indices this rank's eval loader visits, for overlap checks.
+
+    Only for samplers that need no random state (iterating a RandomSampler would
+    change the script's random numbers), and not for an IterableDataset: its loader's
+    sampler yields None forever, the dataset shards itself. Never raises: a sampler
+    of the user's own that yields something else than indices gives None.
+    """
+    from torch.utils.data import IterableDataset, RandomSampler, Subset
+
+    sampler = getattr(loader, "sampler", None)
+    dataset = getattr(loader, "dataset", None)
+    if sampler is None or isinstance(sampler, RandomSampler) or isinstance(dataset, IterableDataset):
+        return None
+    if getattr(sampler, "shuffle", False) and not hasattr(sampler, "seed"):
+        return None
+    try:
+        indices = [int(i) for i in itertools.islice(iter(sampler), limit)]
+        while isinstance(dataset, Subset):
+            indices = [int(dataset.indices[i]) for i in indices]
+            dataset = dataset.dataset
+    except Exception:
+        return None
+    return indices
