@@ -23,9 +23,20 @@ def doctor_command(
         help="Write this host's ranks and stacks to DIR/<host>-node<N>.json instead of diagnosing "
         "(run on every host, then --from DIR once).",
     ),
-    from_dir: Path | None = typer.Option(
-        None, "--from", help="Diagnose the dumps that --dump-to wrote on every host into DIR."
+    from_paths: list[Path] = typer.Option(
+        [],
+        "--from",
+        help="Diagnose what a job left behind (repeatable; files or folders): the dumps --dump-to "
+        "wrote on every host, job logs (NCCL watchdog lines, torchelastic's summary, tracebacks), "
+        "py-spy or faulthandler stack dumps, Flight Recorder JSON.",
     ),
+    trust_pickle: bool = typer.Option(
+        False,
+        "--trust-pickle",
+        help="Read pickled Flight Recorder dumps with torch's loader (unpickling runs code: only "
+        "files you trust).",
+    ),
+    all_ranks: bool = typer.Option(False, "--all-ranks", help="With --from: a row per rank, however many."),
     native: bool = typer.Option(False, "--native", help="Include native (C/C++) frames."),
     nonblocking: bool = typer.Option(
         False,
@@ -36,12 +47,12 @@ def doctor_command(
     html_path: Path = REPORT_OPTION,
 ) -> None:
     """Dump and merge the stacks of every rank of a stuck job and name the cause."""
-    if from_dir is not None:
+    if from_paths:
         if pid or dump_dir is not None:
-            raise UsageError("--from reads dumps: give it without --pid and --dump-to")
-        emit_report(run_doctor_from(from_dir), as_json, html_path)
+            raise UsageError("--from reads what a job left: give it without --pid and --dump-to")
+        emit_report(run_doctor_from(from_paths, trust_pickle, all_ranks), as_json, html_path)
     if not pid:
-        raise UsageError("give --pid PID (a rank, torchrun or its launcher), or --from DIR")
+        raise UsageError("give --pid PID (a rank, torchrun or its launcher), or --from PATH")
     if dump_dir is not None:
         path, ranks = dump_to(dump_dir, pid, native=native, nonblocking=nonblocking)
         world = max(r.world_size for r in ranks)

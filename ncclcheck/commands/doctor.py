@@ -21,10 +21,13 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence.aftermath import Aftermath
 from ncclcheck.evidence.classes import merge_stacks, user_frames
+from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.processes import RankProcess, discover, not_distributed, spawned_ranks
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.diagnose import Diagnoser, Evidence
+from ncclcheck.explain.rules.aftermath import evidence_lines, explain_leftovers, rank_facts
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
@@ -97,37 +100,71 @@ def dump_to(
     return path, ranks
 
 
-def run_doctor_from(directory: Path) -> Report:
-    """One diagnosis from the dumps of several hosts (``doctor --dump-to`` on each)."""
-    if not directory.is_dir():
-        raise InputError(f"{directory}: no such directory")
-    files = sorted(directory.glob("*.json"))
-    ranks: dict[int, RankProcess] = {}
-    stacks: dict[int, ProcessStack] = {}
-    for path in files:
-        try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"{path}: not a doctor dump ({exc})") from None
-        if not isinstance(document, dict) or document.get("format") != DUMP_FORMAT:
-            raise InputError(f"{path}: not a doctor dump (no format {DUMP_FORMAT!r})")
-        try:
-            for entry in document["ranks"]:
-                proc = RankProcess(**{k: v for k, v in entry.items() if k != "stack"})
-                if proc.rank in ranks:
-                    raise InputError(
-                        f"{path}: rank {proc.rank} is also in another dump (two jobs in one directory?)"
-                    )
-                ranks[proc.rank] = proc
-                stacks[proc.rank] = ProcessStack.from_dict(entry["stack"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{path}: malformed doctor dump ({exc})") from None
-    if not ranks:
-        raise InputError(
-            f"{directory}: no doctor dumps (*.json) in it",
-            hint="On each host: ncclcheck doctor --pid PID --dump-to DIR",
+def run_doctor_from(paths: list[Path], trust_pickle: bool = False, all_ranks: bool = False) -> Report:
+    """One diagnosis from what a job left behind: doctor's own dumps of several hosts
+    (``doctor --dump-to`` on each), job logs, stack dumps, Flight Recorder dumps, mixed."""
+    job = read_leftovers(paths, trust_pickle)
+    if not job.usable:
+        said = "; ".join(job.skipped[:6]) + (
+            f"; and {len(job.skipped) - 6} more" if len(job.skipped) > 6 else ""
         )
-    return diagnose_ranks(sorted(ranks.values(), key=lambda r: r.rank), stacks)
+        raise InputError(
+            f"{', '.join(map(str, paths))}: nothing doctor can read in it (no doctor dump, job log with "
+            "NCCL watchdog lines or tracebacks, torchelastic summary, py-spy or faulthandler dump, or "
+            "Flight Recorder JSON)",
+            hint=(f"Skipped: {said}. " if said else "")
+            + "On each host of a stuck job: ncclcheck doctor --pid PID --dump-to DIR",
+        )
+    if job.doctor_ranks and all(not (r.timeouts or r.progress or r.ending) for r in job.ranks.values()):
+        # doctor's own dumps alone: the live diagnosis, as on the hosts themselves
+        ranks = [RankProcess(**entry) for _, entry in sorted(job.doctor_ranks.items())]
+        stacks = {r: rec.stack for r, rec in job.ranks.items() if rec.stack is not None}
+        return diagnose_ranks(ranks, stacks)
+    return diagnose_leftovers(job, all_ranks)
+
+
+def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
+    """The aftermath's rules; what none explains is said as such, with the evidence."""
+    world = max(job.world_size, 1)
+    diagnoser = Diagnoser(Evidence(traces={}, world_size=world))
+    explanation = explain_leftovers(diagnoser, job)
+    crashed = explanation is not None and explanation.cause is Cause.RANK_CRASHED
+    report = Report(command="doctor", verdict=Verdict.CRASH if crashed else Verdict.HANG, world_size=world)
+    if explanation is not None:
+        report.findings = [explanation.finding(diagnoser.catalogue)]
+    else:
+        report.summary["unexplained"] = (
+            "no rule explains what these files show (no ranks behind the others, no disagreement at "
+            "one position, no failed rank, no stacks): the evidence, per rank: "
+            + " | ".join(evidence_lines(job)[:20])
+        )
+    if all_ranks or world <= _RANK_TABLE_LIMIT:
+        report.ranks = [_left_behind(job, rank) for rank in range(world)]
+    report.summary["read"] = job.read
+    if job.skipped:
+        report.summary["skipped"] = job.skipped
+    return report
+
+
+_RANK_TABLE_LIMIT = 64  # above it, ranks are shown as ranges in the findings (--all-ranks for all)
+
+
+def _left_behind(job: Aftermath, rank: int) -> RankState:
+    record = job.ranks.get(rank)
+    if record is None:
+        return RankState(rank=rank, state=RankStatus.EXITED, where="nothing left by this rank")
+    where = "; ".join(text for text, _ in rank_facts(record)) or (
+        f"stack dumped ({blocking(record.stack).what})" if record.stack is not None else ""
+    )
+    ending = record.ending
+    return RankState(
+        rank=rank,
+        host=record.host or (ending.host if ending and ending.host else ""),
+        pid=record.pid or (ending.pid if ending else None),
+        exit_code=ending.exit_code if ending else None,
+        state=RankStatus.EXITED if ending else RankStatus.STUCK,
+        where=where,
+    )
 
 
 def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) -> Report:

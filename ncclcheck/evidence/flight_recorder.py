@@ -65,9 +65,16 @@ def read_dump(path: str) -> dict[str, Any]:
         }
     try:
         data = json.loads(raw)
-        entries = data["entries"]
+        data["entries"]
     except (ValueError, KeyError, TypeError):
         return {"path": path, "format": "unreadable", "note": "neither JSON with entries nor a pickle"}
+    return summarize(path, data)
+
+
+def summarize(path: str, data: dict[str, Any]) -> dict[str, Any]:
+    """The summary read_dump gives, of a dump already loaded (JSON, or a pickle torch's
+    own loader read with the user's consent)."""
+    entries = data.get("entries") or []
     last: dict[str, dict[str, Any]] = {}
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("is_p2p"):

@@ -204,6 +204,32 @@ def blocking(stack: ProcessStack) -> Blocking:
     return Blocking("compute or I/O", False)
 
 
+def threads_from_py_spy_json(data: Any, with_locals: bool = True) -> list[ThreadStack]:
+    """``py-spy dump --json``'s list of threads."""
+    threads = []
+    for thread in data:
+        frames = [
+            Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
+            for f in thread.get("frames", [])
+        ]
+        threads.append(
+            ThreadStack(
+                int(thread.get("thread_id", 0)),
+                thread.get("thread_name"),
+                frames,
+                bool(thread.get("active", False)),
+                [
+                    {str(v.get("name")): str(v.get("repr")) for v in (f.get("locals") or [])}
+                    for f in thread.get("frames", [])
+                ]
+                if with_locals
+                else [],
+                [is_user_file(f.file) for f in frames],
+            )
+        )
+    return threads
+
+
 ENV_PY_SPY = "NCCLCHECK_PY_SPY"
 
 
@@ -267,26 +293,7 @@ def dump_stack(
     except ValueError:
         result.error = "py-spy printed something that is not JSON"
         return result
-    for thread in data:
-        frames = [
-            Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
-            for f in thread.get("frames", [])
-        ]
-        result.threads.append(
-            ThreadStack(
-                int(thread.get("thread_id", 0)),
-                thread.get("thread_name"),
-                frames,
-                bool(thread.get("active", False)),
-                [
-                    {str(v.get("name")): str(v.get("repr")) for v in (f.get("locals") or [])}
-                    for f in thread.get("frames", [])
-                ]
-                if with_locals
-                else [],
-                [is_user_file(f.file) for f in frames],
-            )
-        )
+    result.threads.extend(threads_from_py_spy_json(data, with_locals))
     return result
 
 

@@ -152,13 +152,15 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("cpu", "--cpu ran CUDA calls on CPU"),
         ("perturbed", "--perturb made these rank-local values differ (rank 0 kept its own)"),
         ("framework", "the dry run set the framework's own budget"),
+        ("read", "read"),
+        ("skipped", "not read"),
     ):
         noted = report.summary.get(key)
         if isinstance(noted, list) and noted:
             out.print(f"\n[bold]{title}[/]")
             for line in noted:
                 out.print(f"  {escape(str(line))}")
-    for key in ("stopped", "not_run", "note", "partial", "interrupted"):
+    for key in ("stopped", "not_run", "note", "partial", "interrupted", "unexplained"):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")
 

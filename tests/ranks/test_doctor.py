@@ -502,3 +502,32 @@ def test_a_flight_recorder_dump_is_read_as_extra_evidence(tmp_path: Path) -> Non
         "Flight Recorder: the ranks disagree on group 0 (default_pg): rank 0: #4 gloo:all_reduce; "
         "rank 1: #4 gloo:barrier" in finding["evidence"]
     )
+
+
+def test_a_dead_jobs_py_spy_dumps_are_diagnosed_after_the_fact(tmp_path: Path) -> None:
+    """What cluster tooling keeps of a hung job: py-spy's text dump of one rank (under an
+    ``== rank N ==`` header) and its JSON dump of the other, taken while it hung; the job
+    is then gone, and doctor --from reads what is left."""
+    playbook_repro = PLAYBOOKS / "rank-conditional-collective" / "repro.py"
+    job = start_hung(playbook_repro.relative_to(REPO), 2)
+    try:
+        by_rank = {int(p.environ()["RANK"]): p.pid for p in job.ranks()}
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        text = subprocess.run(
+            [py_spy, "dump", "--pid", str(by_rank[0])], capture_output=True, text=True, timeout=60
+        )
+        as_json = subprocess.run(
+            [py_spy, "dump", "--json", "--pid", str(by_rank[1])], capture_output=True, text=True, timeout=60
+        )
+    finally:
+        stop(job)
+    (tmp_path / "dumps.txt").write_text("== rank 0 ==\n" + text.stdout)
+    (tmp_path / "rank1.json").write_text(as_json.stdout)
+    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--from", str(tmp_path)]
+    result = run_bounded(argv, 60, cwd=REPO)
+    assert result.returncode == 1, result.output
+    finding = json.loads(result.output[result.output.index("{") :])["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    site_line = line_in(playbook_repro, "dist.all_reduce(totals)")
+    assert finding["site"] == f"playbooks/rank-conditional-collective/repro.py:{site_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])

@@ -1,0 +1,117 @@
+"""What a dead or unreachable job left behind, per rank, each piece with the file and
+line it came from: the last collectives NCCL's watchdog named (sequence number, op,
+sizes), how far each rank enqueued and completed, how it ended (torchelastic's
+summary, a traceback), and where it waited (stack dumps, the Flight Recorder).
+
+The readers (evidence/logs.py, evidence/dumps.py) fill one ``Aftermath``; the rules
+in explain/rules/aftermath.py explain it. Everything is kept per rank in a few small
+records, so that a 4,096-rank job's log is read in one streamed pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclcheck.evidence.stacks import ProcessStack
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a piece of evidence was read: a file, and the line in it when it has lines."""
+
+    path: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}" if self.line is not None else self.path
+
+
+@dataclass(frozen=True)
+class TimedOutWork:
+    """``WorkNCCL(SeqNum=..., OpType=..., NumelIn=..., NumelOut=...)`` in a watchdog line."""
+
+    group: str  # the process group's id as NCCL names it ("0" for the default group)
+    seq: int
+    op: str
+    numel_in: int | None
+    numel_out: int | None
+    source: Source
+
+    def describe(self) -> str:
+        sizes = f", {self.numel_in} elements in" if self.numel_in is not None else ""
+        return f"#{self.seq} {self.op}{sizes} on group {self.group}"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """``Timeout at NCCL work: X, last enqueued NCCL work: Y, last completed NCCL work: Z``."""
+
+    group: str
+    timed_out: int
+    last_enqueued: int
+    last_completed: int
+    source: Source
+
+
+@dataclass
+class Ending:
+    """How a rank ended, from torchelastic's failure summary or the rank's own traceback."""
+
+    exit_code: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    root_cause: bool = False  # torchelastic's "Root Cause (first observed failure)"
+    error: str | None = None  # the exception's last line
+    error_site: str | None = None  # "file:line in function": the innermost frame of the traceback
+    source: Source | None = None
+
+    @property
+    def signal(self) -> int | None:
+        return -self.exit_code if self.exit_code is not None and self.exit_code < 0 else None
+
+
+@dataclass
+class RankAftermath:
+    rank: int
+    timeouts: list[TimedOutWork] = field(default_factory=list)
+    progress: dict[str, Progress] = field(default_factory=dict)  # by group
+    ending: Ending | None = None
+    stack: ProcessStack | None = None
+    stack_source: Source | None = None
+    flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
+    host: str | None = None
+    pid: int | None = None
+
+    def last_enqueued(self, group: str) -> int | None:
+        """The highest sequence number this rank is known to have issued on ``group``."""
+        known = [w.seq for w in self.timeouts if w.group == group]
+        if group in self.progress:
+            known.append(self.progress[group].last_enqueued)
+        return max(known) if known else None
+
+
+@dataclass
+class Aftermath:
+    """The whole job, as far as its leftovers show it."""
+
+    ranks: dict[int, RankAftermath] = field(default_factory=dict)
+    world_size: int = 0  # the largest WORLD_SIZE or rank + 1 seen
+    read: list[str] = field(default_factory=list)  # "path: kind", for the report
+    skipped: list[str] = field(default_factory=list)  # "path: why", said and left out
+    run_ids: set[str] = field(default_factory=set)
+    # doctor's own dumps: each rank's process as its host saw it (RankProcess's fields)
+    doctor_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def rank(self, rank: int) -> RankAftermath:
+        found = self.ranks.get(rank)
+        if found is None:
+            found = self.ranks[rank] = RankAftermath(rank)
+            self.world_size = max(self.world_size, rank + 1)
+        return found
+
+    @property
+    def usable(self) -> bool:
+        return any(
+            r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
+        )

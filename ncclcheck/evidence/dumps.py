@@ -1,0 +1,147 @@
+"""Stack dumps as cluster tooling leaves them, read back into ProcessStacks: py-spy's
+text (``Thread N (idle): "MainThread"`` then ``func (file:line)``) and its JSON, and
+faulthandler's (``Thread 0x... (most recent call first):`` then ``File "f", line N in
+func``), which trainers print on a hang and which a log may hold between other lines.
+
+A ``StackReader`` is fed one line at a time, so a log's interleaved ranks each get
+their own, and a file of several dumps is cut at its ``== rank N ==`` (or ``== pid N
+==``, or py-spy's ``Process N:``) headers.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
+from ncclcheck.model import Frame
+from ncclcheck.record.frames import is_user_file
+
+_PY_SPY_THREAD = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([\w ]+)\)(?:: "(.*)")?\s*$')
+_PY_SPY_FRAME = re.compile(r"^    (\S.*?) \((.+):(\d+)\)\s*$")
+_PY_SPY_LOCAL = re.compile(r"^            (\w+): (.*)$")
+_FAULT_THREAD = re.compile(
+    r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*)\])? \(most recent call first\):"
+)
+_FAULT_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+?)\s*$')
+# headers between the dumps of one file: "== rank 3 ==", "=== pid 123 ===", "rank 3:"
+HEADER = re.compile(r"^\s*(?:=+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:=+\s*|:\s*)$", re.IGNORECASE)
+PROCESS = re.compile(r"^Process (\d+): (.*)$")
+
+
+def is_stack_line(line: str) -> bool:
+    """Whether a line opens a thread of a py-spy or faulthandler dump."""
+    return bool(_PY_SPY_THREAD.match(line) or _FAULT_THREAD.match(line))
+
+
+@dataclass
+class StackReader:
+    """Builds one process's stack from the lines of its dump, in either format."""
+
+    threads: list[ThreadStack] = field(default_factory=list)
+    pid: int | None = None
+    command: str = ""  # py-spy's "Process N: <command line>"
+    _faulthandler: bool = False
+    _current: int | None = None  # faulthandler's "Current thread", by index
+    _in_locals: bool = False
+
+    def feed(self, line: str) -> bool:
+        """Take a line; False when it is no part of a stack dump."""
+        line = line.rstrip("\n")
+        if match := PROCESS.match(line):
+            self.pid, self.command = int(match.group(1)), match.group(2)
+            return True
+        if match := _PY_SPY_THREAD.match(line):
+            ident = match.group(1)
+            thread_id = int(ident, 16) if ident.startswith("0x") else int(ident)
+            self.threads.append(ThreadStack(thread_id, match.group(3), [], "active" in match.group(2)))
+            self._in_locals = False
+            return True
+        if match := _FAULT_THREAD.match(line):
+            self._faulthandler = True
+            if match.group(1) == "Current thread":
+                self._current = len(self.threads)
+            self.threads.append(ThreadStack(int(match.group(2), 16), match.group(3), []))
+            return True
+        if line.startswith("Python v") or not line.strip():
+            return True  # py-spy's header, and the blank lines between threads
+        if not self.threads:
+            return False
+        thread = self.threads[-1]
+        if self._faulthandler and (match := _FAULT_FRAME.match(line)):
+            thread.frames.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
+            return True
+        if match := _PY_SPY_FRAME.match(line):
+            thread.frames.append(Frame(match.group(2), int(match.group(3)), match.group(1)))
+            thread.locals.append({})
+            self._in_locals = False
+            return True
+        if line.strip() in ("Arguments:", "Locals:"):
+            self._in_locals = True
+            return True
+        if self._in_locals and (match := _PY_SPY_LOCAL.match(line)) and thread.locals:
+            thread.locals[-1][match.group(1)] = match.group(2)
+            return True
+        return False
+
+    def stack(self) -> ProcessStack | None:
+        threads = [t for t in self.threads if t.frames]
+        if not threads:
+            return None
+        if self._faulthandler:
+            # faulthandler names no thread: the main one runs the script's <module>, else
+            # it is the one that held the interpreter when the dump was taken
+            main = next((t for t in threads if t.frames[-1].function == "<module>"), None)
+            if main is None and self._current is not None and self.threads[self._current].frames:
+                main = self.threads[self._current]
+            for thread in threads:  # innermost first already, as py-spy prints them
+                thread.name = "MainThread" if thread is main else (thread.name or "Thread")
+        for thread in threads:
+            if len(thread.locals) != len(thread.frames) or not any(thread.locals):
+                thread.locals = []
+            thread.frames = [_found(frame, self.command) for frame in thread.frames]
+            thread.user = [_is_user(f.file) for f in thread.frames]
+        return ProcessStack(pid=self.pid or 0, threads=threads, status="dumped")
+
+
+def _found(frame: Frame, command: str) -> Frame:
+    """py-spy's text names the user's files by their base name (``repro.py``): found again
+    next to the script its command line ran, where such a file is."""
+    if os.path.isabs(frame.file) or os.path.exists(frame.file):
+        return frame
+    for word in command.split():
+        if word.endswith(".py") and os.path.basename(word) != frame.file:
+            candidate = os.path.join(os.path.dirname(word), frame.file)
+            if os.path.exists(candidate):
+                return Frame(candidate, frame.line, frame.function)
+        elif word.endswith(".py") and os.path.exists(word):
+            return Frame(word, frame.line, frame.function)
+    return frame
+
+
+@functools.cache
+def _is_user(path: str) -> bool:
+    """Whether a dumped frame's file is the user's. py-spy's text prints library files by
+    their path below site-packages or the standard library (``torch/distributed/...``,
+    ``threading.py``): a relative path whose first part is a module found there is not."""
+    if os.path.isabs(path):
+        return is_user_file(path)
+    first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
+    try:
+        spec = importlib.util.find_spec(first) if first.isidentifier() else None
+    except (ImportError, ValueError):
+        spec = None
+    origin = spec.origin if spec is not None else None
+    return origin is None or is_user_file(origin)
+
+
+def looks_like_py_spy_json(data: Any) -> bool:
+    return (
+        isinstance(data, list)
+        and bool(data)
+        and all(isinstance(t, dict) and "frames" in t and "thread_id" in t for t in data)
+    )

@@ -1,0 +1,426 @@
+"""Reading what a job left behind, whatever it is, by its content: job logs (torchrun's
+``[rankN]:`` prefixes, NCCL's watchdog lines, torchelastic's failure summary, Python
+tracebacks, faulthandler dumps printed into the log), stack dump files (py-spy's text
+and JSON, faulthandler's), doctor's own dumps, and Flight Recorder dumps (JSON;
+pickles only with ``trust_pickle``, through torch's own loader).
+
+Files are streamed line by line: a log of every rank of a large job is never held
+whole, and each rank keeps a few small records (evidence/aftermath.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ncclcheck.errors import InputError
+from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence.aftermath import Aftermath, Ending, Progress, RankAftermath, Source, TimedOutWork
+from ncclcheck.evidence.dumps import HEADER, PROCESS, StackReader, is_stack_line, looks_like_py_spy_json
+from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
+
+_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+_WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
+_GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
+_RANK_SAID = re.compile(r"\bRank (\d+)\]")
+_PROGRESS = re.compile(
+    r"Timeout at NCCL work: (\d+), last enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)"
+)
+_RUN_ID = re.compile(r"\brun_id\s*[=:]\s*['\"]?([\w.\-]+)")
+_WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
+_ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\s*(.*)$")
+_TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
+_SNIFF_BYTES = 64 * 1024
+_DOCTOR_DUMP = "ncclcheck-doctor-dump/1"
+
+
+def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
+    """One Aftermath from files and folders of any known kind, mixed."""
+    found = Aftermath()
+    files = list(_files(paths))
+    for path in files:
+        _read_file(path, found, trust_pickle)
+    if len(found.run_ids) > 1:
+        raise InputError(
+            f"these files hold two or more jobs: run ids {', '.join(sorted(found.run_ids))}",
+            hint="Give doctor --from the files of one job only.",
+        )
+    return found
+
+
+def _files(paths: list[Path]) -> Iterator[Path]:
+    for path in paths:
+        if path.is_dir():
+            yield from sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        elif path.is_file():
+            yield path
+        else:
+            raise InputError(f"{path}: no such file or directory")
+
+
+def _read_file(path: Path, found: Aftermath, trust_pickle: bool) -> None:
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_SNIFF_BYTES)
+    except OSError as exc:
+        found.skipped.append(f"{path}: unreadable ({exc.strerror})")
+        return
+    if not head.strip():
+        found.skipped.append(f"{path}: empty")
+        return
+    if head[:1] == b"\x80":  # a pickle: torch's Flight Recorder writes them by default
+        _read_pickled_flight_recorder(path, found, trust_pickle)
+        return
+    if b"\0" in head:
+        found.skipped.append(f"{path}: binary, of no kind doctor reads")
+        return
+    if head.lstrip()[:1] in (b"{", b"["):
+        try:
+            document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+        except ValueError:
+            document = None
+        if document is not None:
+            _read_json(path, document, found)
+            return
+        if head.lstrip()[:1] == b"{" and b"\n" not in head.strip():
+            found.skipped.append(f"{path}: not a doctor dump, nor JSON of any kind doctor reads (cut short?)")
+            return
+    _read_text(path, found)
+
+
+def _read_json(path: Path, document: Any, found: Aftermath) -> None:
+    if isinstance(document, dict) and document.get("format") == _DOCTOR_DUMP:
+        _read_doctor_dump(path, document, found)
+    elif looks_like_py_spy_json(document):
+        rank = _rank_from_name(path)
+        if rank is None:
+            found.skipped.append(f"{path}: a py-spy JSON dump, but which rank's? (name it rank<N>.json)")
+            return
+        record = found.rank(rank)
+        record.stack = ProcessStack(pid=0, threads=threads_from_py_spy_json(document), status="dumped")
+        record.stack_source = Source(str(path))
+        found.read.append(f"{path}: py-spy JSON dump of rank {rank}")
+    elif isinstance(document, dict) and "entries" in document:
+        summary = flight_recorder.read_dump(str(path))
+        rank = document.get("rank") if isinstance(document.get("rank"), int) else _rank_from_name(path)
+        if rank is None:
+            found.skipped.append(f"{path}: a Flight Recorder dump without its rank")
+            return
+        found.rank(rank).flight_recorder = summary
+        found.read.append(f"{path}: Flight Recorder dump of rank {rank}")
+    else:
+        found.skipped.append(f"{path}: JSON, but not a doctor dump, a py-spy dump or a Flight Recorder dump")
+
+
+def _read_doctor_dump(path: Path, document: dict[str, Any], found: Aftermath) -> None:
+    try:
+        for entry in document["ranks"]:
+            rank = int(entry["rank"])
+            if rank in found.ranks and found.ranks[rank].stack is not None:
+                raise InputError(f"{path}: rank {rank} is also in another dump (two jobs in one directory?)")
+            record = found.rank(rank)
+            record.stack = ProcessStack.from_dict(entry["stack"])
+            record.stack_source = Source(str(path))
+            record.host, record.pid = entry.get("host"), entry.get("pid")
+            record.flight_recorder = entry.get("flight_recorder") or {}
+            found.doctor_ranks[rank] = {k: v for k, v in entry.items() if k != "stack"}
+            found.world_size = max(found.world_size, int(entry.get("world_size", 0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"{path}: malformed doctor dump ({exc})") from None
+    found.read.append(f"{path}: doctor dump")
+
+
+def _read_pickled_flight_recorder(path: Path, found: Aftermath, trust_pickle: bool) -> None:
+    if not trust_pickle:
+        found.skipped.append(
+            f"{path}: a pickled Flight Recorder dump, not read: unpickling runs code. Convert it with "
+            "`python -m torch.distributed.flight_recorder.fr_trace -j` (or pass --trust-pickle)"
+        )
+        return
+    try:
+        from torch.distributed.flight_recorder.components.loader import read_dump as torch_read_dump
+
+        document = torch_read_dump(str(path.parent) + os.sep, path.name)
+    except Exception as exc:  # torch's loader on a file it cannot read: said, not raised
+        found.skipped.append(f"{path}: torch's Flight Recorder loader failed ({type(exc).__name__}: {exc})")
+        return
+    rank = document.get("rank") if isinstance(document.get("rank"), int) else _rank_from_name(path)
+    if rank is None:
+        found.skipped.append(f"{path}: a Flight Recorder dump without its rank")
+        return
+    found.rank(rank).flight_recorder = flight_recorder.summarize(str(path), document)
+    found.read.append(f"{path}: Flight Recorder dump of rank {rank} (pickle, read with --trust-pickle)")
+
+
+def _rank_from_name(path: Path) -> int | None:
+    match = re.search(r"rank[_\-]?(\d+)", path.name, re.IGNORECASE) or re.search(
+        r"(\d+)(?=\.\w+$)", path.name
+    )
+    return int(match.group(1)) if match else None
+
+
+# -- text: logs and stack dumps ---------------------------------------------------------
+
+
+@dataclass
+class _Stream:
+    """One rank's lines in a text file (its prefix's, or the whole file's)."""
+
+    stack: StackReader | None = None
+    stack_line: int = 0
+    traceback: list[tuple[str, int, str]] | None = None  # frames (file, line, function)
+    traceback_line: int = 0
+    elastic: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _TextFile:
+    path: Path
+    found: Aftermath
+    streams: dict[int | None, _Stream] = field(default_factory=dict)
+    said_ranks: set[int] = field(default_factory=set)  # "Rank N]" in unprefixed lines
+    header_rank: int | None = None  # the latest "== rank N ==" header
+    header_pid: int | None = None
+    elastic_section: str | None = None  # "root" or "failures" inside torchelastic's summary
+    elastic_entry: dict[str, str] | None = None
+    elastic_line: int = 0
+    pending_stacks: list[tuple[int | None, int | None, StackReader, int]] = field(default_factory=list)
+    kinds: set[str] = field(default_factory=set)
+    unowned: list[tuple[str, Any, int]] = field(default_factory=list)  # evidence of no known rank yet
+
+
+def _read_text(path: Path, found: Aftermath) -> None:
+    text = _TextFile(path, found)
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, raw in enumerate(handle, 1):
+            _line(text, number, raw.rstrip("\n"))
+    _finish(text)
+
+
+def _line(text: _TextFile, number: int, raw: str) -> None:
+    # most lines of a log are the training's own: every test below starts with a cheap
+    # substring or prefix check, so that such a line costs one prefix match
+    prefix = _PREFIX.match(raw) if raw.startswith("[") else None
+    rank = int(prefix.group(1)) if prefix else None
+    line = raw[prefix.end() :] if prefix else raw
+    if (
+        rank is None
+        and ("rank" in line or "pid" in line or "RANK" in line)
+        and (header := HEADER.match(line))
+    ):
+        _close_stack(text, text.header_rank)
+        kind, value = header.group(1).lower(), int(header.group(2))
+        text.header_rank, text.header_pid = (value, None) if kind == "rank" else (None, value)
+        return
+    if rank is None:
+        rank = text.header_rank
+    if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
+        text.found.run_ids.add(run.group(1))
+    if ("WORLD_SIZE" in line or "world_size" in line) and (world := _WORLD.search(line)):
+        text.found.world_size = max(text.found.world_size, int(world.group(1) or world.group(2)))
+    if "NCCL work" in line or "WorkNCCL(" in line:
+        _nccl_line(text, rank, line, number)
+        return
+    if (text.elastic_section is not None or line.startswith(("Root Cause", "Failures:"))) and _elastic_line(
+        text, line, number
+    ):
+        return
+    stream = text.streams.get(rank)
+    if stream is None:
+        stream = text.streams[rank] = _Stream()
+    if stream.stack is not None or (
+        line.startswith(("Thread ", "Current thread ", "Process "))
+        and (is_stack_line(line) or PROCESS.match(line))
+    ):
+        if stream.stack is None:
+            stream.stack, stream.stack_line = StackReader(pid=text.header_pid), number
+        if stream.stack.feed(line):
+            return
+        _close_stack(text, rank)
+    if line.startswith("Traceback (most recent call last):"):
+        stream.traceback, stream.traceback_line = [], number
+        return
+    if stream.traceback is not None:
+        if frame := _TRACEBACK_FRAME.match(line):
+            stream.traceback.append((frame.group(1), int(frame.group(2)), frame.group(3).strip()))
+        elif line and not line[0].isspace():
+            _ending_from_traceback(text, rank, stream, line)
+
+
+def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    said = _RANK_SAID.search(line)
+    if said is not None:
+        text.said_ranks.add(int(said.group(1)))
+        rank = int(said.group(1)) if rank is None else rank
+    group_match = _GROUP.search(line)
+    group = group_match.group(1) if group_match else "0"
+    source = Source(str(text.path), number)
+    text.kinds.add("NCCL watchdog lines")
+    if work := _WORK.search(line):
+        numel_in, numel_out = work.group(3), work.group(4)
+        timed_out = TimedOutWork(
+            group,
+            int(work.group(1)),
+            work.group(2),
+            int(numel_in) if numel_in else None,
+            int(numel_out) if numel_out else None,
+            source,
+        )
+        _own(text, rank, "timeout", timed_out, number)
+    if progress := _PROGRESS.search(line):
+        _own(
+            text,
+            rank,
+            "progress",
+            Progress(group, int(progress.group(1)), int(progress.group(2)), int(progress.group(3)), source),
+            number,
+        )
+
+
+def _own(text: _TextFile, rank: int | None, kind: str, value: Any, number: int) -> None:
+    if rank is None:
+        text.unowned.append((kind, value, number))
+        return
+    record = text.found.rank(rank)
+    if kind == "timeout":
+        if value not in record.timeouts:
+            record.timeouts.append(value)
+    elif kind == "progress":
+        record.progress[value.group] = value
+    elif kind == "ending":
+        _merge_ending(record, value)
+
+
+def _elastic_line(text: _TextFile, line: str, number: int) -> bool:
+    """torchelastic's failure summary: ``Root Cause (first observed failure):`` and
+    ``Failures:`` sections of ``[N]:`` entries with rank, exitcode, host, traceback."""
+    stripped = line.strip()
+    if stripped.startswith("Root Cause (first observed failure)"):
+        _close_elastic(text)
+        text.elastic_section = "root"
+        text.kinds.add("torchelastic's failure summary")
+        return True
+    if stripped == "Failures:":
+        _close_elastic(text)
+        text.elastic_section = "failures"
+        text.kinds.add("torchelastic's failure summary")
+        return True
+    if text.elastic_section is None:
+        return False
+    if re.match(r"^\[\d+\]:$", stripped):
+        _close_elastic(text)
+        text.elastic_entry, text.elastic_line = {}, number
+        return True
+    if text.elastic_entry is not None and (field_match := _ELASTIC_FIELD.match(line)):
+        text.elastic_entry[field_match.group(1)] = field_match.group(2).strip()
+        return True
+    if stripped.startswith("====") or stripped.startswith("----") or not stripped:
+        _close_elastic(text)
+        if stripped.startswith("===="):
+            text.elastic_section = None
+        return True
+    return text.elastic_entry is not None
+
+
+def _close_elastic(text: _TextFile) -> None:
+    entry, text.elastic_entry = text.elastic_entry, None
+    if not entry or "rank" not in entry:
+        return
+    rank_match = re.match(r"(\d+)", entry["rank"])
+    code_match = re.match(r"(-?\d+)(?: \(pid: (\d+)\))?", entry.get("exitcode", ""))
+    if rank_match is None:
+        return
+    traceback = entry.get("traceback", "")
+    ending = Ending(
+        exit_code=int(code_match.group(1)) if code_match else None,
+        pid=int(code_match.group(2)) if code_match and code_match.group(2) else None,
+        host=entry.get("host"),
+        root_cause=text.elastic_section == "root",
+        # "Signal 6 (SIGABRT) received by PID ...": the exit code says it already
+        error=None if traceback.startswith(("To enable traceback", "Signal ")) else traceback or None,
+        source=Source(str(text.path), text.elastic_line),
+    )
+    _own(text, int(rank_match.group(1)), "ending", ending, text.elastic_line)
+
+
+def _ending_from_traceback(text: _TextFile, rank: int | None, stream: _Stream, line: str) -> None:
+    frames = stream.traceback or []
+    if "ChildFailedError" in line:  # torchrun's own, after a rank failed: the summary follows
+        stream.traceback = None
+        return
+    user = [f for f in frames if "site-packages" not in f[0] and "/lib/python" not in f[0]]
+    innermost = (user or frames)[-1] if frames else None
+    ending = Ending(
+        error=line.strip()[:300],
+        error_site=f"{innermost[0]}:{innermost[1]} in {innermost[2]}" if innermost else None,
+        source=Source(str(text.path), stream.traceback_line),
+    )
+    stream.traceback = None
+    text.kinds.add("Python tracebacks")
+    _own(text, rank, "ending", ending, stream.traceback_line)
+
+
+def _merge_ending(record: RankAftermath, ending: Ending) -> None:
+    """A rank's summary entry and its own traceback describe one ending: keep both halves."""
+    if record.ending is None:
+        record.ending = ending
+        return
+    mine = record.ending
+    mine.exit_code = mine.exit_code if mine.exit_code is not None else ending.exit_code
+    mine.pid = mine.pid or ending.pid
+    mine.host = mine.host or ending.host
+    mine.root_cause = mine.root_cause or ending.root_cause
+    if ending.error and (not mine.error or ending.error_site):
+        mine.error, mine.error_site = ending.error, ending.error_site or mine.error_site
+    mine.source = mine.source or ending.source
+
+
+def _close_stack(text: _TextFile, rank: int | None) -> None:
+    stream = text.streams.get(rank)
+    if stream is None or stream.stack is None:
+        return
+    text.pending_stacks.append((rank, stream.stack.pid, stream.stack, stream.stack_line))
+    stream.stack = None
+
+
+def _finish(text: _TextFile) -> None:
+    for rank in list(text.streams):
+        _close_stack(text, rank)
+    _close_elastic(text)
+    # an unprefixed file that names one rank throughout is that rank's
+    only = next(iter(text.said_ranks)) if len(text.said_ranks) == 1 else _rank_from_name(text.path)
+    for kind, value, number in text.unowned:
+        if only is None:
+            what = {"timeout": "watchdog line", "progress": "watchdog line", "ending": "traceback"}[kind]
+            text.found.skipped.append(f"{text.path}:{number}: a {what} of no known rank")
+            continue
+        _own(text, only, kind, value, number)
+    for rank, pid, reader, number in text.pending_stacks:
+        stack = reader.stack()
+        if stack is None:
+            continue
+        owner = rank if rank is not None else _rank_of_pid(text.found, pid) if pid else None
+        if owner is None:
+            owner = only
+        if owner is None:
+            text.found.skipped.append(f"{text.path}:{number}: a stack dump of no known rank")
+            continue
+        record = text.found.rank(owner)
+        record.stack, record.stack_source = stack, Source(str(text.path), number)
+        text.kinds.add("stack dumps")
+    if text.kinds:
+        text.found.read.append(f"{text.path}: {', '.join(sorted(text.kinds))}")
+    else:
+        text.found.skipped.append(f"{text.path}: of no kind doctor reads (no rank's log, stack or summary)")
+
+
+def _rank_of_pid(found: Aftermath, pid: int) -> int | None:
+    for record in found.ranks.values():
+        if record.pid == pid or (record.ending is not None and record.ending.pid == pid):
+            return record.rank
+    return None

@@ -1,0 +1,316 @@
+"""The rules for what a dead job left behind (doctor --from): NCCL's sequence numbers
+per rank and process group, how each rank ended, and its stack where one was dumped.
+
+The n-th collective of a process group on one rank pairs with the n-th on the others,
+so the watchdog's ``WorkNCCL(SeqNum=n, ...)`` lines say what stack dumps cannot: which
+ranks never issued a collective the others wait in, and whether the ranks disagree
+on what the n-th collective is. Stacks, where present, go through the live doctor's
+rules (rules/stacks.py); what no rule explains is said as such, with the evidence.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ncclcheck.causes import Cause
+from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence.aftermath import Aftermath, RankAftermath, TimedOutWork
+from ncclcheck.evidence.classes import merge_stacks
+from ncclcheck.explain.diagnose import Diagnoser
+from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.explain.wording import signal_name, who
+from ncclcheck.model import format_ranks
+
+# what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
+_WAITED = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|collective operation", re.I)
+
+
+@dataclass
+class Leftovers:
+    d: Diagnoser
+    job: Aftermath
+    evidence: list[str]
+
+    def works(self, group: str) -> dict[int, list[TimedOutWork]]:
+        found: dict[int, list[TimedOutWork]] = {}
+        for rank, record in sorted(self.job.ranks.items()):
+            mine = [w for w in record.timeouts if w.group == group]
+            if mine:
+                found[rank] = mine
+        return found
+
+    @property
+    def silent(self) -> list[int]:
+        """Ranks of the job that left no NCCL watchdog line, while others did."""
+        nccl = {r for r, rec in self.job.ranks.items() if rec.timeouts or rec.progress}
+        if not nccl:
+            return []
+        return sorted(r for r in range(self.job.world_size) if r not in nccl and not self._failed(r))
+
+    def _failed(self, rank: int) -> bool:
+        record = self.job.ranks.get(rank)
+        return record is not None and _really_failed(record)
+
+    @property
+    def groups(self) -> list[str]:
+        return sorted(
+            {w.group for r in self.job.ranks.values() for w in r.timeouts}
+            | {g for r in self.job.ranks.values() for g in r.progress},
+            key=lambda g: (len(g), g),
+        )
+
+
+def explain_leftovers(d: Diagnoser, job: Aftermath) -> Explanation | None:
+    """The first rule of AFTERMATH_RULES that explains the leftovers, or None: then the
+    command says that no rule does, and shows the evidence."""
+    return first_explanation(AFTERMATH_RULES, Leftovers(d, job, evidence_lines(job)))
+
+
+def evidence_lines(job: Aftermath) -> list[str]:
+    """What each rank left, ranks that left the same merged (STAT's classes), each line
+    with the file and line it came from."""
+    classes: dict[str, list[tuple[int, str]]] = {}
+    for rank, record in sorted(job.ranks.items()):
+        for text, source in rank_facts(record):
+            classes.setdefault(text, []).append((rank, source))
+    lines = []
+    for text, seen in classes.items():
+        ranks = [rank for rank, _ in seen]
+        where = seen[0][1] + (f" and {len(seen) - 1} more" if len(seen) > 1 else "")
+        lines.append(f"{who(ranks)}: {text} ({where})")
+    return lines
+
+
+def rank_facts(record: RankAftermath) -> list[tuple[str, str]]:
+    facts = [(f"the watchdog timed out {w.describe()}", str(w.source)) for w in record.timeouts]
+    facts += [
+        (
+            f"on group {p.group}, last enqueued #{p.last_enqueued}, last completed #{p.last_completed}",
+            str(p.source),
+        )
+        for p in record.progress.values()
+    ]
+    if record.ending is not None:
+        ending = record.ending
+        how = f"exit code {ending.exit_code}" if ending.exit_code is not None else "ended"
+        if ending.signal:
+            how = f"killed by {signal_name(ending.exit_code) or f'signal {ending.signal}'}"
+        text = how + (f": {ending.error}" if ending.error else "")
+        text += f" at {ending.error_site}" if ending.error_site else ""
+        text += " (torchelastic's root cause)" if ending.root_cause else ""
+        facts.append((text, str(ending.source)))
+    return facts
+
+
+def _really_failed(record: RankAftermath) -> bool:
+    """A rank that failed of its own: an error that is not a wait given up, or a signal
+    other than the SIGABRT NCCL's watchdog takes the job down with and the SIGTERM
+    torchelastic stops the survivors of a failure with."""
+    ending = record.ending
+    if ending is None or record.timeouts:
+        return False
+    if ending.error:
+        return not _WAITED.search(ending.error)
+    return ending.exit_code is not None and ending.exit_code not in (0, -6, -15)
+
+
+def a_rank_failed_first(s: Leftovers) -> Explanation | None:
+    dead = sorted(r for r, record in s.job.ranks.items() if _really_failed(record))
+    if not dead:
+        return None
+    first = next((r for r in dead if (e := s.job.ranks[r].ending) is not None and e.root_cause), dead[0])
+    ending = s.job.ranks[first].ending
+    assert ending is not None
+    waiting = sorted(r for r in s.job.ranks if r not in dead)
+    what = ending.error or (
+        f"killed by {signal_name(ending.exit_code) or 'a signal'}"
+        if ending.signal
+        else f"exit code {ending.exit_code}"
+    )
+    return s.d.explanation(
+        Cause.RANK_CRASHED,
+        f"{who(dead)} failed ({what})"
+        + (f" while {who(waiting)} waited for {'it' if len(dead) == 1 else 'them'}" if waiting else ""),
+        ranks=waiting,
+        absent_ranks=dead,
+        op=None,
+        site=_site(ending.error_site),
+        evidence=s.evidence,
+    )
+
+
+def _at_one_position(s: Leftovers) -> list[tuple[str, int, dict[int, TimedOutWork]]]:
+    """(group, seq, {rank: work}) where two or more ranks timed out at one position."""
+    found = []
+    for group in s.groups:
+        by_seq: dict[int, dict[int, TimedOutWork]] = {}
+        for rank, works in s.works(group).items():
+            for work in works:
+                by_seq.setdefault(work.seq, {})[rank] = work
+        found += [(group, seq, works) for seq, works in sorted(by_seq.items()) if len(works) > 1]
+    return found
+
+
+def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
+    for group, seq, works in _at_one_position(s):
+        by_op: dict[str, list[int]] = {}
+        for rank, work in works.items():
+            by_op.setdefault(work.op, []).append(rank)
+        if len(by_op) > 1:
+            sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
+            return s.d.explanation(
+                Cause.COLLECTIVE_ORDER_MISMATCH,
+                f"the ranks disagree on collective #{seq} of group {group}: "
+                + "; ".join(f"{who(ranks)} issued {op}" for op, ranks in sides)
+                + ". Each side waits for a call the others make at another point (or never: a "
+                "collective under a rank test pairs with the next one of the others)",
+                ranks=sides[0][1],
+                absent_ranks=sorted(r for _, ranks in sides[1:] for r in ranks),
+                op=sides[0][0],
+                site=None,
+                evidence=s.evidence,
+            )
+    return None
+
+
+def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
+    for group, seq, works in _at_one_position(s):
+        by_size: dict[int | None, list[int]] = {}
+        for rank, work in works.items():
+            by_size.setdefault(work.numel_in, []).append(rank)
+        if len(by_size) > 1 and None not in by_size and len({w.op for w in works.values()}) == 1:
+            op = next(iter(works.values())).op
+            sides = sorted(by_size.items(), key=lambda item: (len(item[1]), item[1][0]))
+            return s.d.explanation(
+                Cause.COLLECTIVE_SHAPE_MISMATCH,
+                f"the ranks call {op} #{seq} of group {group} with different sizes: "
+                + "; ".join(f"{who(ranks)} with {size} elements" for size, ranks in sides),
+                ranks=sorted(works),
+                absent_ranks=[],
+                op=op,
+                site=None,
+                evidence=s.evidence,
+            )
+    return None
+
+
+def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
+    dumps = {r: rec.flight_recorder for r, rec in s.job.ranks.items() if rec.flight_recorder}
+    parted = flight_recorder.disagreement(dumps)
+    if parted is None:
+        return None
+    group, by_op = parted
+    sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
+    return s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"the ranks' Flight Recorders show different collectives at the same position on group "
+        f"{group}: " + "; ".join(f"{who(r)} issued {op}" for op, r in sorted(by_op.items())),
+        ranks=sides[0],
+        absent_ranks=sorted(r for side in sides[1:] for r in side),
+        op=None,
+        site=None,
+        evidence=[*s.evidence, *flight_recorder.evidence(dumps)],
+    )
+
+
+def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
+    """Ranks whose last enqueued collective on a group is behind the others', or that left
+    no watchdog line at all while the others timed out, never issued the collective the
+    others wait in: name it from the ranks that did. Stacks, where dumped, may tell why
+    (the live rules); else it is said that the logs do not."""
+    silent = s.silent
+    for group in s.groups:
+        last = {r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.last_enqueued(group)) is not None}
+        waiting = s.works(group)
+        if len(set(last.values())) >= 2:
+            ahead = max(last.values())
+            behind = sorted(r for r, n in last.items() if n < ahead)
+            made = sorted(r for r, n in last.items() if n == ahead)
+            missed = min(last[r] for r in behind) + 1
+            how = f"{who(behind)} enqueued up to #{missed - 1} on group {group}, {who(made)} up to #{ahead}"
+        elif silent and waiting and len({(w.seq, w.op) for ws in waiting.values() for w in ws}) == 1:
+            behind, made = silent, sorted(waiting)
+            missed = next(iter(waiting.values()))[0].seq
+            how = (
+                f"{who(silent)} left no watchdog line: no collective of theirs was waiting (or their "
+                "log is not among these files)"
+            )
+        else:
+            continue
+        work = next(
+            (w for r in made for w in s.job.ranks[r].timeouts if w.group == group and w.seq == missed), None
+        )
+        named = work.describe() if work is not None else f"#{missed} on group {group}"
+        said = f"{how}: {who(behind)} never issued {named}"
+        from_stacks = stacks_decide(s)
+        if from_stacks is not None and from_stacks.reason is not None:
+            from_stacks.evidence = [*from_stacks.evidence, said]
+            return from_stacks
+        return s.d.explanation(
+            Cause.RANK_CONDITIONAL_COLLECTIVE,
+            f"{who(made)} issued {named} and waited; {who(behind)} never issued it. What sent "
+            f"{who(behind)} elsewhere, the logs do not show: dump the ranks' stacks (py-spy) "
+            "with the logs, or run `ncclcheck preflight` on the script",
+            ranks=made,
+            absent_ranks=behind,
+            op=work.op if work is not None else None,
+            site=None,
+            evidence=[*s.evidence, said],
+        )
+    return None
+
+
+def stacks_decide(s: Leftovers) -> Explanation | None:
+    stacks = {r: rec.stack for r, rec in s.job.ranks.items() if rec.stack is not None}
+    if not stacks:
+        return None
+    dumped = sorted(stacks)
+    classes = merge_stacks({r: st for r, st in stacks.items() if st.threads or st.status == "stopped"})
+    explanation = explain_classes(s.d, classes, len(dumped), dumped)
+    if len(dumped) < s.job.world_size:
+        explanation.evidence.append(
+            f"stacks of ranks {format_ranks(dumped)} only, of {s.job.world_size}: the others were not dumped"
+        )
+    return explanation
+
+
+def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
+    for group in s.groups:
+        works = s.works(group)
+        kinds = {(w.seq, w.op, w.numel_in) for ws in works.values() for w in ws}
+        last = {rec.last_enqueued(group) for rec in s.job.ranks.values()} - {None}
+        if len(works) >= 2 and len(kinds) == 1 and len(last) <= 1 and not s.silent:
+            seq, op, _ = kinds.pop()
+            return s.d.explanation(
+                Cause.TRANSPORT_HANG,
+                f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} "
+                f"of group {group}: the code is aligned as far as the logs show, the transport is "
+                "the suspect; run `ncclcheck probe` with the job's launcher options",
+                ranks=sorted(works),
+                absent_ranks=[],
+                op=op,
+                site=None,
+                evidence=s.evidence,
+            )
+    return None
+
+
+def _site(error_site: str | None) -> str | None:
+    """ "train.py:12 in main" -> "train.py:12"."""
+    return error_site.rsplit(" in ", 1)[0] if error_site else None
+
+
+# The order is the precedence: a rank that failed of its own explains the others'
+# waits; ranks that disagree on one position (op, then size) are proven wrong by the
+# numbers alone; then ranks behind the others; then the stacks; then alike everywhere.
+AFTERMATH_RULES = (
+    a_rank_failed_first,
+    ops_differ_at_one_position,
+    sizes_differ_at_one_position,
+    flight_recorders_disagree,
+    some_ranks_never_issued_it,
+    stacks_decide,
+    every_rank_at_one_position,
+)
