@@ -39,7 +39,8 @@ class TimedOutWork:
     source: Source
 
     def describe(self) -> str:
-        sizes = f", {self.numel_in} elements in" if self.numel_in is not None else ""
+        unit = "element" if self.numel_in == 1 else "elements"
+        sizes = f", {self.numel_in} {unit} in" if self.numel_in is not None else ""
         return f"#{self.seq} {self.op}{sizes} on group {self.group}"
 
 

@@ -36,6 +36,7 @@ _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
 _ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\s*(.*)$")
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
 _SNIFF_BYTES = 64 * 1024
+_JSON_START = re.compile(rb"\s*(\{|\[\s*[\[{\]])")
 _DOCTOR_DUMP = "ncclcheck-doctor-dump/1"
 
 
@@ -79,7 +80,7 @@ def _read_file(path: Path, found: Aftermath, trust_pickle: bool) -> None:
     if b"\0" in head:
         found.skipped.append(f"{path}: binary, of no kind doctor reads")
         return
-    if head.lstrip()[:1] in (b"{", b"["):
+    if _JSON_START.match(head):  # "{" or "[{" / "[]": not a log's "[rank0]:" prefix
         try:
             document = json.loads(path.read_text(encoding="utf-8", errors="replace"))
         except ValueError:

@@ -45,6 +45,7 @@ def test_a_rank_that_left_no_watchdog_line_never_issued_the_collective() -> None
     assert (finding.ranks, finding.absent_ranks) == ([0, 1, 2], [3])
     assert "#8812 ALLREDUCE" in finding.message
     assert "the logs do not show" in finding.message  # no reason claimed that the logs lack
+    assert "not why" in finding.fix and "evaluate()" not in finding.fix  # no one playbook's fix
     assert report.verdict is Verdict.HANG
 
 

@@ -160,7 +160,7 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             by_op.setdefault(work.op, []).append(rank)
         if len(by_op) > 1:
             sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
-            return s.d.explanation(
+            parted = s.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
                 f"the ranks disagree on collective #{seq} of group {group}: "
                 + "; ".join(f"{who(ranks)} issued {op}" for op, ranks in sides)
@@ -172,6 +172,15 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
                 site=None,
                 evidence=s.evidence,
             )
+            # the numbers prove the ranks parted here, not how: one side's extra call (under a
+            # rank test, in an extra eval batch) looks the same as two calls swapped
+            parted.fix = (
+                f"Find the line of each side's call #{seq}: dump the ranks' stacks while it hangs "
+                "(`ncclcheck doctor --pid`) or run `ncclcheck preflight` on the script. A collective "
+                "under a rank test is rank-conditional-collective; the same calls in another order "
+                "(a set or dict iterated per rank) is collective-order-mismatch."
+            )
+            return parted
     return None
 
 
@@ -234,7 +243,7 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
             behind, made = silent, sorted(waiting)
             missed = next(iter(waiting.values()))[0].seq
             how = (
-                f"{who(silent)} left no watchdog line: no collective of theirs was waiting (or their "
+                f"{who(silent)} left no watchdog line: no NCCL collective was waiting there (or that "
                 "log is not among these files)"
             )
         else:
@@ -248,7 +257,7 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
         if from_stacks is not None and from_stacks.reason is not None:
             from_stacks.evidence = [*from_stacks.evidence, said]
             return from_stacks
-        return s.d.explanation(
+        unexplained = s.d.explanation(
             Cause.RANK_CONDITIONAL_COLLECTIVE,
             f"{who(made)} issued {named} and waited; {who(behind)} never issued it. What sent "
             f"{who(behind)} elsewhere, the logs do not show: dump the ranks' stacks (py-spy) "
@@ -259,6 +268,9 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
             site=None,
             evidence=[*s.evidence, said],
         )
+        # no reason known: not one playbook's fix, but how to find the reason
+        unexplained.fix = _FIND_THE_REASON
+        return unexplained
     return None
 
 
@@ -295,6 +307,15 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 evidence=s.evidence,
             )
     return None
+
+
+_FIND_THE_REASON = (
+    "The logs say which collective the other ranks never issued, not why. Dump every rank's stack "
+    "while the job hangs (`ncclcheck doctor --pid PID`, or `py-spy dump` into the same folder as the "
+    "logs) or run `ncclcheck preflight` on the script: the causes of a collective some ranks skip are "
+    "rank-conditional-collective, rank-early-exit, uneven-eval-batches, data-dependent-branch and "
+    "unsynchronized-decision (`ncclcheck playbooks`)."
+)
 
 
 def _site(error_site: str | None) -> str | None:
