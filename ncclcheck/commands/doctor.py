@@ -153,9 +153,12 @@ def _left_behind(job: Aftermath, rank: int) -> RankState:
     record = job.ranks.get(rank)
     if record is None:
         return RankState(rank=rank, state=RankStatus.EXITED, where="nothing left by this rank")
-    where = "; ".join(text for text, _ in rank_facts(record)) or (
-        f"stack dumped ({blocking(record.stack).what})" if record.stack is not None else ""
-    )
+    facts = [text for text, _ in rank_facts(record)]
+    if record.stack is not None:
+        user = user_frames(record.stack)
+        waited = blocking(record.stack).what
+        facts.insert(0, f"{_frame_text(user[0])} ({waited})" if user else f"in {waited}")
+    where = "; ".join(facts)
     ending = record.ending
     return RankState(
         rank=rank,

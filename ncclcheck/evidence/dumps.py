@@ -104,7 +104,7 @@ class StackReader:
             if len(thread.locals) != len(thread.frames) or not any(thread.locals):
                 thread.locals = []
             thread.frames = [_found(frame, self.command) for frame in thread.frames]
-            thread.user = [_is_user(f.file) for f in thread.frames]
+            thread.user = [is_user_path(f.file) for f in thread.frames]
         return ProcessStack(pid=self.pid or 0, threads=threads, status="dumped")
 
 
@@ -123,11 +123,18 @@ def _found(frame: Frame, command: str) -> Frame:
     return frame
 
 
+_FOREIGN_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/|^<")
+
+
 @functools.cache
-def _is_user(path: str) -> bool:
-    """Whether a dumped frame's file is the user's. py-spy's text prints library files by
-    their path below site-packages or the standard library (``torch/distributed/...``,
-    ``threading.py``): a relative path whose first part is a module found there is not."""
+def is_user_path(path: str) -> bool:
+    """Whether a dumped frame's file is the user's, for a dump taken on another machine:
+    there, libraries live under its own site-packages and standard library, whatever
+    this interpreter's are. py-spy's text prints library files by their path below
+    those (``torch/distributed/...``, ``threading.py``): a relative path whose first part
+    is a module found there is not the user's either."""
+    if _FOREIGN_LIBRARY.search(path.replace("\\", "/")):
+        return False
     if os.path.isabs(path):
         return is_user_file(path)
     first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")

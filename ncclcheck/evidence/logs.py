@@ -11,7 +11,6 @@ whole, and each rank keeps a few small records (evidence/aftermath.py).
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,7 +20,14 @@ from typing import Any
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import Aftermath, Ending, Progress, RankAftermath, Source, TimedOutWork
-from ncclcheck.evidence.dumps import HEADER, PROCESS, StackReader, is_stack_line, looks_like_py_spy_json
+from ncclcheck.evidence.dumps import (
+    HEADER,
+    PROCESS,
+    StackReader,
+    is_stack_line,
+    is_user_path,
+    looks_like_py_spy_json,
+)
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
 
 _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
@@ -103,7 +109,9 @@ def _read_json(path: Path, document: Any, found: Aftermath) -> None:
             found.skipped.append(f"{path}: a py-spy JSON dump, but which rank's? (name it rank<N>.json)")
             return
         record = found.rank(rank)
-        record.stack = ProcessStack(pid=0, threads=threads_from_py_spy_json(document), status="dumped")
+        record.stack = ProcessStack(
+            pid=0, threads=threads_from_py_spy_json(document, is_user=is_user_path), status="dumped"
+        )
         record.stack_source = Source(str(path))
         found.read.append(f"{path}: py-spy JSON dump of rank {rank}")
     elif isinstance(document, dict) and "entries" in document:
@@ -143,10 +151,14 @@ def _read_pickled_flight_recorder(path: Path, found: Aftermath, trust_pickle: bo
             "`python -m torch.distributed.flight_recorder.fr_trace -j` (or pass --trust-pickle)"
         )
         return
+    named = re.match(r"(.*?)(\d+)$", path.name)  # torch's loader takes the rank from the name's end
+    if named is None:
+        found.skipped.append(f"{path}: a pickle whose name does not end in its rank (nccl_trace_rank_3)")
+        return
     try:
         from torch.distributed.flight_recorder.components.loader import read_dump as torch_read_dump
 
-        document = torch_read_dump(str(path.parent) + os.sep, path.name)
+        document = torch_read_dump(named.group(1), str(path))
     except Exception as exc:  # torch's loader on a file it cannot read: said, not raised
         found.skipped.append(f"{path}: torch's Flight Recorder loader failed ({type(exc).__name__}: {exc})")
         return
@@ -217,6 +229,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         _close_stack(text, text.header_rank)
         kind, value = header.group(1).lower(), int(header.group(2))
         text.header_rank, text.header_pid = (value, None) if kind == "rank" else (None, value)
+        if kind == "rank":
+            text.found.rank(value)  # a rank whose dump is empty (frozen, gone) still counts
         return
     if rank is None:
         rank = text.header_rank

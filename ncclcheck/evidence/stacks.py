@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,8 +205,11 @@ def blocking(stack: ProcessStack) -> Blocking:
     return Blocking("compute or I/O", False)
 
 
-def threads_from_py_spy_json(data: Any, with_locals: bool = True) -> list[ThreadStack]:
-    """``py-spy dump --json``'s list of threads."""
+def threads_from_py_spy_json(
+    data: Any, with_locals: bool = True, is_user: Callable[[str], bool] = is_user_file
+) -> list[ThreadStack]:
+    """``py-spy dump --json``'s list of threads; ``is_user`` tells the user's frames (a
+    dump taken on another machine needs evidence/dumps.is_user_path)."""
     threads = []
     for thread in data:
         frames = [
@@ -224,7 +228,7 @@ def threads_from_py_spy_json(data: Any, with_locals: bool = True) -> list[Thread
                 ]
                 if with_locals
                 else [],
-                [is_user_file(f.file) for f in frames],
+                [is_user(f.file) for f in frames],
             )
         )
     return threads

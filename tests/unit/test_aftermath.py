@@ -131,3 +131,71 @@ def test_the_json_report_of_a_log_is_the_contracts(tmp_path: Path) -> None:
     assert report["summary"]["read"] == [
         f"{FIXTURES / 'ops_differ.log'}: NCCL watchdog lines, torchelastic's failure summary"
     ]
+
+
+REAL = FIXTURES / "real"  # written by make_real.py from real hung jobs here (gloo)
+HANGING = sorted(p.name for p in REAL.iterdir()) if REAL.is_dir() else []
+
+
+@pytest.mark.parametrize("cause", HANGING)
+@pytest.mark.parametrize("evidence", ["job.log", "py-spy.txt"])
+def test_what_a_real_hung_repro_left_names_its_cause_and_ranks(catalogue, cause: str, evidence: str) -> None:
+    """Each hanging playbook repro, killed by SIGABRT as NCCL's watchdog kills: its
+    torchrun log (faulthandler's stacks and torchelastic's summary) alone, and py-spy's
+    text dumps alone, each give the playbook's cause and ranks."""
+    playbook = catalogue.get(cause)
+    report = run_doctor_from([REAL / cause / evidence])
+    finding = report.findings[0]
+    expected = sorted(playbook.repro.ranks + playbook.repro.absent_ranks)
+    if (evidence, cause) == ("job.log", "collective-order-mismatch"):
+        # faulthandler prints no locals: two ranks at one line of a loop, on different passes,
+        # look alike; said as the transport, with what would tell them apart
+        assert finding.cause is Cause.TRANSPORT_HANG
+        assert any("do not show on which pass" in line for line in finding.evidence)
+        return
+    assert finding.cause == cause, (finding.message, finding.evidence)
+    if cause == "transport-hang":
+        # the frozen rank cannot be dumped (py-spy, faulthandler): named as missing, not guessed
+        assert any("of 2: the others were not dumped" in line for line in finding.evidence), finding.evidence
+        assert set(finding.ranks + finding.absent_ranks) <= set(expected)
+        return
+    assert sorted(finding.ranks + finding.absent_ranks) == expected
+
+
+def test_a_large_job_is_said_in_rank_ranges_unless_every_rank_is_asked_for(tmp_path: Path) -> None:
+    lines = [
+        f"[rank{r}]:[E1202 00:00:00.1 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+        "Watchdog "
+        f"caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=4, NumelOut=4, "
+        f"Timeout(ms)=600000) ran for 600001 milliseconds before timing out."
+        for r in range(200)
+        if r != 150
+    ]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join([*lines, "WORLD_SIZE=200"]) + "\n")
+    report = run_doctor_from([log])
+    assert report.ranks == []  # 200 rows would bury the finding
+    (finding,) = report.findings
+    assert finding.absent_ranks == [150]
+    assert any(line.startswith("ranks 0-149,151-199: the watchdog timed out #9") for line in finding.evidence)
+    assert len(run_doctor_from([log], all_ranks=True).ranks) == 200
+
+
+def _pickled_trace(path: Path, op: str) -> None:
+    import pickle
+
+    entry = {"collective_seq_id": 3, "profiling_name": f"nccl:{op}", "process_group": ["0", "default_pg"]}
+    path.write_bytes(
+        pickle.dumps({"entries": [{**entry, "state": "scheduled"}], "version": "2.4", "pg_config": {}})
+    )
+
+
+def test_pickled_flight_recorder_dumps_are_read_only_when_trusted(tmp_path: Path) -> None:
+    _pickled_trace(tmp_path / "nccl_trace_rank_0", "all_reduce")
+    _pickled_trace(tmp_path / "nccl_trace_rank_1", "broadcast")
+    with pytest.raises(InputError) as refused:
+        run_doctor_from([tmp_path])
+    assert "unpickling runs code" in (refused.value.hint or "")
+    (finding,) = run_doctor_from([tmp_path], trust_pickle=True).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert "nccl:all_reduce" in finding.message and "nccl:broadcast" in finding.message

@@ -113,7 +113,11 @@ def _really_failed(record: RankAftermath) -> bool:
         return False
     if ending.error:
         return not _WAITED.search(ending.error)
-    return ending.exit_code is not None and ending.exit_code not in (0, -6, -15)
+    if ending.exit_code is None or ending.exit_code in (0, -6, -15):
+        return False
+    # a signal to a rank that was not the first to fail is the launcher ending the job
+    # (torchelastic's SIGKILL after its SIGTERM): the first failure is the one that counts
+    return ending.root_cause or ending.exit_code > 0
 
 
 def a_rank_failed_first(s: Leftovers) -> Explanation | None:
@@ -281,6 +285,14 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
     dumped = sorted(stacks)
     classes = merge_stacks({r: st for r, st in stacks.items() if st.threads or st.status == "stopped"})
     explanation = explain_classes(s.d, classes, len(dumped), dumped)
+    if explanation.cause is Cause.TRANSPORT_HANG:
+        # as the live doctor says: alike stacks do not show on which pass of that line each
+        # rank is; a cycle or an extra call earlier looks the same without --locals
+        explanation.evidence.append(
+            "the stacks agree but do not show on which pass of this line each rank is: with "
+            "`py-spy dump --locals` (the loop variables), NCCL's watchdog lines or the Flight "
+            "Recorder, doctor can compare the ranks' positions"
+        )
     if len(dumped) < s.job.world_size:
         explanation.evidence.append(
             f"stacks of ranks {format_ranks(dumped)} only, of {s.job.world_size}: the others were not dumped"
