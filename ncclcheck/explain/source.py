@@ -62,6 +62,24 @@ RANK_CALLS = frozenset(
         "is_rank_zero",
     }
 )
+# The environment variables launchers set to a process's rank: torchrun's, Slurm's,
+# Open MPI's, MPICH/PMI's and MVAPICH's. A value read from one is a rank.
+RANK_ENVIRONMENT = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "NODE_RANK",
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "MV2_COMM_WORLD_RANK",
+    }
+)
 DATA_CALLS = frozenset(
     {
         "isfinite",
@@ -176,6 +194,59 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
     return derived
 
 
+def rank_attributes(class_def: ast.ClassDef) -> set[str]:
+    """Attributes a class's methods set to a rank value (``self.is_primary =
+    int(os.environ["RANK"]) == 0`` in ``__init__``): rank tests in all of its methods. The
+    value must be a rank itself, not an object built with one (``self.state =
+    TrainerState(is_world_process_zero=...)`` is no rank)."""
+    assignments = [
+        (attr, node.value)
+        for method in class_def.body
+        if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(method)
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for attr in _self_attribute(target)
+    ]
+    found: set[str] = set()
+    for _ in range(3):  # self.is_main = self.rank == 0 after self.rank = get_rank()
+        before = len(found)
+        found |= {attr for attr, value in assignments if _is_rank_value(value, found)}
+        if len(found) == before:
+            break
+    return found
+
+
+_CONVERSIONS = frozenset({"int", "str", "bool", "float"})
+
+
+def _is_rank_value(expr: ast.AST, attributes: set[str]) -> bool:
+    """An expression whose value is a rank (or a test of one), not merely built from one."""
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name in _CONVERSIONS and expr.args:
+            return _is_rank_value(expr.args[0], attributes)
+        return name in RANK_CALLS or reads_rank_environment(expr)
+    if isinstance(expr, ast.Subscript):
+        return reads_rank_environment(expr)
+    if isinstance(expr, ast.Compare):
+        return any(_is_rank_value(side, attributes) for side in [expr.left, *expr.comparators])
+    if isinstance(expr, ast.BinOp):
+        return _is_rank_value(expr.left, attributes) or _is_rank_value(expr.right, attributes)
+    if isinstance(expr, ast.UnaryOp):
+        return _is_rank_value(expr.operand, attributes)
+    if isinstance(expr, ast.BoolOp):
+        return any(_is_rank_value(value, attributes) for value in expr.values)
+    if isinstance(expr, ast.Name):
+        return expr.id in RANK_NAMES
+    if isinstance(expr, ast.Attribute):
+        return expr.attr in RANK_NAMES or (
+            isinstance(expr.value, ast.Name) and expr.value.id == "self" and expr.attr in attributes
+        )
+    return False
+
+
 def reaching_rank_names(scope: ast.AST, derived: set[str], line: int) -> set[str]:
     """Of the rank-derived ``derived`` names, those whose rank-derived value can reach
     ``line`` of ``scope``: assigned so above it, or below it inside a loop around both
@@ -242,6 +313,14 @@ def _paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]
     return [(target, value)]
 
 
+def _self_attribute(target: ast.expr) -> set[str]:
+    """``self.is_primary = ...``: an attribute of the instance, read by the class's other
+    methods as ``self.is_primary`` (another object's ``state.rank`` keeps its own meaning)."""
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+        return {target.attr}
+    return set()
+
+
 def bound_names(target: ast.expr) -> set[str]:
     """The names an assignment target binds: ``a``, ``a, (b, *c)``; not the object of
     ``state.rank = ...`` or ``ranks[i] = ...``, which keep their own meaning."""
@@ -254,9 +333,34 @@ def bound_names(target: ast.expr) -> set[str]:
     return set()
 
 
+def reads_rank_environment(expr: ast.AST) -> bool:
+    """``os.environ["LOCAL_RANK"]``, ``os.environ.get("RANK")``, ``os.getenv("SLURM_PROCID")``:
+    a read of a variable the launcher sets to the process's rank."""
+    for node in ast.walk(expr):
+        key: ast.AST | None = None
+        if isinstance(node, ast.Subscript) and _is_environ(node.value):
+            key = node.slice
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            getenv = isinstance(func, ast.Attribute) and func.attr == "getenv"
+            getenv = getenv or (isinstance(func, ast.Name) and func.id == "getenv")
+            environ_get = isinstance(func, ast.Attribute) and func.attr == "get" and _is_environ(func.value)
+            if getenv or environ_get:
+                key = node.args[0]
+        if isinstance(key, ast.Constant) and key.value in RANK_ENVIRONMENT:
+            return True
+    return False
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (
+        isinstance(node, ast.Name) and node.id == "environ"
+    )
+
+
 def kind_of(expr: ast.AST, derived: set[str]) -> str:
     names, attrs, calls = _names(expr)
-    if (names | attrs) & (RANK_NAMES | derived) or calls & RANK_CALLS:
+    if (names | attrs) & (RANK_NAMES | derived) or calls & RANK_CALLS or reads_rank_environment(expr):
         return RANK
     if calls & DATA_CALLS or attrs & DATA_ATTRS:
         return DATA
@@ -266,8 +370,12 @@ def kind_of(expr: ast.AST, derived: set[str]) -> str:
 def condition_kind(path: str, test: ast.expr) -> str:
     """rank, data or other, for the test of an if/while at ``path``."""
     tree = parse(path)
-    function = enclosing_function(path, getattr(test, "lineno", 0))
+    line = getattr(test, "lineno", 0)
+    function = enclosing_function(path, line)
     derived = rank_derived_names(function) | rank_derived_names(tree)
+    for node in enclosing_chain(path, line):
+        if isinstance(node, ast.ClassDef):
+            derived |= rank_attributes(node)
     return kind_of(test, derived)
 
 

@@ -855,3 +855,136 @@ def test_accelerate_save_state_under_the_main_process_is_an_error_only_where_it_
         source = HEADER + textwrap.dedent(body).replace("AUTOMATIC", automatic)
         found = [(cause, level) for cause, _line, level in lint_source(tmp_path, source)]
         assert found == [("rank-conditional-collective", severity)], automatic
+
+
+# -- code as people write it: ranks from the environment, methods of the project's classes --
+
+# Each shape broken as users report it, and fixed as the playbook says: every rank makes
+# the call, only the side effect (print, torch.save) stays under the rank test.
+ENV_CONSTANT = """
+import os
+import torch
+import torch.distributed as dist
+
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+
+
+def save_checkpoint(model, path):
+    if LOCAL_RANK == 0:
+        torch.save(model.state_dict(), path)
+    dist.barrier()  # everyone waits for the file
+
+
+def main(model):
+    for epoch in range(3):
+        train_one_epoch(model)
+        {call}
+"""
+TRAINER = """
+import os
+import torch
+import torch.distributed as dist
+
+
+class Trainer:
+    def __init__(self, model):
+        self.model = model
+        self.is_primary = int(os.getenv("RANK", "0")) == 0
+
+    def save(self):
+        if self.is_primary:
+            torch.save(self.model.state_dict(), "last.pt")
+        dist.barrier()
+
+    def fit(self, epochs):
+        for epoch in range(epochs):
+            self.train_epoch()
+            {call}
+"""
+METER = """
+import os
+import torch
+import torch.distributed as dist
+
+
+class AverageMeter:
+    def __init__(self):
+        self.total = torch.zeros(2)
+
+    def all_reduce(self):
+        dist.all_reduce(self.total)
+        return self.total[0] / self.total[1]
+
+
+class Evaluator:
+    def __init__(self):
+        self.meter = AverageMeter()
+        self.rank = int(os.environ.get("SLURM_PROCID", 0))
+
+    def report(self):
+        {call}
+"""
+IMPORTED_METER = """
+import os
+from meters import AverageMeter
+
+
+def validate(model, loader):
+    meter = AverageMeter()
+    for batch in loader:
+        meter.update(model(batch).item())
+    {call}
+"""
+METERS_MODULE = """
+import torch
+import torch.distributed as dist
+
+
+class AverageMeter:
+    def __init__(self):
+        self.total = torch.zeros(2)
+
+    def update(self, value):
+        self.total += torch.tensor([value, 1.0])
+
+    def all_reduce(self):
+        dist.all_reduce(self.total)
+        return self.total[0] / self.total[1]
+"""
+SHAPES = {
+    "env-constant": (
+        ENV_CONSTANT,
+        'if LOCAL_RANK == 0:\n            save_checkpoint(model, f"ckpt-{epoch}.pt")',
+        'save_checkpoint(model, f"ckpt-{epoch}.pt")',
+    ),
+    "trainer": (TRAINER, "if self.is_primary:\n                self.save()", "self.save()"),
+    "meter": (
+        METER,
+        "if self.rank == 0:\n            print(self.meter.all_reduce())",
+        "loss = self.meter.all_reduce()\n        if self.rank == 0:\n            print(loss)",
+    ),
+    "imported-meter": (
+        IMPORTED_METER,
+        'if int(os.environ["OMPI_COMM_WORLD_RANK"]) == 0:\n        print("val loss", meter.all_reduce())',
+        "loss = meter.all_reduce()\n"
+        '    if int(os.environ["OMPI_COMM_WORLD_RANK"]) == 0:\n'
+        '        print("val loss", loss)',
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_code_as_people_write_it_is_flagged_and_its_fix_is_clean(tmp_path: Path, shape: str) -> None:
+    template, broken, fixed = SHAPES[shape]
+    (tmp_path / "meters.py").write_text(METERS_MODULE)
+    script = tmp_path / "train.py"
+    script.write_text(template.replace("{call}", broken))
+    findings, _ = run_lint([script])
+    errors = [f for f in findings if f.severity == "error"]
+    assert [f.cause for f in errors] == ["rank-conditional-collective"], (
+        shape,
+        [f.message for f in findings],
+    )
+    script.write_text(template.replace("{call}", fixed))
+    findings, _ = run_lint([script])
+    assert not [f for f in findings if f.severity == "error"], (shape, [f.message for f in findings])

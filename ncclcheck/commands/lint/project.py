@@ -14,6 +14,7 @@ from ncclcheck.commands.lint.scope import _ScopeChecker
 from ncclcheck.commands.lint.syntax import (
     _called_names,
     _calls_in,
+    _constructed,
     _ddp_names,
     _ddp_parameters,
     _dist_label,
@@ -38,6 +39,7 @@ from ncclcheck.communicates import (
 from ncclcheck.errors import InputError
 from ncclcheck.explain.source import (
     bound_names,
+    rank_attributes,
     rank_derived_names,
 )
 from ncclcheck.model import Finding
@@ -54,6 +56,8 @@ class Linter:
         self._variable_size: dict[int, bool] = {}  # id(function node) -> returns a data-sized tensor
         self._nodes: dict[int, list[ast.AST]] = {}  # id(scope) -> its nodes, nested defs left out
         self._derived: dict[int, set[str]] = {}
+        self._class_attributes: dict[tuple[Path, str], set[str]] = {}
+        self._constructed: dict[int, dict[str, str]] = {}
         self._ddp: dict[int, set[str]] = {}
         self._mentions: dict[int, bool] = {}
         self._synced: dict[int, set[str]] = {}
@@ -75,6 +79,22 @@ class Linter:
             self._mentions[key] = bool(mentioned & _RANK_WORDS)
             self._derived[key] = rank_derived_names(scope, nodes) if mentioned & _RANK_WORDS else set()
         return self._derived[key]
+
+    def _constructions(self, scope: ast.AST) -> dict[str, str]:
+        """What class each name (``x``) or attribute (``self.x``) of ``scope`` is bound to an
+        instance of, from one walk of the scope, cached."""
+        key = id(scope)
+        if key not in self._constructed:
+            self._constructed[key] = _constructed(scope)
+        return self._constructed[key]
+
+    def class_rank_attributes(self, module: _Module, class_name: str) -> set[str]:
+        """What the class's methods set from rank values, cached per class."""
+        key = (module.path, class_name)
+        if key not in self._class_attributes:
+            classes = [n for n in module.all_nodes if isinstance(n, ast.ClassDef) and n.name == class_name]
+            self._class_attributes[key] = set().union(*(rank_attributes(c) for c in classes))
+        return self._class_attributes[key]
 
     def mentions_rank(self, scope: ast.AST) -> bool:
         """Does ``scope`` name a rank (``rank``, ``get_rank()``, ``is_main_process``, ...)?"""
@@ -353,6 +373,41 @@ class Linter:
                 source = self._module_of(module.imported_modules[value.id])
                 if source is not None and func.attr in source.functions:
                     return source.functions[func.attr][0]
+        owner = self._class_of(value, module, function)
+        if owner is not None:
+            owner_module, class_name = owner
+            return owner_module.methods.get((class_name, func.attr))
+        return None
+
+    def _class_of(
+        self, value: ast.expr, module: _Module, function: _Function | None
+    ) -> tuple[_Module, str] | None:
+        """The project's class of the instance a method is called on: ``meter`` bound to
+        ``Meter(...)`` (or annotated ``meter: Meter``) in the calling function or at module
+        level, or ``self.meter`` assigned ``Meter(...)`` in any method of the class."""
+        named: str | None = None
+        if isinstance(value, ast.Name):
+            scopes = ([function.node] if function is not None else []) + [module.tree]
+            named = next((n for scope in scopes if (n := self._constructions(scope).get(value.id))), None)
+        elif (
+            isinstance(value, ast.Attribute)
+            and isinstance(value.value, ast.Name)
+            and value.value.id == "self"
+            and function is not None
+            and function.class_name is not None
+        ):
+            methods = [m for (cls, _), m in module.methods.items() if cls == function.class_name]
+            key = f"self.{value.attr}"
+            named = next((n for m in methods if (n := self._constructions(m.node).get(key))), None)
+        if named is None:
+            return None
+        if any(cls == named for cls, _ in module.methods):
+            return module, named
+        if named in module.imported_functions:
+            path, original = module.imported_functions[named]
+            source = self._module_of(path)
+            if source is not None and any(cls == original for cls, _ in source.methods):
+                return source, original
         return None
 
     def collective_of_function(
@@ -583,6 +638,8 @@ class Linter:
                 scopes.append((indexed.get(id(node)) or _Function(node, module, None), node))
         for function, scope in scopes:
             derived = module_derived | (self.derived_names(scope) if function is not None else set())
+            if function is not None and function.class_name is not None:
+                derived |= self.class_rank_attributes(module, function.class_name)
             ddp_names = (self.ddp_names_of(scope) if function is not None else set()) | module.ddp_names
             checker = _ScopeChecker(self, module, function, derived, ddp_names)
             body = (

@@ -94,7 +94,14 @@ def visit_try(c: _ScopeChecker, node: ast.Try, guards: list[_Guard], loop: ast.s
     """A try: a handler that swallows the error lets a failed rank skip the collectives
     the others wait in."""
     c.block(node.body, guards, loop)
-    swallowing = [h for h in node.handlers if not any(isinstance(n, ast.Raise) for n in ast.walk(h))]
+    # a handler of StopIteration ends an iteration: no error swallowed (uneven data, where
+    # one rank's iterator ends first, is read by the loop rules)
+    swallowing = [
+        h
+        for h in node.handlers
+        if not any(isinstance(n, ast.Raise) for n in ast.walk(h))
+        and not (isinstance(h.type, ast.Name) and h.type.id in ("StopIteration", "StopAsyncIteration"))
+    ]
     if swallowing:
         handled = {c.label for _call, c in c.collectives(list(swallowing[0].body))}
         for call, collective in c.collectives(node.body):

@@ -241,3 +241,37 @@ def _ignore_comments(text: str) -> dict[int, set[str] | None]:
     except (tokenize.TokenError, SyntaxError):
         pass
     return found
+
+
+def _constructed(scope: ast.AST) -> dict[str, str]:
+    """The class each name (``x``) or attribute of ``self`` (``self.x``) of ``scope`` is bound
+    to an instance of: ``x = Name(...)``, ``x: Name = ...``, ``self.x = Name(...)``, or a
+    parameter ``x: Name``. The first binding of a name counts."""
+    found: dict[str, str] = {}
+
+    def key(target: ast.expr) -> str | None:
+        if isinstance(target, ast.Name):
+            return target.id
+        if (
+            isinstance(target, ast.Attribute)
+            and isinstance(target.value, ast.Name)
+            and target.value.id == "self"
+        ):
+            return f"self.{target.attr}"
+        return None
+
+    for node in ast.walk(scope):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Name)
+        ):
+            for target in node.targets:
+                if (name := key(target)) is not None:
+                    found.setdefault(name, node.value.func.id)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name):
+            if (name := key(node.target)) is not None:
+                found.setdefault(name, node.annotation.id)
+        elif isinstance(node, ast.arg) and isinstance(node.annotation, ast.Name):
+            found.setdefault(node.arg, node.annotation.id)
+    return found

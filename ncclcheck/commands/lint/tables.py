@@ -48,7 +48,9 @@ _EVAL_NAMES = re.compile(
 )
 
 
-_RANK_WORDS = RANK_NAMES | RANK_CALLS
+# the words that make a scope worth reading for rank tests (an environment read of a
+# rank variable names none of the others)
+_RANK_WORDS = RANK_NAMES | RANK_CALLS | {"environ", "getenv"}
 
 
 # where the group goes among a collective's positional arguments
