@@ -106,3 +106,11 @@ def catalogue():  # type: ignore[no-untyped-def]
     from ncclcheck.catalogue import load_catalogue
 
     return load_catalogue(PLAYBOOKS)
+
+
+@pytest.fixture(scope="session")
+def repro_dry_runs() -> dict[str, Any]:
+    """preflight's run on each playbook repro, by cause, shared by the tests that read it
+    (test_preflight's per-repro test and test_doctor's comparison with doctor): each
+    repro is dry-run once per session."""
+    return {}

@@ -41,6 +41,22 @@ _RUN_ID = re.compile(r"\brun_id\s*[=:]\s*['\"]?([\w.\-]+)")
 _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
 _ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\s*(.*)$")
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
+# what a line must start with to matter when no stack, traceback or summary is being read
+_MARKER_STARTS = ("Traceback (", "Thread ", "Current thread ", "Process ", "Root Cause", "Failures:")
+
+
+def _may_matter(line: str) -> bool:
+    """A cheap test for the lines of a log that are not the training's own: plain
+    substring tests are many times faster than one regular expression of alternatives."""
+    return (
+        "NCCL" in line
+        or "run_id" in line
+        or "orld_size" in line
+        or "WORLD_SIZE" in line
+        or line.startswith(_MARKER_STARTS)
+    )
+
+
 _SNIFF_BYTES = 64 * 1024
 _JSON_START = re.compile(rb"\s*(\{|\[\s*[\[{\]])")
 _DOCTOR_DUMP = "ncclcheck-doctor-dump/1"
@@ -234,6 +250,13 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if rank is None:
         rank = text.header_rank
+    stream = text.streams.get(rank)
+    if (
+        text.elastic_section is None
+        and (stream is None or (stream.stack is None and stream.traceback is None))
+        and not _may_matter(line)
+    ):
+        return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
         text.found.run_ids.add(run.group(1))
     if ("WORLD_SIZE" in line or "world_size" in line) and (world := _WORLD.search(line)):
@@ -245,7 +268,6 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         text, line, number
     ):
         return
-    stream = text.streams.get(rank)
     if stream is None:
         stream = text.streams[rank] = _Stream()
     if stream.stack is not None or (

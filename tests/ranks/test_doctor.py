@@ -21,7 +21,7 @@ import pytest
 from ncclcheck.launch.proctree import kill_tree
 
 from ..conftest import PLAYBOOKS, REPO, SCRIPTS, line_in, run_bounded
-from .test_preflight import preflight
+from .test_preflight import dry_run_of
 
 pytestmark = pytest.mark.ranks
 
@@ -129,12 +129,13 @@ DOCTOR_SITES_THE_WAIT = {"unsynchronized-decision"}
 
 
 @pytest.mark.parametrize("cause", HANGING_CAUSES)
-def test_doctor_and_preflight_name_the_same_cause_site_and_ranks(catalogue, cause: str) -> None:
+def test_doctor_and_preflight_name_the_same_cause_site_and_ranks(
+    catalogue, repro_dry_runs, cause: str
+) -> None:
     """Both commands on the same hung reproducer, through the same rules: the same cause,
     site and ranks, each as the playbook expects."""
     playbook = catalogue.get(cause)
-    script = playbook.repro_path.relative_to(REPO)
-    proc, dry_run = preflight(f"--nproc-per-node={playbook.repro.nproc}", str(script))
+    proc, dry_run = dry_run_of(repro_dry_runs, playbook)
     assert proc.returncode == 1, proc.stderr[-2000:]
     preflight_finding = next(f for f in dry_run["findings"] if f["severity"] == "error")
     code, report = doctor_on_hung(playbook.repro_path, playbook.repro.nproc)
