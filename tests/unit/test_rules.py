@@ -12,15 +12,17 @@ from ncclcheck.causes import Cause
 from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.evidence.stacks import ProcessStack, blocking
 from ncclcheck.explain.align import divergences
+from ncclcheck.explain.diagnose import Evidence, diagnose
 from ncclcheck.explain.engine import Explanation, ReasonKind, first_explanation
 from ncclcheck.explain.rules import branch, divergence, stacks
 from ncclcheck.explain.rules.branch import Fork, explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.model import Severity
+from ncclcheck.model import CollectiveCall, Severity
+from ncclcheck.record.traces import LoaderPass, RankTrace
 
 from ..conftest import PLAYBOOKS
-from .factories import TORCH, call, diagnoser, line_of, script, stack, waiting_in
+from .factories import TORCH, call, diagnoser, line_of, script, stack, trace, waiting_in
 
 # -- the engine -------------------------------------------------------------------------
 
@@ -275,3 +277,86 @@ def test_no_rank_in_a_collective_is_a_warning_not_a_cause(tmp_path: Path) -> Non
         Severity.WARNING,
         "",
     )
+
+
+# -- the divergence table's other rules, on synthetic traces ------------------------------
+
+
+def _preflight(tmp_path: Path, traces: dict[int, RankTrace], **evidence: object) -> Explanation:
+    report = diagnose(Evidence(traces=traces, world_size=len(traces), cwd=str(tmp_path), **evidence))  # type: ignore[arg-type]
+    assert report.findings, report
+    finding = report.findings[0]
+    return Explanation(
+        finding.cause, finding.message, finding.ranks, finding.absent_ranks, finding.op, finding.site
+    )
+
+
+def _eval_call(rank: int, path: str, line: int, seq: int, batch: int) -> CollectiveCall:
+    made = call(rank, path, line, seq=seq)
+    made.phase = "eval"
+    made.position = {"loader": "val_loader", "batch": batch, "role": "eval"}
+    return made
+
+
+def test_a_rank_that_left_through_sys_exit_is_an_early_exit(tmp_path: Path) -> None:
+    path = script(tmp_path, NOTHING)
+    ended = {"how": "sys.exit", "code": 0, "error": f"SystemExit: 0 at {path}:2 in main"}
+    traces = {
+        0: trace(0, [call(0, path, 2), call(0, path, 3, op="barrier", seq=1)]),
+        1: trace(1, [call(1, path, 2)]),
+    }
+    traces[1].exit = ended
+    explanation = _preflight(tmp_path, traces)
+    assert (explanation.cause, explanation.ranks, explanation.absent_ranks) == (
+        Cause.RANK_EARLY_EXIT,
+        [0],
+        [1],
+    )
+
+
+def test_eval_loaders_of_different_lengths_are_uneven_eval_batches(tmp_path: Path) -> None:
+    path = script(tmp_path, NOTHING)
+    traces = {
+        0: trace(0, [_eval_call(0, path, 2, seq, seq) for seq in range(3)]),
+        1: trace(
+            1,
+            [*(_eval_call(1, path, 2, seq, seq) for seq in range(2)), call(1, path, 3, op="barrier", seq=2)],
+        ),
+    }
+    for rank, batches in ((0, 3), (1, 2)):
+        traces[rank].passes = [
+            LoaderPass("val_loader", 0, "eval", batches, "DistributedSampler", True, "Val", batches, True)
+        ]
+    explanation = _preflight(tmp_path, traces, stalled=True)
+    assert (explanation.cause, explanation.ranks, explanation.absent_ranks) == (
+        Cause.UNEVEN_EVAL_BATCHES,
+        [0],
+        [1],
+    )
+
+
+def test_the_same_call_for_different_batches_is_a_skipped_step(tmp_path: Path) -> None:
+    path = script(tmp_path, NOTHING)
+    traces = {
+        0: trace(0, [_eval_call(0, path, 2, 0, 0), _eval_call(0, path, 2, 1, 1)]),
+        1: trace(1, [_eval_call(1, path, 2, 0, 0), _eval_call(1, path, 2, 1, 2)]),  # batch 1 skipped
+    }
+    explanation = _preflight(tmp_path, traces, stalled=True)
+    assert explanation.cause is Cause.DATA_DEPENDENT_BRANCH
+    assert explanation.absent_ranks == [1] and "skipped" in explanation.message
+
+
+def test_a_rank_busy_outside_any_collective_while_the_others_wait_is_the_straggler(tmp_path: Path) -> None:
+    path = script(tmp_path, NOTHING)
+    traces = {0: trace(0, [call(0, path, 2)]), 1: trace(1, [])}
+    stacks = {0: waiting_in("all_reduce", (path, 2, "main")), 1: stack((path, 3, "main"), status="running")}
+    explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
+    assert (explanation.cause, explanation.ranks, explanation.absent_ranks) == (Cause.STRAGGLER, [0], [1])
+
+
+def test_every_rank_in_the_same_last_call_and_nothing_moving_is_the_transport(tmp_path: Path) -> None:
+    path = script(tmp_path, NOTHING)
+    traces = {r: trace(r, [call(r, path, 2)]) for r in (0, 1)}
+    stacks = {r: waiting_in("all_reduce", (path, 2, "main")) for r in (0, 1)}
+    explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
+    assert explanation.cause is Cause.TRANSPORT_HANG

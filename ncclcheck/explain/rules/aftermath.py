@@ -163,6 +163,12 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
         for rank, work in works.items():
             by_op.setdefault(work.op, []).append(rank)
         if len(by_op) > 1:
+            said = f"collective #{seq} of group {group}: " + "; ".join(
+                f"{who(ranks)} issued {op}" for op, ranks in sorted(by_op.items())
+            )
+            from_stacks = _stacks_say_why(s, said)
+            if from_stacks is not None:
+                return from_stacks
             sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
             parted = s.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
@@ -178,12 +184,7 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             )
             # the numbers prove the ranks parted here, not how: one side's extra call (under a
             # rank test, in an extra eval batch) looks the same as two calls swapped
-            parted.fix = (
-                f"Find the line of each side's call #{seq}: dump the ranks' stacks while it hangs "
-                "(`ncclcheck doctor --pid`) or run `ncclcheck preflight` on the script. A collective "
-                "under a rank test is rank-conditional-collective; the same calls in another order "
-                "(a set or dict iterated per rank) is collective-order-mismatch."
-            )
+            parted.fix = _WHERE_NOT_WHY
             return parted
     return None
 
@@ -215,8 +216,14 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
     if parted is None:
         return None
     group, by_op = parted
+    said = f"the Flight Recorders, on group {group}: " + "; ".join(
+        f"{who(r)} issued {op}" for op, r in sorted(by_op.items())
+    )
+    from_stacks = _stacks_say_why(s, said)
+    if from_stacks is not None:
+        return from_stacks
     sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
-    return s.d.explanation(
+    disagree = s.d.explanation(
         Cause.COLLECTIVE_ORDER_MISMATCH,
         f"the ranks' Flight Recorders show different collectives at the same position on group "
         f"{group}: " + "; ".join(f"{who(r)} issued {op}" for op, r in sorted(by_op.items())),
@@ -226,6 +233,18 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
         site=None,
         evidence=[*s.evidence, *flight_recorder.evidence(dumps)],
     )
+    disagree.fix = _WHERE_NOT_WHY
+    return disagree
+
+
+def _stacks_say_why(s: Leftovers, said: str) -> Explanation | None:
+    """The stacks' explanation, where they give a reason (a rank test, an exit...) for a
+    parting the numbers located: the numbers become its evidence."""
+    from_stacks = stacks_decide(s)
+    if from_stacks is None or from_stacks.reason is None:
+        return None
+    from_stacks.evidence = [*from_stacks.evidence, said]
+    return from_stacks
 
 
 def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
@@ -257,9 +276,8 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
         )
         named = work.describe() if work is not None else f"#{missed} on group {group}"
         said = f"{how}: {who(behind)} never issued {named}"
-        from_stacks = stacks_decide(s)
-        if from_stacks is not None and from_stacks.reason is not None:
-            from_stacks.evidence = [*from_stacks.evidence, said]
+        from_stacks = _stacks_say_why(s, said)
+        if from_stacks is not None:
             return from_stacks
         unexplained = s.d.explanation(
             Cause.RANK_CONDITIONAL_COLLECTIVE,
@@ -321,6 +339,12 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
     return None
 
 
+_WHERE_NOT_WHY = (
+    "Find the line of each side's call: dump the ranks' stacks while it hangs (`ncclcheck doctor "
+    "--pid`) or run `ncclcheck preflight` on the script. A collective under a rank test is "
+    "rank-conditional-collective; the same calls in another order (a set or dict iterated per "
+    "rank) is collective-order-mismatch."
+)
 _FIND_THE_REASON = (
     "The logs say which collective the other ranks never issued, not why. Dump every rank's stack "
     "while the job hangs (`ncclcheck doctor --pid PID`, or `py-spy dump` into the same folder as the "
