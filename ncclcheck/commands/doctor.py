@@ -153,7 +153,7 @@ def _left_behind(job: Aftermath, rank: int) -> RankState:
     record = job.ranks.get(rank)
     if record is None:
         return RankState(rank=rank, state=RankStatus.EXITED, where="nothing left by this rank")
-    facts = [text for text, _ in rank_facts(record)]
+    facts = [text for text, _ in rank_facts(record) if not text.startswith("its stack waits")]
     if record.stack is not None:
         user = user_frames(record.stack)
         waited = blocking(record.stack).what

@@ -17,6 +17,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import Aftermath, RankAftermath, TimedOutWork
 from ncclcheck.evidence.classes import merge_stacks
+from ncclcheck.evidence.stacks import blocking
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
@@ -92,6 +93,8 @@ def rank_facts(record: RankAftermath) -> list[tuple[str, str]]:
         )
         for p in record.progress.values()
     ]
+    if record.stack is not None and record.stack_source is not None:
+        facts.append((f"its stack waits in {blocking(record.stack).what}", str(record.stack_source)))
     if record.ending is not None:
         ending = record.ending
         how = f"exit code {ending.exit_code}" if ending.exit_code is not None else "ended"
@@ -303,6 +306,8 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
     dumped = sorted(stacks)
     classes = merge_stacks({r: st for r, st in stacks.items() if st.threads or st.status == "stopped"})
     explanation = explain_classes(s.d, classes, len(dumped), dumped)
+    # where each stack was read: the file, and the line of its dump
+    explanation.evidence += [line for line in s.evidence if "its stack waits" in line]
     if explanation.cause is Cause.TRANSPORT_HANG:
         # as the live doctor says: alike stacks do not show on which pass of that line each
         # rank is; a cycle or an extra call earlier looks the same without --locals
