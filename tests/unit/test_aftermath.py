@@ -199,3 +199,37 @@ def test_pickled_flight_recorder_dumps_are_read_only_when_trusted(tmp_path: Path
     (finding,) = run_doctor_from([tmp_path], trust_pickle=True).findings
     assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
     assert "nccl:all_reduce" in finding.message and "nccl:broadcast" in finding.message
+
+
+def _recorders(cause: str) -> list[Path]:
+    dumps = sorted((REAL / cause).glob("fr_rank_*"))
+    assert dumps, f"make_real.py --flight-recorder {cause} writes them"
+    return dumps
+
+
+@pytest.mark.parametrize("cause", HANGING)
+def test_flight_recorders_of_a_real_hung_repro_never_give_another_causes_fix(catalogue, cause: str) -> None:
+    """The Flight Recorder's dumps alone show where the ranks parted (the same position,
+    other ops), not why: the finding is the playbook's cause, or it says where and gives
+    how to find the reason, never another cause's fix; or nothing is claimed."""
+    report = run_doctor_from(_recorders(cause))
+    if not report.findings:
+        assert "no rule explains" in report.summary["unexplained"]
+        return
+    finding = report.findings[0]
+    own_fix = catalogue.get(finding.cause).fix.direct
+    assert finding.cause == cause or finding.fix != own_fix, (finding.cause, finding.fix)
+    assert any("Flight Recorder" in line and "fr_rank_" in line for line in finding.evidence), (
+        finding.evidence
+    )
+
+
+@pytest.mark.parametrize("cause", HANGING)
+def test_stacks_and_flight_recorders_together_name_the_playbooks_cause(catalogue, cause: str) -> None:
+    """With the stacks beside the recorders, the stacks' reason wins, the recorders'
+    positions are evidence."""
+    playbook = catalogue.get(cause)
+    finding = run_doctor_from([REAL / cause / "py-spy.txt", *_recorders(cause)]).findings[0]
+    assert finding.cause == cause, (finding.message, finding.evidence)
+    expected = set(playbook.repro.ranks + playbook.repro.absent_ranks)
+    assert set(finding.ranks + finding.absent_ranks) <= expected

@@ -93,6 +93,12 @@ def rank_facts(record: RankAftermath) -> list[tuple[str, str]]:
         )
         for p in record.progress.values()
     ]
+    recorded = record.flight_recorder
+    for call in recorded.get("last", {}).values():
+        last = f"#{call['seq']} {call['op']} ({call['state']})"
+        facts.append(
+            (f"its Flight Recorder's last on group {call['group']} is {last}", str(recorded.get("path")))
+        )
     if record.stack is not None and record.stack_source is not None:
         facts.append((f"its stack waits in {blocking(record.stack).what}", str(record.stack_source)))
     if record.ending is not None:

@@ -15,7 +15,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, state_split
 from ncclcheck.explain import source
 from ncclcheck.explain.diagnose import Diagnoser
-from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
 from ncclcheck.explain.rules.branch import Fork, explain_fork
 from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import CollectiveCall, Frame, Severity
@@ -278,6 +278,7 @@ def _deferred_finding(
             *(f"source: {f.site}: {f.message}" for f in asked),
         ],
         libraries=[known.library],
+        reason=Reason(ReasonKind.RANK_TEST, site, first.message),
     )
 
 
@@ -353,8 +354,12 @@ def _loop_finding(
     evidence: list[str],
 ) -> Explanation:
     assert inside.site is not None
-    if source.swallowing_try(inside.site.file, inside.site.line) is not None:
+    swallowing = source.swallowing_try(inside.site.file, inside.site.line)
+    loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
+    if swallowing is not None:
         cause = Cause.RANK_EXCEPTION
+        try_site = f"{relative(inside.site.file, os.getcwd())}:{swallowing.lineno}"
+        reason = Reason(ReasonKind.SWALLOWED_ERROR, try_site, "try")
         message = (
             f"{who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
             f"errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
@@ -362,6 +367,7 @@ def _loop_finding(
         )
     else:
         cause = Cause.UNEVEN_EVAL_BATCHES
+        reason = Reason(ReasonKind.LOADER_LENGTH, loop_site, ast.unparse(loop).splitlines()[0])
         message = (
             f"{who(inside.ranks)} are still in the loop at "
             f"{relative(frame.file, os.getcwd())}:{loop.lineno} (in "
@@ -393,6 +399,7 @@ def _loop_finding(
         op=inside.blocking,
         site=_site(inside),
         evidence=evidence,
+        reason=reason,
     )
 
 
