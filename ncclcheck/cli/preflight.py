@@ -81,6 +81,12 @@ def preflight_command(
         help="Run a script written for NCCL/CUDA on CPU ranks with gloo (backend, .cuda(), "
         "device='cuda' and the like are mapped; the report lists what was).",
     ),
+    nccl_timing: bool = typer.Option(
+        False,
+        "--nccl-timing",
+        help="Give gloo NCCL's timing: collectives return at once and a rank blocks at the next "
+        ".item(), .cpu(), synchronize() or barrier, where a CUDA rank would hang.",
+    ),
     probe_timeout: float = typer.Option(
         30.0, "--probe-timeout", min=1.0, help="Seconds the ranks wait for each other to check in."
     ),
@@ -124,6 +130,7 @@ def preflight_command(
         stall_timeout=stall_timeout,
         probe_timeout=0.0 if no_probe else probe_timeout,
         cpu=cpu,
+        nccl_timing=nccl_timing,
         perturb=perturb,
     )
     progress = _ProgressLine(torchrun.nproc_per_node)

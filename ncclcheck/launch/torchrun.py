@@ -29,6 +29,7 @@ from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
+from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
 from ncclcheck.record.recorder import (
     ENV_DRY_RUN,
@@ -82,6 +83,7 @@ class DryRunSettings:
     total_timeout: float = 600.0
     cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
     perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
+    nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
 
 
 @dataclass
@@ -281,6 +283,7 @@ def run_dry(
         ENV_PROBE_TIMEOUT: str(settings.probe_timeout),
         ENV_CPU: "1" if settings.cpu else "0",
         ENV_PERTURB: "1" if settings.perturb else "0",
+        ENV_NCCL_TIMING: "1" if settings.nccl_timing else "0",
         ENV_DRY_RUN: "1",
         "PYTHONUNBUFFERED": "1",
     }

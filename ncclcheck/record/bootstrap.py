@@ -17,7 +17,7 @@ import traceback
 from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
-from ncclcheck.record import cpu_map, frames, frameworks, perturb, rooted
+from ncclcheck.record import cpu_map, frames, frameworks, nccl_timing, perturb, rooted
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -271,6 +271,9 @@ def main() -> None:
     frames.add_user_root(os.path.dirname(script))
     if module is not None:
         frames.add_user_root(os.getcwd())  # the package's other modules, from its root
+    timing = env.get(nccl_timing.ENV_NCCL_TIMING) == "1"
+    if timing:
+        nccl_timing.install()  # under the recorder's wrappers: it records the call, then enqueues it
     rooted.install(recorder)  # before the collectives are wrapped: it wraps reduce first
     install(recorder)
     frameworks.install(recorder)
@@ -278,6 +281,8 @@ def main() -> None:
         cpu_map.install(recorder)
     if env.get(perturb.ENV_PERTURB) == "1":
         perturb.install(recorder, rank)
+    if timing:
+        nccl_timing.install_device_synchronize()  # over --cpu's no-op
     probe_timeout = float(env.get(ENV_PROBE_TIMEOUT, "0"))
     if probe_timeout > 0:
         check_in(recorder, probe_timeout)
