@@ -135,6 +135,20 @@ _SYNCBN_ADVICE = (
     "SyncBatchNorm synchronises its statistics across the ranks in training mode only: "
     "call model.eval() before a forward that not every rank runs, or let every rank run it"
 )
+_ZERO_ADVICE = (
+    "ZeRO-3 gathers each module's parameters with a collective in every forward and backward: "
+    "every rank must run the same forwards and backwards. A rank that would skip a batch (a bad "
+    "sample, a NaN loss) runs it on a dummy batch with the loss zeroed instead; generate() under "
+    "ZeRO-3 needs synced_gpus=True; a forward under a rank test (rank-0 evaluation) runs on every rank"
+)
+_FSDP_ADVICE = (
+    "FSDP all-gathers each unit's parameters in forward and backward: every rank must run the "
+    "same forwards and backwards. A rank that would skip a batch runs it on a dummy batch with the "
+    "loss zeroed; evaluation, generation or a state_dict under a rank test run on every rank"
+)
+# Library layers between the issuer and torch.distributed, passed through when naming it.
+COMM_LAYERS = ("torch/distributed/", "deepspeed/comm/")
+
 ISSUERS = {
     # PyTorch's SyncBatchNorm, and preflight --cpu's stand-in for it (record/cpu_syncbn.py)
     **{
@@ -197,6 +211,57 @@ ISSUERS = {
         "ZeroRedundancyOptimizer.consolidate_state_dict(to=0) broadcasts every rank's shard: "
         "call it on every rank, then save optimizer.state_dict() on rank 0 alone",
     ),
+    # DeepSpeed ZeRO: stage 3 gathers each module's parameters in its forward and backward
+    # (pre-forward hooks, on the autograd engine's threads in backward) and reduce-scatters
+    # the gradients; stages 1 and 2 reduce the gradients from backward hooks
+    **{
+        (f"deepspeed.runtime.zero.{module}", "*"): (what, _ZERO_ADVICE)
+        for module, what in (
+            ("partition_parameters", "DeepSpeed ZeRO-3 gathering a module's parameters"),
+            ("parameter_offload", "DeepSpeed ZeRO-3 gathering a module's parameters (forward hook)"),
+            ("partitioned_param_coordinator", "DeepSpeed ZeRO-3 prefetching parameters"),
+            ("stage3", "DeepSpeed ZeRO-3 reducing gradients in backward"),
+            ("stage_1_and_2", "DeepSpeed ZeRO-1/2 reducing gradients in backward"),
+        )
+    },
+    # FSDP (1: the flat parameter's unshard and reduce-scatter; 2: fully_shard's param groups)
+    **{
+        (f"torch.distributed.fsdp.{module}", "*"): (what, _FSDP_ADVICE)
+        for module, what in (
+            ("_runtime_utils", "FSDP unsharding parameters or reducing gradients"),
+            ("_flat_param", "FSDP unsharding a flat parameter"),
+            ("_fully_shard._fsdp_collectives", "FSDP2 (fully_shard) gathering or reducing a parameter group"),
+            ("_fully_shard._fsdp_param_group", "FSDP2 (fully_shard) gathering or reducing a parameter group"),
+        )
+    },
+    # Megatron's pipeline: each stage sends activations to the next and receives gradients
+    ("megatron.core.pipeline_parallel.p2p_communication", "*"): (
+        "Megatron's pipeline send/recv between stages",
+        "every pipeline stage must run the same number of microbatches in the same order: the "
+        "same num_microbatches (global batch / micro batch / data-parallel size) on every rank, "
+        "and no stage that skips a batch or leaves the loop early on its own data",
+    ),
+    # the transformers Trainer gathers predictions and labels at every eval step (through
+    # accelerate): a process with fewer eval batches leaves the others waiting
+    **{
+        (module, function): (
+            "the transformers Trainer gathering eval predictions across processes",
+            "the Trainer gathers predictions at every eval step: every process must run the same "
+            "number of eval steps (let the Trainer shard the eval set; do not call evaluate() or "
+            "predict() on one process only, and under ZeRO-3 generate with synced_gpus=True)",
+        )
+        for module, function in (
+            ("transformers.trainer", "_nested_gather"),
+            ("transformers.trainer", "gather_function"),
+            ("transformers.trainer_pt_utils", "*"),
+        )
+    },
+    ("accelerate.utils.operations", "*"): (
+        "accelerate gathering or padding tensors across processes",
+        "accelerate's gather, gather_for_metrics, reduce and pad_across_processes are collective: "
+        "every process calls them the same number of times; keep Accelerator(even_batches=True) "
+        "(the default) so that every process gets as many batches",
+    ),
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",
@@ -219,6 +284,53 @@ DDP_BROADCASTS = {
         "_broadcast_coalesced (DDP's broadcast of parameters from rank 0, as it is built)"
     ),
 }
+
+
+# -- where a rank waits for its GPU (doctor; the NCCL timing emulation) -------------
+
+# NCCL collectives are asynchronous: a rank whose collective has no partner runs on
+# and blocks at the next point where the host waits for the device. Tensor methods
+# that read a value on the host, by name:
+DEVICE_SYNC_METHODS = {
+    "item": ".item()",
+    "tolist": ".tolist()",
+    "cpu": ".cpu()",
+    "numpy": ".numpy()",
+}
+# builtins that read a tensor's value (float(loss), print(loss)), and the dunder
+# method each calls on the tensor
+DEVICE_SYNC_BUILTINS = {
+    "float": "__float__",
+    "int": "__int__",
+    "bool": "__bool__",
+    "print": "__repr__",
+    "format": "__format__",
+}
+# torch.cuda.synchronize(), stream.synchronize(), event.synchronize()
+DEVICE_SYNC_CALL = "synchronize"
+# native frames (py-spy --native) of a host thread waiting for the device or inside NCCL
+NATIVE_DEVICE_WAITS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cuStreamSynchronize",
+    "cuCtxSynchronize",
+    "cuEventSynchronize",
+    "cudaMemcpy",
+    "cuMemcpy",
+    "WorkNCCL::synchronize",
+    "WorkNCCL::wait",
+    "ncclGroupEnd",
+    "ncclAllReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclBroadcast",
+    "ncclSend",
+    "ncclRecv",
+)
+# backward() enqueues the gradient collectives of DDP's buckets (and FSDP's
+# reduce-scatter, ZeRO's reduce) from autograd hooks
+BACKWARD_COLLECTIVE = "the gradient all_reduce that backward() enqueues (DDP's buckets)"
 
 
 @dataclass(frozen=True)

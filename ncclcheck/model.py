@@ -22,6 +22,7 @@ class Verdict(str, Enum):
     ALIGNED = "aligned"
     MISALIGNED = "misaligned"
     HANG = "hang"
+    PROGRESSING = "progressing"  # doctor: every rank moved between two looks
     CRASH = "crash"
     ERROR = "error"
 

@@ -43,6 +43,13 @@ def doctor_command(
         "--nonblocking",
         help="Do not pause the ranks while reading their stacks (faster, may be inconsistent).",
     ),
+    interval: float = typer.Option(
+        1.0,
+        "--interval",
+        min=0.0,
+        help="Seconds between the two looks at every rank: a job whose every rank moved is "
+        "progressing, not hung (0: one look).",
+    ),
     as_json: bool = JSON_OPTION,
     html_path: Path = REPORT_OPTION,
 ) -> None:
@@ -63,7 +70,9 @@ def doctor_command(
             )
         typer.echo(f"ncclcheck doctor: wrote {path} ({described})", err=True)
         raise typer.Exit(0)
-    emit_report(run_doctor(pid, native=native, nonblocking=nonblocking), as_json, html_path)
+    emit_report(
+        run_doctor(pid, native=native, nonblocking=nonblocking, interval=interval), as_json, html_path
+    )
 
 
 def register(app: typer.Typer) -> None:

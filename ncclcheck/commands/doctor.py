@@ -20,10 +20,12 @@ from pathlib import Path
 
 from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
-from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence import flight_recorder, gpus, movement
 from ncclcheck.evidence.aftermath import Aftermath
-from ncclcheck.evidence.classes import merge_stacks, user_frames
+from ncclcheck.evidence.classes import merge_stacks, user_frames, waiting_at
+from ncclcheck.evidence.gpus import GpuReading
 from ncclcheck.evidence.logs import read_leftovers
+from ncclcheck.evidence.movement import Movement
 from ncclcheck.evidence.processes import RankProcess, discover, not_distributed, spawned_ranks
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.diagnose import Diagnoser, Evidence
@@ -60,10 +62,39 @@ def collect(
 
 
 def run_doctor(
-    pids: list[int], native: bool = False, nonblocking: bool = False, timeout: float = 10.0
+    pids: list[int],
+    native: bool = False,
+    nonblocking: bool = False,
+    timeout: float = 10.0,
+    interval: float = 1.0,
 ) -> Report:
+    """Collect, look again ``interval`` seconds later (0: one look), diagnose."""
     ranks, stacks = collect(pids, native, nonblocking, timeout)
-    return diagnose_ranks(ranks, stacks)
+    devices = gpus.read({r.rank: r.pid for r in ranks})
+    moved = second_look(ranks, stacks, interval, native, nonblocking, timeout)
+    return diagnose_ranks(ranks, stacks, moved, devices)
+
+
+def second_look(
+    ranks: list[RankProcess],
+    stacks: dict[int, ProcessStack],
+    interval: float,
+    native: bool = False,
+    nonblocking: bool = False,
+    timeout: float = 10.0,
+) -> Movement | None:
+    """The ranks' stacks and CPU time again after ``interval``: what moved."""
+    if interval <= 0:
+        return None
+    pids = {r.rank: r.pid for r in ranks}
+    cpu_before = movement.cpu_seconds(pids)
+    time.sleep(interval)
+    cpu_after = movement.cpu_seconds(pids)
+    by_pid = dump_stacks(
+        list(pids.values()), timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
+    )
+    again = {rank: by_pid[pid] for rank, pid in pids.items()}
+    return movement.compare(stacks, again, interval, cpu_before, cpu_after, os.getcwd())
 
 
 # -- several hosts: each dumps its ranks, one reads them all ----------------------------
@@ -170,27 +201,58 @@ def _left_behind(job: Aftermath, rank: int) -> RankState:
     )
 
 
-def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) -> Report:
-    """Merge the stacks into classes and name the cause."""
+def diagnose_ranks(
+    ranks: list[RankProcess],
+    stacks: dict[int, ProcessStack],
+    moved: Movement | None = None,
+    devices: GpuReading | None = None,
+) -> Report:
+    """Merge the stacks into classes and name the cause; with a second look (``moved``),
+    a job whose every rank moved is progressing, not hung; with the ranks' GPUs
+    (``devices``), ranks whose stacks look alike are told apart by who idles."""
     classes = merge_stacks({r: s for r, s in stacks.items() if s.threads or s.status == "stopped"})
     world = max(r.world_size for r in ranks)
     report = Report(command="doctor", verdict=Verdict.HANG, world_size=world)
+    if moved is not None:
+        report.summary["movement"] = moved.lines()
+        report.summary["decided_by"] = moved.decided()
+    if devices is not None:
+        report.summary["gpus"] = devices.lines()
     for proc in ranks:
         stack = stacks[proc.rank]
-        where = blocking(stack)
+        waits = waiting_at(stack)
         user = user_frames(stack)
+        what = waits.blocking.what if waits.sync is None else f"{waits.blocking.what}, after {waits.what}"
         report.ranks.append(
             RankState(
                 rank=proc.rank,
                 host=proc.host,
                 pid=proc.pid,
                 phase=None,
-                state=RankStatus.IN_COLLECTIVE if where.waits_for_peers else RankStatus.STUCK,
-                where=f"{_frame_text(user[0])} ({where.what})" if user else where.what,
+                state=RankStatus.IN_COLLECTIVE if waits.blocking.waits_for_peers else RankStatus.STUCK,
+                where=f"{_frame_text(user[0])} ({what})" if user else what,
             )
         )
+    report.summary["classes"] = [
+        {
+            "ranks": format_ranks(c.ranks),
+            "blocking": c.blocking
+            + (f" (inside {c.deferred.what})" if c.deferred else "")
+            + (f" (enqueued; waits at the device sync point {c.sync})" if c.sync else ""),
+            "frames": [f"{relative(f.file, os.getcwd())}:{f.line} in {f.function}" for f in c.frames],
+        }
+        for c in classes
+    ]
+    if moved is not None and moved.everyone_moved:
+        report.verdict = Verdict.PROGRESSING
+        for state in report.ranks:
+            state.state = RankStatus.RUNNING
+        return report
     diagnoser = Diagnoser(Evidence(traces={}, world_size=world, stacks=stacks))
     explanation = explain_classes(diagnoser, classes, world, [r.rank for r in ranks])
+    if moved is not None:
+        explanation.evidence.append(moved.decided())
+        explanation.evidence += [line for line in moved.lines() if not line.startswith("CPU")]
     dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
     recorded = flight_recorder.evidence(dumps)
     if recorded:
@@ -211,6 +273,22 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
                 site=explanation.site,
                 evidence=explanation.evidence,
             )
+    idle = devices.odd_ones() if devices is not None else None
+    if devices is not None:
+        explanation.evidence += devices.lines()
+    if idle is not None and explanation.cause in (Cause.TRANSPORT_HANG, Cause.STRAGGLER):
+        # The stacks look alike (every rank at the same .item(), say); the GPUs do not.
+        quiet, spinning = idle
+        explanation = diagnoser.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH,
+            f"the ranks' stacks wait alike, but their GPUs do not: {devices.verdict() if devices else ''}. "
+            "The ranks are a collective apart: one was skipped or added on some ranks before this point",
+            ranks=spinning,
+            absent_ranks=quiet,
+            op=None,
+            site=explanation.site,
+            evidence=[*explanation.evidence, "decided by the GPUs' utilisation (NVML), not by the stacks"],
+        )
     if explanation.cause == Cause.TRANSPORT_HANG and not recorded:
         # What a stack cannot show: on which pass of this line each rank is. An extra or
         # missing collective earlier (an uneven eval loop) may have paired silently with
@@ -221,14 +299,6 @@ def diagnose_ranks(ranks: list[RankProcess], stacks: dict[int, ProcessStack]) ->
             "TORCH_FR_BUFFER_SIZE=2000 so that doctor can compare the ranks' sequence numbers"
         )
     report.findings = [explanation.finding(diagnoser.catalogue)]
-    report.summary["classes"] = [
-        {
-            "ranks": format_ranks(c.ranks),
-            "blocking": c.blocking + (f" (inside {c.deferred.what})" if c.deferred else ""),
-            "frames": [f"{relative(f.file, os.getcwd())}:{f.line} in {f.function}" for f in c.frames],
-        }
-        for c in classes
-    ]
     return report
 
 

@@ -4,12 +4,14 @@ STAT does for MPI jobs), with what tells apart ranks that wait at the same line.
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass, field
 
 from ncclcheck.communicates import DEFERRED_FRAMES, DeferredFrame
-from ncclcheck.evidence.stacks import ProcessStack, blocking, issuer_advice
+from ncclcheck.evidence import device
+from ncclcheck.evidence.stacks import Blocking, ProcessStack, blocking, issuer_advice
 from ncclcheck.explain import source
-from ncclcheck.explain.wording import who
+from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import Frame
 from ncclcheck.record.frames import framework_name
 
@@ -28,6 +30,9 @@ class StackClass:
     deferred: DeferredFrame | None = None
     libraries: list[str] = field(default_factory=list)  # third-party packages on the stack
     advice: str | None = None  # what to do about a collective library code issued
+    # NCCL's shape: the ranks wait at a device sync point (".item() at train.py:45"), and
+    # ``frames`` end at the collective enqueued before it (evidence/device.py)
+    sync: str | None = None
 
     @property
     def site(self) -> Frame | None:
@@ -63,11 +68,10 @@ def _libraries(stack: ProcessStack) -> list[str]:
 def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
     classes: dict[tuple[object, ...], StackClass] = {}
     for rank, stack in sorted(stacks.items()):
-        where = blocking(stack)
-        what, in_collective = where.what, where.waits_for_peers
-        frames = list(reversed(user_frames(stack)))
+        waits = waiting_at(stack)
+        what, in_collective, frames = waits.what, waits.blocking.waits_for_peers, waits.frames
         deferred = _deferred_in(stack) if in_collective else None
-        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred)
+        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred, waits.sync)
         if key not in classes:
             classes[key] = StackClass(
                 [],
@@ -77,11 +81,38 @@ def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
                 deferred=deferred,
                 libraries=_libraries(stack),
                 advice=issuer_advice(stack),
+                sync=waits.sync,
             )
         classes[key].ranks.append(rank)
         if in_collective:
-            classes[key].states[rank] = rank_state(stack, what)
+            # at a sync point, the group is the enqueued collective's, at its own line
+            classes[key].states[rank] = rank_state(stack, what, frames[-1] if waits.sync and frames else None)
     return sorted(classes.values(), key=lambda c: c.ranks[0])
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What a rank waits in and the user's frames that lead to it, outermost first. At a
+    device sync point, the collective enqueued before it, found in the source, stands
+    for the wait (``what`` its op, ``frames`` ending at its line), and ``sync`` says
+    where the rank really is."""
+
+    blocking: Blocking
+    what: str
+    frames: list[Frame]
+    sync: str | None = None
+
+
+def waiting_at(stack: ProcessStack) -> Waiting:
+    where = blocking(stack)
+    frames = list(reversed(user_frames(stack)))
+    if where.sync is None or not frames:
+        return Waiting(where, where.what, frames)
+    at = f"{where.sync} at {relative(frames[-1].file, os.getcwd())}:{frames[-1].line}"
+    enqueued = device.enqueued_before(frames)
+    if enqueued is None:
+        return Waiting(where, where.what, frames, f"{at}, with no collective before it in the source")
+    return Waiting(where, enqueued.op, enqueued.frames, f"{at}, after {enqueued.what}")
 
 
 def user_frames(stack: ProcessStack) -> list[Frame]:
@@ -93,7 +124,14 @@ def user_frames(stack: ProcessStack) -> list[Frame]:
 CREATED_GROUP = "name of the group being created"
 
 
-def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
+def after_loop(target: str, function: str, line: int) -> str:
+    """The state key of a counter a finished loop left behind (``step`` of ``for step, batch
+    in enumerate(loader)``): ranks that wait at one line with different last values ran
+    that loop a different number of times."""
+    return f"{target} after the loop at line {line} of {function}()"
+
+
+def rank_state(stack: ProcessStack, op: str, site: Frame | None = None) -> dict[str, str]:
     """What tells apart ranks that wait at the same line, from py-spy's locals: the
     process group the user's call passes (named after the variable that holds it)
     and the values of the loop variables around each user frame. Ranks at one line
@@ -112,7 +150,8 @@ def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
         if frame.function.endswith("_new_group_with_tag") and "group_name" in values:
             state[CREATED_GROUP] = values["group_name"]
     if user:
-        site, site_locals = user[0]
+        innermost, site_locals = user[0]
+        site = site or innermost
         group = source.group_argument(site.file, site.line, op)
         if group is None:
             state["process group"] = "the default group"
@@ -132,6 +171,11 @@ def rank_state(stack: ProcessStack, op: str) -> dict[str, str]:
                 text = values.get(target)
                 if text is not None and " at 0x" not in text:  # addresses differ by process
                     state[f"{target} in {frame.function}()"] = text
+        for finished in source.loops_before(frame.file, frame.line):
+            for target in source.loop_targets(finished):
+                text = values.get(target)
+                if text is not None and text.lstrip("-").isdigit():  # a counter, not a batch
+                    state[after_loop(target, frame.function, finished.lineno)] = text
     return state
 
 

@@ -16,10 +16,19 @@ from typing import Any
 
 import psutil
 
-from ncclcheck.communicates import DDP_BROADCASTS, OP_ADVICE, OWN_WRAPPERS, WAITABLE_OPS, issued_at
+from ncclcheck.communicates import (
+    COMM_LAYERS,
+    DDP_BROADCASTS,
+    OP_ADVICE,
+    OWN_WRAPPERS,
+    WAITABLE_OPS,
+    issued_at,
+)
 from ncclcheck.errors import InputError, StackPermissionError
+from ncclcheck.evidence import device
 from ncclcheck.model import Frame
 from ncclcheck.record.frames import is_user_file
+from ncclcheck.record.nccl_timing import EMULATION_FILE
 
 
 @dataclass
@@ -106,6 +115,12 @@ class Blocking:
 
     what: str
     waits_for_peers: bool
+    # the device synchronisation point it waits at (".item()"), when NCCL's asynchronous
+    # collectives let it run past the one it waits for (evidence/device.py)
+    sync: str | None = None
+    # the thread that waits, when not the main thread (an autograd hook's, a checkpoint's)
+    thread: str | None = None
+    native: str | None = None  # the native frame that confirms a device wait (--native)
 
 
 def _issued_by_library(callers: list[Frame]) -> tuple[str, str] | None:
@@ -115,7 +130,7 @@ def _issued_by_library(callers: list[Frame]) -> tuple[str, str] | None:
         issued = issued_at(frame.file, frame.function)
         if issued is not None:  # torch.distributed.checkpoint's are issuers themselves
             return issued
-        if "torch/distributed/" not in frame.file.replace("\\", "/"):
+        if not any(layer in frame.file.replace("\\", "/") for layer in COMM_LAYERS):
             return None
     return None
 
@@ -166,24 +181,59 @@ def _distributed_call(main: ThreadStack) -> Blocking | None:
     return Blocking(f"{outermost.function} (torch.distributed)", True) if outermost else None
 
 
-def blocking(stack: ProcessStack) -> Blocking:
-    """What the main thread waits in. The one classification of a stack: preflight's
-    rank states and doctor's stack classes both read it."""
-    main = stack.main
-    if main is None:
-        return Blocking("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
-    collective = _collective_frame(main)
-    for index, frame in enumerate(main.frames):  # innermost first
+def _in_collective(thread: ThreadStack) -> Blocking | None:
+    """The collective a thread waits in (or DDP's broadcast), as its frames show it."""
+    collective = _collective_frame(thread)
+    for index, frame in enumerate(thread.frames):  # innermost first
         if index == collective:
-            issued = _issued_by_library(main.frames[index + 1 :])
+            issued = _issued_by_library(thread.frames[index + 1 :])
             return Blocking(f"{frame.function} ({issued[0]})" if issued else frame.function, True)
-        if frame.function == "_engine_run_backward":
-            return Blocking("all_reduce (DDP gradient buckets, in backward)", True)
         path = frame.file.replace("\\", "/")
         for (fragment, function), what in DDP_BROADCASTS.items():
             # py-spy qualifies methods with their class
             if path.endswith(fragment) and frame.function.rsplit(".", 1)[-1] == function:
                 return Blocking(what, True)
+    return None
+
+
+def _on_another_thread(stack: ProcessStack, main: ThreadStack) -> Blocking | None:
+    """A collective another thread of the rank waits in: an autograd hook's (ZeRO-3's
+    parameter gather, FSDP's unshard, on the autograd engine's threads), an async
+    checkpoint's. Every thread counts: on NCCL the main thread may be anywhere."""
+    for thread in stack.threads:
+        if thread is main or not thread.frames:
+            continue
+        found = _in_collective(thread)
+        if found is not None:
+            name = thread.name or f"thread {thread.thread_id}"
+            return Blocking(f"{found.what} (on {name})", True, thread=name)
+    return None
+
+
+def _device_sync(main: ThreadStack) -> Blocking | None:
+    """A wait for the device: the innermost Python frame's line holds a synchronisation
+    point, or native frames (py-spy --native) show one."""
+    native = device.native_wait([f.function for f in main.frames])
+    python = [f for f in main.frames if f.file.endswith(".py")]
+    sync = device.sync_point(python[0].file, python[0].line) if python else None
+    if sync is not None:
+        return Blocking(f"a device sync point ({sync})", True, sync=sync, native=native)
+    if native is not None:
+        return Blocking(f"a device wait ({native})", True, native=native)
+    return None
+
+
+def blocking(stack: ProcessStack) -> Blocking:
+    """What the rank waits in. The one classification of a stack: preflight's rank
+    states and doctor's stack classes both read it."""
+    main = stack.main
+    if main is None:
+        return Blocking("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
+    found = _in_collective(main) or _on_another_thread(stack, main)
+    if found is not None:
+        return found
+    if any(frame.function == "_engine_run_backward" for frame in main.frames):
+        return Blocking("all_reduce (DDP gradient buckets, in backward)", True)
     for frame in main.frames:
         if "torch/utils/data/" in frame.file:
             return Blocking("DataLoader", False)
@@ -200,6 +250,9 @@ def blocking(stack: ProcessStack) -> Blocking:
         # `work.wait()` on an async_op=True collective: py-spy shows no frame for the
         # C++ wait, only the user's line
         return Blocking("wait() on an async collective", True)
+    synchronising = _device_sync(main)
+    if synchronising is not None:
+        return synchronising
     if stack.status == "stopped":
         return Blocking("stopped (SIGSTOP)", False)
     return Blocking("compute or I/O", False)
@@ -212,9 +265,14 @@ def threads_from_py_spy_json(
     dump taken on another machine needs evidence/dumps.is_user_path)."""
     threads = []
     for thread in data:
-        frames = [
-            Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?")))
+        # the NCCL timing emulation's wait: a CUDA rank shows no frame for it
+        raw = [
+            f
             for f in thread.get("frames", [])
+            if not str(f.get("filename", "")).replace("\\", "/").endswith(EMULATION_FILE)
+        ]
+        frames = [
+            Frame(str(f.get("filename", "?")), int(f.get("line", 0)), str(f.get("name", "?"))) for f in raw
         ]
         threads.append(
             ThreadStack(
@@ -222,10 +280,7 @@ def threads_from_py_spy_json(
                 thread.get("thread_name"),
                 frames,
                 bool(thread.get("active", False)),
-                [
-                    {str(v.get("name")): str(v.get("repr")) for v in (f.get("locals") or [])}
-                    for f in thread.get("frames", [])
-                ]
+                [{str(v.get("name")): str(v.get("repr")) for v in (f.get("locals") or [])} for f in raw]
                 if with_locals
                 else [],
                 [is_user(f.file) for f in frames],

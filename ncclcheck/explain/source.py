@@ -551,6 +551,26 @@ def decision_at(path: str, line: int) -> str | None:
     return None
 
 
+def loops_before(path: str, line: int) -> list[ast.For | ast.AsyncFor]:
+    """The for loops of ``line``'s function that ended before ``line`` (its loop
+    variables keep their last values), the last one first; nested functions aside."""
+    function = enclosing_function(path, line)
+    scope: ast.AST | None = function if function is not None else parse(path)
+    found: list[ast.For | ast.AsyncFor] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                continue
+            if isinstance(child, (ast.For, ast.AsyncFor)) and (child.end_lineno or child.lineno) < line:
+                found.append(child)
+            visit(child)
+
+    if scope is not None:
+        visit(scope)
+    return sorted(found, key=lambda loop: loop.end_lineno or loop.lineno, reverse=True)
+
+
 def innermost_loop(path: str, line: int) -> ast.stmt | None:
     loops = enclosing_loops(path, line)
     return loops[0] if loops else None

@@ -17,6 +17,7 @@ _VERDICT_STYLE = {
     Verdict.ALIGNED: "bold green",
     Verdict.MISALIGNED: "bold red",
     Verdict.HANG: "bold red",
+    Verdict.PROGRESSING: "bold green",
     Verdict.CRASH: "bold red",
     Verdict.ERROR: "bold yellow",
 }
@@ -154,13 +155,15 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("framework", "the dry run set the framework's own budget"),
         ("read", "read"),
         ("skipped", "not read"),
+        ("movement", "two looks at every rank"),
+        ("gpus", "the ranks' GPUs (NVML)"),
     ):
         noted = report.summary.get(key)
         if isinstance(noted, list) and noted:
             out.print(f"\n[bold]{title}[/]")
             for line in noted:
                 out.print(f"  {escape(str(line))}")
-    for key in ("stopped", "not_run", "note", "partial", "interrupted", "unexplained"):
+    for key in ("stopped", "not_run", "note", "partial", "interrupted", "unexplained", "decided_by"):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")
 

@@ -61,12 +61,19 @@ def from_shell(command: str, cwd: Path = REPO) -> subprocess.Popen[bytes]:
     )
 
 
-def start_hung(script: Path, nproc: int, cwd: Path = REPO, env: dict[str, str] | None = None) -> HungJob:
-    """torchrun started from a shell, as people do; returns once every rank is stuck."""
+# torchrun's argument that runs a script with NCCL's timing on gloo (record/nccl_timing.py)
+NCCL_TIMING = "-m ncclcheck.record.nccl_timing"
+
+
+def start_hung(
+    script: Path, nproc: int, cwd: Path = REPO, env: dict[str, str] | None = None, runner: str = ""
+) -> HungJob:
+    """torchrun started from a shell, as people do; returns once every rank is stuck.
+    ``runner``: what torchrun runs the script with (NCCL_TIMING), if not python."""
     assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
     command = (
         f"{assignments}REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
-        f"--nproc-per-node={nproc} {script}"
+        f"--nproc-per-node={nproc} {runner} {script}"
     )
     job = HungJob(from_shell(command, cwd), script)
     deadline = time.monotonic() + 90
@@ -90,9 +97,11 @@ def start_hung(script: Path, nproc: int, cwd: Path = REPO, env: dict[str, str] |
     raise AssertionError(f"{script} did not settle into a hang")
 
 
-def doctor_on_hung(script: Path, nproc: int, env: dict[str, str] | None = None) -> tuple[int, dict]:  # type: ignore[type-arg]
+def doctor_on_hung(
+    script: Path, nproc: int, env: dict[str, str] | None = None, runner: str = ""
+) -> tuple[int, dict]:  # type: ignore[type-arg]
     """Start ``script`` under torchrun, wait until it hangs, run doctor on torchrun, reap."""
-    job = start_hung(script, nproc, env=env)
+    job = start_hung(script, nproc, env=env, runner=runner)
     try:
         return doctor(job.agent().pid)
     finally:

@@ -4,6 +4,7 @@ from a divergence of the traces, doctor from ranks waiting at different lines.""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -125,7 +126,7 @@ def early_exit_before_the_call(f: Fork) -> Explanation | None:
             where = d.site(Frame(frame.file, guard.line, ""))
             return call_finding(
                 d,
-                _cause_of_exit(guard.kind),
+                cause_of_exit(guard.kind),
                 f"{who(f.other)} left {frame.function}() early through the "
                 f"`{guard.statement}` at {where} and "
                 f"missed the {op_text(f.call)} at {d.site(f.call.site)} that "
@@ -215,6 +216,83 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
     return None
 
 
+def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
+    """Both sides in one pass of a loop, at different calls: a ``continue`` under a test
+    (a NaN loss, an empty batch) let some rank skip the rest of a pass, its collectives
+    included, and the ranks have been a call apart since; or a try whose handler
+    swallowed an error did."""
+    if not f.common or len(f.alt_stack) < f.common:
+        return None
+    here, there = f.stack[f.common - 1], f.alt_stack[f.common - 1]
+    for loop in source.enclosing_loops(here.file, here.line):
+        if not source.contains(loop, there.line) or here.line == there.line:
+            continue
+        d, loop_site = f.d, f.d.site(Frame(here.file, loop.lineno, ""))
+        guard = skipped_pass(here.file, loop, max(here.line, there.line))
+        if guard is not None:
+            where = d.site(Frame(here.file, guard.line, ""))
+            return call_finding(
+                d,
+                cause_of_exit(guard.kind),
+                f"{who(f.made)} and {who(f.other)} wait at different calls of one pass of the loop at "
+                f"{loop_site}: `continue` under `if {guard.text}` ({where}) skips the rest of a pass, "
+                f"its collectives included, on the ranks where {_kind_said(guard.kind)}, and the ranks "
+                "have been a call apart since",
+                f.call,
+                f.made,
+                f.other,
+                [*f.evidence, f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}"],
+                Reason(
+                    REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST),
+                    where,
+                    f"if {guard.text}: continue",
+                ),
+            )
+        swallowing = source.swallowing_try(here.file, here.line) or source.swallowing_try(
+            there.file, there.line
+        )
+        if swallowing is not None and source.contains(loop, swallowing.lineno):
+            where = d.site(Frame(here.file, swallowing.lineno, ""))
+            return call_finding(
+                d,
+                Cause.RANK_EXCEPTION,
+                f"{who(f.made)} and {who(f.other)} wait at different calls of one pass of the loop at "
+                f"{loop_site}, inside a try whose handler swallows errors ({where}): a rank that "
+                "raised skipped the rest of a pass, its collectives included",
+                f.call,
+                f.made,
+                f.other,
+                list(f.evidence),
+                Reason(ReasonKind.SWALLOWED_ERROR, where, "try"),
+            )
+        return None
+    return None
+
+
+REASON_OF_KIND = {
+    source.RANK: ReasonKind.RANK_TEST,
+    source.DATA: ReasonKind.DATA_TEST,
+    source.OTHER: ReasonKind.LOCAL_TEST,
+}
+
+
+def _kind_said(kind: str) -> str:
+    return {
+        source.RANK: "the test reads the rank",
+        source.DATA: "the test reads the data, which differs per rank",
+    }.get(kind, "the test reads a value each rank computes for itself")
+
+
+def skipped_pass(path: str, loop: ast.stmt, before_line: int) -> source.Guard | None:
+    """The ``continue`` under a test of ``loop`` itself (not of a loop inside it) that
+    comes before ``before_line``: the way a rank skips the rest of a pass."""
+    for guard in source.conditional_exits(path, loop, before_line):
+        innermost = source.innermost_loop(path, guard.line)
+        if guard.statement == "continue" and innermost is not None and innermost.lineno == loop.lineno:
+            return guard
+    return None
+
+
 def nothing_in_the_source(f: Fork) -> Explanation:
     """Nothing in the source explains it: report the place, plainly, with no reason, and a
     value one side logged for a framework to reduce that the other side never did."""
@@ -249,6 +327,7 @@ FORK_RULES = (
     early_exit_before_the_call,
     a_loop_one_side_left,
     a_function_one_side_returned_from,
+    a_pass_one_side_skipped,
     a_test_the_ranks_answered_differently,
     nothing_in_the_source,
 )
@@ -306,7 +385,7 @@ def loop_left(
     if not exits:
         return None
     guard = exits[-1]
-    cause = _cause_of_exit(guard.kind)
+    cause = cause_of_exit(guard.kind)
     where = d.site(Frame(inside.file, guard.line, ""))
     # a test on what dist.reduce left on a rank that is not its dst (rooted.py)
     rooted = [
@@ -361,7 +440,7 @@ def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, source.Guard] 
     return None
 
 
-def _cause_of_exit(condition_kind: str) -> Cause:
+def cause_of_exit(condition_kind: str) -> Cause:
     """The cause an early exit or skip names, by what its condition reads."""
     return {
         source.RANK: Cause.RANK_EARLY_EXIT,

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ncclcheck.causes import Cause
-from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, state_split
+from ncclcheck.evidence import device
+from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, state_split
 from ncclcheck.explain import source
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
-from ncclcheck.explain.rules.branch import Fork, explain_fork
+from ncclcheck.explain.rules.branch import REASON_OF_KIND, Fork, cause_of_exit, explain_fork, skipped_pass
 from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import CollectiveCall, Frame, Severity
 
@@ -59,12 +60,26 @@ class Standoff:
 
 def explain_classes(d: Diagnoser, classes: list[StackClass], world: int, found: list[int]) -> Explanation:
     """The playbooks' doctor signals, applied to the merged stack classes."""
-    evidence = [f"{who(c.ranks)}: {c.blocking} at {_where(c)}" for c in classes]
+    evidence = [_seen(c) for c in classes]
     # what to do about a collective library code issued (SyncBatchNorm in training mode)
     evidence += dict.fromkeys(c.advice for c in classes if c.advice is not None)
     explanation = first_explanation(STACK_RULES, Standoff(d, classes, world, found, evidence))
     assert explanation is not None, "the last rule always answers"
+    synchronising = [c for c in classes if c.sync is not None and set(c.ranks) & set(explanation.ranks)]
+    if synchronising:
+        # NCCL's shape: say where these ranks really are
+        explanation.message += "; " + "; ".join(
+            f"{who(c.ranks)} {_verb(c.ranks)} at a device sync point ({c.sync}): the collective was "
+            "enqueued and never completed"
+            for c in synchronising
+        )
     return explanation
+
+
+def _seen(c: StackClass) -> str:
+    if c.sync is None:
+        return f"{who(c.ranks)}: {c.blocking} at {_where(c)}"
+    return f"{who(c.ranks)}: at a device sync point, {c.sync} ({c.blocking} enqueued at {_where(c)})"
 
 
 def ranks_missing_from_the_host(s: Standoff) -> Explanation | None:
@@ -110,6 +125,57 @@ def group_names_differ(s: Standoff) -> Explanation | None:
             "script names it, `ncclcheck preflight` shows which ranks called it",
         ],
     )
+
+
+def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
+    """Every rank at one line past a loop whose counter they left at different values
+    (``step`` of ``for step, batch in enumerate(val_loader)``): the loop ran more passes
+    on some ranks, and their extra collectives paired with the others' next call. The
+    common NCCL shape: the extra all_reduce returned at once, and every rank now waits
+    at the same barrier or read."""
+    only = s.one_call
+    if only is None or len(only.states) < 2:
+        return None
+    shared = set.intersection(*(set(state) for state in only.states.values()))
+    differing = {k for k in shared if len({state[k] for state in only.states.values()}) > 1}
+    for depth, frame in enumerate(only.frames):
+        for loop in source.loops_before(frame.file, frame.line):
+            keys = [after_loop(t, frame.function, loop.lineno) for t in source.loop_targets(loop)]
+            key = next((k for k in keys if k in differing), None)
+            if key is None or not differing <= set(keys):
+                continue
+            passes = {rank: int(state[key]) for rank, state in only.states.items()}
+            most = max(passes.values())
+            more = sorted(r for r, n in passes.items() if n == most)
+            fewer = sorted(r for r, n in passes.items() if n != most)
+            loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
+            enqueued = device.last_collective_in(frame.file, frame, loop)
+            chain = [*only.frames[:depth], *(enqueued.frames if enqueued else [frame])]
+            lines = [
+                f"{who(ranks)}: {key} = {value}"
+                for value, ranks in sorted(
+                    {v: sorted(r for r in passes if passes[r] == v) for v in set(passes.values())}.items()
+                )
+            ]
+            message = (
+                f"every rank waits in {only.blocking} at {_site(only)}, but the loop at {loop_site} ran "
+                f"more passes on {who(more)} than on {who(fewer)} ({'; '.join(lines)}): the extra "
+                + (f"{enqueued.what} at {_frame_site(enqueued.frames[-1])}" if enqueued else "collectives")
+                + " paired with the others' next call"
+            )
+            evidence = [*s.evidence, *lines]
+            cause, detail = _loader_cause(chain[: depth + 1], loop, evidence)
+            return s.d.explanation(
+                cause,
+                message + detail,
+                ranks=more,
+                absent_ranks=fewer,
+                op=enqueued.op if enqueued else only.blocking,
+                site=_frame_site(chain[-1]),
+                evidence=evidence,
+                reason=Reason(ReasonKind.LOADER_LENGTH, loop_site, ast.unparse(loop).splitlines()[0]),
+            )
+    return None
 
 
 def same_line_different_points(s: Standoff) -> Explanation | None:
@@ -227,6 +293,7 @@ def no_rank_waits(s: Standoff) -> Explanation:
 STACK_RULES = (
     ranks_missing_from_the_host,
     group_names_differ,
+    a_loop_ran_unequal_passes,
     same_line_different_points,
     every_rank_in_one_call,
     some_ranks_outside_any_collective,
@@ -356,6 +423,24 @@ def _loop_finding(
     assert inside.site is not None
     swallowing = source.swallowing_try(inside.site.file, inside.site.line)
     loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
+    # a `continue` of this loop before the call: one rank skipped a pass (a NaN loss, an
+    # empty batch), and from there the ranks were a call apart, to the loop's end
+    skipped = skipped_pass(frame.file, loop, frame.line + 1) if swallowing is None else None
+    if skipped is not None:
+        where = f"{relative(frame.file, os.getcwd())}:{skipped.line}"
+        return diagnoser.explanation(
+            cause_of_exit(skipped.kind),
+            f"{who(inside.ranks)} wait in {inside.blocking} in the loop at {loop_site}, {who(outside.ranks)} "
+            f"already left it: `continue` under `if {skipped.text}` ({where}) skipped the rest of a pass, "
+            "its collectives included, on some rank, and the ranks were a call apart from there to the "
+            "loop's end",
+            ranks=inside.ranks,
+            absent_ranks=outside.ranks,
+            op=inside.blocking,
+            site=_site(inside),
+            evidence=[*evidence, f"`if {skipped.text}: continue` at {where}"],
+            reason=Reason(REASON_OF_KIND[skipped.kind], where, f"if {skipped.text}: continue"),
+        )
     if swallowing is not None:
         cause = Cause.RANK_EXCEPTION
         try_site = f"{relative(inside.site.file, os.getcwd())}:{swallowing.lineno}"
@@ -366,7 +451,6 @@ def _loop_finding(
             f"collectives"
         )
     else:
-        cause = Cause.UNEVEN_EVAL_BATCHES
         reason = Reason(ReasonKind.LOADER_LENGTH, loop_site, ast.unparse(loop).splitlines()[0])
         message = (
             f"{who(inside.ranks)} are still in the loop at "
@@ -375,22 +459,8 @@ def _loop_finding(
             f"times on them"
         )
         depth = inside.frames.index(frame) if frame in inside.frames else len(inside.frames) - 1
-        origin = source.loader_origin(
-            [(f.file, f.line) for f in inside.frames[: depth + 1]],
-            loop,
-        )
-        if origin is not None:
-            built = f"{origin.name} = DataLoader(...) at {relative(origin.file, os.getcwd())}:{origin.line}"
-            if origin.sampler is None and not origin.rank_sharded:
-                cause = Cause.MISSING_DISTRIBUTED_SAMPLER
-                message += (
-                    f"; the loader ({built}) has no sampler and its dataset is not sharded by "
-                    f"rank, so each rank iterates a set of its own length"
-                )
-            else:
-                evidence.append(
-                    f"{built}, sampler: {origin.sampler or 'none, dataset sharded by rank by hand'}"
-                )
+        cause, detail = _loader_cause(inside.frames[: depth + 1], loop, evidence)
+        message += detail
     return diagnoser.explanation(
         cause,
         message,
@@ -401,6 +471,28 @@ def _loop_finding(
         evidence=evidence,
         reason=reason,
     )
+
+
+def _loader_cause(frames: list[Frame], loop: ast.stmt, evidence: list[str]) -> tuple[Cause, str]:
+    """A loop that ran a different number of times per rank: its loader, built without a
+    sampler on a set not sharded by rank (missing-distributed-sampler), or loaders of
+    unequal lengths (uneven-eval-batches). ``frames`` end in the loop's function; what
+    the loader's construction shows goes to ``evidence``."""
+    origin = source.loader_origin([(f.file, f.line) for f in frames], loop)
+    if origin is None:
+        return Cause.UNEVEN_EVAL_BATCHES, ""
+    built = f"{origin.name} = DataLoader(...) at {relative(origin.file, os.getcwd())}:{origin.line}"
+    if origin.sampler is None and not origin.rank_sharded:
+        return Cause.MISSING_DISTRIBUTED_SAMPLER, (
+            f"; the loader ({built}) has no sampler and its dataset is not sharded by "
+            f"rank, so each rank iterates a set of its own length"
+        )
+    evidence.append(f"{built}, sampler: {origin.sampler or 'none, dataset sharded by rank by hand'}")
+    return Cause.UNEVEN_EVAL_BATCHES, ""
+
+
+def _frame_site(frame: Frame) -> str:
+    return f"{relative(frame.file, os.getcwd())}:{frame.line}"
 
 
 def _site(cls: StackClass) -> str | None:

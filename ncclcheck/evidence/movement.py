@@ -1,0 +1,127 @@
+"""Is a job stuck at all? Two looks at every rank a moment apart.
+
+One stack dump cannot tell a hung job from one that trains: a rank of a healthy
+job is inside a collective much of the time. So doctor looks twice and compares,
+per rank, the main thread's frames and the values of the user's local variables
+(a loop counter that went on, a line that changed). A hang needs ranks that did
+not move. CPU time is measured and shown, but decides nothing: a rank that waits
+on gloo sleeps, one that waits on NCCL spins its CPU at 100%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import psutil
+
+from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
+from ncclcheck.explain.wording import relative, who
+
+
+@dataclass
+class Movement:
+    """What changed between two looks ``interval`` seconds apart."""
+
+    interval: float
+    moved: dict[int, str] = field(default_factory=dict)  # rank -> what moved
+    still: list[int] = field(default_factory=list)
+    cores: dict[int, float] = field(default_factory=dict)  # rank -> CPU used, in cores
+
+    @property
+    def everyone_moved(self) -> bool:
+        return bool(self.moved) and not self.still
+
+    def lines(self) -> list[str]:
+        said = [f"rank {rank}: {what}" for rank, what in sorted(self.moved.items())]
+        if self.still:
+            said.append(f"{who(self.still)}: same frames and local values after {self.interval:g} s")
+        if self.cores:
+            low, high = min(self.cores.values()), max(self.cores.values())
+            said.append(
+                f"CPU over the {self.interval:g} s: {low:.2f}-{high:.2f} of a core per rank (a rank "
+                "waiting on gloo sleeps, one waiting on NCCL spins at 100%: CPU alone decides nothing)"
+            )
+        return said
+
+    def decided(self) -> str:
+        """Which evidence decided, in a sentence."""
+        if self.everyone_moved:
+            return (
+                f"every rank moved between two looks {self.interval:g} s apart (its stack or a "
+                "local value changed): the job is making progress, not hung"
+            )
+        if self.moved:
+            return (
+                f"{who(sorted(self.moved))} moved between two looks {self.interval:g} s apart, "
+                f"{who(self.still)} did not"
+            )
+        return f"no rank moved between two looks {self.interval:g} s apart (same frames, same local values)"
+
+
+def cpu_seconds(pids: dict[int, int]) -> dict[int, float]:
+    """rank -> user + system CPU seconds of its process, for the ranks still there."""
+    used: dict[int, float] = {}
+    for rank, pid in pids.items():
+        try:
+            times = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        used[rank] = times.user + times.system
+    return used
+
+
+def compare(
+    first: dict[int, ProcessStack],
+    second: dict[int, ProcessStack],
+    interval: float,
+    cpu_before: dict[int, float],
+    cpu_after: dict[int, float],
+    cwd: str,
+) -> Movement:
+    movement = Movement(interval)
+    for rank in sorted(first):
+        what = _what_moved(first[rank], second.get(rank), cwd)
+        if what is None:
+            movement.still.append(rank)
+        else:
+            movement.moved[rank] = what
+        if rank in cpu_before and rank in cpu_after and interval > 0:
+            movement.cores[rank] = max(0.0, cpu_after[rank] - cpu_before[rank]) / interval
+    return movement
+
+
+def _what_moved(before: ProcessStack, after: ProcessStack | None, cwd: str) -> str | None:
+    if after is None or (after.error and not after.threads):
+        return "gone or unreadable at the second look"
+    old, new = before.main, after.main
+    if old is None or new is None:
+        return None if old is new else "its main thread changed"
+    old_frames, new_frames = _frames(old), _frames(new)
+    if old_frames != new_frames:
+        line_before, line_after = _innermost(old, cwd), _innermost(new, cwd)
+        if line_before == line_after:
+            return f"its stack changed below {line_before} (in library code)"
+        return f"its stack changed ({line_before} -> {line_after})"
+    for index, (was, now) in enumerate(zip(old.locals, new.locals, strict=False)):
+        if not old.is_user(index):
+            continue
+        changed = sorted(
+            (k for k in was.keys() & now.keys() if was[k] != now[k]),
+            key=lambda k: (" at 0x" in was[k], k),  # a counter says more than a new object
+        )
+        if changed:
+            name, function = changed[0], old.frames[index].function
+            if " at 0x" in was[name]:
+                return f"{name} in {function}() is a new object"
+            return f"{name} in {function}() went from {was[name]} to {now[name]}"
+    return None
+
+
+def _frames(thread: ThreadStack) -> list[tuple[str, int, str]]:
+    return [(f.file, f.line, f.function) for f in thread.frames]
+
+
+def _innermost(thread: ThreadStack, cwd: str) -> str:
+    user = [f for i, f in enumerate(thread.frames) if thread.is_user(i)]
+    frame = user[0] if user else thread.frames[0] if thread.frames else None
+    return f"{relative(frame.file, cwd)}:{frame.line}" if frame else "?"

@@ -1,0 +1,32 @@
+"""A healthy job: matmuls, a gradient-sized all_reduce and a logged loss, step after step
+for RUN_S seconds (doctor must call it progressing, not hung)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    weights = torch.randn(128, 128)
+    deadline = time.monotonic() + float(os.environ.get("RUN_S", "60"))
+    step = 0
+    while time.monotonic() < deadline:
+        activations = torch.randn(64, 128) @ weights
+        gradient = activations.t() @ activations / 64
+        dist.all_reduce(gradient)
+        weights -= 1e-4 * gradient / dist.get_world_size()
+        loss = activations.pow(2).mean()
+        if step % 50 == 0 and rank == 0:
+            print(f"step {step}: loss {loss.item():.3f}", flush=True)
+        step += 1
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

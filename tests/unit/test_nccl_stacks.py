@@ -1,0 +1,306 @@
+"""Stacks as NCCL jobs hang, read as pure analysis: ranks at a device sync point with no
+torch.distributed frame, collectives on the autograd engine's threads, native CUDA frames,
+and two looks that tell a job that moves from one that is stuck. Each stack is shaped after
+dumps people posted of hung NCCL jobs (pytorch, DeepSpeed and transformers issue threads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+from ncclcheck.commands.doctor import diagnose_ranks
+from ncclcheck.evidence import device, gpus, movement
+from ncclcheck.evidence.classes import merge_stacks
+from ncclcheck.evidence.processes import RankProcess
+from ncclcheck.evidence.stacks import ProcessStack, ThreadStack, blocking
+from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.model import Frame
+
+from .factories import TORCH, diagnoser, line_of, script, stack, waiting_in
+
+EVAL_ONLY_ON_RANK_0 = """
+    import torch
+    import torch.distributed as dist
+
+
+    def evaluate(model, loader):
+        total = torch.zeros(2)
+        for x, y in loader:
+            total += torch.stack([model(x).sum(), torch.tensor(1.0)])
+        dist.all_reduce(total)
+        return (total[0] / total[1]).item()
+
+
+    def main(model, loader):
+        rank = dist.get_rank()
+        if rank == 0:
+            print(evaluate(model, loader))
+        dist.barrier()
+    """
+
+
+def test_the_device_sync_point_on_a_line(tmp_path: Path) -> None:
+    path = script(
+        tmp_path,
+        """
+        loss_value = loss.item()
+        print(f"loss {loss}")
+        print(f"{loss.item():.3f}")
+        n = float(len(batch))
+        torch.cuda.synchronize()
+        preds = logits.argmax(-1).cpu().numpy()
+        x = y + 1
+        """,
+    )
+    said = [device.sync_point(path, line) for line in range(1, 8)]
+    assert said == [".item()", "print()", ".item()", None, "torch.cuda.synchronize()", ".cpu()", None]
+
+
+def test_the_collective_enqueued_before_a_read(tmp_path: Path) -> None:
+    path = script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+
+
+        def mean_across_ranks(value):
+            value = value.clone()
+            dist.all_reduce(value)
+            return value / dist.get_world_size()
+
+
+        def validate(model, loader):
+            losses = []
+            for x in loader:
+                loss = mean_across_ranks(model(x))
+                losses.append(loss.item())
+            return losses
+
+
+        def train(model, loader):
+            for x in loader:
+                print(x.sum().item())
+                dist.broadcast(x, src=0)
+        """,
+    )
+    read = Frame(path, line_of(path, "losses.append(loss.item())"), "validate")
+    found = device.enqueued_before([Frame(path, 30, "main"), read])
+    assert found is not None and found.op == "all_reduce"
+    assert [(f.function, f.line) for f in found.frames] == [
+        ("main", 30),
+        ("validate", line_of(path, "loss = mean_across_ranks")),
+        ("mean_across_ranks", line_of(path, "dist.all_reduce(value)")),
+    ]
+    # in a loop, what comes after the read ran on the pass before
+    looped = device.enqueued_before([Frame(path, line_of(path, "print(x.sum().item())"), "train")])
+    assert looped is not None and looped.op == "broadcast"
+    assert looped.frames[-1].line == line_of(path, "dist.broadcast(x")
+
+
+def test_a_rank_waiting_at_item_after_an_all_reduce_only_it_ran(tmp_path: Path) -> None:
+    """The common NCCL shape: rank 0's all_reduce returned at once and rank 0 waits at the
+    .item() after it, with no torch.distributed frame; rank 1 waits in the barrier."""
+    path = script(tmp_path, EVAL_ONLY_ON_RANK_0)
+    item_line = line_of(path, ".item()")
+    dumps = {
+        0: stack(
+            (path, item_line, "evaluate"),
+            (path, line_of(path, "print(evaluate("), "main"),
+        ),
+        1: waiting_in("barrier", (path, line_of(path, "dist.barrier()"), "main")),
+    }
+    where = blocking(dumps[0])
+    assert (where.sync, where.waits_for_peers) == (".item()", True)
+    explanation = explain_classes(diagnoser(tmp_path), merge_stacks(dumps), 2, [0, 1])
+    assert explanation.cause == "rank-conditional-collective"
+    assert explanation.site is not None and explanation.site.endswith(
+        f":{line_of(path, 'dist.all_reduce(total)')}"
+    )
+    assert (explanation.ranks, explanation.absent_ranks) == ([0], [1])
+    assert "at a device sync point (.item() at " in explanation.message
+    assert f"train.py:{item_line}, after all_reduce)" in explanation.message
+
+
+def test_native_frames_confirm_the_device_wait(tmp_path: Path) -> None:
+    """py-spy --native: CUDA's synchronize under the user's .item() line."""
+    path = script(tmp_path, EVAL_ONLY_ON_RANK_0)
+    item_line = line_of(path, ".item()")
+    rank0 = stack(
+        ("/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0, "cuStreamSynchronize"),
+        ("/opt/conda/lib/libcudart.so.12", 0, "cudaStreamSynchronize"),
+        ("/opt/conda/lib/libtorch_cuda.so", 0, "at::native::_local_scalar_dense_cuda(at::Tensor const&)"),
+        (path, item_line, "evaluate"),
+        (path, line_of(path, "print(evaluate("), "main"),
+    )
+    where = blocking(rank0)
+    assert (where.sync, where.native) == (".item()", "cuStreamSynchronize")
+    # without a readable line, the native frames alone still say it waits for the device
+    unreadable = stack(
+        ("/opt/conda/lib/libcudart.so.12", 0, "cudaStreamSynchronize"),
+        ("/opt/conda/lib/python3.10/site-packages/transformers/trainer_pt_utils.py", 140, "nested_numpify"),
+    )
+    assert blocking(unreadable).what == "a device wait (cudaStreamSynchronize)"
+
+
+ZERO3_TRAIN = """
+    def train(engine, loader):
+        for step, batch in enumerate(loader):
+            if batch["input_ids"].numel() == 0:  # everything was filtered out
+                continue
+            loss = engine(batch["input_ids"])
+            engine.backward(loss)
+            engine.step()
+    """
+SITE = "/opt/conda/lib/python3.10/site-packages"
+ZERO3_GATHER = [  # innermost first: DeepSpeed's ZeRO-3 parameter gather, down to torch
+    (f"{TORCH}/distributed/distributed_c10d.py", 3800, "all_gather_into_tensor"),
+    (f"{TORCH}/distributed/c10d_logger.py", 83, "wrapper"),
+    (f"{SITE}/deepspeed/comm/torch.py", 227, "all_gather_into_tensor"),
+    (f"{SITE}/deepspeed/comm/comm.py", 117, "log_wrapper"),
+    (f"{SITE}/deepspeed/runtime/zero/partition_parameters.py", 1131, "_all_gather_dtype"),
+    (f"{SITE}/deepspeed/runtime/zero/partition_parameters.py", 1160, "all_gather_coalesced"),
+    (f"{SITE}/deepspeed/runtime/zero/partitioned_param_coordinator.py", 413, "fetch_sub_module"),
+    (f"{SITE}/deepspeed/runtime/zero/parameter_offload.py", 460, "pre_sub_module_backward_function"),
+]
+
+
+def _thread(name: str, frames: list[tuple[str, int, str]], user_path: str) -> ThreadStack:
+    return ThreadStack(
+        7 if name != "MainThread" else 1,
+        name,
+        [Frame(*f) for f in frames],
+        user=[f[0] == user_path for f in frames],
+    )
+
+
+def test_a_zero3_gather_on_the_autograd_thread_while_another_rank_skipped_a_forward(tmp_path: Path) -> None:
+    """Rank 0 is in backward: its MainThread sits in autograd's engine, an autograd worker
+    thread waits in ZeRO-3's parameter gather. Rank 1 skipped the batch with `continue`
+    and waits in the next forward's gather on its main thread."""
+    path = script(tmp_path, ZERO3_TRAIN)
+    backward = line_of(path, "engine.backward(loss)")
+    forward = line_of(path, "loss = engine(")
+    rank0 = ProcessStack(
+        2000,
+        [
+            _thread(
+                "MainThread",
+                [
+                    (f"{TORCH}/autograd/graph.py", 824, "_engine_run_backward"),
+                    (f"{TORCH}/autograd/__init__.py", 347, "backward"),
+                    (f"{TORCH}/_tensor.py", 581, "backward"),
+                    (f"{SITE}/deepspeed/runtime/engine.py", 2020, "backward"),
+                    (path, backward, "train"),
+                ],
+                path,
+            ),
+            _thread("Dummy-3", ZERO3_GATHER, path),
+        ],
+        "running",
+    )
+    rank1 = ProcessStack(
+        2001,
+        [
+            _thread(
+                "MainThread",
+                [
+                    *ZERO3_GATHER[:-1],
+                    (f"{SITE}/deepspeed/runtime/zero/parameter_offload.py", 350, "_pre_forward_module_hook"),
+                    (f"{TORCH}/nn/modules/module.py", 1773, "_call_impl"),
+                    (path, forward, "train"),
+                ],
+                path,
+            )
+        ],
+        "running",
+    )
+    where = blocking(rank0)
+    assert where.waits_for_peers and where.thread == "Dummy-3"
+    assert (
+        where.what == "all_gather_into_tensor (DeepSpeed ZeRO-3 gathering a module's parameters) (on Dummy-3)"
+    )
+    explanation = explain_classes(diagnoser(tmp_path), merge_stacks({0: rank0, 1: rank1}), 2, [0, 1])
+    assert explanation.cause == "data-dependent-branch", explanation
+    assert any("every rank must run the same forwards and backwards" in e for e in explanation.evidence)
+
+
+def _looked(step: str, line: int) -> ProcessStack:
+    main = ThreadStack(1, "MainThread", [Frame("/job/train.py", line, "main")], locals=[{"step": step}])
+    main.user = [True]
+    return ProcessStack(3000, [main])
+
+
+def test_two_looks_tell_a_moving_job_from_a_stuck_one() -> None:
+    first = {0: _looked("41", 20), 1: _looked("41", 22)}
+    moving = movement.compare(first, {0: _looked("42", 20), 1: _looked("41", 20)}, 1.0, {}, {}, "/job")
+    assert moving.everyone_moved
+    assert moving.moved == {
+        0: "step in main() went from 41 to 42",
+        1: "its stack changed (train.py:22 -> train.py:20)",
+    }
+    stuck = movement.compare(
+        first, {0: _looked("41", 20), 1: _looked("41", 22)}, 1.0, {0: 5.0}, {0: 6.0}, "/"
+    )
+    assert (stuck.moved, stuck.still, stuck.cores) == ({}, [0, 1], {0: 1.0})
+    assert stuck.decided().startswith("no rank moved between two looks 1 s apart")
+    assert any("CPU alone decides nothing" in line for line in stuck.lines())
+
+
+class _Nvml:
+    """A stand-in for pynvml: two GPUs spinning in NCCL kernels, one idle."""
+
+    class _Process:
+        def __init__(self, pid: int) -> None:
+            self.pid, self.usedGpuMemory = pid, 20 * 2**30
+
+    class _Rates:
+        def __init__(self, gpu: int) -> None:
+            self.gpu = gpu
+
+    busy: ClassVar[dict[int, int]] = {0: 100, 1: 0, 2: 100}
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlDeviceGetCount(self) -> int:
+        return 3
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> _Rates:
+        return self._Rates(self.busy[handle])
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[_Process]:
+        return [self._Process(5000 + handle)]
+
+
+def test_the_idle_gpu_names_the_odd_rank_when_stacks_look_alike(tmp_path: Path) -> None:
+    reading = gpus.read({0: 5000, 1: 5001, 2: 5002, 3: 9999}, nvml=_Nvml())
+    assert reading is not None
+    assert reading.used == {0: (0, 100, 20.0), 1: (1, 0, 20.0), 2: (2, 100, 20.0)}
+    assert reading.odd_ones() == ([1], [0, 2])
+    assert reading.note == "rank 3: no GPU process with their pid (a container's pid namespace?)"
+    assert "the GPUs of rank 1 idle while those of ranks 0,2 spin at 100%" in (reading.verdict() or "")
+
+
+def test_a_job_without_cuda_reads_no_gpu(tmp_path: Path) -> None:
+    import os
+
+    assert gpus.read({0: os.getpid()}) is None  # this CPU process maps no CUDA library
+
+
+def test_alike_stacks_with_an_idle_gpu_are_a_collective_apart_not_the_transport(tmp_path: Path) -> None:
+    """Every rank at the same .item(): the stacks alone say transport; the idle GPU says
+    rank 1 never launched the collective the others spin in."""
+    path = script(tmp_path, EVAL_ONLY_ON_RANK_0)
+    item_line = line_of(path, ".item()")
+    stacks = {r: stack((path, item_line, "evaluate"), (path, 16, "main")) for r in range(3)}
+    ranks = [RankProcess(5000 + r, r, 3) for r in range(3)]
+    alike = diagnose_ranks(ranks, stacks)
+    assert alike.findings[0].cause == "transport-hang"
+    reading = gpus.read({r: 5000 + r for r in range(3)}, nvml=_Nvml())
+    told = diagnose_ranks(ranks, stacks, devices=reading)
+    finding = told.findings[0]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == ("collective-order-mismatch", [0, 2], [1])
+    assert "decided by the GPUs' utilisation (NVML), not by the stacks" in finding.evidence
+    assert told.summary["gpus"][1] == "rank 1: GPU 1 at 0% utilisation, 20.0 GiB"
