@@ -14,7 +14,10 @@ PASS or FAIL; the exit code is 1 when a check failed.
 5. the Flight Recorder's dump of this backend, read by doctor's reader;
 6. ncclcheck probe: backend, device, and its bandwidth figures;
 7. the recorder's cost per small all_reduce on this backend (bench_preflight.py);
-8. on a GPU node, the same on gloo with 2 ranks, where cores are many.
+8. on a GPU node, the same on gloo with 2 ranks, where cores are many;
+9. on a GPU node, doctor --native on one rank that waits at .item() for seconds of
+   queued GPU work after an all_reduce: the sync point, the native CUDA frames, and
+   the rank's GPU through NVML (when nvidia-ml-py is installed).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,6 +122,58 @@ print("RESULT " + json.dumps({"dumper": dump.__name__, **flight_recorder.read_du
 dist.barrier()
 dist.destroy_process_group()
 """
+
+
+# One rank that queues seconds of GPU work after an all_reduce and then reads a value:
+# it waits at .item() for the device, as a rank whose collective lacks a partner does.
+DEVICE_WAIT_SCRIPT = """
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+x = torch.randn(16384, 16384, device="cuda")
+dist.all_reduce(x)
+for _ in range(150):
+    x = x @ x
+print("queued", flush=True)
+value = x.sum().item()
+"""
+
+
+def doctor_at_a_device_wait(checks: Checks, work: Path) -> None:
+    """doctor on a real CUDA rank blocked at .item(): the sync point, native frames, NVML."""
+    script = work / "device_wait.py"
+    script.write_text(DEVICE_WAIT_SCRIPT)
+    log = work / "device_wait.log"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", str(script)]
+    with log.open("w") as out:
+        job = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "queued" not in log.read_text() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.5)
+        code, out_text, err, wall = run(
+            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(job.pid), "--native", "--json"], 120
+        )
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    try:
+        report: dict[str, Any] = json.loads(out_text)
+    except ValueError:
+        report = {}
+    where = (report.get("ranks") or [{}])[0].get("where", "")
+    checks.record(
+        "doctor on a CUDA rank waiting at .item() (sync point, --native frames, NVML)",
+        "device sync point (.item())" in where,
+        {
+            "exit": code,
+            "wall_s": round(wall, 1),
+            "where": where,
+            "gpus": report.get("summary", {}).get("gpus"),
+            "movement": report.get("summary", {}).get("movement"),
+            "stderr": last_error(err),
+        },
+    )
 
 
 class Checks:
@@ -375,6 +431,7 @@ def main() -> None:
             "7": lambda: recorder_cost(checks, "nccl", gpus) if cuda else recorder_cost(checks, "gloo", 2),
             # gloo where cores are many (the CI machine has 2)
             "8": lambda: recorder_cost(checks, "gloo", 2) if cuda else None,
+            "9": lambda: doctor_at_a_device_wait(checks, work) if cuda else None,
         }
         for number, step in steps.items():
             if number not in args.skip:
