@@ -32,7 +32,8 @@ SCRIPT = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
 def doctor(pid: int) -> tuple[float, dict[str, object]]:
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--pid", str(pid)],
+        # one look: the default second look adds its --interval (1 s) and one more dump
+        [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--interval", "0", "--pid", str(pid)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -194,6 +194,30 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
     return derived
 
 
+def rank_valued_names(scope: ast.AST | None) -> set[str]:
+    """Names assigned a rank or a test of one (``is_main = rank == 0``, ``local =
+    int(os.environ["LOCAL_RANK"])``): the names a rank test reads. Not a value computed
+    from what a rank holds (``loss = train_one_epoch(model, DataLoader(shard(rank)))``):
+    a test on that tests the data."""
+    named: set[str] = set()
+    if scope is None:
+        return named
+    assignments = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))]
+    for _ in range(3):  # a = rank; b = a == 0
+        before = len(named)
+        for node in assignments:
+            if node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for whole_target in targets:
+                for target, value in _paired(whole_target, node.value):
+                    if _is_rank_value(value, set(), named):
+                        named |= bound_names(target)
+        if len(named) == before:
+            break
+    return named
+
+
 def rank_attributes(class_def: ast.ClassDef) -> set[str]:
     """Attributes a class's methods set to a rank value (``self.is_primary =
     int(os.environ["RANK"]) == 0`` in ``__init__``): rank tests in all of its methods. The
@@ -220,26 +244,30 @@ def rank_attributes(class_def: ast.ClassDef) -> set[str]:
 _CONVERSIONS = frozenset({"int", "str", "bool", "float"})
 
 
-def _is_rank_value(expr: ast.AST, attributes: set[str]) -> bool:
-    """An expression whose value is a rank (or a test of one), not merely built from one."""
+def _is_rank_value(expr: ast.AST, attributes: set[str], names: set[str] | None = None) -> bool:
+    """An expression whose value is a rank (or a test of one), not merely built from one;
+    ``names``: local names known to hold one."""
+    names = names or set()
     if isinstance(expr, ast.Call):
         func = expr.func
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         if name in _CONVERSIONS and expr.args:
-            return _is_rank_value(expr.args[0], attributes)
+            return _is_rank_value(expr.args[0], attributes, names)
         return name in RANK_CALLS or reads_rank_environment(expr)
     if isinstance(expr, ast.Subscript):
         return reads_rank_environment(expr)
     if isinstance(expr, ast.Compare):
-        return any(_is_rank_value(side, attributes) for side in [expr.left, *expr.comparators])
+        return any(_is_rank_value(side, attributes, names) for side in [expr.left, *expr.comparators])
     if isinstance(expr, ast.BinOp):
-        return _is_rank_value(expr.left, attributes) or _is_rank_value(expr.right, attributes)
+        return _is_rank_value(expr.left, attributes, names) or _is_rank_value(expr.right, attributes, names)
     if isinstance(expr, ast.UnaryOp):
-        return _is_rank_value(expr.operand, attributes)
+        return _is_rank_value(expr.operand, attributes, names)
     if isinstance(expr, ast.BoolOp):
-        return any(_is_rank_value(value, attributes) for value in expr.values)
+        return any(_is_rank_value(value, attributes, names) for value in expr.values)
+    if isinstance(expr, ast.IfExp):
+        return _is_rank_value(expr.body, attributes, names) or _is_rank_value(expr.orelse, attributes, names)
     if isinstance(expr, ast.Name):
-        return expr.id in RANK_NAMES
+        return expr.id in RANK_NAMES or expr.id in names
     if isinstance(expr, ast.Attribute):
         return expr.attr in RANK_NAMES or (
             isinstance(expr.value, ast.Name) and expr.value.id == "self" and expr.attr in attributes
@@ -372,7 +400,7 @@ def condition_kind(path: str, test: ast.expr) -> str:
     tree = parse(path)
     line = getattr(test, "lineno", 0)
     function = enclosing_function(path, line)
-    derived = rank_derived_names(function) | rank_derived_names(tree)
+    derived = rank_valued_names(function) | rank_valued_names(tree)
     for node in enclosing_chain(path, line):
         if isinstance(node, ast.ClassDef):
             derived |= rank_attributes(node)
@@ -515,7 +543,7 @@ def _harmless(stmt: ast.stmt) -> bool:
     if isinstance(stmt, (ast.Return, ast.Pass)):
         return stmt.value is None if isinstance(stmt, ast.Return) else True
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        return _callee(stmt.value).rpartition(".")[2] in _HARMLESS_CALLS
+        return callee_name(stmt.value).rpartition(".")[2] in _HARMLESS_CALLS
     return False
 
 
@@ -595,12 +623,12 @@ def loop_targets(loop: ast.stmt) -> list[str]:
     return [n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)]
 
 
-def _callee(call: ast.Call) -> str:
+def callee_name(call: ast.Call) -> str:
     func = call.func
     return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
 
 
-def _calls_on_line(path: str, line: int) -> list[ast.Call]:
+def calls_on_line(path: str, line: int) -> list[ast.Call]:
     chain = enclosing_chain(path, line)
     if not chain:
         return []
@@ -614,75 +642,9 @@ def _calls_on_line(path: str, line: int) -> list[ast.Call]:
 def group_argument(path: str, line: int, op: str) -> ast.expr | None:
     """The ``group=`` expression of the call to ``op`` at ``line``; None when the call
     passes none (the default group)."""
-    for call in _calls_on_line(path, line):
-        if _callee(call) == op:
+    for call in calls_on_line(path, line):
+        if callee_name(call) == op:
             for keyword in call.keywords:
                 if keyword.arg == "group":
                     return keyword.value
-    return None
-
-
-@dataclass(frozen=True)
-class LoaderOrigin:
-    """Where the loader a loop iterates was built, as far as the source tells."""
-
-    name: str  # the variable that holds it where it was built
-    file: str
-    line: int
-    sampler: str | None  # the sampler= expression's source, None when there is none
-    rank_sharded: bool  # built from a rank-dependent dataset (a hand-made shard)
-
-
-def loader_origin(frames: list[tuple[str, int]], loop: ast.stmt) -> LoaderOrigin | None:
-    """Follow the iterable of ``loop`` (in the innermost of ``frames``, outermost first)
-    back to the ``DataLoader(...)`` call that built it: through ``enumerate(x)`` or
-    ``tqdm(x)``, and from a parameter to the argument its caller passed."""
-    if not isinstance(loop, (ast.For, ast.AsyncFor)) or not frames:
-        return None
-    iterable = loop.iter
-    while isinstance(iterable, ast.Call) and iterable.args:  # enumerate(loader), tqdm(loader)
-        iterable = iterable.args[0]
-    if not isinstance(iterable, ast.Name):
-        return None
-    name = iterable.id
-    for depth in range(len(frames) - 1, -1, -1):
-        path, line = frames[depth]
-        function = enclosing_function(path, line)
-        scope: ast.AST | None = function if function is not None else parse(path)
-        if scope is None:
-            return None
-        for node in ast.walk(scope):
-            if (
-                isinstance(node, ast.Assign)
-                and isinstance(node.value, ast.Call)
-                and _callee(node.value) == "DataLoader"
-                and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-            ):
-                sampler = next(
-                    (k.value for k in node.value.keywords if k.arg in ("sampler", "batch_sampler")), None
-                )
-                return LoaderOrigin(
-                    name=name,
-                    file=path,
-                    line=node.lineno,
-                    sampler=ast.unparse(sampler) if sampler is not None else None,
-                    rank_sharded=name in rank_derived_names(scope),
-                )
-        # not built here: a parameter? then follow the argument its caller passed
-        if function is None or depth == 0:
-            return None
-        params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
-        caller_path, caller_line = frames[depth - 1]
-        argument: ast.expr | None = None
-        for call in _calls_on_line(caller_path, caller_line):
-            if _callee(call) != function.name:
-                continue
-            argument = next((k.value for k in call.keywords if k.arg == name), None)
-            if argument is None and name in params:
-                index = params.index(name) - (1 if params and params[0] in ("self", "cls") else 0)
-                if 0 <= index < len(call.args):
-                    argument = call.args[index]
-        if not isinstance(argument, ast.Name):
-            return None
-        name = argument.id
     return None

@@ -14,7 +14,7 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.evidence import device
 from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, state_split
-from ncclcheck.explain import source
+from ncclcheck.explain import loaders, source
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
 from ncclcheck.explain.rules.branch import REASON_OF_KIND, Fork, cause_of_exit, explain_fork, skipped_pass
@@ -244,7 +244,18 @@ def a_framework_call_asked_by_some_ranks(s: Standoff) -> Explanation | None:
 
 
 def a_loop_some_ranks_left(s: Standoff) -> Explanation | None:
-    return _left_loop(s.waiting, s.d, s.evidence) if len(s.waiting) >= 2 else None
+    left = _left_loop(s.waiting, s.d, list(s.evidence)) if len(s.waiting) >= 2 else None
+    if left is None:
+        return None
+    explanation, in_a_shared_loop = left
+    if in_a_shared_loop:
+        # an epoch loop holds both sides: the others may be past this loop on the pass
+        # before (an eval loop of unequal length) or the next one after an early return
+        # (a checkpoint only rank 0 finishes): a reason in the source decides first
+        forked = the_source_decides(s)
+        if forked is not None and forked.reason is not None:
+            return forked
+    return explanation
 
 
 def the_source_decides(s: Standoff) -> Explanation | None:
@@ -353,7 +364,9 @@ def _verb(ranks: list[int]) -> str:
     return "waits" if len(ranks) == 1 else "wait"
 
 
-def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]) -> Explanation | None:
+def _left_loop(
+    waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]
+) -> tuple[Explanation, bool] | None:
     """Some ranks still in a loop's collective, the others past the loop in the same function.
 
     A try whose handler swallows errors around the call: rank-exception. A loop
@@ -381,12 +394,14 @@ def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[s
             # loops of the functions below it, which the other side has left entirely
             candidates = [(here, there.line)] + [(f, None) for f in inside.frames[len(shared) :]]
             for frame, other_line in candidates:
-                loops = source.enclosing_loops(frame.file, frame.line)
-                if other_line is not None and any(source.contains(lp, other_line) for lp in loops):
-                    continue  # both sides inside one loop: they drifted apart, they did not leave it
+                # the loops the other side is not in (the inner ones: an epoch loop may hold
+                # both sides while only one is still in its eval loop)
+                around = source.enclosing_loops(frame.file, frame.line)
+                loops = [lp for lp in around if other_line is None or not source.contains(lp, other_line)]
                 if not loops:
-                    continue
-                if other_line is not None and other_line < loops[-1].lineno:
+                    continue  # both sides inside one loop: they drifted apart, they did not leave it
+                both_in_a_loop = len(loops) < len(around)  # on a later pass, above is after
+                if other_line is not None and other_line < loops[-1].lineno and not both_in_a_loop:
                     # the other side waits above the loop, no loop of this function around
                     # both: it never reached the loop (a branch before it sent it elsewhere)
                     return None
@@ -396,7 +411,7 @@ def _left_loop(waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[s
                     for g in source.conditional_exits(frame.file, loop)
                 ):
                     return None  # a break or return decided: the source-reading diagnosis says which
-                return _loop_finding(inside, outside, frame, loops[0], diagnoser, evidence)
+                return _loop_finding(inside, outside, frame, loops[0], diagnoser, evidence), both_in_a_loop
     return None
 
 
@@ -430,10 +445,10 @@ def _loop_finding(
         where = f"{relative(frame.file, os.getcwd())}:{skipped.line}"
         return diagnoser.explanation(
             cause_of_exit(skipped.kind),
-            f"{who(inside.ranks)} wait in {inside.blocking} in the loop at {loop_site}, {who(outside.ranks)} "
-            f"already left it: `continue` under `if {skipped.text}` ({where}) skipped the rest of a pass, "
-            "its collectives included, on some rank, and the ranks were a call apart from there to the "
-            "loop's end",
+            f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
+            f"{who(outside.ranks)} already left it: `continue` under `if {skipped.text}` ({where}) "
+            "skipped the rest of a pass, its collectives included, on some rank, and the ranks were a "
+            "call apart from there to the loop's end",
             ranks=inside.ranks,
             absent_ranks=outside.ranks,
             op=inside.blocking,
@@ -446,14 +461,14 @@ def _loop_finding(
         try_site = f"{relative(inside.site.file, os.getcwd())}:{swallowing.lineno}"
         reason = Reason(ReasonKind.SWALLOWED_ERROR, try_site, "try")
         message = (
-            f"{who(inside.ranks)} wait in {inside.blocking} inside a try whose handler swallows "
-            f"errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
+            f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside a try whose handler "
+            f"swallows errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
             f"collectives"
         )
     else:
         reason = Reason(ReasonKind.LOADER_LENGTH, loop_site, ast.unparse(loop).splitlines()[0])
         message = (
-            f"{who(inside.ranks)} are still in the loop at "
+            f"{who(inside.ranks)} {'is' if len(inside.ranks) == 1 else 'are'} still in the loop at "
             f"{relative(frame.file, os.getcwd())}:{loop.lineno} (in "
             f"{inside.blocking}), {who(outside.ranks)} already left it: the loop ran fewer "
             f"times on them"
@@ -478,7 +493,7 @@ def _loader_cause(frames: list[Frame], loop: ast.stmt, evidence: list[str]) -> t
     sampler on a set not sharded by rank (missing-distributed-sampler), or loaders of
     unequal lengths (uneven-eval-batches). ``frames`` end in the loop's function; what
     the loader's construction shows goes to ``evidence``."""
-    origin = source.loader_origin([(f.file, f.line) for f in frames], loop)
+    origin = loaders.loader_origin([(f.file, f.line) for f in frames], loop)
     if origin is None:
         return Cause.UNEVEN_EVAL_BATCHES, ""
     built = f"{origin.name} = DataLoader(...) at {relative(origin.file, os.getcwd())}:{origin.line}"
