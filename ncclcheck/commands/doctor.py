@@ -252,7 +252,6 @@ def diagnose_ranks(
     explanation = explain_classes(diagnoser, classes, world, [r.rank for r in ranks])
     if moved is not None:
         explanation.evidence.append(moved.decided())
-        explanation.evidence += [line for line in moved.lines() if not line.startswith("CPU")]
     dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
     recorded = flight_recorder.evidence(dumps)
     if recorded:

@@ -163,9 +163,11 @@ def print_report(report: Report, out: Console | None = None) -> None:
             out.print(f"\n[bold]{title}[/]")
             for line in noted:
                 out.print(f"  {escape(str(line))}")
-    for key in ("stopped", "not_run", "note", "partial", "interrupted", "unexplained", "decided_by"):
+    for key in ("stopped", "not_run", "note", "partial", "interrupted", "unexplained"):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")
+    if report.summary.get("decided_by") and not report.findings:  # else a finding's evidence says it
+        out.print(f"\n{escape(str(report.summary['decided_by']))}")
 
 
 def _eval_batches(value: object) -> str:
