@@ -304,3 +304,44 @@ def test_alike_stacks_with_an_idle_gpu_are_a_collective_apart_not_the_transport(
     assert (finding.cause, finding.ranks, finding.absent_ranks) == ("collective-order-mismatch", [0, 2], [1])
     assert "decided by the GPUs' utilisation (NVML), not by the stacks" in finding.evidence
     assert told.summary["gpus"][1] == "rank 1: GPU 1 at 0% utilisation, 20.0 GiB"
+
+
+def test_an_async_checkpoint_thread_waiting_in_its_collective_is_what_the_rank_waits_for(
+    tmp_path: Path,
+) -> None:
+    """DCP's async_save plans the save with collectives on a thread of its own while the
+    main thread trains on (here: in its DataLoader)."""
+    path = script(tmp_path, ZERO3_TRAIN)
+    dcp = f"{TORCH}/distributed/checkpoint"
+    rank = ProcessStack(
+        4000,
+        [
+            _thread(
+                "MainThread",
+                [
+                    (f"{TORCH}/utils/data/dataloader.py", 1448, "_next_data"),
+                    (path, line_of(path, "for step, batch"), "train"),
+                ],
+                path,
+            ),
+            _thread(
+                "AsyncCheckpointExecutor_0",
+                [
+                    (f"{TORCH}/distributed/distributed_c10d.py", 3100, "gather_object"),
+                    (f"{TORCH}/distributed/c10d_logger.py", 83, "wrapper"),
+                    (f"{dcp}/utils.py", 150, "_DistWrapper.gather_object"),
+                    (f"{dcp}/utils.py", 210, "_DistWrapper.reduce_scatter"),
+                    (f"{dcp}/state_dict_saver.py", 290, "_save_state_dict"),
+                    (f"{TORCH}/../concurrent/futures/thread.py", 58, "run"),
+                ],
+                path,
+            ),
+        ],
+        "sleeping",
+    )
+    where = blocking(rank)
+    assert where.waits_for_peers and where.thread == "AsyncCheckpointExecutor_0"
+    assert where.what == (
+        "gather_object (torch.distributed.checkpoint coordinating a save or load across the ranks) "
+        "(on AsyncCheckpointExecutor_0)"
+    )
