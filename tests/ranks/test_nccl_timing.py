@@ -134,3 +134,15 @@ def test_preflight_with_nccl_timing_finds_the_cause_where_the_rank_waits_at_the_
     # rank 0's all_reduce returned at once; it waits at the .item() two lines below
     item_line = line_in(playbook.repro_path, "return (totals[0] / totals[1]).item()")
     assert report["ranks"][0]["where"].endswith(f"repro.py:{item_line} in evaluate"), report["ranks"]
+
+
+def test_preflight_names_the_skipped_pass_too() -> None:
+    """The traces part at rank 0's last all_reduce in the loop, rank 1 having left it: the
+    loop's bound is the same on every rank, so the `continue` decided, not a loader."""
+    script = SCRIPTS / "skip_step_on_nonfinite_loss.py"
+    proc, report = preflight("--nproc-per-node=2", str(script.relative_to(REPO)))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = next(f for f in report["findings"] if f["severity"] == "error")
+    assert finding["cause"] == "data-dependent-branch", finding
+    assert finding["site"] == f"tests/scripts/{script.name}:{line_in(script, 'dist.all_reduce(gradient)')}"
+    assert "`continue` under `if not torch.isfinite(loss)`" in finding["message"], finding

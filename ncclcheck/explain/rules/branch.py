@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
-from ncclcheck.explain import source
+from ncclcheck.explain import loaders, source
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
 from ncclcheck.explain.wording import (
     issuer_advice,
@@ -283,6 +283,16 @@ def _kind_said(kind: str) -> str:
     }.get(kind, "the test reads a value each rank computes for itself")
 
 
+def skips_a_pass(inside: Frame, loop: ast.stmt) -> source.Guard | None:
+    """The ``continue`` that explains one collective fewer on some ranks in ``loop``, when
+    its passes are the same on every rank: not over a loader built without a sampler
+    (unsharded or sharded by hand), whose length is the likelier difference."""
+    origin = loaders.loader_origin([(inside.file, inside.line)], loop)
+    if origin is not None and origin.sampler is None:
+        return None
+    return skipped_pass(inside.file, loop, inside.line + 1)
+
+
 def skipped_pass(path: str, loop: ast.stmt, before_line: int) -> source.Guard | None:
     """The ``continue`` under a test of ``loop`` itself (not of a loop inside it) that
     comes before ``before_line``: the way a rank skips the rest of a pass."""
@@ -373,6 +383,7 @@ def loop_left(
     ``outside_line``; any, when they left the whole function), through which
     break/return, under which condition."""
     exits: list[source.Guard] = []
+    skipped: tuple[ast.stmt, source.Guard] | None = None
     for loop in source.enclosing_loops(inside.file, inside.line):
         if outside_line is not None and source.contains(loop, outside_line):
             return None  # both sides are in this loop: it is not the one left
@@ -382,8 +393,29 @@ def loop_left(
             exits = [ended]  # no break: the loop's own test ended it
         if exits:
             break
+        if skipped is None:
+            found = skips_a_pass(inside, loop)
+            skipped = (loop, found) if found is not None else None
     if not exits:
-        return None
+        if skipped is None:
+            return None
+        loop, guard = skipped
+        where = d.site(Frame(inside.file, guard.line, ""))
+        return d.explanation(
+            cause_of_exit(guard.kind),
+            f"{who(inside_ranks)} made one {op_text(call)} more than {who(outside_ranks)} in the loop at "
+            f"{d.site(Frame(inside.file, loop.lineno, ''))}: its passes are the same on every rank, but "
+            f"`continue` under `if {guard.text}` ({where}) skips the rest of a pass, its collectives "
+            f"included, on the ranks where {_kind_said(guard.kind)}",
+            ranks=inside_ranks,
+            absent_ranks=outside_ranks,
+            op=call.op,
+            site=d.site(call.site),
+            evidence=[*evidence, f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}"],
+            reason=Reason(
+                REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST), where, f"if {guard.text}: continue"
+            ),
+        )
     guard = exits[-1]
     cause = cause_of_exit(guard.kind)
     where = d.site(Frame(inside.file, guard.line, ""))

@@ -17,7 +17,7 @@ from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, st
 from ncclcheck.explain import loaders, source
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
-from ncclcheck.explain.rules.branch import REASON_OF_KIND, Fork, cause_of_exit, explain_fork, skipped_pass
+from ncclcheck.explain.rules.branch import REASON_OF_KIND, Fork, cause_of_exit, explain_fork, skips_a_pass
 from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import CollectiveCall, Frame, Severity
 
@@ -440,7 +440,7 @@ def _loop_finding(
     loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
     # a `continue` of this loop before the call: one rank skipped a pass (a NaN loss, an
     # empty batch), and from there the ranks were a call apart, to the loop's end
-    skipped = skipped_pass(frame.file, loop, frame.line + 1) if swallowing is None else None
+    skipped = skips_a_pass(frame, loop) if swallowing is None else None
     if skipped is not None:
         where = f"{relative(frame.file, os.getcwd())}:{skipped.line}"
         return diagnoser.explanation(
