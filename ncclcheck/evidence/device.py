@@ -110,7 +110,7 @@ def enqueued_before(frames: list[Frame]) -> Enqueued | None:
     return None
 
 
-def last_collective_in(path: str, frame: Frame, loop: ast.For | ast.AsyncFor | ast.While) -> Enqueued | None:
+def last_collective_in(path: str, loop: ast.For | ast.AsyncFor | ast.While) -> Enqueued | None:
     """The last collective a pass of ``loop`` (in ``frame``'s function) issues."""
     for statement in reversed(loop.body):
         found = _last_collective(path, statement, statement.end_lineno or statement.lineno, _CALL_DEPTH)
@@ -171,13 +171,13 @@ def _last_collective(
             continue
         if call.lineno == before_line and sync_point_of(call):
             continue
-        function = _function_name(statement, call.lineno, path)
+        function = _function_name(path, call.lineno)
         site = Frame(path, call.lineno, function)
         named = _collective_call(call)
         if named is not None:
             return named[0], named[1], [site]
         if depth > 0:
-            callee = _callee_def(path, call, statement)
+            callee = _callee_def(path, call)
             if callee is not None:
                 inner = _last_in_function(path, callee, depth - 1)
                 if inner is not None:
@@ -223,14 +223,12 @@ def _collective_call(call: ast.Call) -> tuple[str, str] | None:
     return None
 
 
-def _function_name(statement: ast.stmt, line: int, path: str) -> str:
+def _function_name(path: str, line: int) -> str:
     function = source.enclosing_function(path, line)
     return function.name if function is not None else "<module>"
 
 
-def _callee_def(
-    path: str, call: ast.Call, statement: ast.stmt
-) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+def _callee_def(path: str, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The user's function ``call`` calls, when the same file defines it: a module-level
     function by name, or ``self.method`` of the class around the call."""
     tree = source.parse(path)

@@ -149,7 +149,7 @@ def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
             more = sorted(r for r, n in passes.items() if n == most)
             fewer = sorted(r for r, n in passes.items() if n != most)
             loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
-            enqueued = device.last_collective_in(frame.file, frame, loop)
+            enqueued = device.last_collective_in(frame.file, loop)
             chain = [*only.frames[:depth], *(enqueued.frames if enqueued else [frame])]
             lines = [
                 f"{who(ranks)}: {key} = {value}"
