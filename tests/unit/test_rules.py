@@ -360,3 +360,39 @@ def test_every_rank_in_the_same_last_call_and_nothing_moving_is_the_transport(tm
     stacks = {r: waiting_in("all_reduce", (path, 2, "main")) for r in (0, 1)}
     explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
     assert explanation.cause is Cause.TRANSPORT_HANG
+
+
+def test_when_nothing_in_the_source_explains_the_fork_it_says_so_and_gives_no_fix(tmp_path: Path) -> None:
+    """Ranks at two calls that no test, exit or loop of the source sends apart (a rank that
+    took another path through a library, say): the finding says the reason was not found,
+    lists what the source shows on the way and what would decide, and gives no fix."""
+    path = script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+
+
+        def sync(x):
+            dist.all_reduce(x)
+
+
+        def share(x):
+            dist.broadcast(x, src=0)
+
+
+        def main(x, y):
+            sync(x)
+            share(y)
+        """,
+    )
+    dumps = {
+        0: waiting_in("all_reduce", (path, line_of(path, "dist.all_reduce(x)"), "sync"), (path, 13, "main")),
+        1: waiting_in("broadcast", (path, line_of(path, "dist.broadcast(x"), "share"), (path, 14, "main")),
+    }
+    explanation = _doctor(tmp_path, dumps)
+    assert explanation.reason is None
+    assert "the reason was not found in the source" in explanation.message
+    assert any(line.startswith("what would decide:") for line in explanation.evidence)
+    assert any("no test, exit or swallowing try" in line for line in explanation.evidence)
+    finding = explanation.finding(load_catalogue(PLAYBOOKS))
+    assert finding.fix == ""

@@ -304,8 +304,10 @@ def skipped_pass(path: str, loop: ast.stmt, before_line: int) -> source.Guard | 
 
 
 def nothing_in_the_source(f: Fork) -> Explanation:
-    """Nothing in the source explains it: report the place, plainly, with no reason, and a
-    value one side logged for a framework to reduce that the other side never did."""
+    """Nothing in the source explains it: say so, report the place with no reason, list
+    what the source shows on the way (each test, exit and swallowing try around or before
+    the calls) and what would decide, and give no cause's fix. A value one side logged for
+    a framework to reduce that the other side never did is a reason of its own."""
     evidence = list(f.evidence)
     for mine, mine_ranks, theirs_ranks, theirs in (
         (f.call, f.made, f.other, f.alt),
@@ -318,18 +320,59 @@ def nothing_in_the_source(f: Fork) -> Explanation:
                 f"depend on its data (self.log_dict of per-rank keys), log the same names on "
                 f"every rank"
             )
-            break
-    return call_finding(
-        f.d,
-        Cause.RANK_CONDITIONAL_COLLECTIVE,
-        f"{who(f.made)} called {op_text(f.call)} at {f.d.site(f.call.site)}; "
-        f"{who(f.other)} did something else at that point",
-        f.call,
-        f.made,
-        f.other,
-        evidence,
-        None,
+            return call_finding(
+                f.d,
+                Cause.RANK_CONDITIONAL_COLLECTIVE,
+                f"{who(f.made)} called {op_text(f.call)} at {f.d.site(f.call.site)}; "
+                f"{who(f.other)} did something else at that point",
+                f.call,
+                f.made,
+                f.other,
+                evidence,
+                None,
+            )
+    candidates = _candidates(f)
+    evidence += [f"on the way, the source shows: {line}" for line in candidates] or [
+        "on the way, the source shows no test, exit or swallowing try around or before these calls"
+    ]
+    evidence.append(
+        "what would decide: the values each rank read there (`ncclcheck preflight --perturb` makes "
+        "rank-local values differ on purpose; doctor reads py-spy's --locals), or the ranks' "
+        "collective sequences (run with TORCH_FR_BUFFER_SIZE=2000 and give doctor the Flight "
+        "Recorder dumps)"
     )
+    explanation = f.d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"{who(f.made)} called {op_text(f.call)} at {f.d.site(f.call.site)}; {who(f.other)} did not: "
+        "the ranks parted here, and the reason was not found in the source (no rank test, exit, "
+        "loop exit, skipped pass or test on the data or on a rank-local value on the way)",
+        ranks=f.made,
+        absent_ranks=f.other,
+        op=f.call.op,
+        site=f.d.site(f.call.site),
+        evidence=evidence,
+    )
+    explanation.fix = ""  # no cause was found: no cause's fix
+    return explanation
+
+
+def _candidates(f: Fork) -> list[str]:
+    """Each test, exit and swallowing try around or before the two sides' calls."""
+    found: dict[str, None] = {}
+    for stack in (f.stack[max(f.common - 1, 0) :], f.alt_stack[max(f.common - 1, 0) :]):
+        for frame in stack:
+            for guard in source.guards_of(frame.file, frame.line):
+                found[f"`if {guard.text}` at {f.d.site(Frame(frame.file, guard.line, ''))}"] = None
+            function = source.enclosing_function(frame.file, frame.line)
+            if function is not None:
+                for exit_ in source.conditional_exits(frame.file, function, before_line=frame.line):
+                    where = f.d.site(Frame(frame.file, exit_.line, ""))
+                    found[f"`{exit_.statement}` under `if {exit_.text}` at {where}"] = None
+            swallowing = source.swallowing_try(frame.file, frame.line)
+            if swallowing is not None:
+                where = f.d.site(Frame(frame.file, swallowing.lineno, ""))
+                found[f"a try at {where} whose handler swallows errors"] = None
+    return list(found)[:8]
 
 
 FORK_RULES = (
