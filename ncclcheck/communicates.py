@@ -107,6 +107,17 @@ LIGHTNING_COLLECTIVES = frozenset(
 )
 
 
+# Methods whose name alone says nothing, on an object whose variable's name holds the
+# word (fabric, accelerator, model_engine): what each does across the ranks.
+RECEIVER_METHODS = {
+    ("fabric", "barrier"): "Fabric waits for every rank",
+    ("fabric", "save"): "Fabric waits for every rank in it and saves collectively under FSDP or DeepSpeed",
+    ("fabric", "backward"): "under DDP, FSDP or DeepSpeed the gradients are reduced across the ranks",
+    ("accelerator", "backward"): "the prepared model's gradients are reduced across the ranks",
+    ("engine", "backward"): "DeepSpeed reduces the gradients across the ranks",
+}
+
+
 # -- library code that issues a collective the user never wrote (diagnosis, doctor) ---
 
 # Collectives a user never wrote, named for what issued them.

@@ -29,6 +29,7 @@ from ncclcheck.communicates import (
     LIGHTNING_COLLECTIVES,
     NATIVE_DEVICE_WAITS,
     P2P,
+    RECEIVER_METHODS,
 )
 from ncclcheck.explain import source
 from ncclcheck.model import Frame
@@ -218,6 +219,9 @@ def _collective_call(call: ast.Call) -> tuple[str, str] | None:
         return "all_gather", f"{receiver}.{func.attr}()"
     if "fabric" in lowered and func.attr in LIGHTNING_COLLECTIVES:
         return func.attr, f"{receiver}.{func.attr}()"
+    for (word, method), what in RECEIVER_METHODS.items():
+        if func.attr == method and word in lowered:
+            return ("barrier" if method == "barrier" else "all_reduce"), f"{receiver}.{method}() ({what})"
     if func.attr == "backward" and not call.args[1:]:
         return "all_reduce", BACKWARD_COLLECTIVE
     return None

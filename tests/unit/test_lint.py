@@ -951,7 +951,49 @@ class AverageMeter:
         dist.all_reduce(self.total)
         return self.total[0] / self.total[1]
 """
+FABRIC = """
+import torch
+from lightning.fabric import Fabric
+
+
+def main(model, optimizer, loader):
+    fabric = Fabric(strategy="ddp")
+    fabric.launch()
+    model, optimizer = fabric.setup(model, optimizer)
+    for epoch in range(3):
+        for batch in loader:
+            optimizer.zero_grad()
+            fabric.backward(model(batch).sum())
+            optimizer.step()
+        {call}
+"""
+DEEPSPEED = """
+import deepspeed
+
+
+def train(model_engine, loader, rank):
+    for step, batch in enumerate(loader):
+        loss = model_engine(batch).sum()
+        model_engine.backward(loss)
+        model_engine.step()
+        {call}
+"""
 SHAPES = {
+    "fabric-save": (
+        FABRIC,
+        'if fabric.global_rank == 0:\n            fabric.save("last.ckpt", {"model": model})',
+        'fabric.save("last.ckpt", {"model": model})',
+    ),
+    "fabric-barrier": (
+        FABRIC,
+        'if fabric.is_global_zero:\n            print("epoch done")\n            fabric.barrier()',
+        'if fabric.is_global_zero:\n            print("epoch done")\n        fabric.barrier()',
+    ),
+    "deepspeed-checkpoint": (
+        DEEPSPEED,
+        'if rank == 0 and step % 100 == 0:\n            model_engine.save_checkpoint("ckpt")',
+        'if step % 100 == 0:\n            model_engine.save_checkpoint("ckpt")',
+    ),
     "env-constant": (
         ENV_CONSTANT,
         'if LOCAL_RANK == 0:\n            save_checkpoint(model, f"ckpt-{epoch}.pt")',

@@ -32,6 +32,7 @@ from ncclcheck.communicates import (
     DCP_FUNCTIONS,
     DCP_MODULE,
     LIGHTNING_COLLECTIVES,
+    RECEIVER_METHODS,
     STATE_DICT_FUNCTIONS,
     STATE_DICT_MODULE,
     ZERO_CONSOLIDATE,
@@ -331,6 +332,9 @@ class Linter:
             return "self.all_gather"
         if attr == "barrier" and "strategy" in receiver:
             return f"{receiver}.barrier"
+        for (word, method), what in RECEIVER_METHODS.items():
+            if attr == method and word in receiver.lower():
+                return f"{receiver}.{attr}() ({what})"
         if attr in LIGHTNING_COLLECTIVES and ("strategy" in receiver or "fabric" in receiver.lower()):
             return f"{receiver}.{attr}"  # Lightning's Strategy and Fabric: broadcast, reduce, ...
         if attr == "compute" and "torchmetrics" in module.libraries and not call.args:
