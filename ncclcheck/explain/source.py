@@ -218,6 +218,30 @@ def rank_valued_names(scope: ast.AST | None) -> set[str]:
     return named
 
 
+def rank_functions(tree: ast.Module | None) -> set[str]:
+    """The module's functions that return a rank or a test of one (``def get_rank(): return
+    int(os.environ.get("RANK", 0))``, ``def is_leader(): return get_rank() == 0``): a call
+    to one is a rank value, as ``dist.get_rank()`` is."""
+    found: set[str] = set()
+    if tree is None:
+        return found
+    functions = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for _ in range(3):  # is_leader() calls get_rank()
+        before = len(found)
+        for function in functions:
+            if function.name in found:
+                continue
+            returned = [
+                n.value for n in ast.walk(function) if isinstance(n, ast.Return) and n.value is not None
+            ]
+            named = rank_valued_names(function) | found
+            if returned and all(_is_rank_value(value, set(), named) for value in returned):
+                found.add(function.name)
+        if len(found) == before:
+            break
+    return found
+
+
 def rank_attributes(class_def: ast.ClassDef) -> set[str]:
     """Attributes a class's methods set to a rank value (``self.is_primary =
     int(os.environ["RANK"]) == 0`` in ``__init__``): rank tests in all of its methods. The
@@ -253,7 +277,7 @@ def _is_rank_value(expr: ast.AST, attributes: set[str], names: set[str] | None =
         name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
         if name in _CONVERSIONS and expr.args:
             return _is_rank_value(expr.args[0], attributes, names)
-        return name in RANK_CALLS or reads_rank_environment(expr)
+        return name in RANK_CALLS or name in names or reads_rank_environment(expr)
     if isinstance(expr, ast.Subscript):
         return reads_rank_environment(expr)
     if isinstance(expr, ast.Compare):
@@ -400,7 +424,7 @@ def condition_kind(path: str, test: ast.expr) -> str:
     tree = parse(path)
     line = getattr(test, "lineno", 0)
     function = enclosing_function(path, line)
-    derived = rank_valued_names(function) | rank_valued_names(tree)
+    derived = rank_valued_names(function) | rank_valued_names(tree) | rank_functions(tree)
     for node in enclosing_chain(path, line):
         if isinstance(node, ast.ClassDef):
             derived |= rank_attributes(node)

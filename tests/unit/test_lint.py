@@ -978,7 +978,34 @@ def train(model_engine, loader, rank):
         model_engine.step()
         {call}
 """
+RANK_FUNCTION = """
+import os
+import torch
+import torch.distributed as dist
+
+
+def process_id():
+    return int(os.environ.get("RANK", "0"))
+
+
+def first_process():
+    return process_id() == 0
+
+
+def average(value):
+    dist.all_reduce(value)
+    return value / dist.get_world_size()
+
+
+def main(loss):
+    {call}
+"""
 SHAPES = {
+    "rank-function": (
+        RANK_FUNCTION,
+        "if first_process():\n        print(average(loss))",
+        "mean = average(loss)\n    if first_process():\n        print(mean)",
+    ),
     "fabric-save": (
         FABRIC,
         'if fabric.global_rank == 0:\n            fabric.save("last.ckpt", {"model": model})',

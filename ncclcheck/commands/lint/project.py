@@ -42,6 +42,7 @@ from ncclcheck.explain.source import (
     bound_names,
     rank_attributes,
     rank_derived_names,
+    rank_functions,
 )
 from ncclcheck.model import Finding
 
@@ -634,7 +635,7 @@ class Linter:
     def check(self, module: _Module) -> list[Finding]:
         self.files_checked += 1
         findings: list[Finding] = []
-        module_derived = self.derived_names(module.tree)
+        module_derived = self.derived_names(module.tree) | rank_functions(module.tree)
         indexed = {id(f.node): f for functions in module.functions.values() for f in functions}
         scopes: list[tuple[_Function | None, ast.AST]] = [(None, module.tree)]
         for node in module.all_nodes:
