@@ -234,7 +234,7 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
             return call_finding(
                 d,
                 cause_of_exit(guard.kind),
-                f"{who(f.made)} and {who(f.other)} wait at different calls of one pass of the loop at "
+                f"{who(f.made)} and {who(f.other)} are at different calls of one pass of the loop at "
                 f"{loop_site}: `continue` under `if {guard.text}` ({where}) skips the rest of a pass, "
                 f"its collectives included, on the ranks where {_kind_said(guard.kind)}, and the ranks "
                 "have been a call apart since",
@@ -256,7 +256,7 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
             return call_finding(
                 d,
                 Cause.RANK_EXCEPTION,
-                f"{who(f.made)} and {who(f.other)} wait at different calls of one pass of the loop at "
+                f"{who(f.made)} and {who(f.other)} are at different calls of one pass of the loop at "
                 f"{loop_site}, inside a try whose handler swallows errors ({where}): a rank that "
                 "raised skipped the rest of a pass, its collectives included",
                 f.call,
