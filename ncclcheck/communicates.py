@@ -253,26 +253,17 @@ ISSUERS = {
         "and no stage that skips a batch or leaves the loop early on its own data",
     ),
     # the transformers Trainer gathers predictions and labels at every eval step (through
-    # accelerate): a process with fewer eval batches leaves the others waiting
+    # accelerate): a process with fewer eval batches leaves the others waiting. The
+    # playbooks give both libraries' fixes in their own terms (fix.frameworks): no advice here
     **{
-        (module, function): (
-            "the transformers Trainer gathering eval predictions across processes",
-            "the Trainer gathers predictions at every eval step: every process must run the same "
-            "number of eval steps (let the Trainer shard the eval set; do not call evaluate() or "
-            "predict() on one process only, and under ZeRO-3 generate with synced_gpus=True)",
-        )
+        (module, function): ("the transformers Trainer gathering eval predictions across processes", "")
         for module, function in (
             ("transformers.trainer", "_nested_gather"),
             ("transformers.trainer", "gather_function"),
             ("transformers.trainer_pt_utils", "*"),
         )
     },
-    ("accelerate.utils.operations", "*"): (
-        "accelerate gathering or padding tensors across processes",
-        "accelerate's gather, gather_for_metrics, reduce and pad_across_processes are collective: "
-        "every process calls them the same number of times; keep Accelerator(even_batches=True) "
-        "(the default) so that every process gets as many batches",
-    ),
+    ("accelerate.utils.operations", "*"): ("accelerate gathering or padding tensors across processes", ""),
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",
