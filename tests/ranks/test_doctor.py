@@ -42,8 +42,8 @@ class HungJob:
         return [p for p in self.agent().children() if "RANK" in p.environ()]
 
 
-def doctor(*pids: int, cwd: Path = REPO) -> tuple[int, dict]:  # type: ignore[type-arg]
-    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json"]
+def doctor(*pids: int, cwd: Path = REPO, interval: float = 1.0) -> tuple[int, dict]:  # type: ignore[type-arg]
+    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--interval", str(interval)]
     for pid in pids:
         argv += ["--pid", str(pid)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd, check=False)
@@ -85,7 +85,8 @@ def start_hung(
                 continue
         except (StopIteration, psutil.Error):
             continue
-        _code, report = doctor(job.agent().pid, cwd=cwd)
+        # one look each time: the loop's own two looks in a row are what tells it settled
+        _code, report = doctor(job.agent().pid, cwd=cwd, interval=0)
         summary = json.dumps(report.get("summary", {}).get("classes"))
         # Every hanging repro ends with at least one rank waiting in a collective; before
         # that, two looks can agree by chance (all ranks still importing torch, say).
