@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,25 +173,7 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
     """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``).
 
     ``nodes``: the scope's nodes where the caller has walked them already."""
-    derived: set[str] = set()
-    if scope is None:
-        return derived
-    assignments = [
-        n for n in (ast.walk(scope) if nodes is None else nodes) if isinstance(n, (ast.Assign, ast.AnnAssign))
-    ]
-    for _ in range(3):  # a few rounds reach chains like a = rank; b = a == 0
-        before = len(derived)
-        for node in assignments:
-            if node.value is None:
-                continue
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for whole_target in targets:
-                for target, value in _paired(whole_target, node.value):
-                    if kind_of(value, derived) == RANK:
-                        derived |= bound_names(target)
-        if len(derived) == before:
-            break
-    return derived
+    return _names_assigned(scope, nodes, lambda value, derived: kind_of(value, derived) == RANK)
 
 
 def rank_valued_names(scope: ast.AST | None) -> set[str]:
@@ -199,23 +181,34 @@ def rank_valued_names(scope: ast.AST | None) -> set[str]:
     int(os.environ["LOCAL_RANK"])``): the names a rank test reads. Not a value computed
     from what a rank holds (``loss = train_one_epoch(model, DataLoader(shard(rank)))``):
     a test on that tests the data."""
-    named: set[str] = set()
+    return _names_assigned(scope, None, lambda value, named: _is_rank_value(value, set(), named))
+
+
+def _names_assigned(
+    scope: ast.AST | None,
+    nodes: Iterable[ast.AST] | None,
+    holds: Callable[[ast.expr, set[str]], bool],
+) -> set[str]:
+    """The names ``scope`` assigns a value that ``holds`` of, given the names found so far."""
+    found: set[str] = set()
     if scope is None:
-        return named
-    assignments = [n for n in ast.walk(scope) if isinstance(n, (ast.Assign, ast.AnnAssign))]
-    for _ in range(3):  # a = rank; b = a == 0
-        before = len(named)
+        return found
+    assignments = [
+        n for n in (ast.walk(scope) if nodes is None else nodes) if isinstance(n, (ast.Assign, ast.AnnAssign))
+    ]
+    for _ in range(3):  # a few rounds reach chains like a = rank; b = a == 0
+        before = len(found)
         for node in assignments:
             if node.value is None:
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for whole_target in targets:
                 for target, value in _paired(whole_target, node.value):
-                    if _is_rank_value(value, set(), named):
-                        named |= bound_names(target)
-        if len(named) == before:
+                    if holds(value, found):
+                        found |= bound_names(target)
+        if len(found) == before:
             break
-    return named
+    return found
 
 
 def rank_functions(tree: ast.Module | None) -> set[str]:

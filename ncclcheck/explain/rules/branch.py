@@ -230,23 +230,18 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
         d, loop_site = f.d, f.d.site(Frame(here.file, loop.lineno, ""))
         guard = skipped_pass(here.file, loop, max(here.line, there.line))
         if guard is not None:
-            where = d.site(Frame(here.file, guard.line, ""))
+            skip = SkippedPass.of(d, here.file, guard)
             return call_finding(
                 d,
-                cause_of_exit(guard.kind),
+                skip.cause,
                 f"{who(f.made)} and {who(f.other)} are at different calls of one pass of the loop at "
-                f"{loop_site}: `continue` under `if {guard.text}` ({where}) skips the rest of a pass, "
-                f"its collectives included, on the ranks where {_kind_said(guard.kind)}, and the ranks "
-                "have been a call apart since",
+                f"{loop_site}: {skip.said} skips the rest of a pass, its collectives included, on the "
+                f"ranks where {_kind_said(guard.kind)}, and the ranks have been a call apart since",
                 f.call,
                 f.made,
                 f.other,
-                [*f.evidence, f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}"],
-                Reason(
-                    REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST),
-                    where,
-                    f"if {guard.text}: continue",
-                ),
+                [*f.evidence, skip.evidence],
+                skip.reason,
             )
         swallowing = source.swallowing_try(here.file, here.line) or source.swallowing_try(
             there.file, there.line
@@ -281,6 +276,28 @@ def _kind_said(kind: str) -> str:
         source.RANK: "the test reads the rank",
         source.DATA: "the test reads the data, which differs per rank",
     }.get(kind, "the test reads a value each rank computes for itself")
+
+
+@dataclass(frozen=True)
+class SkippedPass:
+    """A ``continue`` under a test that let some ranks skip the rest of a pass, as said."""
+
+    cause: Cause
+    said: str  # "`continue` under `if ...` (site)", for a message
+    evidence: str
+    reason: Reason
+
+    @classmethod
+    def of(cls, d: Diagnoser, path: str, guard: source.Guard) -> SkippedPass:
+        where = d.site(Frame(path, guard.line, ""))
+        return cls(
+            cause_of_exit(guard.kind),
+            f"`continue` under `if {guard.text}` ({where})",
+            f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}",
+            Reason(
+                REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST), where, f"if {guard.text}: continue"
+            ),
+        )
 
 
 def skips_a_pass(inside: Frame, loop: ast.stmt) -> source.Guard | None:
@@ -443,21 +460,19 @@ def loop_left(
         if skipped is None:
             return None
         loop, guard = skipped
-        where = d.site(Frame(inside.file, guard.line, ""))
+        skip = SkippedPass.of(d, inside.file, guard)
         return d.explanation(
-            cause_of_exit(guard.kind),
+            skip.cause,
             f"{who(inside_ranks)} made one {op_text(call)} more than {who(outside_ranks)} in the loop at "
             f"{d.site(Frame(inside.file, loop.lineno, ''))}: its passes are the same on every rank, but "
-            f"`continue` under `if {guard.text}` ({where}) skips the rest of a pass, its collectives "
-            f"included, on the ranks where {_kind_said(guard.kind)}",
+            f"{skip.said} skips the rest of a pass, its collectives included, on the ranks where "
+            f"{_kind_said(guard.kind)}",
             ranks=inside_ranks,
             absent_ranks=outside_ranks,
             op=call.op,
             site=d.site(call.site),
-            evidence=[*evidence, f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}"],
-            reason=Reason(
-                REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST), where, f"if {guard.text}: continue"
-            ),
+            evidence=[*evidence, skip.evidence],
+            reason=skip.reason,
         )
     guard = exits[-1]
     cause = cause_of_exit(guard.kind)

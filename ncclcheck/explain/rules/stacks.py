@@ -17,7 +17,7 @@ from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, st
 from ncclcheck.explain import loaders, source
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
-from ncclcheck.explain.rules.branch import REASON_OF_KIND, Fork, cause_of_exit, explain_fork, skips_a_pass
+from ncclcheck.explain.rules.branch import Fork, SkippedPass, explain_fork, skips_a_pass
 from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import CollectiveCall, Frame, Severity
 
@@ -442,19 +442,19 @@ def _loop_finding(
     # empty batch), and from there the ranks were a call apart, to the loop's end
     skipped = skips_a_pass(frame, loop) if swallowing is None else None
     if skipped is not None:
-        where = f"{relative(frame.file, os.getcwd())}:{skipped.line}"
+        skip = SkippedPass.of(diagnoser, frame.file, skipped)
         return diagnoser.explanation(
-            cause_of_exit(skipped.kind),
+            skip.cause,
             f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
-            f"{who(outside.ranks)} already left it: `continue` under `if {skipped.text}` ({where}) "
-            "skipped the rest of a pass, its collectives included, on some rank, and the ranks were a "
-            "call apart from there to the loop's end",
+            f"{who(outside.ranks)} already left it: {skip.said} skipped the rest of a pass, its "
+            "collectives included, on some rank, and the ranks were a call apart from there to the "
+            "loop's end",
             ranks=inside.ranks,
             absent_ranks=outside.ranks,
             op=inside.blocking,
             site=_site(inside),
-            evidence=[*evidence, f"`if {skipped.text}: continue` at {where}"],
-            reason=Reason(REASON_OF_KIND[skipped.kind], where, f"if {skipped.text}: continue"),
+            evidence=[*evidence, skip.evidence],
+            reason=skip.reason,
         )
     if swallowing is not None:
         cause = Cause.RANK_EXCEPTION
