@@ -210,7 +210,8 @@ def diagnose_ranks(
     """Merge the stacks into classes and name the cause; with a second look (``moved``),
     a job whose every rank moved is progressing, not hung; with the ranks' GPUs
     (``devices``), ranks whose stacks look alike are told apart by who idles."""
-    classes = merge_stacks({r: s for r, s in stacks.items() if s.threads or s.status == "stopped"})
+    waits = {rank: waiting_at(stack) for rank, stack in stacks.items()}
+    classes = merge_stacks({r: s for r, s in stacks.items() if s.threads or s.status == "stopped"}, waits)
     world = max(r.world_size for r in ranks)
     report = Report(command="doctor", verdict=Verdict.HANG, world_size=world)
     if moved is not None:
@@ -220,16 +221,20 @@ def diagnose_ranks(
         report.summary["gpus"] = devices.lines()
     for proc in ranks:
         stack = stacks[proc.rank]
-        waits = waiting_at(stack)
+        waiting = waits[proc.rank]
         user = user_frames(stack)
-        what = waits.blocking.what if waits.sync is None else f"{waits.blocking.what}, after {waits.what}"
+        what = (
+            waiting.blocking.what
+            if waiting.sync is None
+            else f"{waiting.blocking.what}, after {waiting.what}"
+        )
         report.ranks.append(
             RankState(
                 rank=proc.rank,
                 host=proc.host,
                 pid=proc.pid,
                 phase=None,
-                state=RankStatus.IN_COLLECTIVE if waits.blocking.waits_for_peers else RankStatus.STUCK,
+                state=RankStatus.IN_COLLECTIVE if waiting.blocking.waits_for_peers else RankStatus.STUCK,
                 where=f"{_frame_text(user[0])} ({what})" if user else what,
             )
         )

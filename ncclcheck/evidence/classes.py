@@ -65,13 +65,16 @@ def _libraries(stack: ProcessStack) -> list[str]:
     return sorted(found)
 
 
-def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
+def merge_stacks(
+    stacks: dict[int, ProcessStack], waits: dict[int, Waiting] | None = None
+) -> list[StackClass]:
+    """``waits``: each rank's ``waiting_at``, where the caller has it already."""
     classes: dict[tuple[object, ...], StackClass] = {}
     for rank, stack in sorted(stacks.items()):
-        waits = waiting_at(stack)
-        what, in_collective, frames = waits.what, waits.blocking.waits_for_peers, waits.frames
+        waiting = waits[rank] if waits is not None and rank in waits else waiting_at(stack)
+        what, in_collective, frames = waiting.what, waiting.blocking.waits_for_peers, waiting.frames
         deferred = _deferred_in(stack) if in_collective else None
-        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred, waits.sync)
+        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred, waiting.sync)
         if key not in classes:
             classes[key] = StackClass(
                 [],
@@ -81,12 +84,14 @@ def merge_stacks(stacks: dict[int, ProcessStack]) -> list[StackClass]:
                 deferred=deferred,
                 libraries=_libraries(stack),
                 advice=issuer_advice(stack),
-                sync=waits.sync,
+                sync=waiting.sync,
             )
         classes[key].ranks.append(rank)
         if in_collective:
             # at a sync point, the group is the enqueued collective's, at its own line
-            classes[key].states[rank] = rank_state(stack, what, frames[-1] if waits.sync and frames else None)
+            classes[key].states[rank] = rank_state(
+                stack, what, frames[-1] if waiting.sync and frames else None
+            )
     return sorted(classes.values(), key=lambda c: c.ranks[0])
 
 
