@@ -258,6 +258,23 @@ def rank_attributes(class_def: ast.ClassDef) -> set[str]:
     return found
 
 
+def rank_fields(tree: ast.Module | None) -> set[str]:
+    """Class-level fields whose default is a rank value, as a dataclass or config class
+    declares them (``lead: bool = int(os.environ["RANK"]) == 0``, or through
+    ``field(default_factory=lambda: ...)``): ``cfg.lead`` is a rank test wherever read."""
+    classes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)] if tree is not None else []
+    found: set[str] = set()
+    for field_ in (n for c in classes for n in c.body if isinstance(n, ast.AnnAssign)):
+        value = field_.value
+        if isinstance(value, ast.Call) and callee_name(value) == "field":
+            given = {k.arg: k.value for k in value.keywords}
+            value = given.get("default", given.get("default_factory"))
+            value = value.body if isinstance(value, ast.Lambda) else value
+        if isinstance(field_.target, ast.Name) and value is not None and _is_rank_value(value, set()):
+            found.add(field_.target.id)
+    return found
+
+
 _CONVERSIONS = frozenset({"int", "str", "bool", "float"})
 
 
@@ -417,7 +434,7 @@ def condition_kind(path: str, test: ast.expr) -> str:
     tree = parse(path)
     line = getattr(test, "lineno", 0)
     function = enclosing_function(path, line)
-    derived = rank_valued_names(function) | rank_valued_names(tree) | rank_functions(tree)
+    derived = rank_valued_names(function) | rank_valued_names(tree) | rank_functions(tree) | rank_fields(tree)
     for node in enclosing_chain(path, line):
         if isinstance(node, ast.ClassDef):
             derived |= rank_attributes(node)

@@ -16,13 +16,33 @@ HOME = "https://github.com/ncclcheck/ncclcheck"
 
 
 def text_lines(findings: list[Finding]) -> list[str]:
-    """``path:line:col: cause: message``, as compilers and ruff print, warnings marked."""
-    return [
-        f"{located(f).path}:{located(f).line}:{located(f).col}: {f.cause}: "
-        + ("" if f.severity is Severity.ERROR else "(warning) ")
-        + f.message
-        for f in findings
-    ]
+    """``path:line:col: cause: message``, as compilers and ruff print, warnings marked;
+    where the collective is reached through a call of the checked file, that call too, as
+    a compiler's ``note:`` line: the place the fix goes, for an editor to jump to."""
+    lines = []
+    for f in findings:
+        where = located(f)
+        lines.append(
+            f"{where.path}:{where.line}:{where.col}: {f.cause}: "
+            + ("" if f.severity is Severity.ERROR else "(warning) ")
+            + f.message
+        )
+        guarded = guarded_call(f)
+        if guarded is not None:
+            lines.append(f"{guarded[0]}:{guarded[1]}:1: note: the call that reaches it{guarded[2]}")
+    return lines
+
+
+def guarded_call(finding: Finding) -> tuple[str, int, str] | None:
+    """(path, line, ' under the test at line N') of the call in the checked file that leads
+    to a collective elsewhere; None where the collective is itself in the checked line."""
+    where = located(finding)
+    if where.call_line is None or not where.checked_path:
+        return None
+    if (where.checked_path, where.call_line) == (where.path, where.line):
+        return None
+    under = f", under the test at line {where.condition_line}" if where.condition_line else ""
+    return where.checked_path, where.call_line, under
 
 
 def report(findings: list[Finding], catalogue: Catalogue) -> Report:
@@ -38,6 +58,24 @@ def report(findings: list[Finding], catalogue: Catalogue) -> Report:
             )
         )
     return result
+
+
+def _related(finding: Finding) -> dict[str, Any]:
+    guarded = guarded_call(finding)
+    if guarded is None:
+        return {}
+    return {
+        "relatedLocations": [
+            {
+                "id": 1,
+                "message": {"text": f"the call that reaches the collective{guarded[2]}"},
+                "physicalLocation": {
+                    "artifactLocation": {"uri": guarded[0].replace("\\", "/")},
+                    "region": {"startLine": guarded[1]},
+                },
+            }
+        ]
+    }
 
 
 def sarif(findings: list[Finding], catalogue: Catalogue) -> dict[str, Any]:
@@ -65,6 +103,7 @@ def sarif(findings: list[Finding], catalogue: Catalogue) -> dict[str, Any]:
                     }
                 }
             ],
+            **_related(f),
         }
         for f in findings
     ]

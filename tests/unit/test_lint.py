@@ -1000,7 +1000,91 @@ def average(value):
 def main(loss):
     {call}
 """
+DIST_UTILS_MODULE = """
+import os
+from dataclasses import dataclass, field
+
+
+def leader():
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@dataclass
+class RunConfig:
+    epochs: int = 3
+    local_lead: bool = field(default_factory=lambda: int(os.environ["LOCAL_RANK"]) == 0)
+"""
+IMPORTED_HELPERS = """
+import torch
+import torch.distributed as dist
+import dist_utils
+from dist_utils import RunConfig, leader
+
+
+def save(model):
+    dist.barrier()  # every rank waits for the others before rank 0 writes
+    torch.save(model.state_dict(), "ckpt.pt")
+
+
+def main(model, loss):
+    cfg = RunConfig()
+    {call}
+"""
+CONFIG_FIELD = """
+import os
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 1e-3
+    is_main: bool = int(os.getenv("RANK", "0")) == 0
+
+
+def evaluate(cfg: TrainConfig, loss):
+    {call}
+"""
+METRIC_COLLECTION = """
+import torch
+import torch.distributed as dist
+from torchmetrics import MetricCollection
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+
+def validate(model, loader):
+    metrics = MetricCollection([MulticlassAccuracy(num_classes=3), MulticlassF1Score(num_classes=3)])
+    for inputs, labels in loader:
+        metrics.update(model(inputs), labels)
+    {call}
+"""
 SHAPES = {
+    "imported-rank-function": (
+        IMPORTED_HELPERS,
+        "if leader():\n        save(model)",
+        "dist.barrier()\n    if leader():\n        torch.save(model.state_dict(), 'ckpt.pt')",
+    ),
+    "imported-module-rank-function": (
+        IMPORTED_HELPERS,
+        "if dist_utils.leader():\n        save(model)",
+        "save(model)",
+    ),
+    "imported-config-field": (
+        IMPORTED_HELPERS,
+        "if cfg.local_lead:\n        dist.all_reduce(loss)",
+        "dist.all_reduce(loss)\n    if cfg.local_lead:\n        print(loss)",
+    ),
+    "config-field": (
+        CONFIG_FIELD,
+        "if cfg.is_main:\n        dist.all_reduce(loss)",
+        "dist.all_reduce(loss)\n    if cfg.is_main:\n        print(loss)",
+    ),
+    "metric-collection": (
+        METRIC_COLLECTION,
+        "if dist.get_rank() == 0:\n        print(metrics.compute())",
+        "scores = metrics.compute()\n    if dist.get_rank() == 0:\n        print(scores)",
+    ),
     "rank-function": (
         RANK_FUNCTION,
         "if first_process():\n        print(average(loss))",
@@ -1046,6 +1130,7 @@ SHAPES = {
 def test_code_as_people_write_it_is_flagged_and_its_fix_is_clean(tmp_path: Path, shape: str) -> None:
     template, broken, fixed = SHAPES[shape]
     (tmp_path / "meters.py").write_text(METERS_MODULE)
+    (tmp_path / "dist_utils.py").write_text(DIST_UTILS_MODULE)
     script = tmp_path / "train.py"
     script.write_text(template.replace("{call}", broken))
     findings, _ = run_lint([script])
@@ -1057,3 +1142,34 @@ def test_code_as_people_write_it_is_flagged_and_its_fix_is_clean(tmp_path: Path,
     script.write_text(template.replace("{call}", fixed))
     findings, _ = run_lint([script])
     assert not [f for f in findings if f.severity == "error"], (shape, [f.message for f in findings])
+
+
+def test_a_collective_reached_through_a_call_names_that_call_too(tmp_path: Path) -> None:
+    """The collective's place is where lint sites the finding; the guarded call in the
+    checked file, where the fix goes, follows as a compiler's note and as SARIF's
+    related location."""
+    from ncclcheck.catalogue import load_catalogue
+    from ncclcheck.render import lint as render
+
+    (tmp_path / "dist_utils.py").write_text(DIST_UTILS_MODULE)
+    script = tmp_path / "train.py"
+    script.write_text(IMPORTED_HELPERS.replace("{call}", "if leader():\n        save(model)"))
+    findings, _ = run_lint([script])
+    assert len(findings) == 1, [f.message for f in findings]
+    barrier = (
+        IMPORTED_HELPERS.splitlines().index(
+            "    dist.barrier()  # every rank waits for the others before rank 0 writes"
+        )
+        + 1
+    )
+    lines = render.text_lines(findings)
+    assert lines[0].split(":")[1:3] == [str(barrier), "5"], lines
+    written = script.read_text().splitlines()
+    test_line = written.index("    if leader():") + 1
+    assert lines[1].endswith(
+        f":{test_line + 1}:1: note: the call that reaches it, under the test at line {test_line}"
+    )
+    (result,) = render.sarif(findings, load_catalogue())["runs"][0]["results"]
+    (related,) = result["relatedLocations"]
+    assert related["physicalLocation"]["region"] == {"startLine": test_line + 1}
+    assert related["physicalLocation"]["artifactLocation"]["uri"].endswith("train.py")

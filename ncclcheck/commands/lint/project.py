@@ -9,6 +9,7 @@ from pathlib import Path
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
 from ncclcheck.commands.lint.findings import _Collective, _dedupe, _Function, _Module, _relative, located
+from ncclcheck.commands.lint.rank_sets import imported_rank_names
 from ncclcheck.commands.lint.samplers import eval_loaders_without_sampler
 from ncclcheck.commands.lint.scope import _ScopeChecker
 from ncclcheck.commands.lint.syntax import (
@@ -42,6 +43,7 @@ from ncclcheck.explain.source import (
     bound_names,
     rank_attributes,
     rank_derived_names,
+    rank_fields,
     rank_functions,
 )
 from ncclcheck.model import Finding
@@ -635,7 +637,12 @@ class Linter:
     def check(self, module: _Module) -> list[Finding]:
         self.files_checked += 1
         findings: list[Finding] = []
-        module_derived = self.derived_names(module.tree) | rank_functions(module.tree)
+        module_derived = (
+            self.derived_names(module.tree)
+            | rank_functions(module.tree)
+            | rank_fields(module.tree)
+            | imported_rank_names(lambda path: self.load(path, follow=False), module)
+        )
         indexed = {id(f.node): f for functions in module.functions.values() for f in functions}
         scopes: list[tuple[_Function | None, ast.AST]] = [(None, module.tree)]
         for node in module.all_nodes:

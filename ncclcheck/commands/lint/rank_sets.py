@@ -1,13 +1,20 @@
-"""Which ranks a test on the rank lets through: `rank == 0`, `rank in (1, 2)`, `rank % 2`
-are evaluated on sample ranks, so two tests that split the ranks between them (an if
-and its complement) are known to be balanced."""
+"""Rank tests across a project: the names other modules give it that hold a rank
+(``from dist_utils import leader``), and which ranks a test lets through: `rank == 0`,
+`rank in (1, 2)`, `rank % 2` are evaluated on sample ranks, so two tests that split the
+ranks between them (an if and its complement) are known to be balanced."""
 
 from __future__ import annotations
 
 import ast
 import operator
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ncclcheck.explain.source import rank_fields, rank_functions
+
+if TYPE_CHECKING:
+    from ncclcheck.commands.lint.findings import _Module
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
@@ -111,3 +118,26 @@ def _complementary_on_ranks(first: ast.expr, second: ast.expr) -> bool:
         return False
     ranks = frozenset(value for value in _RANK_SAMPLES if value >= 0)
     return (one[1] & ranks).isdisjoint(two[1]) and (one[1] | two[1]) >= ranks
+
+
+def imported_rank_names(load: Callable[[Path], _Module | None], module: _Module) -> set[str]:
+    """Rank functions and rank-valued config fields of the project's modules ``module``
+    imports from (``load``: the linter's, which reads each module once): ``from dist_utils
+    import leader`` makes ``leader()`` a rank test, ``dist_utils.leader()`` too, and a
+    field of an imported config class its ``cfg.lead``."""
+    found: set[str] = set()
+    sources: list[tuple[str | None, Path, str | None]] = [
+        (local, path, original) for local, (path, original) in module.imported_functions.items()
+    ]
+    sources += [(None, path, None) for path in module.imported_modules.values()]
+    for local, path, original in sources:
+        other = load(path)
+        if other is None or other is module:
+            continue
+        functions = rank_functions(other.tree)
+        found |= rank_fields(other.tree)
+        if local is None:
+            found |= functions  # read as attributes: dist_utils.leader()
+        elif original in functions:
+            found.add(local)
+    return found
