@@ -96,6 +96,13 @@ def preflight_command(
         help="Make rank-local values differ on purpose (.item() during eval, the clock), so "
         "decisions on unsynchronised values show as a divergence.",
     ),
+    line_evidence: bool = typer.Option(
+        True,
+        "--line-evidence/--no-line-evidence",
+        help="When ranks part and the source alone does not say why for certain, replay the dry run "
+        "up to there and trace the functions on the call chains: the exit, handler or loop that "
+        "decided, with the value or exception (costs one more short run).",
+    ),
     trace_dir: Path = typer.Option(
         None,
         "--trace-dir",
@@ -132,6 +139,7 @@ def preflight_command(
         cpu=cpu,
         nccl_timing=nccl_timing,
         perturb=perturb,
+        line_evidence=line_evidence,
     )
     progress = _ProgressLine(torchrun.nproc_per_node)
     try:

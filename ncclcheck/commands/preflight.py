@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError, UsageError
-from ncclcheck.explain.diagnose import Evidence, diagnose, relative, split_exit_error
+from ncclcheck.explain import lines
+from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative, split_exit_error
+from ncclcheck.explain.rules.branch import is_certain
 from ncclcheck.launch.torchrun import (
     DryRunSettings,
     LaunchResult,
@@ -90,7 +94,10 @@ def run_preflight(
             raise InputError(f"{folder}: trace directory is not writable ({exc.strerror})") from None
     try:
         launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
-        report = report_from(folder, launch)
+        diagnosis = _with_line_evidence(
+            Diagnosis.of(folder, launch), script, script_args, torchrun, settings, as_module
+        )
+        report = diagnosis.report
         if settings.cpu:
             _refuse_what_cpu_could_not_map(folder, report)
         lanes = build_lanes(load_traces(folder)) if want_lanes else None
@@ -101,6 +108,42 @@ def run_preflight(
 
 
 def report_from(folder: Path, launch: LaunchResult | None) -> Report:
+    return Diagnosis.of(folder, launch).report
+
+
+@dataclass
+class Diagnosis:
+    """A run's evidence, the diagnoser that read it and its report."""
+
+    evidence: Evidence
+    diagnoser: Diagnoser
+    report: Report
+    launch: LaunchResult | None
+
+    @classmethod
+    def of(cls, folder: Path, launch: LaunchResult | None) -> Diagnosis:
+        return cls.read(_evidence_from(folder, launch), launch)
+
+    @classmethod
+    def read(cls, evidence: Evidence, launch: LaunchResult | None) -> Diagnosis:
+        diagnoser = Diagnoser(evidence)
+        report = diagnoser.report()
+        if launch is not None and launch.probe_failed:
+            report.findings.insert(0, _probe_finding(evidence.traces, evidence.world_size))
+            report.verdict = Verdict.CRASH
+        if launch is not None and launch.interrupted:
+            report.summary["interrupted"] = "preflight was interrupted; the dry run was stopped"
+        replay = evidence.lines
+        if replay is not None:
+            report.summary["line_evidence"] = (
+                f"the dry run was replayed up to the divergence ({replay.seconds:.1f} s) with the functions "
+                "on its call chains traced"
+                + (f"; it did not run as the first run did: {replay.mismatch}" if replay.mismatch else "")
+            )
+        return cls(evidence, diagnoser, report, launch)
+
+
+def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
     traces = load_traces(folder)
     if not traces and launch is None:
         empty = len(list(folder.rglob(TRACE_GLOB)))
@@ -120,8 +163,7 @@ def report_from(folder: Path, launch: LaunchResult | None) -> Report:
         )
     world = max(t.world_size for t in traces.values())
     _refuse_what_cannot_be_checked(traces, launch)
-
-    evidence = Evidence(
+    return Evidence(
         traces=traces,
         world_size=world,
         # From traces alone, a rank whose trace ends without an exit line was stopped
@@ -133,13 +175,48 @@ def report_from(folder: Path, launch: LaunchResult | None) -> Report:
         first_failure=launch.first_failure if launch else None,
         stopped=_why_it_stopped(folder, traces, launch),
     )
-    report = diagnose(evidence)
-    if launch is not None and launch.probe_failed:
-        report.findings.insert(0, _probe_finding(traces, world))
-        report.verdict = Verdict.CRASH
-    if launch is not None and launch.interrupted:
-        report.summary["interrupted"] = "preflight was interrupted; the dry run was stopped"
-    return report
+
+
+def _with_line_evidence(
+    first: Diagnosis,
+    script: str,
+    script_args: list[str],
+    torchrun: TorchrunOptions,
+    settings: DryRunSettings,
+    as_module: bool,
+) -> Diagnosis:
+    """Replay the dry run up to the first divergence with the functions on its call
+    chains traced (explain/lines.py), when the source alone was not certain why the
+    ranks parted: anything but a rank test around the call itself. One node only: the
+    other nodes' ranks are not this preflight's to replay."""
+    if (
+        not settings.line_evidence
+        or first.launch is None
+        or first.launch.interrupted
+        or not first.diagnoser.forks
+    ):
+        return first
+    if torchrun.nnodes not in ("1", "1:1"):
+        return first
+    fork, explanation = first.diagnoser.forks[0]
+    if is_certain(explanation):
+        return first
+    plan = lines.plan_of(fork)
+    stops = {int(rank): int(n) for rank, n in plan["stop"].items()}
+    folder = private_trace_dir()
+    try:
+        plan_path = folder / "lines-plan.json"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        plan_path.write_text(json.dumps(plan), encoding="utf-8")
+        replay_settings = replace(settings, lines_plan=str(plan_path), probe_timeout=0.0)
+        started = time.monotonic()
+        run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module)
+        replay = lines.load_replay(folder / "replay", first.evidence.traces, stops)
+        replay.seconds = time.monotonic() - started
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    first.evidence.lines = replay
+    return Diagnosis.read(first.evidence, first.launch)
 
 
 _PORT_IN_USE = re.compile(r"port: (\d+).*EADDRINUSE")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.causes import Cause
@@ -41,6 +42,10 @@ from ncclcheck.model import (
 )
 from ncclcheck.record.traces import RankTrace, divergences_of, trace_frame
 
+if TYPE_CHECKING:
+    from ncclcheck.explain.lines import Replay
+    from ncclcheck.explain.rules.branch import Fork
+
 __all__ = ["Diagnoser", "Evidence", "diagnose", "relative", "split_exit_error", "who"]
 
 
@@ -57,12 +62,16 @@ class Evidence:
     first_failure: int | None = None
     stopped: str | None = None  # why the run ended, in words
     cwd: str = field(default_factory=os.getcwd)
+    lines: Replay | None = None  # what a replay up to the divergence saw (explain/lines.py)
 
 
 class Diagnoser:
     def __init__(self, evidence: Evidence, catalogue: Catalogue | None = None) -> None:
         self.ev = evidence
         self.catalogue = catalogue or load_catalogue()
+        # ranks at different calls, each with what explained it (rules/branch.py adds them):
+        # preflight replays the first for line evidence when the source was not certain
+        self.forks: list[tuple[Fork, Explanation]] = []
 
     # -- small helpers -----------------------------------------------------------------
 

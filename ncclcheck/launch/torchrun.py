@@ -29,12 +29,14 @@ from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
+from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
 from ncclcheck.record.recorder import (
     ENV_DRY_RUN,
     ENV_EVAL_PASSES,
     ENV_MAX_TRAIN_PASSES,
+    ENV_PURE_PYTHON,
     ENV_TRACE_DIR,
     ENV_TRAIN_STEPS,
 )
@@ -84,6 +86,8 @@ class DryRunSettings:
     cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
     perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
     nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
+    line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
+    lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
 
 
 @dataclass
@@ -285,8 +289,11 @@ def run_dry(
         ENV_PERTURB: "1" if settings.perturb else "0",
         ENV_NCCL_TIMING: "1" if settings.nccl_timing else "0",
         ENV_DRY_RUN: "1",
+        ENV_LINES: settings.lines_plan or "",
         "PYTHONUNBUFFERED": "1",
     }
+    if settings.lines_plan:
+        env[ENV_PURE_PYTHON] = "1"  # every call through Python, where the replay's stop is
     argv = [
         sys.executable,
         "-m",

@@ -17,7 +17,7 @@ import traceback
 from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
-from ncclcheck.record import cpu_map, frames, frameworks, nccl_timing, perturb, rooted
+from ncclcheck.record import cpu_map, frames, frameworks, lines, nccl_timing, perturb, rooted
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -292,6 +292,8 @@ def main() -> None:
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
     recorder.outermost_frame = sys._getframe()
+    if env.get(lines.ENV_LINES):  # a replay for line evidence (explain/lines.py): last, nearest the script
+        lines.install(recorder, env[lines.ENV_LINES], env[ENV_TRACE_DIR])
     try:
         if module is not None:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -299,6 +301,7 @@ def main() -> None:
             runpy.run_path(script, run_name="__main__")
         recorder.exit("returned", 0)
     except DryRunComplete as complete:
+        lines.finish("dry-run-complete", recorder.state.calls)
         recorder.exit("dry-run-complete", 0, stack=_user_frames_of(complete))
         recorder.close()
         # Skip atexit hooks and destructors: they may issue collectives of their own.
@@ -320,6 +323,7 @@ def main() -> None:
         recorder.exit("exception", 1, error=error, site=site)
         raise
     finally:
+        lines.finish("exit", recorder.state.calls)
         recorder.close()
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
-from ncclcheck.explain import loaders, source
+from ncclcheck.explain import lines, loaders, source
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
 from ncclcheck.explain.wording import (
     issuer_advice,
@@ -65,13 +65,74 @@ class Fork:
             common += 1
         chain = " -> ".join(f"{f.function}() at {d.site(f)}" for f in stack)
         evidence = [*evidence, f"call chain on rank {made[0]}: {chain}"]
+        replay = d.ev.lines
+        if replay is not None and replay.mismatch is not None:
+            evidence.append(
+                f"line evidence not used: the replay did not run as the first run did ({replay.mismatch}); "
+                "the script does not run the same twice (an unseeded random draw, the clock, a file)"
+            )
         return cls(d, members, calls, made, other, evidence, call, alt, stack, alt_stack, common)
 
 
 def explain_fork(fork: Fork) -> Explanation:
+    """The source's reading of the fork, then what a replay measured, where there is one.
+
+    A rank test around the call itself is certain from the source alone. Where the
+    replay saw the construct the source named, the source's cause stands (it sees what a
+    replay does not: a read of a dist.reduce result, a clock) and the lines and values
+    are added to its finding, unless the values themselves told that an unspecific test
+    tested the data. Where the replay saw another construct, or the source found none,
+    the measurement replaces the source's reading."""
     explanation = first_explanation(FORK_RULES, fork)
     assert explanation is not None, "the last rule always answers"
-    return explanation
+    fork.d.forks.append((fork, explanation))
+    replay = fork.d.ev.lines
+    found = lines.decided(fork, replay) if replay is not None and replay.usable else None
+    if found is None or is_certain(explanation):
+        return explanation
+    measured = what_the_lines_show(fork, found)
+    reason = explanation.reason
+    same = reason is not None and reason.site in {
+        fork.d.site(Frame(found.frame.file, n, "")) for n in found.lines
+    }
+    if same and (measured.cause is explanation.cause or not found.sharpened):
+        explanation.evidence += measured.evidence[len(fork.evidence) :]
+        return explanation
+    return measured
+
+
+def is_certain(explanation: Explanation) -> bool:
+    """A rank test around the call itself: the source alone says why, no replay needed."""
+    reason = explanation.reason
+    return (
+        reason is not None
+        and reason.kind is ReasonKind.RANK_TEST
+        and explanation.cause is Cause.RANK_CONDITIONAL_COLLECTIVE
+    )
+
+
+def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
+    """The construct a replay saw one side take and the other not (explain/lines.py):
+    the except that swallowed an exception, the exit and the values its test read, the
+    loop that ran more passes."""
+    d = f.d
+    seconds = d.ev.lines.seconds if d.ev.lines is not None else 0.0
+    return call_finding(
+        d,
+        found.cause,
+        f"{found.headline}: the ranks parted there, and {who(f.made)} went on to {op_text(f.call)} at "
+        f"{d.site(f.call.site)} that {who(f.other)} never made",
+        f.call,
+        f.made,
+        f.other,
+        [
+            *f.evidence,
+            f"line evidence from a replay of the dry run up to the divergence ({seconds:.1f} s), "
+            f"in {found.frame.function}():",
+            *found.evidence,
+        ],
+        Reason(found.kind, d.site(found.frame), found.statement),
+    )
 
 
 def rank_test_around_the_call(f: Fork) -> Explanation | None:
@@ -349,6 +410,13 @@ def nothing_in_the_source(f: Fork) -> Explanation:
                 None,
             )
     candidates = _candidates(f)
+    replay = f.d.ev.lines
+    if replay is not None and replay.usable:
+        differing = lines.differing(f, replay)
+        evidence += [f"line evidence (a replay up to the divergence): {line}" for line in differing] or [
+            "line evidence (a replay up to the divergence): the functions on the call chains ran the same "
+            "lines the same number of times on every rank"
+        ]
     evidence += [f"on the way, the source shows: {line}" for line in candidates] or [
         "on the way, the source shows no test, exit or swallowing try around or before these calls"
     ]

@@ -1,0 +1,488 @@
+"""Line evidence: the plan of a replay up to the divergence, what it saw, and the
+construct that decided, read from the lines each rank ran.
+
+preflight's first run says where the ranks parted (a ``Fork``); when the source
+alone cannot say which construct sent them different ways with certainty (anything
+but a rank test around the call itself), preflight replays the dry run with
+record/lines.py tracing the functions on both sides' call chains and ending every
+rank at its call of the divergence. This module writes that plan, reads what each
+rank saw, checks that the replay made the same calls as the first run (a script
+that draws unseeded random numbers or reads the clock may not), and names the
+construct that decided from the lines one side ran and the other did not: the
+``except`` that swallowed an exception (with the exception and the line that
+raised it), the ``continue``/``break``/``return`` and the values its test read,
+the loop that ran a different number of times.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ncclcheck.causes import Cause
+from ncclcheck.explain import source
+from ncclcheck.explain.engine import ReasonKind
+from ncclcheck.explain.wording import who
+from ncclcheck.model import Frame
+from ncclcheck.record.lines import LINES_GLOB, REPLAY_STOP
+from ncclcheck.record.traces import RankTrace, load_rank_trace
+
+if TYPE_CHECKING:
+    from ncclcheck.explain.rules.branch import Fork
+
+Key = tuple[str, int]  # (file, line)
+
+
+@dataclass
+class RankLines:
+    """What the tracer saw on one rank (record/lines.py writes it)."""
+
+    rank: int
+    how: str  # "stopped" at its call of the divergence, or how the rank ended
+    calls: int
+    counts: dict[Key, int]
+    values: dict[Key, dict[str, dict[str, str]]]  # per line: the first and last snapshot
+    exceptions: list[dict[str, Any]]
+
+    def count(self, key: Key) -> int:
+        return self.counts.get(key, 0)
+
+
+@dataclass
+class Replay:
+    """The replay's outcome: each rank's lines, and whether it made the first run's calls."""
+
+    ranks: dict[int, RankLines] = field(default_factory=dict)
+    mismatch: str | None = None  # why the replay cannot be read as the first run, in words
+    seconds: float = 0.0
+
+    @property
+    def usable(self) -> bool:
+        return self.mismatch is None and bool(self.ranks)
+
+
+# -- the plan ------------------------------------------------------------------------
+
+
+def plan_of(fork: Fork) -> dict[str, Any]:
+    """What to trace (the functions on both sides' call chains), which values to keep
+    (the names the tests of their exits, branches and loops read) and where each rank
+    stops (its call at the divergence, before it runs)."""
+    targets: dict[tuple[str, str, int, int], None] = {}
+    watch: dict[Key, list[str]] = {}
+    for frame in [*fork.stack, *fork.alt_stack]:
+        function = source.enclosing_function(frame.file, frame.line)
+        if function is None:
+            targets[(frame.file, "<module>", 0, 0)] = None
+            scope: ast.AST | None = source.parse(frame.file)
+        else:
+            first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
+            targets[(frame.file, function.name, first, function.end_lineno or function.lineno)] = None
+            scope = function
+        if scope is not None:
+            for key, names in _tests_in(frame.file, scope):
+                watch.setdefault(key, names)
+    stop = {str(rank): call.n for rank, call in fork.calls.items() if call is not None and call.n}
+    return {
+        "targets": [list(target) for target in targets],
+        "watch": [[file, line, names] for (file, line), names in watch.items()],
+        "stop": stop,
+    }
+
+
+def _tests_in(path: str, scope: ast.AST) -> Iterable[tuple[Key, list[str]]]:
+    """(line, names) for each exit under an if (the if's test, read where the exit runs),
+    each if, while and for header (its test or iterable), in ``scope`` but not in the
+    functions it defines (module level: not inside any function)."""
+    for guard in source.conditional_exits(path, scope):
+        names = read_names(ast.parse(guard.text, mode="eval").body)
+        if names:
+            yield (path, guard.line), names
+    pending = list(ast.iter_child_nodes(scope))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        expr = (
+            node.test
+            if isinstance(node, (ast.If, ast.While))
+            else node.iter
+            if isinstance(node, (ast.For, ast.AsyncFor))
+            else None
+        )
+        if expr is not None and isinstance(node, ast.stmt):
+            names = read_names(expr)
+            if names:
+                yield (path, node.lineno), names
+        pending.extend(ast.iter_child_nodes(node))
+
+
+def read_names(expr: ast.AST) -> list[str]:
+    """The names and plain attribute chains an expression reads (``loss``,
+    ``self.patience``), not the functions it calls: what a snapshot can show without
+    running anything."""
+    found: dict[str, None] = {}
+
+    def dotted(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            base = dotted(node.value)
+            return f"{base}.{node.attr}" if base else None
+        return None
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Call):
+            if isinstance(node.func, ast.Attribute):  # loss.isnan(): loss is read
+                visit(node.func.value)
+            for argument in [*node.args, *(k.value for k in node.keywords)]:
+                visit(argument)
+            return
+        name = dotted(node)
+        if name is not None:
+            found[name] = None
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(expr)
+    return list(found)[:6]
+
+
+# -- reading the replay --------------------------------------------------------------
+
+
+def load_replay(folder: Path, first_run: dict[int, RankTrace], stops: dict[int, int]) -> Replay:
+    """Each rank's lines, and the check that the replay made the first run's calls: the
+    same calls (op, group, seq, site) in the same order up to each rank's stop."""
+    replay = Replay()
+    for path in sorted(folder.glob(LINES_GLOB)):
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        rank = int(raw["rank"])
+        replay.ranks[rank] = RankLines(
+            rank,
+            str(raw.get("how")),
+            int(raw.get("calls", 0)),
+            {(str(f), int(line)): int(n) for f, line, n in raw.get("counts", [])},
+            {(str(f), int(line)): v for f, line, v in raw.get("values", [])},
+            list(raw.get("exceptions", [])),
+        )
+    replay.mismatch = _mismatch(folder, first_run, stops, replay)
+    return replay
+
+
+def _mismatch(
+    folder: Path, first_run: dict[int, RankTrace], stops: dict[int, int], replay: Replay
+) -> str | None:
+    missing = sorted(set(first_run) - set(replay.ranks))
+    if missing:
+        return (
+            f"rank {missing[0]} of the replay wrote no line evidence (it did not get as far as the first run)"
+        )
+    for rank, first in sorted(first_run.items()):
+        path = next(iter(folder.glob(f"rank-{rank:05d}.jsonl")), None)
+        if path is None or first.path is None:
+            return f"rank {rank} of the replay wrote no trace"
+        again = load_rank_trace(path)
+        stop = stops.get(rank)
+        if stop is not None and (again.exit or {}).get("how") != REPLAY_STOP:
+            return f"rank {rank} did not reach its call #{stop} of the first run"
+        before = load_rank_trace(first.path).calls
+        expected = before[: stop if stop is not None else len(before)]
+        for index, (old, new) in enumerate(zip(expected, again.calls, strict=False)):
+            old_key = (old.op, old.group, old.seq, old.site.line if old.site else None)
+            new_key = (new.op, new.group, new.seq, new.site.line if new.site else None)
+            if old_key != new_key:
+                return (
+                    f"rank {rank}'s call #{index + 1} was {old.op} at line {old_key[3]} in the first run "
+                    f"and {new.op} at line {new_key[3]} in the replay"
+                )
+        if len(again.calls) != len(expected):
+            return (
+                f"rank {rank} made {len(again.calls)} calls in the replay, {len(expected)} in the first run"
+            )
+    return None
+
+
+# -- what decided --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decided:
+    """The construct the lines show one side took and the other did not."""
+
+    kind: ReasonKind
+    cause: Cause
+    side: list[int]  # the ranks that took it (ran the line more often)
+    others: list[int]
+    frame: Frame  # the line of the construct (its function's name)
+    statement: str  # "continue", "except ValueError", "while ...", "for ... in ..."
+    headline: str  # what one side did and the other did not, for a message
+    evidence: list[str]
+    lines: frozenset[int] = frozenset()  # the lines that are this construct (its if, its try)
+    sharpened: bool = False  # the values read, not the source, told that the test read the data
+
+
+def decided(fork: Fork, replay: Replay) -> Decided | None:
+    """The construct nearest the divergence that one side's lines show and the other's
+    do not: a handler that swallowed an exception, then an exit under a test, then a
+    loop that ran a different number of passes; in the deepest function first."""
+    made = [r for r in fork.made if r in replay.ranks]
+    other = [r for r in fork.other if r in replay.ranks]
+    if not made or not other:
+        return None
+    depth = {(f.file, f.function): i for i, f in enumerate([*fork.stack, *fork.alt_stack])}
+    found: list[tuple[int, int, Decided]] = []
+    keys = {key for rank in (*made, *other) for key in replay.ranks[rank].counts}
+    for key in sorted(keys):
+        sides = _ran_more(key, made, other, replay)
+        if sides is None:
+            continue
+        side, rest = sides
+        construct = _construct(fork, key, side, rest, replay)
+        if construct is not None:
+            priority, found_here = construct
+            function = found_here.frame.function
+            found.append((priority, -depth.get((key[0], function), -1), found_here))
+    if not found:
+        return None
+    found.sort(key=lambda item: (item[0], item[1]))
+    return found[0][2]
+
+
+def _ran_more(
+    key: Key, made: list[int], other: list[int], replay: Replay
+) -> tuple[list[int], list[int]] | None:
+    """(the side that ran ``key`` more often on every rank, the other side), or None
+    where the counts of the two sides overlap."""
+    if not made or not other:
+        return None
+    a = [replay.ranks[r].count(key) for r in made]
+    b = [replay.ranks[r].count(key) for r in other]
+    if max(a) < min(b):
+        return other, made
+    if max(b) < min(a):
+        return made, other
+    return None
+
+
+def _construct(
+    fork: Fork, key: Key, side: list[int], rest: list[int], replay: Replay
+) -> tuple[int, Decided] | None:
+    path, line = key
+    where = fork.d.site(Frame(path, line, ""))
+    chain = source.enclosing_chain(path, line)
+    if not chain:
+        return None
+    node = chain[-1]
+    function = source.enclosing_function(path, line)
+    frame = Frame(path, line, function.name if function is not None else "<module>")
+    counts = _counts_text(key, side, rest, replay)
+    if isinstance(node, ast.ExceptHandler) and node.lineno == line:
+        caught = [
+            e
+            for r in side
+            for e in replay.ranks[r].exceptions
+            if e.get("file") == path
+            and e.get("next_line") is not None
+            and node.lineno <= int(e["next_line"]) <= (node.end_lineno or node.lineno)
+        ]
+        if not caught:
+            return None
+        handler = f"except {ast.unparse(node.type)}" if node.type is not None else "except"
+        first = caught[0]
+        raised = first.get("raised_at") or [first["file"], first["line"], first.get("function", "")]
+        raised_site = fork.d.site(Frame(str(raised[0]), int(raised[1]), ""))
+        reraises = any(isinstance(n, ast.Raise) for n in ast.walk(node))
+        evidence = [
+            f"{who(side)} raised {first['type']}: {first['message']} at {raised_site} in {raised[2]}() "
+            f"({_times(int(first['count']))}); {who(rest)} raised nothing there",
+            f"the handler `{handler}` at {where} ran {counts}"
+            + ("" if reraises else " and does not re-raise: the error was swallowed"),
+        ]
+        return 0, Decided(
+            ReasonKind.SWALLOWED_ERROR,
+            Cause.RANK_EXCEPTION,
+            side,
+            rest,
+            frame,
+            handler,
+            f"{who(side)} entered the `{handler}` at {where} with {first['type']}: {first['message']} "
+            f"(raised at {raised_site}) and {who(rest)} did not",
+            evidence,
+            frozenset({line, *(n.lineno for n in chain if isinstance(n, ast.Try) and node in n.handlers)}),
+        )
+    if isinstance(node, (ast.Continue, ast.Break, ast.Return, ast.Raise)):
+        guards = source.guards_of(path, line)
+        if not guards:
+            return None
+        guard = guards[0]
+        statement = {ast.Continue: "continue", ast.Break: "break", ast.Return: "return", ast.Raise: "raise"}[
+            type(node)
+        ]
+        values = _values_text(key, side, replay, "first")
+        kind = _kind(guard.kind, guard.text, path, key, side, replay)
+        evidence = [f"`{statement}` under `if {guard.text}` at {where} ran {counts}"]
+        if values:
+            evidence.append(f"the test read, when it sent {who(side)} out: {values}")
+        if kind == source.RANK:
+            evidence.append(f"the test `{guard.text}` is computed from the rank")
+        return 1, Decided(
+            _REASON[kind],
+            _cause(kind),
+            side,
+            rest,
+            frame,
+            f"{statement} under if {guard.text}",
+            f"{who(side)} took the `{statement}` under `if {guard.text}` at {where}"
+            + (f" ({values})" if values else "")
+            + f" and {who(rest)} did not",
+            evidence,
+            frozenset({line, guard.line}),
+            kind != guard.kind,
+        )
+    loops = source.enclosing_loops(path, line)
+    if loops and (function is None or source.contains(function, loops[0].lineno)):
+        return _loop(fork, path, loops[0], replay)
+    return None
+
+
+def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, Decided] | None:
+    """The loop around a line the sides ran a different number of times, when its passes
+    differ (its first statement's count: a pass stopped at the divergence counts)."""
+    if not isinstance(loop, (ast.While, ast.For, ast.AsyncFor)) or not loop.body:
+        return None
+    if isinstance(loop, ast.While) and isinstance(loop.test, ast.Constant):
+        return None  # `while True`: its break/return decides
+    first = (path, loop.body[0].lineno)
+    sides = _ran_more(
+        first,
+        [r for r in fork.made if r in replay.ranks],
+        [r for r in fork.other if r in replay.ranks],
+        replay,
+    )
+    if sides is None:
+        return None
+    side, rest = sides
+    header_key = (path, loop.lineno)
+    if isinstance(loop, ast.While):
+        expr, read, header = loop.test, "test", f"while {ast.unparse(loop.test)}"
+    else:
+        expr, read = loop.iter, "iterable"
+        header = f"for {ast.unparse(loop.target)} in {ast.unparse(loop.iter)}"
+    last = {r: _values_text(header_key, [r], replay, "last") for r in (*side, *rest)}
+    shown = "; ".join(f"rank {r}: {v}" for r, v in last.items() if v)
+    kind = _kind(source.condition_kind(path, expr), ast.unparse(expr), path, header_key, side, replay)
+    if kind != source.RANK and _reads_the_rank(path, expr):
+        kind = source.RANK  # `range(num_batches)`, num_batches computed from the rank
+    cause = _cause(kind)
+    if not isinstance(loop, ast.While) and fork.call.phase == "eval":
+        cause = Cause.UNEVEN_EVAL_BATCHES  # a loop of different length over eval data
+    passes = _counts_text(first, side, rest, replay, ("pass", "passes"))
+    where = fork.d.site(Frame(path, loop.lineno, ""))
+    evidence = [f"the loop `{header}` at {where} ran {passes}"]
+    if shown:
+        evidence.append(f"what its {read} read last: {shown}")
+    if kind == source.RANK:
+        evidence.append(f"its {read} `{ast.unparse(expr)}` is computed from the rank")
+    function = source.enclosing_function(path, loop.lineno)
+    return 2, Decided(
+        ReasonKind.LOOP_EXIT,
+        cause,
+        side,
+        rest,
+        Frame(path, loop.lineno, function.name if function is not None else "<module>"),
+        header,
+        f"{who(side)} ran more passes of the loop `{header}` at {where} than {who(rest)} ({passes})",
+        evidence,
+        frozenset({loop.lineno}),
+        kind != source.condition_kind(path, expr) and kind == source.DATA,
+    )
+
+
+_REASON = {
+    source.RANK: ReasonKind.RANK_TEST,
+    source.DATA: ReasonKind.DATA_TEST,
+    source.OTHER: ReasonKind.LOCAL_TEST,
+}
+
+
+def _kind(kind: str, text: str, path: str, key: Key, side: list[int], replay: Replay) -> str:
+    """The source's kind of a test, sharpened by what it read: a test that reads whole
+    tensors only (a batch, not a scalar loss or metric), and no clock, file or random
+    draw, tests the data."""
+    if kind != source.OTHER or source.rank_local_reads(text, path):
+        return kind
+    seen = [v for r in side for v in replay.ranks[r].values.get(key, {}).get("first", {}).values()]
+    # describe_value writes a tensor of more than 4 elements as "tensor dtype[shape]..."
+    if seen and all(v.startswith("tensor ") for v in seen):
+        return source.DATA
+    return kind
+
+
+def _reads_the_rank(path: str, expr: ast.expr) -> bool:
+    """Whether ``expr`` reads a name its function (or module) computes from the rank."""
+    function = source.enclosing_function(path, getattr(expr, "lineno", 0))
+    derived = source.rank_derived_names(function) | source.rank_derived_names(source.parse(path))
+    return bool({n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} & derived)
+
+
+def _cause(kind: str) -> Cause:
+    return {source.RANK: Cause.RANK_EARLY_EXIT, source.DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
+        kind, Cause.UNSYNCHRONIZED_DECISION
+    )
+
+
+def _values_text(key: Key, ranks: list[int], replay: Replay, which: str) -> str:
+    parts = []
+    for rank in ranks:
+        snapshot = replay.ranks[rank].values.get(key, {}).get(which)
+        if snapshot:
+            shown = ", ".join(f"{name} = {value}" for name, value in snapshot.items())
+            parts.append(f"{shown} on rank {rank}" if len(ranks) > 1 else shown)
+    return "; ".join(parts)
+
+
+def _counts_text(
+    key: Key, side: list[int], rest: list[int], replay: Replay, unit: tuple[str, str] = ("time", "times")
+) -> str:
+    """'once on rank 1, 0 times on rank 0'; with unit ("pass", "passes"): '5 passes on ...'."""
+
+    def text(ranks: list[int]) -> str:
+        counts = sorted({replay.ranks[r].count(key) for r in ranks})
+        if len(counts) == 1:
+            return f"{_times(counts[0], unit)} on {who(ranks)}"
+        return f"{'/'.join(map(str, counts))} {unit[1]} on {who(ranks)}"
+
+    return f"{text(side)}, {text(rest)}"
+
+
+def _times(count: int, unit: tuple[str, str] = ("time", "times")) -> str:
+    if count == 1:
+        return "once" if unit[0] == "time" else f"1 {unit[0]}"
+    return f"{count} {unit[1]}"
+
+
+def differing(fork: Fork, replay: Replay, limit: int = 6) -> list[str]:
+    """The lines the two sides ran a different number of times, in the functions on the
+    call chains, for a report that found no construct to name: what was seen."""
+    made = [r for r in fork.made if r in replay.ranks]
+    other = [r for r in fork.other if r in replay.ranks]
+    if not made or not other:
+        return []
+    shown = []
+    keys = sorted({key for rank in (*made, *other) for key in replay.ranks[rank].counts})
+    for key in keys:
+        a = {replay.ranks[r].count(key) for r in made}
+        b = {replay.ranks[r].count(key) for r in other}
+        if a != b:
+            where = fork.d.site(Frame(key[0], key[1], ""))
+            shown.append(f"{where} ran {_counts_text(key, made, other, replay)}")
+    return shown[:limit]
