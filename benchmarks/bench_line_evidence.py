@@ -11,14 +11,10 @@ hangs.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
-import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from preflight_runs import REPO, timed_preflight
+
 SCRIPTS = [
     *sorted((REPO / "playbooks").glob("*/repro.py")),
     *(
@@ -34,29 +30,6 @@ SCRIPTS = [
 ]
 
 
-def preflight(script: Path, *flags: str) -> tuple[float, dict[str, object]]:
-    start = time.perf_counter()
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ncclcheck",
-            "preflight",
-            "--json",
-            "--stall-timeout",
-            "6",
-            *flags,
-            str(script),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=REPO,
-    )
-    return time.perf_counter() - start, json.loads(done.stdout) if done.stdout.strip() else {}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="a substring of the scripts to run")
@@ -66,8 +39,8 @@ def main() -> None:
     for script in SCRIPTS:
         if args.only and args.only not in str(script):
             continue
-        off, _ = preflight(script, "--no-line-evidence")
-        on, report = preflight(script, "--line-evidence")
+        off, _ = timed_preflight(script, "--no-line-evidence", timeout=300)
+        on, report = timed_preflight(script, "--line-evidence", timeout=300)
         findings = report.get("findings") or [{}]
         first = findings[0] if isinstance(findings, list) else {}
         evidence = "\n".join(first.get("evidence", []))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -21,8 +22,9 @@ from ncclcheck.cli.common import (
     emit_report,
     torchrun_options,
 )
-from ncclcheck.commands.preflight import report_from, run_preflight
+from ncclcheck.commands.preflight import VirtualWorld, report_from, run_preflight
 from ncclcheck.launch.torchrun import DryRunSettings, Progress
+from ncclcheck.launch.virtual import VirtualLayout
 from ncclcheck.record.traces import load_traces
 from ncclcheck.render.lanes import build_lanes
 
@@ -103,6 +105,16 @@ def preflight_command(
         "up to there and trace the functions on the call chains: the exit, handler or loop that "
         "decided, with the value or exception (costs one more short run).",
     ),
+    world_size: int = typer.Option(
+        None,
+        "--world-size",
+        min=1,
+        help="Run ranks of a job this large on one machine, on torch's fake process group "
+        "(--nproc-per-node: ranks per virtual node, default 8): rank 0, the last rank, node "
+        "boundaries and where eval splits change their count, or --all-ranks.",
+    ),
+    ranks: str = typer.Option(None, "--ranks", help="With --world-size: more ranks to run, as 5,17,100-103."),
+    all_ranks: bool = typer.Option(False, "--all-ranks", help="With --world-size: run every rank."),
     trace_dir: Path = typer.Option(
         None,
         "--trace-dir",
@@ -141,7 +153,14 @@ def preflight_command(
         perturb=perturb,
         line_evidence=line_evidence,
     )
-    progress = _ProgressLine(torchrun.nproc_per_node)
+    virtual = None
+    if world_size is not None:
+        per_node = nproc_per_node if nproc_per_node is not None else min(8, world_size)
+        virtual = VirtualWorld(VirtualLayout(world_size, per_node), _rank_list(ranks), all_ranks)
+        settings = replace(settings, line_evidence=False)
+    elif ranks is not None or all_ranks:
+        raise typer.BadParameter("--ranks and --all-ranks go with --world-size", param_hint="--ranks")
+    progress = _ProgressLine(world_size or torchrun.nproc_per_node)
     try:
         outcome = run_preflight(
             script,
@@ -153,10 +172,28 @@ def preflight_command(
             on_progress=progress,
             want_lanes=html_path is not None,
             as_module=as_module,
+            virtual=virtual,
         )
     finally:
         progress.close()
     emit_report(outcome.report, as_json, html_path, outcome.lanes)
+
+
+def _rank_list(text: str | None) -> tuple[int, ...]:
+    """'5,17,100-103' -> (5, 17, 100, 101, 102, 103)."""
+    ranks: list[int] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            low, _, high = part.partition("-")
+            ranks += range(int(low), int(high or low) + 1)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{part!r} is not a rank or a range of ranks", param_hint="--ranks"
+            ) from None
+    return tuple(ranks)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,13 +21,32 @@ from ncclcheck.launch.torchrun import (
     LaunchResult,
     Progress,
     TorchrunOptions,
+    dry_run_environment,
     private_trace_dir,
     run_dry,
+)
+from ncclcheck.launch.virtual import (
+    LOG_NAME,
+    MAX_WORLD_SIZE,
+    VirtualLayout,
+    chosen_ranks,
+    reference_dataset_sizes,
+    run_virtual,
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.record.traces import TRACE_GLOB, RankTrace, load_traces
+from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
+
+
+@dataclass(frozen=True)
+class VirtualWorld:
+    """``--world-size W``: the production layout, run on the fake process group."""
+
+    layout: VirtualLayout
+    named: tuple[int, ...] = ()  # --ranks
+    all_ranks: bool = False
 
 
 @dataclass
@@ -68,7 +87,10 @@ def run_preflight(
     on_progress: Callable[[Progress], None] | None = None,
     want_lanes: bool = False,
     as_module: bool = False,
+    virtual: VirtualWorld | None = None,
 ) -> PreflightOutcome:
+    if virtual is not None:
+        _check_virtual(virtual)
     if torchrun.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, not {torchrun.nproc_per_node}")
     if as_module:
@@ -93,11 +115,17 @@ def run_preflight(
         except OSError as exc:
             raise InputError(f"{folder}: trace directory is not writable ({exc.strerror})") from None
     try:
-        launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
-        diagnosis = _with_line_evidence(
-            Diagnosis.of(folder, launch), script, script_args, torchrun, settings, as_module
-        )
-        report = diagnosis.report
+        if virtual is not None:
+            launch, ranks_run = _run_virtual_world(
+                script, script_args, virtual, settings, folder, on_progress, as_module
+            )
+            report = Diagnosis.of(folder, launch, ranks_run).report
+        else:
+            launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
+            diagnosis = _with_line_evidence(
+                Diagnosis.of(folder, launch), script, script_args, torchrun, settings, as_module
+            )
+            report = diagnosis.report
         if settings.cpu:
             _refuse_what_cpu_could_not_map(folder, report)
         lanes = build_lanes(load_traces(folder)) if want_lanes else None
@@ -121,8 +149,12 @@ class Diagnosis:
     launch: LaunchResult | None
 
     @classmethod
-    def of(cls, folder: Path, launch: LaunchResult | None) -> Diagnosis:
-        return cls.read(_evidence_from(folder, launch), launch)
+    def of(
+        cls, folder: Path, launch: LaunchResult | None, ranks_run: dict[int, str] | None = None
+    ) -> Diagnosis:
+        evidence = _evidence_from(folder, launch)
+        evidence.ranks_run = ranks_run
+        return cls.read(evidence, launch)
 
     @classmethod
     def read(cls, evidence: Evidence, launch: LaunchResult | None) -> Diagnosis:
@@ -141,6 +173,79 @@ class Diagnosis:
                 + (f"; it did not run as the first run did: {replay.mismatch}" if replay.mismatch else "")
             )
         return cls(evidence, diagnoser, report, launch)
+
+
+SMALL_WORLD = 16  # worlds up to this size run every rank
+
+
+def _check_virtual(virtual: VirtualWorld) -> None:
+    world, per_node = virtual.layout.world_size, virtual.layout.per_node
+    if world > MAX_WORLD_SIZE:
+        raise UsageError(f"--world-size {world} is above the most a virtual world takes ({MAX_WORLD_SIZE})")
+    if per_node < 1 or world < per_node:
+        raise UsageError(
+            f"--world-size {world} is below --nproc-per-node {per_node}: the world is at least one node"
+        )
+    outside = [rank for rank in virtual.named if not 0 <= rank < world]
+    if outside:
+        raise UsageError(f"--ranks {outside[0]} is not a rank of a world of {world}")
+
+
+def _run_virtual_world(
+    script: str,
+    script_args: list[str],
+    virtual: VirtualWorld,
+    settings: DryRunSettings,
+    folder: Path,
+    on_progress: Callable[[Progress], None] | None,
+    as_module: bool,
+) -> tuple[LaunchResult, dict[int, str]]:
+    """Rank 0 (the reference) alone, then the chosen ranks (or all), through the fork
+    server; the result as a launch's, and the ranks that ran with why."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    env = {
+        **dry_run_environment(replace(settings, probe_timeout=0.0), folder),
+        ENV_VIRTUAL: str(folder / REFERENCE_FILE),
+    }
+    command = [*(["-m"] if as_module else []), script, *script_args]
+    jobs = max(1, os.cpu_count() or 1)
+    world = virtual.layout.world_size
+    done: list[int] = []
+
+    def finished(rank: int) -> None:
+        done.append(rank)
+        if on_progress is not None:
+            on_progress(Progress(ranks_up=len(done), elapsed=0.0))
+
+    # No rank waits on another: a rank quiet this long is busy on its own (a slow write,
+    # a wait outside torch.distributed), where the others would wait for it.
+    quiet = max(60.0, 4 * settings.stall_timeout)
+    first = run_virtual(command, env, virtual.layout, [0], folder, quiet, jobs, finished)
+    if virtual.all_ranks or world <= SMALL_WORLD:
+        why = "--all-ranks" if virtual.all_ranks else "every rank of a small world"
+        ranks_run = {rank: why for rank in range(world)}
+    else:
+        ranks_run = chosen_ranks(virtual.layout, reference_dataset_sizes(folder), list(virtual.named))
+    runs = [first]
+    if not first.interrupted:
+        others = [rank for rank in ranks_run if rank != 0]
+        runs.append(run_virtual(command, env, virtual.layout, others, folder, quiet, jobs, finished))
+    exits = {rank: code for run in runs for rank, code in run.exits.items()}
+    late = sorted(rank for run in runs for rank in run.timed_out)
+    launch = LaunchResult(
+        folder,
+        folder / LOG_NAME,
+        0,
+        interrupted=any(run.interrupted for run in runs),
+        stalled=bool(late),
+        stall_seconds=quiet,
+        stall_reason=f"rank {late[0]} was still busy on its own after {quiet:.0f} s and was stopped"
+        if late
+        else "",
+        elapsed=sum(run.elapsed for run in runs),
+        rank_exits={rank: code for rank, code in exits.items() if code != 0 and rank not in late},
+    )
+    return launch, ranks_run
 
 
 def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
@@ -280,6 +385,12 @@ def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchR
     """Scripts that never got as far as a process group, or that start their own ranks:
     exit 2, with what they said."""
     exits = [t.exit for t in traces.values() if t.exit]
+    refused = next((e for e in exits if e.get("how") == "virtual-refused"), None)
+    if refused is not None:
+        raise InputError(
+            f"--world-size: {refused.get('error')}",
+            hint="Or run it without --world-size, on real ranks.",
+        )
     own = next((e for e in exits if e.get("how") == "own-launcher"), None)
     if own is not None:
         site = own.get("site")
@@ -326,7 +437,7 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
         return "interrupted: the dry run was stopped at the user's request"
     if launch.stalled:
         why = launch.stall_reason or f"no rank made progress for {launch.stall_seconds:.0f} s"
-        return f"hang: {why}; stacks captured, job stopped"
+        return f"hang: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")
     if launch.timed_out:
         return "stopped: the dry run reached its total time limit"
     stops = {str(t.exit.get("stop")) for t in traces.values() if t.exit and t.exit.get("stop")}

@@ -63,6 +63,7 @@ class Evidence:
     stopped: str | None = None  # why the run ended, in words
     cwd: str = field(default_factory=os.getcwd)
     lines: Replay | None = None  # what a replay up to the divergence saw (explain/lines.py)
+    ranks_run: dict[int, str] | None = None  # a virtual world's ranks that ran, with why
 
 
 class Diagnoser:
@@ -194,7 +195,8 @@ class Diagnoser:
 
     def rank_states(self) -> list[RankState]:
         states = []
-        for rank in range(self.ev.world_size):
+        ranks = sorted(self.ev.ranks_run) if self.ev.ranks_run is not None else range(self.ev.world_size)
+        for rank in ranks:
             trace = self.ev.traces.get(rank)
             if trace is None:
                 states.append(RankState(rank=rank, state=RankStatus.EXITED, where="no trace"))
@@ -248,7 +250,16 @@ class Diagnoser:
         }
         if self.ev.stopped:
             summary["stopped"] = self.ev.stopped
-        if len(self.ev.traces) < self.ev.world_size:
+        if self.ev.ranks_run is not None:
+            summary["virtual"] = [f"rank {rank}: {why}" for rank, why in sorted(self.ev.ranks_run.items())][
+                :64
+            ]
+            summary["virtual_note"] = (
+                f"a virtual world of {self.ev.world_size} ranks on the fake process group: "
+                f"{len(self.ev.ranks_run)} ran, each alone; collectives returned at once with rank 0's "
+                "results, so decisions on synchronised values agree and decisions on rank-local ones do not"
+            )
+        elif len(self.ev.traces) < self.ev.world_size:
             summary["partial"] = (
                 f"traces of {who(sorted(self.ev.traces))} of {self.ev.world_size} "
                 f"only: gather every node's --trace-dir in one folder and run "

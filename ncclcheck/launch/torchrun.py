@@ -267,19 +267,9 @@ def start_torchrun(argv: list[str], env: dict[str, str], log_path: Path) -> subp
         )
 
 
-def run_dry(
-    script: str,
-    script_args: list[str],
-    torchrun: TorchrunOptions,
-    settings: DryRunSettings,
-    trace_dir: Path,
-    on_progress: Callable[[Progress], None] | None = None,
-    as_module: bool = False,
-) -> LaunchResult:
-    trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    log_path = trace_dir / "torchrun.log"
+def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, str]:
+    """What every dry-run rank reads (record/bootstrap.py), whoever starts it."""
     env = {
-        **os.environ,
         ENV_TRACE_DIR: str(trace_dir),
         ENV_TRAIN_STEPS: str(settings.train_steps),
         ENV_EVAL_PASSES: str(settings.eval_passes),
@@ -294,6 +284,21 @@ def run_dry(
     }
     if settings.lines_plan:
         env[ENV_PURE_PYTHON] = "1"  # every call through Python, where the replay's stop is
+    return env
+
+
+def run_dry(
+    script: str,
+    script_args: list[str],
+    torchrun: TorchrunOptions,
+    settings: DryRunSettings,
+    trace_dir: Path,
+    on_progress: Callable[[Progress], None] | None = None,
+    as_module: bool = False,
+) -> LaunchResult:
+    trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_path = trace_dir / "torchrun.log"
+    env = {**os.environ, **dry_run_environment(settings, trace_dir)}
     argv = [
         sys.executable,
         "-m",

@@ -17,7 +17,7 @@ import traceback
 from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
-from ncclcheck.record import cpu_map, frames, frameworks, lines, nccl_timing, perturb, rooted
+from ncclcheck.record import cpu_map, frames, frameworks, lines, nccl_timing, perturb, rooted, virtual
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -274,6 +274,8 @@ def main() -> None:
     timing = env.get(nccl_timing.ENV_NCCL_TIMING) == "1"
     if timing:
         nccl_timing.install()  # under the recorder's wrappers: it records the call, then enqueues it
+    if env.get(virtual.ENV_VIRTUAL):  # under the recorder's wrappers: it records, then the fake group runs
+        virtual.install(env[virtual.ENV_VIRTUAL], rank, int(env.get("WORLD_SIZE", "1")))
     rooted.install(recorder)  # before the collectives are wrapped: it wraps reduce first
     install(recorder)
     frameworks.install(recorder)
@@ -308,6 +310,10 @@ def main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+    except virtual.VirtualWorldRefused as exc:
+        recorder.exit("virtual-refused", 2, error=str(exc), site=_describe_exception(exc)[1])
+        recorder.close()
+        os._exit(2)
     except OwnLauncher as exc:
         _error, site = _describe_exception(exc)
         recorder.exit("own-launcher", 2, error=str(exc), site=site)  # error: the launcher's name

@@ -101,6 +101,7 @@ class _TrackedIterator:
             "sampler": type(sampler).__name__ if sampler is not None else None,
             "distributed_sampler": distributed,
             "dataset": type(dataset).__name__,
+            "dataset_len": _whole_set_len(dataset),
             # no sampler shards an IterableDataset: its own __iter__ splits the stream
             "iterable": isinstance(dataset, IterableDataset),
             "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
@@ -177,3 +178,16 @@ def _sample_ids(loader: Any, limit: int = 256) -> list[int] | None:
     except Exception:
         return None
     return indices
+
+
+def _whole_set_len(dataset: Any) -> int | None:
+    """The size of the whole set behind a loader's dataset: a hand split's Subset (or any
+    wrapper with .dataset) gives its parent's, for the ranks a virtual world picks
+    where the split changes its count (launch/virtual.py)."""
+    parent = getattr(dataset, "dataset", None)
+    for candidate in (parent, dataset) if parent is not None else (dataset,):
+        try:
+            return len(candidate)
+        except Exception:  # an IterableDataset, or a __len__ that fails
+            continue
+    return None

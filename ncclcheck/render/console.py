@@ -98,6 +98,9 @@ def report_text(report: Report) -> str:
     return out.file.getvalue()  # type: ignore[attr-defined,no-any-return]
 
 
+_GROUP_ABOVE = 16  # more rows than this: consecutive ranks alike share one row ("1-254")
+
+
 def print_report(report: Report, out: Console | None = None) -> None:
     out = out or _console()
     style = _VERDICT_STYLE[report.verdict]
@@ -112,16 +115,24 @@ def print_report(report: Report, out: Console | None = None) -> None:
         columns += ["phase", "collectives", "eval batches"] if traced else []
         for column in [*columns, "where"]:
             table.add_column(column, no_wrap=column != "where")
+        grouped = len(report.ranks) > _GROUP_ABOVE
+        rows: list[tuple[list[int], list[str], list[str]]] = []  # ranks, own cells, shared cells
         for rank in report.ranks:
             cells = [
-                str(rank.rank),
                 rank.host,
                 "" if rank.pid is None else str(rank.pid),
                 rank.state.value + ("" if rank.exit_code is None else f" ({rank.exit_code})"),
             ]
             if traced:
                 cells += [rank.phase or "", str(rank.collectives), _eval_batches(rank.eval_batches)]
-            table.add_row(*cells, escape(rank.where or ""))
+            cells.append(escape(rank.where or ""))
+            shared = [cells[0], "", *cells[2:]]  # a group of ranks has no one pid
+            if grouped and rows and rows[-1][2] == shared:
+                rows[-1][0].append(rank.rank)
+            else:
+                rows.append(([rank.rank], cells, shared))
+        for ranks, cells, shared in rows:
+            table.add_row(format_ranks(ranks), *(cells if len(ranks) == 1 else shared))
         out.print(table)
     _print_probe_summary(out, report)
     classes = report.summary.get("classes")
@@ -157,13 +168,23 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("skipped", "not read"),
         ("movement", "two looks at every rank"),
         ("gpus", "the ranks' GPUs (NVML)"),
+        ("virtual", "virtual ranks that ran, and why"),
     ):
         noted = report.summary.get(key)
         if isinstance(noted, list) and noted:
             out.print(f"\n[bold]{title}[/]")
             for line in noted:
                 out.print(f"  {escape(str(line))}")
-    for key in ("stopped", "not_run", "note", "partial", "interrupted", "unexplained"):
+    for key in (
+        "stopped",
+        "not_run",
+        "note",
+        "partial",
+        "virtual_note",
+        "line_evidence",
+        "interrupted",
+        "unexplained",
+    ):
         if report.summary.get(key):
             out.print(f"\n[dim]{escape(str(report.summary[key]))}[/]")
     if report.summary.get("decided_by") and not report.findings:  # else a finding's evidence says it

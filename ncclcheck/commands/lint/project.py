@@ -641,7 +641,7 @@ class Linter:
             self.derived_names(module.tree)
             | rank_functions(module.tree)
             | rank_fields(module.tree)
-            | imported_rank_names(lambda path: self.load(path, follow=False), module)
+            | imported_rank_names(self.load, module)
         )
         indexed = {id(f.node): f for functions in module.functions.values() for f in functions}
         scopes: list[tuple[_Function | None, ast.AST]] = [(None, module.tree)]

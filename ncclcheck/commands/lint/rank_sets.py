@@ -134,10 +134,19 @@ def imported_rank_names(load: Callable[[Path], _Module | None], module: _Module)
         other = load(path)
         if other is None or other is module:
             continue
-        functions = rank_functions(other.tree)
-        found |= rank_fields(other.tree)
+        functions, fields = _rank_names_of(other)
+        found |= fields
         if local is None:
             found |= functions  # read as attributes: dist_utils.leader()
         elif original in functions:
             found.add(local)
     return found
+
+
+def _rank_names_of(module: _Module) -> tuple[set[str], set[str]]:
+    """A module's rank functions and rank fields, read once per module however many
+    modules import it."""
+    cached = module.__dict__.get("_rank_names")
+    if cached is None:
+        cached = module.__dict__["_rank_names"] = (rank_functions(module.tree), rank_fields(module.tree))
+    return cached

@@ -1,0 +1,298 @@
+"""``preflight --world-size W``: ranks of a W-rank job on one machine, on torch's fake
+process group (record/virtual.py), a few at a time.
+
+A fork server (``python -m ncclcheck.launch.virtual PLAN``) imports torch once and
+forks each rank from that process, so a rank costs its own dry run, not an
+interpreter start and a torch import. Rank 0 runs first, alone: it is the reference
+whose collective results the other ranks take, and its trace tells the eval sets'
+sizes, from which the ranks where a hand split's count changes are chosen. Each rank
+gets the environment torchrun would give it in the production layout (G ranks per
+virtual node: LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE) and writes its trace as any
+dry-run rank does; nothing waits on another rank, so a divergence is read from the
+traces when the ranks are done, never waited for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MAX_WORLD_SIZE = 16384
+LOG_NAME = "virtual.log"
+
+
+@dataclass(frozen=True)
+class VirtualLayout:
+    world_size: int
+    per_node: int  # ranks per virtual node: the production --nproc-per-node
+
+    def environment(self, rank: int) -> dict[str, str]:
+        """What torchrun sets for ``rank`` in this layout."""
+        node = rank // self.per_node
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(rank % self.per_node),
+            "LOCAL_WORLD_SIZE": str(self.per_node),
+            "GROUP_RANK": str(node),
+            "NODE_RANK": str(node),
+            "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(self.world_size),
+            "GROUP_WORLD_SIZE": str(-(-self.world_size // self.per_node)),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "TORCHELASTIC_RUN_ID": "ncclcheck-virtual",
+            "OMP_NUM_THREADS": "1",
+        }
+
+
+def chosen_ranks(layout: VirtualLayout, dataset_sizes: list[int], named: list[int]) -> dict[int, str]:
+    """The default subset: what differs between ranks. Rank 0 and the last rank; the
+    first and last rank of the first, second and last virtual nodes (local_rank and
+    node-leader tests); where an eval set of N samples split over W ranks changes its
+    count (ranks below N % W hold one sample more; with N < W, rank N is the first with
+    none); and the ranks asked for. rank -> why, in words."""
+    world, per_node = layout.world_size, layout.per_node
+    why: dict[int, list[str]] = {}
+
+    def add(rank: int, reason: str) -> None:
+        if 0 <= rank < world:
+            why.setdefault(rank, []).append(reason)
+
+    add(0, "rank 0")
+    add(world - 1, "the last rank")
+    for node in sorted({0, 1, (world - 1) // per_node}):
+        add(node * per_node, f"the first rank of node {node}")
+        add(min(node * per_node + per_node, world) - 1, f"the last rank of node {node}")
+    for size in sorted(set(dataset_sizes)):
+        if size < world:
+            add(size - 1, f"the last rank with a sample of an eval set of {size}")
+            add(size, f"the first rank with no sample of an eval set of {size}")
+        elif size % world:
+            add(size % world - 1, f"the last rank with one sample more of an eval set of {size}")
+            add(size % world, f"the first rank with one sample fewer of an eval set of {size}")
+    for rank in named:
+        add(rank, "asked for (--ranks)")
+    return {rank: ", ".join(reasons) for rank, reasons in sorted(why.items())}
+
+
+def reference_dataset_sizes(trace_dir: Path) -> list[int]:
+    """The sizes of the eval sets rank 0 iterated (the whole set behind a hand split's
+    Subset), from its trace."""
+    sizes = []
+    path = trace_dir / "rank-00000.jsonl"
+    try:
+        with path.open(encoding="utf-8") as trace:
+            for line in trace:
+                if '"t":"pass"' not in line.replace(" ", ""):
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("role") == "eval" and isinstance(record.get("dataset_len"), int):
+                    sizes.append(int(record["dataset_len"]))
+    except OSError:
+        return []
+    return sizes
+
+
+@dataclass
+class VirtualRun:
+    exits: dict[int, int]  # rank -> exit code (negative: killed by that signal)
+    elapsed: float
+    timed_out: list[int]
+    interrupted: bool = False
+
+
+def run_virtual(
+    command: list[str],
+    env: dict[str, str],
+    layout: VirtualLayout,
+    ranks: list[int],
+    trace_dir: Path,
+    rank_timeout: float,  # seconds a rank may go without writing to its trace
+    jobs: int,
+    on_done: Any = None,
+) -> VirtualRun:
+    """Run ``ranks`` through the fork server: rank 0 first if asked for, then the rest,
+    ``jobs`` at a time. ``command``: the bootstrap's arguments (script or -m module, and
+    the script's own). Every process it starts is gone when it returns."""
+    batch = len(list(trace_dir.glob("virtual-plan-*.json")))
+    plan = {
+        "command": command,
+        "env": env,
+        "ranks": [[rank, layout.environment(rank)] for rank in ranks],
+        "jobs": jobs,
+        "rank_timeout": rank_timeout,
+        "results": str(trace_dir / f"virtual-exits-{batch}.json"),
+        "logs": str(trace_dir),
+    }
+    plan_path = trace_dir / f"virtual-plan-{batch}.json"
+    plan_path.write_text(json.dumps(plan), encoding="utf-8")
+    log = (trace_dir / LOG_NAME).open("ab")
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncclcheck.launch.virtual", str(plan_path)],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **env},
+        start_new_session=True,
+    )
+    interrupted = threading.Event()
+
+    def stop_on_signal(*_: Any) -> None:
+        interrupted.set()
+        _stop(proc)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, stop_on_signal)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # "done RANK CODE" as each rank ends
+            if on_done is not None and line.startswith(b"done "):
+                on_done(int(line.split()[1]))
+        proc.wait()
+    finally:
+        _stop(proc)
+        log.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        results = json.loads(Path(plan["results"]).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+    except (OSError, ValueError):
+        results = {"exits": {}, "timed_out": []}
+    return VirtualRun(
+        {int(rank): int(code) for rank, code in results["exits"].items()},
+        time.monotonic() - start,
+        [int(rank) for rank in results["timed_out"]],
+        interrupted.is_set(),
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """The server and every rank it forked: they share its session."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+# -- the fork server -------------------------------------------------------------------
+
+
+def serve(plan: dict[str, Any]) -> None:
+    """Import torch once, then fork each rank: rank 0 (the reference) alone first."""
+    # what each rank would import on its own: once, here
+    import torch.distributed
+    import torch.nn.parallel
+    import torch.utils.data  # noqa: F401
+
+    os.environ.update(plan["env"])
+    ranks: list[tuple[int, dict[str, str]]] = [(int(r), e) for r, e in plan["ranks"]]
+    exits: dict[int, int] = {}
+    timed_out: list[int] = []
+    running: dict[int, tuple[int, float]] = {}  # pid -> (rank, started)
+
+    def reap(block: bool) -> None:
+        while running:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+            if pid == 0:
+                break
+            rank, _started = running.pop(pid)
+            exits[rank] = os.waitstatus_to_exitcode(status)
+            sys.stdout.write(f"done {rank} {exits[rank]}\n")
+            sys.stdout.flush()
+            block = False
+
+    grown: dict[int, tuple[int, float]] = {}  # rank -> (trace data, when it last grew)
+    looked = [0.0]
+
+    def kill_late() -> None:
+        now = time.monotonic()
+        if now - looked[0] < 0.5:
+            return
+        looked[0] = now
+        for pid, (rank, started) in list(running.items()):
+            size = _trace_data(os.path.join(plan["env"]["NCCLCHECK_TRACE_DIR"], f"rank-{rank:05d}.jsonl"))
+            last_size, since = grown.get(rank, (-1, started))
+            if size != last_size:
+                grown[rank] = (size, now)
+            elif now - since > float(plan["rank_timeout"]) and rank not in timed_out:
+                timed_out.append(rank)
+                os.kill(pid, signal.SIGKILL)
+
+    first, rest = ranks[:1], ranks[1:]
+    for batch in (first, rest):
+        for rank, env in batch:
+            while len(running) >= int(plan["jobs"]):
+                kill_late()
+                reap(block=False)
+                time.sleep(0.02)
+            running[_fork_rank(plan, rank, env)] = (rank, time.monotonic())
+        while running:
+            kill_late()
+            reap(block=False)
+            time.sleep(0.02)
+    Path(plan["results"]).write_text(json.dumps({"exits": exits, "timed_out": timed_out}), encoding="utf-8")
+
+
+def _trace_data(path: str) -> int:
+    """How much a rank has written (its trace file is grown ahead of its data)."""
+    from ncclcheck.record.tracefile import data_end
+
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return 0
+    try:
+        return data_end(fd)
+    finally:
+        os.close(fd)
+
+
+def _fork_rank(plan: dict[str, Any], rank: int, env: dict[str, str]) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.environ.update(env)
+        log = os.open(
+            os.path.join(plan["logs"], f"rank-{rank:05d}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+        )
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        sys.argv = ["ncclcheck.record.bootstrap", *plan["command"]]
+        from ncclcheck.record import bootstrap
+
+        bootstrap.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    serve(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8")))

@@ -1,0 +1,95 @@
+"""preflight --world-size: ranks of a large world on one machine, on torch's fake
+process group (launch/virtual.py, record/virtual.py), against real gloo ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..conftest import SCRIPTS, line_in
+from .test_preflight import PLAYBOOK_IDS, leftover_ranks, preflight
+
+pytestmark = pytest.mark.ranks
+
+SPLIT = SCRIPTS / "virtual" / "eval_split_by_hand.py"
+# Seen only as ranks that wait: a virtual rank never does. A straggler and a stuck
+# transport are timing; the repro of collective-order-mismatch makes the same calls per
+# group on every rank, in another order across two groups, a deadlock only where
+# each rank blocks in its first one.
+TIMING_ONLY = {"straggler", "transport-hang", "collective-order-mismatch"}
+
+
+def test_an_eval_split_that_is_uneven_only_at_the_production_size_is_found_there() -> None:
+    proc, report = preflight("--nproc-per-node=2", str(SPLIT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"  # 10,000 samples over 2 ranks: 5,000 each
+
+    proc, report = preflight("--world-size=48", str(SPLIT))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["world_size"] == 48
+    finding = report["findings"][0]
+    assert finding["cause"] == "uneven-eval-batches", finding
+    assert (
+        finding["site"]
+        == f"tests/scripts/virtual/eval_split_by_hand.py:{line_in(SPLIT, 'dist.all_reduce(batch)')}"
+    )
+    ran = {state["rank"] for state in report["ranks"]}
+    # rank 0, the last rank, nodes 0, 1 and 5's ends, and where 10,000 % 48 = 16 splits the counts
+    assert ran == {0, 7, 8, 15, 16, 40, 47}, ran
+    assert set(finding["ranks"]) == {0, 7, 8, 15} and set(finding["absent_ranks"]) == {16, 40, 47}
+    assert (
+        "rank 16: the first rank with one sample fewer of an eval set of 10000"
+        in report["summary"]["virtual"]
+    )
+    batches = {state["rank"]: state["eval_batches"] for state in report["ranks"]}
+    assert batches[15] == 28 and batches[16] == 26  # 14 and 13 batches, two epochs
+
+    proc, report = preflight("--world-size=48", str(SPLIT), env={"MODE": "fixed"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    assert not leftover_ranks(str(SPLIT))
+
+
+@pytest.mark.parametrize("cause", sorted(set(PLAYBOOK_IDS) - TIMING_ONLY))
+def test_every_repro_gives_the_same_finding_virtual_as_real(catalogue, cause: str) -> None:
+    playbook = catalogue.get(cause)
+    expect = playbook.repro
+    nproc = expect.nproc
+    proc, report = preflight(f"--world-size={nproc}", f"--nproc-per-node={nproc}", str(playbook.repro_path))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = next(f for f in report["findings"] if f["severity"] == "error")
+    assert finding["cause"] == cause, finding
+    site_file = (playbook.folder / expect.site_file).relative_to(playbook.folder.parent.parent)
+    assert finding["site"] == f"{site_file}:{expect.site_line(playbook.folder)}", finding
+    assert (finding["ranks"], finding["absent_ranks"]) == (expect.ranks, expect.absent_ranks), finding
+
+
+def test_early_stopping_on_an_all_reduced_loss_is_no_divergence_in_a_large_world(catalogue) -> None:
+    fixed = catalogue.get("unsynchronized-decision").fixed_path
+    proc, report = preflight("--world-size=256", str(fixed))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned"
+    ran = {state["rank"] for state in report["ranks"]}
+    assert {0, 7, 8, 15, 248, 255} <= ran and len(ran) < 16, ran  # the default subset, not 256
+    assert not leftover_ranks(str(fixed))
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--world-size=4", "--nproc-per-node=8"], "is below --nproc-per-node 8"),
+        (["--world-size=100000"], "above the most a virtual world takes"),
+        (["--world-size=8", "--ranks=9"], "--ranks 9 is not a rank of a world of 8"),
+    ],
+)
+def test_a_world_that_cannot_be_made_is_refused(args: list[str], said: str) -> None:
+    proc, _ = preflight(*args, str(SPLIT), bound=60)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert said in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_script_with_a_store_of_its_own_is_refused() -> None:
+    script = SCRIPTS / "virtual" / "own_store.py"
+    proc, _ = preflight("--world-size=8", str(script), bound=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "sets up its own process group" in proc.stderr and "Traceback" not in proc.stderr
+    assert not leftover_ranks(str(script))
