@@ -49,8 +49,8 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff format --check ncclcheck tests benchmarks playbooks
 	$(BIN)/mypy
 
-preflight: $(STAMP) ## Dry-run SCRIPT=path on NPROC ranks of this node
-	$(BIN)/ncclcheck preflight --nproc-per-node $(NPROC) $(SCRIPT)
+preflight: $(STAMP) ## Dry-run SCRIPT=path on NPROC ranks of this node (WORLD_SIZE=256: a virtual world of that size)
+	$(BIN)/ncclcheck preflight $(if $(WORLD_SIZE),--world-size $(WORLD_SIZE)) --nproc-per-node $(NPROC) $(SCRIPT)
 
 probe: $(STAMP) ## Check rendezvous and collectives on NPROC ranks of this node
 	$(BIN)/ncclcheck probe --nproc-per-node $(NPROC)
