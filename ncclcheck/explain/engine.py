@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from ncclcheck.catalogue import Catalogue
 from ncclcheck.causes import Cause
+from ncclcheck.explain import source
 from ncclcheck.model import Finding, Severity
 
 
@@ -35,6 +36,24 @@ class ReasonKind(str, Enum):
     LOCAL_TEST = "local-test"  # `if` on a value each rank reads for itself (a clock, a file)
     SWALLOWED_ERROR = "swallowed-error"  # a try whose handler swallows the error
     LOADER_LENGTH = "loader-length"  # a loop over loaders of different lengths
+
+
+# What a test reads (source.condition_kind), as the reason it gives and the cause an
+# exit or skip under it names: read by the source rules (rules/branch.py) and by the
+# line evidence (explain/lines.py) alike.
+REASON_OF_KIND = {
+    source.RANK: ReasonKind.RANK_TEST,
+    source.DATA: ReasonKind.DATA_TEST,
+    source.OTHER: ReasonKind.LOCAL_TEST,
+}
+
+
+def cause_of_exit(condition_kind: str) -> Cause:
+    """The cause an early exit or skip names, by what its condition reads."""
+    return {
+        source.RANK: Cause.RANK_EARLY_EXIT,
+        source.DATA: Cause.DATA_DEPENDENT_BRANCH,
+    }.get(condition_kind, Cause.UNSYNCHRONIZED_DECISION)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ncclcheck.causes import Cause
 from ncclcheck.explain import source
-from ncclcheck.explain.engine import ReasonKind
+from ncclcheck.explain.engine import REASON_OF_KIND, ReasonKind, cause_of_exit
 from ncclcheck.explain.wording import who
 from ncclcheck.model import Frame
 from ncclcheck.record.lines import LINES_GLOB, REPLAY_STOP
@@ -335,8 +335,8 @@ def _construct(
         if kind == source.RANK:
             evidence.append(f"the test `{guard.text}` is computed from the rank")
         return 1, Decided(
-            _REASON[kind],
-            _cause(kind),
+            REASON_OF_KIND[kind],
+            cause_of_exit(kind),
             side,
             rest,
             frame,
@@ -382,7 +382,7 @@ def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, D
     kind = _kind(source.condition_kind(path, expr), ast.unparse(expr), path, header_key, side, replay)
     if kind != source.RANK and _reads_the_rank(path, expr):
         kind = source.RANK  # `range(num_batches)`, num_batches computed from the rank
-    cause = _cause(kind)
+    cause = cause_of_exit(kind)
     if not isinstance(loop, ast.While) and fork.call.phase == "eval":
         cause = Cause.UNEVEN_EVAL_BATCHES  # a loop of different length over eval data
     passes = _counts_text(first, side, rest, replay, ("pass", "passes"))
@@ -407,13 +407,6 @@ def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, D
     )
 
 
-_REASON = {
-    source.RANK: ReasonKind.RANK_TEST,
-    source.DATA: ReasonKind.DATA_TEST,
-    source.OTHER: ReasonKind.LOCAL_TEST,
-}
-
-
 def _kind(kind: str, text: str, path: str, key: Key, side: list[int], replay: Replay) -> str:
     """The source's kind of a test, sharpened by what it read: a test that reads whole
     tensors only (a batch, not a scalar loss or metric), and no clock, file or random
@@ -432,12 +425,6 @@ def _reads_the_rank(path: str, expr: ast.expr) -> bool:
     function = source.enclosing_function(path, getattr(expr, "lineno", 0))
     derived = source.rank_derived_names(function) | source.rank_derived_names(source.parse(path))
     return bool({n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} & derived)
-
-
-def _cause(kind: str) -> Cause:
-    return {source.RANK: Cause.RANK_EARLY_EXIT, source.DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
-        kind, Cause.UNSYNCHRONIZED_DECISION
-    )
 
 
 def _values_text(key: Key, ranks: list[int], replay: Replay, which: str) -> str:

@@ -135,11 +135,8 @@ def install(reference_path: str, rank: int, world_size: int) -> None:
     def settled(op: str, fn: Any) -> Any:
         @functools.wraps(fn)
         def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            group = kwargs.get("group")
-            if group is None and op == "all_reduce" and len(args) > 1:
-                group = args[1]
-            if group is None and op == "broadcast" and len(args) > 1:
-                group = args[1]
+            # all_reduce(tensor, op, group) and broadcast(tensor, src, group): the group is third
+            group = kwargs.get("group", args[1] if len(args) > 1 else None)
             work = fn(tensor, *args, **kwargs)
             if op == "all_reduce":
                 reduce_op = kwargs.get("op", args[0] if args else dist.ReduceOp.SUM)

@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
 from ncclcheck.explain import lines, loaders, source
-from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
+from ncclcheck.explain.engine import (
+    REASON_OF_KIND,
+    Explanation,
+    Reason,
+    ReasonKind,
+    cause_of_exit,
+    first_explanation,
+)
 from ncclcheck.explain.wording import (
     issuer_advice,
     op_text,
@@ -325,13 +332,6 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
     return None
 
 
-REASON_OF_KIND = {
-    source.RANK: ReasonKind.RANK_TEST,
-    source.DATA: ReasonKind.DATA_TEST,
-    source.OTHER: ReasonKind.LOCAL_TEST,
-}
-
-
 def _kind_said(kind: str) -> str:
     return {
         source.RANK: "the test reads the rank",
@@ -596,11 +596,3 @@ def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, source.Guard] 
             if guard.kind == kind:
                 return frame, guard
     return None
-
-
-def cause_of_exit(condition_kind: str) -> Cause:
-    """The cause an early exit or skip names, by what its condition reads."""
-    return {
-        source.RANK: Cause.RANK_EARLY_EXIT,
-        source.DATA: Cause.DATA_DEPENDENT_BRANCH,
-    }.get(condition_kind, Cause.UNSYNCHRONIZED_DECISION)
