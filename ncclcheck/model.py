@@ -25,6 +25,12 @@ class Verdict(str, Enum):
     PROGRESSING = "progressing"  # doctor: every rank moved between two looks
     CRASH = "crash"
     ERROR = "error"
+    # preflight: stopped (a signal, its time limit) before its budget was spent with
+    # nothing found in what it ran: not a pass, so never "aligned"
+    INCOMPLETE = "incomplete"
+
+
+INCOMPLETE_EXIT = 4  # docs/contract.md: ran, found nothing, but did not finish
 
 
 class Severity(str, Enum):
@@ -293,7 +299,9 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.has_errors else 0
+        if self.has_errors:
+            return 1
+        return INCOMPLETE_EXIT if self.verdict is Verdict.INCOMPLETE else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {

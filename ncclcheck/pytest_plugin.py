@@ -183,7 +183,7 @@ def _preflight_or_fail(
     except NcclcheckError as error:
         pytest.fail(f"ncclcheck could not run {what}: {error}", pytrace=False)
     report = outcome.report
-    if not report.has_errors:
+    if not report.has_errors and report.verdict is not Verdict.INCOMPLETE:
         return report
     if trace_dir is not None and str(report.summary.get("note", "")).startswith("no eval phase"):
         del report.summary["note"]  # a test function is not a train/eval loop
@@ -191,6 +191,7 @@ def _preflight_or_fail(
         Verdict.MISALIGNED: "saw the ranks' collectives differ",
         Verdict.HANG: "saw the ranks hang",
         Verdict.CRASH: "saw a rank fail",
+        Verdict.INCOMPLETE: "did not finish its dry run",
     }.get(report.verdict, f"ended with {report.verdict.value}")
     first_error = next((f for f in report.findings if f.severity is Severity.ERROR), None)
     headline = f"found {first_error.cause}" if first_error is not None else verdict

@@ -163,8 +163,6 @@ class Diagnosis:
         if launch is not None and launch.probe_failed:
             report.findings.insert(0, _probe_finding(evidence.traces, evidence.world_size))
             report.verdict = Verdict.CRASH
-        if launch is not None and launch.interrupted:
-            report.summary["interrupted"] = "preflight was interrupted; the dry run was stopped"
         replay = evidence.lines
         if replay is not None:
             report.summary["line_evidence"] = (
@@ -279,7 +277,20 @@ def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
         rank_exits=launch.rank_exits if launch else {},
         first_failure=launch.first_failure if launch else None,
         stopped=_why_it_stopped(folder, traces, launch),
+        incomplete=_why_unfinished(launch),
     )
+
+
+def _why_unfinished(launch: LaunchResult | None) -> str | None:
+    """A dry run stopped from outside before its budget was spent (never a hang: a hang
+    is a finding, and the stall watchdog's stop is how it is found)."""
+    if launch is None or launch.stalled:
+        return None
+    if launch.interrupted:
+        return "the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM)"
+    if launch.timed_out:
+        return "the dry run reached ncclcheck's time limit for a dry run"
+    return None
 
 
 def _with_line_evidence(
@@ -434,7 +445,7 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
     if launch is None:
         return f"diagnosed from the traces in {folder}"
     if launch.interrupted:
-        return "interrupted: the dry run was stopped at the user's request"
+        return "interrupted: preflight got a signal (Ctrl-C, SIGTERM) and stopped the dry run"
     if launch.stalled:
         why = launch.stall_reason or f"no rank made progress for {launch.stall_seconds:.0f} s"
         return f"hang: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")

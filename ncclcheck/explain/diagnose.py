@@ -17,6 +17,7 @@ from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.causes import Cause
 from ncclcheck.evidence.stacks import ProcessStack
 from ncclcheck.explain import source
+from ncclcheck.explain.align import Divergence, Mismatch
 from ncclcheck.explain.engine import Explanation, Reason, framework_fixes
 from ncclcheck.explain.rules.divergence import crashed, explain_divergence
 from ncclcheck.explain.rules.quiet import explain_stall_without_divergence, warnings
@@ -64,6 +65,8 @@ class Evidence:
     cwd: str = field(default_factory=os.getcwd)
     lines: Replay | None = None  # what a replay up to the divergence saw (explain/lines.py)
     ranks_run: dict[int, str] | None = None  # a virtual world's ranks that ran, with why
+    # why the run ended before its budget was spent (a signal, the time limit), if it did
+    incomplete: str | None = None
 
 
 class Diagnoser:
@@ -162,7 +165,7 @@ class Diagnoser:
     # -- the report --------------------------------------------------------------------
 
     def report(self) -> Report:
-        found = divergences_of(self.ev.traces)
+        found = [d for d in divergences_of(self.ev.traces) if not self.only_behind(d)]
         explanations: list[Explanation] = []
         complete = len(self.ev.traces) >= self.ev.world_size
         if found:
@@ -175,13 +178,19 @@ class Diagnoser:
                 explanations.append(crashed(self, dead, None))
         explanations += warnings(self, explanations)
         findings = [explanation.finding(self.catalogue) for explanation in explanations]
+        verdict = self.verdict(findings)
+        summary = self.summary()
+        if verdict is Verdict.INCOMPLETE and self.ev.incomplete:
+            summary["incomplete"] = self.what_was_checked(self.ev.incomplete)
+        elif self.ev.incomplete:
+            summary["incomplete"] = f"{self.ev.incomplete}: the findings are what it saw until then"
         return Report(
             command="preflight",
-            verdict=self.verdict(findings),
+            verdict=verdict,
             world_size=self.ev.world_size,
             ranks=self.rank_states(),
             findings=findings,
-            summary=self.summary(),
+            summary=summary,
         )
 
     def verdict(self, findings: list[Finding]) -> Verdict:
@@ -191,6 +200,8 @@ class Diagnoser:
             return Verdict.CRASH
         if any(f.severity is Severity.ERROR for f in findings):
             return Verdict.MISALIGNED
+        if self.ev.incomplete:  # nothing wrong in what ran, but not all of it ran
+            return Verdict.INCOMPLETE
         return Verdict.ALIGNED
 
     def rank_states(self) -> list[RankState]:
@@ -235,6 +246,35 @@ class Diagnoser:
                 )
             )
         return states
+
+    def only_behind(self, divergence: Divergence) -> bool:
+        """In a run stopped from outside, a rank still running that has not made a call
+        yet is behind, not absent: it was cut off on its way (a straggler mid-write)."""
+        return (
+            bool(self.ev.incomplete)
+            and divergence.kind is Mismatch.MISSING
+            # no exit line: the rank never ended on its own (our stop killed it, if anything)
+            and all(
+                rank in self.ev.traces and self.ev.traces[rank].exit is None for rank in divergence.absent
+            )
+        )
+
+    def what_was_checked(self, why: str) -> str:
+        """An unfinished run's extent: how far each rank got, so a reader knows what the
+        absence of a finding covers and what it does not."""
+        traces = self.ev.traces.values()
+
+        def span(values: list[int]) -> str:
+            low, high = min(values, default=0), max(values, default=0)
+            return f"{low}" if low == high else f"{low} to {high}"
+
+        calls = span([t.collectives for t in traces])
+        passes = span([sum(1 for p in t.eval_passes if p.exhausted) for t in traces])
+        return (
+            f"incomplete: {why} before its budget was spent. It checked {calls} collective(s) per "
+            f"rank, alike on every rank, and {passes} complete eval pass(es) per rank; the rest "
+            "is unchecked: rerun to the end, or with a smaller --train-steps / --eval-passes"
+        )
 
     def summary(self) -> dict[str, object]:
         per_phase: dict[str, int] = {}

@@ -20,6 +20,7 @@ _VERDICT_STYLE = {
     Verdict.PROGRESSING: "bold green",
     Verdict.CRASH: "bold red",
     Verdict.ERROR: "bold yellow",
+    Verdict.INCOMPLETE: "bold yellow",
 }
 
 
@@ -182,7 +183,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
         "partial",
         "virtual_note",
         "line_evidence",
-        "interrupted",
+        "incomplete",
         "unexplained",
     ):
         if report.summary.get(key):

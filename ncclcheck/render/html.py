@@ -15,7 +15,8 @@ _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d1d1f; }
 h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 16px; margin: 24px 0 8px; }
 .verdict { font-weight: 600; padding: 2px 8px; border-radius: 4px; }
-.verdict-aligned, .verdict-progressing { background: #d8f5d8; } .verdict-error { background: #fff1c2; }
+.verdict-aligned, .verdict-progressing { background: #d8f5d8; }
+.verdict-error, .verdict-incomplete { background: #fff1c2; }
 .verdict-hang, .verdict-crash, .verdict-misaligned { background: #ffd9d9; }
 .finding { border-left: 4px solid #d33; padding: 8px 12px; margin: 8px 0; background: #fafafa; }
 .finding.warning { border-color: #d9a400; }

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from ..conftest import PLAYBOOKS, processes_marked
+from ..conftest import PLAYBOOKS, SCRIPTS, processes_marked
 
 pytestmark = pytest.mark.ranks
 
@@ -142,15 +142,25 @@ def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.
         def test_fixed():
             report = assert_aligned({str(folder / "fixed.py")!r}, nproc=2)
             assert report.verdict.value == "aligned"
+
+        def test_cut_short():  # its time limit ends the dry run mid-eval: not a pass
+            assert_aligned({str(SCRIPTS / "slow_eval.py")!r}, nproc=2, timeout=8)
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=280)
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         [
             "*_ test_repro _*",
             "ncclcheck found uneven-eval-batches in *repro.py (2 ranks)",
             "error uneven-eval-batches*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_cut_short _*",
+            "ncclcheck did not finish its dry run in *slow_eval.py (2 ranks)",
+            "*incomplete: the dry run reached ncclcheck's time limit*",
         ]
     )
     assert os.environ.get("NCCLCHECK_TRACE_DIR") is None

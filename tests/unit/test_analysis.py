@@ -246,6 +246,47 @@ def test_diagnosis_of_an_order_cycle_across_groups() -> None:
     assert report.findings[0].cause == "collective-order-mismatch"
 
 
+def test_a_dry_run_stopped_before_its_budget_is_incomplete_never_aligned() -> None:
+    """Stopped from outside (a CI job's timeout) with nothing wrong so far: its own verdict
+    and exit code, and what it did check, never "aligned" (exit 0) for a pipeline to pass."""
+    calls = {rank: [call(rank, seq) for seq in range(3)] for rank in (0, 1)}
+    why = "the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM)"
+    report = diagnose(
+        Evidence(traces={r: trace(r, c) for r, c in calls.items()}, world_size=2, incomplete=why)
+    )
+    assert (report.verdict.value, report.exit_code, report.findings) == ("incomplete", 4, [])
+    assert report.summary["incomplete"].startswith(f"incomplete: {why} before its budget was spent")
+    assert "checked 3 collective(s) per rank" in report.summary["incomplete"]
+    whole = diagnose(Evidence(traces={r: trace(r, c) for r, c in calls.items()}, world_size=2))
+    assert (whole.verdict.value, whole.exit_code, "incomplete" in whole.summary) == ("aligned", 0, False)
+
+
+def test_a_rank_behind_when_the_run_was_stopped_is_not_absent() -> None:
+    """Rank 0 still writing a checkpoint when CI's timeout came, rank 1 a call ahead: not a
+    divergence (the straggler would have caught up), while a rank that ended is absent."""
+    rank0 = [call(0, seq) for seq in range(2)]
+    rank1 = [call(1, seq) for seq in range(3)]
+    report = diagnose(
+        Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, incomplete="stopped")
+    )
+    assert (report.verdict.value, report.findings) == ("incomplete", [])
+    assert "checked 2 to 3 collective(s) per rank" in report.summary["incomplete"]
+    ended = trace(0, rank0, exit_={"how": "returned", "code": 0})
+    report = diagnose(Evidence(traces={0: ended, 1: trace(1, rank1)}, world_size=2, incomplete="stopped"))
+    assert report.verdict.value == "misaligned"
+
+
+def test_an_incomplete_run_that_already_diverged_is_misaligned() -> None:
+    """What it saw before the stop stands: the divergence is the verdict, exit 1."""
+    rank0 = [call(0, 0), call(0, 1, line=20)]
+    rank1 = [call(1, 0), call(1, 1, op="barrier", line=21)]
+    report = diagnose(
+        Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, incomplete="stopped")
+    )
+    assert (report.verdict.value, report.exit_code) == ("misaligned", 1)
+    assert report.summary["incomplete"] == "stopped: the findings are what it saw until then"
+
+
 def test_diagnosis_of_a_dead_rank() -> None:
     rank0 = [call(0, 0), call(0, 1, line=30)]
     rank1 = [call(1, 0)]

@@ -82,11 +82,20 @@ def test_schema_rejects_a_wrong_verdict_and_unknown_rank_field() -> None:
         jsonschema.validate(data, SCHEMA)
 
 
+def test_every_verdict_is_in_the_schema() -> None:
+    for verdict in Verdict:
+        data = sample_report().to_dict()
+        data["verdict"] = verdict.value
+        jsonschema.validate(data, SCHEMA)
+
+
 def test_exit_code_follows_errors_not_warnings() -> None:
     report = Report(command="preflight", verdict=Verdict.ALIGNED, world_size=2)
     assert report.exit_code == 0
     report.findings.append(Finding("missing-distributed-sampler", Severity.WARNING, "no sampler"))
     assert report.exit_code == 0
+    report.verdict = Verdict.INCOMPLETE  # stopped before its budget: neither a pass nor a finding
+    assert report.exit_code == 4
     report.findings.append(Finding("rank-crashed", Severity.ERROR, "rank 1 died"))
     assert report.exit_code == 1
 
