@@ -309,57 +309,6 @@ def _is_rank_value(expr: ast.AST, attributes: set[str], names: set[str] | None =
     return False
 
 
-def reaching_rank_names(scope: ast.AST, derived: set[str], line: int) -> set[str]:
-    """Of the rank-derived ``derived`` names, those whose rank-derived value can reach
-    ``line`` of ``scope``: assigned so above it, or below it inside a loop around both
-    whose body does not bind the name again between the loop's start and ``line``; each
-    assignment judged by the names that reach it in turn.
-
-    ``value = chunk(value, rank)`` at the end of a loop body does not make the loop's
-    earlier ``placement = value.placements[0]`` rank-dependent when the body starts with
-    ``value = states[name]`` (torch's fsdp/_optim_utils.py)."""
-    bindings: dict[str, list[tuple[int, ast.expr | None]]] = {}  # None: a for target
-    for node in ast.walk(scope):
-        if isinstance(node, (ast.For, ast.AsyncFor)):
-            for name in bound_names(node.target) & derived:
-                bindings.setdefault(name, []).append((node.lineno, None))
-        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
-            continue
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for whole_target in targets:
-            for target, value in _paired(whole_target, node.value):
-                for name in bound_names(target) & derived:
-                    bindings.setdefault(name, []).append((node.lineno, value))
-    loops = [n for n in ast.walk(scope) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]
-    known: dict[tuple[str, int], bool] = {}
-
-    def flows(at: int, to: int, name: str) -> bool:
-        if at < to:
-            return True
-        return any(
-            contains(loop, at)
-            and contains(loop, to)
-            and not any(loop.lineno <= other < to for other, _ in bindings.get(name, []))
-            for loop in loops
-        )
-
-    def reaches(name: str, to: int) -> bool:
-        if name not in bindings:
-            return True  # bound some other way (a parameter, an augmented assignment)
-        key = (name, to)
-        if key not in known:
-            known[key] = False  # a cycle through the loop reaches nothing new
-            known[key] = any(
-                value is not None
-                and flows(at, to, name)
-                and kind_of(value, {n for n in _names(value)[0] & derived if reaches(n, at)}) == RANK
-                for at, value in bindings[name]
-            )
-        return known[key]
-
-    return {name for name in derived if reaches(name, line)}
-
-
 def _paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
     """``rank, world = get_rank(), get_world_size()`` as two assignments: only ``rank``
     is rank-derived (the world size is the same on every rank, and so is what is

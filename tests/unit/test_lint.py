@@ -1144,6 +1144,65 @@ def test_code_as_people_write_it_is_flagged_and_its_fix_is_clean(tmp_path: Path,
     assert not [f for f in findings if f.severity == "error"], (shape, [f.message for f in findings])
 
 
+EARLY_STOP = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main(net, loader, sync_now):
+    model = DDP(net)
+    for epoch in range(50):
+        total = torch.zeros(1)
+        for features in loader:
+            loss = model(features).mean()
+            loss.backward()
+            total += loss.detach()
+        train_loss = total.item() / len(loader)
+        {sync}
+        if train_loss < 0.4:
+            break
+    dist.barrier()
+"""
+
+
+@pytest.mark.parametrize(
+    ("sync", "flagged"),
+    [
+        ("pass", True),  # each rank stops on its own loss
+        # replaced by the all-reduced mean before the test: every rank tests the same value
+        (
+            "mean = torch.tensor(train_loss)\n        dist.all_reduce(mean)\n"
+            "        train_loss = mean.item() / dist.get_world_size()",
+            False,
+        ),
+        # replaced on one path only: the local value still reaches the test on the other
+        (
+            "if sync_now:\n            mean = torch.tensor(train_loss)\n            dist.all_reduce(mean)\n"
+            "            train_loss = mean.item() / dist.get_world_size()",
+            True,
+        ),
+    ],
+)
+def test_a_decision_is_judged_by_the_value_that_reaches_its_test(
+    tmp_path: Path, sync: str, flagged: bool
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(EARLY_STOP.replace("{sync}", sync))
+    findings, _ = run_lint([script])
+    assert bool(findings) is flagged, [f.message for f in findings]
+    if flagged:
+        assert {f.cause for f in findings} == {"unsynchronized-decision"}, [f.message for f in findings]
+
+
+def test_the_real_early_stop_is_flagged_and_its_fix_is_clean() -> None:
+    real = REPO / "tests" / "scripts" / "real"
+    findings, _ = run_lint([real / "early_stop_on_local_loss.py"])
+    assert [f.cause for f in findings if f.severity == "error"] == ["rank-early-exit"]
+    findings, _ = run_lint([real / "early_stop_on_local_loss_fixed.py"])
+    assert findings == [], [f.message for f in findings]
+
+
 def test_a_collective_reached_through_a_call_names_that_call_too(tmp_path: Path) -> None:
     """The collective's place is where lint sites the finding; the guarded call in the
     checked file, where the fix goes, follows as a compiler's note and as SARIF's

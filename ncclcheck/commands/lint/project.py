@@ -64,7 +64,7 @@ class Linter:
         self._constructed: dict[int, dict[str, str]] = {}
         self._ddp: dict[int, set[str]] = {}
         self._mentions: dict[int, bool] = {}
-        self._synced: dict[int, set[str]] = {}
+        self._synced: dict[int, dict[str, list[int]]] = {}
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
         self.files_checked = 0
         self.lines_checked = 0
@@ -548,15 +548,21 @@ class Linter:
 
     def synced_names(self, scope: ast.AST, module: _Module) -> set[str]:
         """Names passed to a collective in ``scope``: their values agree across ranks after it."""
+        return set(self.sync_points(scope, module))
+
+    def sync_points(self, scope: ast.AST, module: _Module) -> dict[str, list[int]]:
+        """Each name passed to a collective in ``scope``, with the lines of those calls."""
         key = id(scope)
         if key not in self._synced:
-            synced: set[str] = set()
+            synced: dict[str, list[int]] = {}
             for call in self.nodes(scope):
                 if not isinstance(call, ast.Call):
                     continue
                 label = self._direct_label(call, module, set())
                 if label is not None and label.split(".")[-1] not in _ROOTED:
-                    synced |= {arg.id for arg in call.args if isinstance(arg, ast.Name)}
+                    for arg in call.args:
+                        if isinstance(arg, ast.Name):
+                            synced.setdefault(arg.id, []).append(call.lineno)
             self._synced[key] = synced
         return self._synced[key]
 

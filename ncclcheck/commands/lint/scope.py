@@ -12,6 +12,7 @@ from ncclcheck.causes import Cause
 # side's branch is paired with the other's, so lint leaves them out.
 from ncclcheck.commands.lint.findings import _Collective, _Function, _Guard, _Module, _relative, lint_finding
 from ncclcheck.commands.lint.rank_sets import _negates, _same_on_every_rank
+from ncclcheck.commands.lint.reaching import reaching_names, reaching_rank_names
 from ncclcheck.commands.lint.statements import VISITORS, is_exit, visit_exit
 from ncclcheck.commands.lint.syntax import (
     _called_names,
@@ -33,7 +34,6 @@ from ncclcheck.explain.source import (
     DATA,
     RANK,
     kind_of,
-    reaching_rank_names,
 )
 from ncclcheck.model import Finding
 
@@ -72,6 +72,17 @@ class _ScopeChecker:
         if self._rank_local is None:
             self._rank_local = self.linter.rank_local_names(self.scope, self.module, self.function)
         return self._rank_local
+
+    def rank_local_reaching(self, line: int) -> set[str]:
+        linter, module = self.linter, self.module
+        synced = linter.synced_names(self.scope, module)
+
+        def local(value: ast.expr, names: set[str]) -> bool:
+            return linter._is_rank_local(value, module, self.function, synced, names)
+
+        return reaching_names(
+            self.scope, self.rank_local, line, linter.sync_points(self.scope, module), local
+        )
 
     @property
     def rank_ordered(self) -> set[str]:
@@ -241,7 +252,8 @@ class _ScopeChecker:
         kind = kind_of(test, self.derived)
         if kind == RANK and kind_of(test, set()) != RANK:
             # rank-dependent only through names: those whose rank value reaches the test
-            kind = kind_of(test, reaching_rank_names(self.scope, self.derived, test.lineno))
+            synced_at = self.linter.sync_points(self.scope, self.module)
+            kind = kind_of(test, reaching_rank_names(self.scope, self.derived, test.lineno, synced_at))
         if kind == RANK and _same_on_every_rank(test):
             return "other"  # `local_rank != -1`: "is this job distributed", true on every rank
         if kind == DATA and not (_called_names(test) & _TENSOR_VALUE_CALLS or _reads_shape(test)):
@@ -265,7 +277,14 @@ class _ScopeChecker:
         names = _names_tested_for_value(test)
         # rank-local values take an analysis of the scope: only worth it where the branch
         # could skip something (a collective or an exit)
-        if names and (self.collectives(branches) or _has_exit(branches)) and names & self.rank_local:
+        # and of those, the ones whose rank-local value reaches the test: not one replaced by
+        # an all-reduced mean on the way (`train_loss = mean.item() / world`)
+        if (
+            names
+            and (self.collectives(branches) or _has_exit(branches))
+            and names & self.rank_local
+            and names & self.rank_local_reaching(test.lineno)
+        ):
             return "unsynced"
         return kind
 
