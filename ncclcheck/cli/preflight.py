@@ -23,7 +23,7 @@ from ncclcheck.cli.common import (
     torchrun_options,
 )
 from ncclcheck.commands.preflight import VirtualWorld, report_from, run_preflight
-from ncclcheck.launch.torchrun import DryRunSettings, Progress
+from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
 from ncclcheck.launch.virtual import VirtualLayout
 from ncclcheck.record.traces import load_traces
 from ncclcheck.render.lanes import build_lanes
@@ -69,6 +69,13 @@ def preflight_command(
     train_steps: int = typer.Option(5, "--train-steps", min=1, help="Batches per pass over a train loader."),
     eval_passes: int = typer.Option(
         1, "--eval-passes", min=0, help="Complete eval passes before the dry run stops."
+    ),
+    eval_batches: str = typer.Option(
+        str(DEFAULT_EVAL_BATCHES),
+        "--eval-batches",
+        help="Batches of each eval pass run for real: the last K of the shortest rank (and every "
+        "batch the others have beyond it); the leading ones are skipped alike on every rank, "
+        "unloaded. 'all' runs every batch.",
     ),
     stall_timeout: float = typer.Option(
         15.0,
@@ -152,6 +159,7 @@ def preflight_command(
         nccl_timing=nccl_timing,
         perturb=perturb,
         line_evidence=line_evidence,
+        eval_batches=_eval_batches(eval_batches),
     )
     virtual = None
     if world_size is not None:
@@ -177,6 +185,21 @@ def preflight_command(
     finally:
         progress.close()
     emit_report(outcome.report, as_json, html_path, outcome.lanes)
+
+
+def _eval_batches(text: str) -> int | None:
+    """'all' -> None (every batch), else a count of at least 1."""
+    if text.strip().lower() == "all":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise typer.BadParameter(
+            f"{text!r} is neither a count of batches (1 or more) nor 'all'", param_hint="--eval-batches"
+        )
+    return count
 
 
 def _rank_list(text: str | None) -> tuple[int, ...]:

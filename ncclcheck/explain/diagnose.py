@@ -259,6 +259,26 @@ class Diagnoser:
             )
         )
 
+    def fast_forward(self) -> list[str]:
+        """What --eval-batches did to each eval loader's first pass: skipped how many of
+        how many batches, or why it ran in full (record/fastforward.py)."""
+        said: dict[str, str] = {}
+        for trace in self.ev.traces.values():
+            for loader_pass in trace.eval_passes:
+                told, name = loader_pass.told, loader_pass.loader
+                if name in said or told is None or not (loader_pass.skipped or loader_pass.why_not):
+                    continue  # a set shorter than --eval-batches runs in full, as asked
+                lengths = sorted({n for n in told.values() if n is not None})
+                span = f" of {lengths[0]}" if lengths else ""
+                span += f" to {lengths[-1]}" if len(lengths) > 1 else ""
+                said[name] = (
+                    f"{name}: the first {loader_pass.skipped}{span} batches skipped on every rank "
+                    "(not loaded), the rest run for real"
+                    if loader_pass.skipped
+                    else f"{name}: every batch run ({loader_pass.why_not})"
+                )
+        return list(said.values())
+
     def what_was_checked(self, why: str) -> str:
         """An unfinished run's extent: how far each rank got, so a reader knows what the
         absence of a finding covers and what it does not."""
@@ -312,6 +332,9 @@ class Diagnoser:
                     noted.setdefault(f"{kind} at {self.site(frame)}", []).append(rank)
             if noted:
                 summary[key] = [f"{what} ({who(ranks)})" for what, ranks in noted.items()]
+        fast_forward = self.fast_forward()
+        if fast_forward:
+            summary["eval_fast_forward"] = fast_forward
         not_run = self.not_run()
         if not_run:
             summary["not_run"] = not_run

@@ -29,6 +29,7 @@ from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
+from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES
 from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
@@ -75,6 +76,9 @@ class TorchrunOptions:
         return args
 
 
+DEFAULT_EVAL_BATCHES = 8
+
+
 @dataclass
 class DryRunSettings:
     train_steps: int = 5
@@ -86,6 +90,12 @@ class DryRunSettings:
     cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
     perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
     nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
+    # quiet seconds after which records that already disagree are a hang (the full
+    # stall_timeout where they agree or could still pair)
+    disagree_grace: float = 2.0
+    # the last batches of each eval pass run for real, the ones before skipped alike on
+    # every rank (record/fastforward.py); None: every batch
+    eval_batches: int | None = DEFAULT_EVAL_BATCHES
     line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
     lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
 
@@ -280,6 +290,10 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
         ENV_NCCL_TIMING: "1" if settings.nccl_timing else "0",
         ENV_DRY_RUN: "1",
         ENV_LINES: settings.lines_plan or "",
+        ENV_EVAL_BATCHES: "all" if settings.eval_batches is None else str(settings.eval_batches),
+        # a rank that never starts the pass (only rank 0 evaluates) costs this, well inside
+        # the stall timeout, so the wait itself is never taken for a hang
+        ENV_AGREE_WAIT: str(min(5.0, settings.stall_timeout / 3)),
         "PYTHONUNBUFFERED": "1",
     }
     if settings.lines_plan:
@@ -394,7 +408,11 @@ def _watch(
         # show the ranks in different calls: nothing a busy rank computes mends that,
         # and a rank waiting on a GPU spins its CPU (CUDA's default sync), which
         # would otherwise pass for work.
-        quiet = now - last_write > settings.stall_timeout
+        # Records that already disagree are read after a short quiet spell, not the full
+        # stall timeout: the live alignment holds back every pairing that could still
+        # come right (barriers or rooted calls from different lines wait for the calls
+        # after them), so what it reports is a divergence no later record can mend.
+        quiet = now - last_write > min(settings.stall_timeout, settings.disagree_grace)
         if quiet and disagreement_read_at != last_write:
             disagreement_read_at = last_write  # once per quiet spell: the files are still
             disagreement = size[1] <= _LIVE_READ_MAX_BYTES and _records_disagree(trace_dir)

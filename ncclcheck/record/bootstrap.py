@@ -116,7 +116,7 @@ def _track_phases_and_loaders(recorder: Recorder) -> None:
     original_iter = DataLoader.__iter__
 
     def dataloader_iter(self: DataLoader[Any]) -> Any:
-        return recorder.track(self, original_iter(self), sys._getframe(1))
+        return recorder.track(self, lambda: original_iter(self), sys._getframe(1))
 
     DataLoader.__iter__ = dataloader_iter
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ncclcheck.record.fastforward import iterate_from
 from ncclcheck.record.frames import is_user_file
 
 if TYPE_CHECKING:
@@ -42,16 +43,23 @@ def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
 class _TrackedIterator:
     """Wraps a DataLoader iterator: counts batches, knows its role, applies the budget."""
 
-    def __init__(self, recorder: Recorder, loader: Any, inner: Iterator[Any], name: str) -> None:
+    def __init__(self, recorder: Recorder, loader: Any, make: Callable[[], Iterator[Any]], name: str) -> None:
         self._recorder = recorder
         self._loader = loader
-        self._inner = inner
         self.name = name
         self.pass_index = next(_pass_counter)
-        self.index = 0
         self.hinted = False  # the role came from the framework that made the loader
         self.role = self._guess_role()
         self.length = self._safe_len()
+        # --eval-batches: the leading batches every rank skips alike (record/fastforward.py)
+        self.agreement = (
+            recorder.fast_forward.agree(name, self.length)
+            if recorder.fast_forward is not None and self.role == "eval"
+            else None
+        )
+        self.skipped = self.agreement.skip if self.agreement is not None else 0
+        self._inner = iterate_from(loader, self.skipped, make)
+        self.index = self.skipped  # positions stay the loader's own: batch 4 is the 4th
         self.counted = False  # counted as a complete eval pass already
         self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
         self._ended = False
@@ -105,6 +113,15 @@ class _TrackedIterator:
             # no sampler shards an IterableDataset: its own __iter__ splits the stream
             "iterable": isinstance(dataset, IterableDataset),
             "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
+            **(
+                {
+                    "skipped": self.skipped,
+                    "told": {str(r): n for r, n in self.agreement.told.items()},
+                    "why_not": self.agreement.why_not,
+                }
+                if self.agreement is not None
+                else {}
+            ),
         }
 
     def __iter__(self) -> _TrackedIterator:

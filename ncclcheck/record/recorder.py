@@ -55,6 +55,7 @@ from ncclcheck.record.calls import (
     _tensor_signature,
     _under_join_exit,
 )
+from ncclcheck.record.fastforward import FastForward
 from ncclcheck.record.frames import is_user_code, user_frames
 from ncclcheck.record.hotstate import fastcall, new_state
 from ncclcheck.record.loaders import DryRunComplete, _name_of, _TrackedIterator
@@ -129,6 +130,7 @@ class Recorder:
         # Loaders a framework made and said what they are for (id -> name, role): the
         # Trainer's train loader is drawn from before model.train() is called.
         self.loader_hints: dict[int, tuple[str, str]] = {}
+        self.fast_forward = FastForward.from_environment()  # --eval-batches K
         import torch  # not at module level: the CLI imports this module without torch
 
         self._grad_enabled = torch.is_grad_enabled
@@ -598,8 +600,8 @@ class Recorder:
         self._loader_names[key] = name
         return name
 
-    def track(self, loader: Any, iterator: Iterator[Any], caller: Any) -> Iterator[Any]:
-        return _TrackedIterator(self, loader, iterator, self.loader_name(loader, caller))
+    def track(self, loader: Any, make: Callable[[], Iterator[Any]], caller: Any) -> Iterator[Any]:
+        return _TrackedIterator(self, loader, make, self.loader_name(loader, caller))
 
     def pass_started(self, tracked: _TrackedIterator) -> None:
         self.write({"t": "pass", "event": "start", **tracked.facts(), "time": time.time()})
@@ -653,7 +655,7 @@ class Recorder:
         batches since the evaluation, not within the pass, stops it all the same.
         """
         if tracked.role != "train":
-            if tracked.index == 0:  # the first batch of an eval pass that follows the budget
+            if tracked.index == tracked.skipped:  # the first batch of an eval pass after the budget
                 self._stop_if_done()
             return
         if tracked.index == 0:

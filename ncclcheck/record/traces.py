@@ -39,6 +39,11 @@ class LoaderPass:
     sample_ids: list[int] | None = None
     iterable: bool = False  # an IterableDataset: it shards itself, no sampler can
     budget_cut: bool = False  # the dry run ended it after --train-steps batches
+    # --eval-batches (record/fastforward.py): the leading batches every rank skipped, the
+    # length each rank told at the start (None: unknown), why none were skipped
+    skipped: int = 0
+    told: dict[int, int | None] | None = None
+    why_not: str | None = None
 
 
 @dataclass(frozen=True)
@@ -327,6 +332,9 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         sample_ids=record.get("sample_ids"),
         iterable=bool(record.get("iterable", False)),
         budget_cut=bool(record.get("budget_cut", False)),
+        skipped=int(record.get("skipped", 0)),
+        told={int(r): n for r, n in record["told"].items()} if record.get("told") else None,
+        why_not=record.get("why_not"),
     )
 
 

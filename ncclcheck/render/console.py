@@ -170,6 +170,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("movement", "two looks at every rank"),
         ("gpus", "the ranks' GPUs (NVML)"),
         ("virtual", "virtual ranks that ran, and why"),
+        ("eval_fast_forward", "eval passes fast-forwarded (--eval-batches)"),
     ):
         noted = report.summary.get(key)
         if isinstance(noted, list) and noted:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from typing import Any
 
 
 class CheckInFailed(Exception):
@@ -18,15 +19,11 @@ class CheckInFailed(Exception):
 
 def check_in(namespace: str, timeout_s: float) -> None:
     """Announce this rank under ``namespace`` and wait for every rank, at most ``timeout_s``."""
-    from torch.distributed import TCPStore
-
     env = os.environ
     world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
-    # one namespace per run and restart: a restarted job must not see the last one's keys
-    run = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    prefix = f"ncclcheck/{run}/{namespace}/"
+    prefix = namespaced(namespace)
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+    store = launcher_store(timeout_s)
     store.set(prefix + str(rank), f"{socket.gethostname()}|{env.get('GROUP_RANK', '0')}|{os.getpid()}")
     try:
         store.wait([prefix + str(r) for r in range(world)], timeout)
@@ -35,3 +32,21 @@ def check_in(namespace: str, timeout_s: float) -> None:
             r: store.get(prefix + str(r)).decode() for r in range(world) if store.check([prefix + str(r)])
         }
         raise CheckInFailed([r for r in range(world) if r not in present], present) from None
+
+
+def namespaced(namespace: str) -> str:
+    """The key prefix of ``namespace`` in this run: one per run and restart, so that a
+    restarted job does not see the last one's keys."""
+    env = os.environ
+    run = f"{env.get('TORCHELASTIC_RUN_ID', 'none')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return f"ncclcheck/{run}/{namespace}/"
+
+
+def launcher_store(timeout_s: float) -> Any:
+    """A client of torchrun's store (MASTER_ADDR:MASTER_PORT): never a collective, so
+    a rank that does not come makes the others wait at most ``timeout_s``."""
+    from torch.distributed import TCPStore
+
+    env = os.environ
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)

@@ -491,10 +491,42 @@ def test_code_after_the_point_where_the_budget_stopped_is_said_not_checked(tmp_p
 def test_collectives_each_rank_calls_from_its_own_branch_by_design_are_aligned(
     tmp_path: Path,
 ) -> None:
+    # Each pause outlasts the short wait for records that disagree (2 s): a barrier or
+    # broadcast from two lines is not a divergence while the calls after it are to come.
     script = SCRIPTS / "zero_first.py"
-    proc, report = preflight("--nproc-per-node=2", str(script), env={"CACHE_DIR": str(tmp_path)})
+    proc, report = preflight(
+        "--nproc-per-node=2", str(script), env={"CACHE_DIR": str(tmp_path), "PAUSE_S": "3"}
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == "aligned", report["findings"]
+
+
+def test_a_large_eval_set_runs_its_last_batches_only() -> None:
+    """--eval-batches (8 by default): 2,500 batches per rank, 2,492 skipped alike at the
+    sampler, the last 8 run for real with their all_reduce; the counts stay the loader's."""
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "large_eval.py"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["summary"]["eval_batches"] == {"0": 2500, "1": 2500}
+    assert report["summary"]["collectives_per_phase"] == {"eval": 2 * (8 + 1)}  # 8 batches, the barrier
+    assert report["summary"]["eval_fast_forward"] == [
+        "val_loader: the first 2492 of 2500 batches skipped on every rank (not loaded), the rest run for real"
+    ]
+
+
+def test_an_uneven_end_of_a_large_eval_set_is_still_a_real_divergence() -> None:
+    """20,001 samples split by hand: rank 0's 2,501st batch has no partner. The lengths the
+    ranks told each other at the start of the pass are in the evidence."""
+    proc, report = preflight(
+        "--nproc-per-node=2", str(SCRIPTS / "large_eval.py"), env={"SAMPLES": "20001", "UNEVEN": "1"}
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == ("uneven-eval-batches", [0], [1])
+    assert report["summary"]["eval_batches"] == {"0": 2501, "1": 2500}
+    assert (
+        "lengths the ranks told each other as the pass over val_loader began, before any batch: "
+        "rank 0: 2501, rank 1: 2500"
+    ) in finding["evidence"]
 
 
 def test_no_eval_phase_is_said_not_failed() -> None:

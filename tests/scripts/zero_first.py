@@ -6,10 +6,13 @@
 - rank 0 broadcasts the seed it chose from the `if`, the others receive it from the
   `else`.
 
-Correct, so aligned; then training together."""
+Correct, so aligned; then training together. PAUSE_S makes rank 0's preparation and
+the step after the broadcast last that long: past preflight's short wait for records
+that disagree, as the pairings across lines are not settled until the calls after them."""
 
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -20,6 +23,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 CACHE = os.environ.get("CACHE_DIR", tempfile.gettempdir())
+PAUSE_S = float(os.environ.get("PAUSE_S", "0"))
 
 
 @contextmanager
@@ -35,6 +39,7 @@ def cached(name: str, make: int, local_rank: int) -> torch.Tensor:
     path = os.path.join(CACHE, f"ncclcheck-zero-first-{name}.pt")
     with torch_distributed_zero_first(local_rank):
         if local_rank == 0:
+            time.sleep(PAUSE_S)  # a slow preparation, the others in their barrier
             torch.save(torch.randn(make, 4, generator=torch.Generator().manual_seed(0)), path)
         return torch.load(path)
 
@@ -51,6 +56,7 @@ def main() -> None:
         seed = torch.zeros(1, dtype=torch.int64)
         dist.broadcast(seed, src=0)
     torch.manual_seed(int(seed))
+    time.sleep(PAUSE_S)  # the broadcasts from two lines pair: nothing tells so until later
     data = TensorDataset(features, targets)
     model = DDP(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -41,6 +41,13 @@ def test_unknown_command_is_a_usage_error() -> None:
     assert "No such command 'bogus'" in result.output
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "some"])
+def test_eval_batches_is_a_count_or_all(value: str) -> None:
+    result = invoke("preflight", "--eval-batches", value, "playbooks/uneven-eval-batches/repro.py")
+    assert result.exit_code == 2
+    assert f"Invalid value for --eval-batches: {value!r} is neither a count of batches" in result.output
+
+
 def test_playbooks_lists_the_twelve_causes() -> None:
     result = invoke("playbooks")
     assert result.exit_code == 0

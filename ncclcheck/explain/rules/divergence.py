@@ -341,6 +341,17 @@ def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explana
         "eval batches per rank: " + ", ".join(f"rank {r}: {c}" for r, c in sorted(counts.items())),
     ]
     for loader_pass in {p.loader: p for p in passes}.values():
+        told = loader_pass.told
+        if told and len({n for n in told.values()}) > 1:
+            evidence.append(
+                f"lengths the ranks told each other as the pass over {loader_pass.loader} began, "
+                "before any batch: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(told.items()))
+            )
+        if loader_pass.skipped:
+            evidence.append(
+                f"the first {loader_pass.skipped} batches of {loader_pass.loader} were skipped alike on "
+                "every rank (--eval-batches); the ones after them ran for real"
+            )
         if loader_pass.iterable:
             # No sampler applies: the playbook's DistributedSampler fix does not either.
             evidence.append(

@@ -1,0 +1,148 @@
+"""Eval fast-forward (preflight --eval-batches K): the dry run's cost stays the same
+whatever the size of the eval set.
+
+When an eval pass starts, every rank tells the others through torchrun's store (a
+client of it, never a collective: a rank that does not come costs a bounded wait, not
+a hang) how many batches its loader will yield. The last rank to arrive decides for
+all: every rank skips the same number of leading batches, the smallest length minus
+K, so the last K batches of the shortest rank, and every extra batch of the longer
+ones, run for real and an uneven end still shows as a real divergence. The decision
+is one store key, set once (compare_set): a rank that gave up waiting sets "no skip"
+in the same key unless the decision came first, so no two ranks ever skip differently.
+
+The batches are skipped at the sampler: the loader's index sampler is wrapped for the
+one ``iter()`` that makes the pass's iterator, so skipped samples are never loaded (nor
+sent to a DataLoader worker). A loader without a length (an IterableDataset), or one
+whose ranks did not all start the pass within the wait, runs in full.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclcheck.runtime import rendezvous
+
+ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unset or "all": every batch
+ENV_AGREE_WAIT = "NCCLCHECK_EVAL_AGREE_S"  # how long a rank waits for the others' lengths
+UNKNOWN = "unknown"
+
+
+@dataclass
+class Agreement:
+    """What the ranks agreed for one eval pass: the batches every rank skips, the length
+    each rank told (None: unknown), and why nothing was skipped when nothing was."""
+
+    skip: int
+    told: dict[int, int | None] = field(default_factory=dict)
+    why_not: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"skip": self.skip, "told": {str(r): n for r, n in self.told.items()}, "why_not": self.why_not}
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Agreement:
+        data = json.loads(text)
+        told = {int(r): (None if n is None else int(n)) for r, n in data.get("told", {}).items()}
+        return cls(int(data["skip"]), told, data.get("why_not"))
+
+
+class FastForward:
+    """One rank's side: the passes of each eval loader it started, and the store."""
+
+    def __init__(self, keep: int, wait_s: float, rank: int, world: int) -> None:
+        self.keep = keep
+        self.wait_s = wait_s
+        self.rank = rank
+        self.world = world
+        self._passes: dict[str, int] = {}  # loader name -> eval passes started over it
+        self._store: Any = None
+
+    @classmethod
+    def from_environment(cls) -> FastForward | None:
+        env = os.environ
+        keep = env.get(ENV_EVAL_BATCHES, "all")
+        # a virtual world's ranks run one at a time, with no store to meet in
+        if keep == "all" or "MASTER_ADDR" not in env or env.get("NCCLCHECK_VIRTUAL"):
+            return None
+        return cls(int(keep), float(env.get(ENV_AGREE_WAIT, "5")), int(env["RANK"]), int(env["WORLD_SIZE"]))
+
+    def agree(self, loader: str, length: int | None) -> Agreement:
+        """Tell this rank's length for the next eval pass over ``loader``; the agreement."""
+        nth = self._passes[loader] = self._passes.get(loader, 0) + 1
+        if self.world == 1:
+            return _decide({0: length}, self.keep)
+        if self._store is None:
+            self._store = rendezvous.launcher_store(self.wait_s)
+        store = self._store
+        base = rendezvous.namespaced(f"eval/{loader}/{nth}")
+        store.set(f"{base}len/{self.rank}", UNKNOWN if length is None else str(length))
+        if store.add(f"{base}arrived", 1) == self.world:  # the last to arrive decides for all
+            told = {r: _length(store.get(f"{base}len/{r}")) for r in range(self.world)}
+            return Agreement.from_json(
+                store.compare_set(f"{base}skip", "", _decide(told, self.keep).to_json())
+            )
+        try:
+            store.wait([f"{base}skip"])  # bounded by the client's timeout (wait_s)
+            return Agreement.from_json(store.get(f"{base}skip"))
+        except Exception:  # the timeout: whoever sets the key first decides for every rank
+            arrived = int(store.add(f"{base}arrived", 0))
+            why = (
+                f"{self.world - arrived} of {self.world} ranks had not started the pass "
+                f"{self.wait_s:.0f} s after this one"
+            )
+            return Agreement.from_json(store.compare_set(f"{base}skip", "", Agreement(0, {}, why).to_json()))
+
+
+def _length(raw: bytes) -> int | None:
+    text = raw.decode()
+    return None if text == UNKNOWN else int(text)
+
+
+def _decide(told: dict[int, int | None], keep: int) -> Agreement:
+    lengths = [n for n in told.values() if n is not None]
+    if len(lengths) < len(told):
+        unknown = sorted(r for r, n in told.items() if n is None)
+        return Agreement(0, told, f"the loader has no length on rank(s) {unknown} (an IterableDataset)")
+    return Agreement(max(0, min(lengths) - keep), told)  # a short set: nothing to skip, and that is all
+
+
+class _Skipped:
+    """An index sampler whose iterator starts ``skip`` batches in: the DataLoader fetches
+    (and its workers load) only the batches after them."""
+
+    def __init__(self, sampler: Any, skip: int) -> None:
+        self.sampler = sampler
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.sampler), self.skip, None)
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.skip)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sampler, name)
+
+
+def iterate_from(loader: Any, skip: int, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+    """The loader's iterator for a pass that starts ``skip`` batches in. DataLoader makes
+    its index iterator inside ``__iter__`` (and in a persistent iterator's reset), from
+    ``batch_sampler`` when it batches, else from ``sampler``: that attribute stands in for
+    the call. DataLoader refuses to have them set after construction, hence object's own
+    setattr, and the original is back before the loop sees the loader again."""
+    if skip <= 0:
+        return make()
+    attribute = "batch_sampler" if getattr(loader, "batch_sampler", None) is not None else "sampler"
+    original = getattr(loader, attribute)
+    object.__setattr__(loader, attribute, _Skipped(original, skip))
+    try:
+        return make()
+    finally:
+        object.__setattr__(loader, attribute, original)

@@ -1,0 +1,96 @@
+"""Eval fast-forward (record/fastforward.py): the agreement through a real TCPStore, with
+ranks as threads of this process, and the skip at a real DataLoader's sampler."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+from torch.distributed import TCPStore
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from ncclcheck.record.fastforward import Agreement, FastForward, iterate_from
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> TCPStore:
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(master.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "fastforward-test")
+    return master
+
+
+def agree_on_threads(
+    lengths: dict[int, int | None], keep: int, loader: str = "val_loader"
+) -> dict[int, Agreement]:
+    """Each rank on a thread of its own, as each would in its process."""
+    found: dict[int, Agreement] = {}
+
+    def rank_side(rank: int) -> None:
+        found[rank] = FastForward(keep, 5.0, rank, len(lengths)).agree(loader, lengths[rank])
+
+    threads = [threading.Thread(target=rank_side, args=(rank,)) for rank in lengths]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return found
+
+
+def test_every_rank_skips_the_smallest_length_minus_k(store: TCPStore) -> None:
+    found = agree_on_threads({0: 2501, 1: 2500, 2: 2500, 3: 2500}, keep=8)
+    assert {a.skip for a in found.values()} == {2492}  # rank 0 then runs 9, the others 8
+    assert all(a.told == {0: 2501, 1: 2500, 2: 2500, 3: 2500} for a in found.values())
+
+
+def test_an_unknown_length_or_a_short_set_skips_nothing(store: TCPStore) -> None:
+    found = agree_on_threads({0: 100, 1: None}, keep=8)
+    assert {a.skip for a in found.values()} == {0}
+    assert "no length on rank(s) [1]" in str(found[0].why_not)
+    short = agree_on_threads({0: 5, 1: 6}, keep=8, loader="test_loader")
+    assert {(a.skip, a.why_not) for a in short.values()} == {(0, None)}
+
+
+def test_a_rank_that_never_starts_the_pass_costs_a_bounded_wait_and_no_skip(store: TCPStore) -> None:
+    """Only rank 0 evaluates: it gives up after the wait and nobody skips; a rank that
+    comes later still reads that decision, never one of its own."""
+    alone = FastForward(8, 1.0, 0, 2).agree("val_loader", 100)
+    assert (alone.skip, alone.why_not) == (0, "1 of 2 ranks had not started the pass 1 s after this one")
+    late = FastForward(8, 1.0, 1, 2).agree("val_loader", 100)
+    assert late.skip == 0 and late.why_not == alone.why_not
+
+
+class Counted(Dataset[Any]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.loaded: list[int] = []
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        self.loaded.append(index)
+        return torch.tensor([index])
+
+
+def test_skipped_batches_are_never_loaded_and_the_loader_is_left_as_it_was() -> None:
+    data = Counted(100)
+    loader = DataLoader(data, batch_size=4)
+    sampler = loader.batch_sampler
+    batches = list(iterate_from(loader, 20, lambda: DataLoader.__iter__(loader)))
+    assert [int(b[0]) for b in batches] == [80, 84, 88, 92, 96]
+    assert data.loaded == list(range(80, 100))
+    assert loader.batch_sampler is sampler and len(loader) == 25
+
+
+def test_the_skip_follows_a_distributed_shard_and_a_loader_without_batching() -> None:
+    data = TensorDataset(torch.arange(40))
+    shard = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, 2, 1, shuffle=False))
+    first = next(iterate_from(shard, 8, lambda: DataLoader.__iter__(shard)))
+    assert first[0].tolist() == [33, 35]  # rank 1's 9th batch: samples 1, 3, 5, ... of its shard
+    single = DataLoader(data, batch_size=None)
+    assert [int(x[0]) for x in iterate_from(single, 37, lambda: DataLoader.__iter__(single))] == [37, 38, 39]
