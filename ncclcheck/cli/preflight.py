@@ -23,6 +23,7 @@ from ncclcheck.cli.common import (
     torchrun_options,
 )
 from ncclcheck.commands.preflight import VirtualWorld, report_from, run_preflight
+from ncclcheck.launch.launchers import AUTO, LAUNCHERS
 from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
 from ncclcheck.launch.virtual import VirtualLayout
 from ncclcheck.record.traces import load_traces
@@ -69,6 +70,13 @@ def preflight_command(
     train_steps: int = typer.Option(5, "--train-steps", min=1, help="Batches per pass over a train loader."),
     eval_passes: int = typer.Option(
         1, "--eval-passes", min=0, help="Complete eval passes before the dry run stops."
+    ),
+    launcher: str = typer.Option(
+        AUTO,
+        "--launcher",
+        help="Who starts the ranks: torchrun, or spawn for a script that starts its own with "
+        "torch.multiprocessing.spawn (run once, every rank it starts recorded); auto: spawn "
+        "where the script's source calls it.",
     ),
     eval_batches: str = typer.Option(
         str(DEFAULT_EVAL_BATCHES),
@@ -160,6 +168,7 @@ def preflight_command(
         perturb=perturb,
         line_evidence=line_evidence,
         eval_batches=_eval_batches(eval_batches),
+        launcher=_launcher(launcher),
     )
     virtual = None
     if world_size is not None:
@@ -185,6 +194,12 @@ def preflight_command(
     finally:
         progress.close()
     emit_report(outcome.report, as_json, html_path, outcome.lanes)
+
+
+def _launcher(text: str) -> str:
+    if text not in LAUNCHERS:
+        raise typer.BadParameter(f"{text!r} is not one of {', '.join(LAUNCHERS)}", param_hint="--launcher")
+    return text
 
 
 def _eval_batches(text: str) -> int | None:

@@ -16,6 +16,7 @@ from ncclcheck.errors import InputError, UsageError
 from ncclcheck.explain import lines
 from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative, split_exit_error
 from ncclcheck.explain.rules.branch import is_certain
+from ncclcheck.launch.launchers import AUTO, SPAWN, TORCHRUN, own_starter
 from ncclcheck.launch.torchrun import (
     DryRunSettings,
     LaunchResult,
@@ -101,9 +102,11 @@ def run_preflight(
                 hint="-m takes a dotted module name (package.train), found from the current folder "
                 "or PYTHONPATH as python -m finds it; give a path without -m.",
             )
-        check_script(str(module_file))
+        path = check_script(str(module_file))
     else:
-        check_script(script)
+        path = check_script(script)
+    asked = settings.launcher
+    settings, spawn_site = _resolve_launcher(settings, path, virtual)
     own_dir = trace_dir is None
     folder = private_trace_dir() if trace_dir is None else trace_dir
     if not own_dir:
@@ -122,10 +125,21 @@ def run_preflight(
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
             launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
+            spawned_elsewhere = _own_launcher_exit(folder)
+            if asked == AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
+                for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
+                    stale.unlink(missing_ok=True)
+                settings, spawn_site = _as_spawned(settings), spawned_elsewhere
+                launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
             diagnosis = _with_line_evidence(
                 Diagnosis.of(folder, launch), script, script_args, torchrun, settings, as_module
             )
             report = diagnosis.report
+        if settings.launcher == SPAWN:
+            report.summary["launcher"] = (
+                f"the script starts its own ranks ({spawn_site or 'torch.multiprocessing'}): it ran once, "
+                "as a plain process, and each rank it started was recorded"
+            )
         if settings.cpu:
             _refuse_what_cpu_could_not_map(folder, report)
         lanes = build_lanes(load_traces(folder)) if want_lanes else None
@@ -133,6 +147,41 @@ def run_preflight(
         if own_dir and not keep_traces:
             shutil.rmtree(folder, ignore_errors=True)
     return PreflightOutcome(report, folder, launch, lanes)
+
+
+def _resolve_launcher(
+    settings: DryRunSettings, path: Path, virtual: VirtualWorld | None
+) -> tuple[DryRunSettings, str | None]:
+    """The launcher to run the script with (launch/launchers.py) and, for a script that
+    starts its own ranks, where it does."""
+    found = own_starter(path)
+    site = f"{found[0]} at {relative(str(path), os.getcwd())}:{found[1]}" if found else None
+    launcher = settings.launcher
+    if launcher == AUTO:
+        launcher = SPAWN if found and virtual is None else TORCHRUN
+    if launcher == SPAWN:
+        if virtual is not None:
+            raise UsageError(
+                "--launcher spawn and --world-size: a virtual world's ranks are started by ncclcheck"
+            )
+        return _as_spawned(settings), site
+    return replace(settings, launcher=TORCHRUN), None
+
+
+def _as_spawned(settings: DryRunSettings) -> DryRunSettings:
+    # no torchrun store to check in through, and the replay for line evidence runs
+    # through torchrun: neither applies to ranks the script starts itself
+    return replace(settings, launcher=SPAWN, probe_timeout=0.0, line_evidence=False)
+
+
+def _own_launcher_exit(folder: Path) -> str | None:
+    """A rank that tried to start ranks of its own: the launcher and where, or None."""
+    for trace in load_traces(folder).values():
+        if trace.exit and trace.exit.get("how") == "own-launcher":
+            site = trace.exit.get("site")
+            where = f" at {relative(str(site[0]), os.getcwd())}:{site[1]}" if isinstance(site, list) else ""
+            return f"{trace.exit.get('error')}{where}"
+    return None
 
 
 def report_from(folder: Path, launch: LaunchResult | None) -> Report:
@@ -408,11 +457,10 @@ def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchR
         where = f" at {relative(str(site[0]), os.getcwd())}:{site[1]}" if isinstance(site, list) else ""
         launcher = str(own.get("error") or "a launcher of its own")
         raise InputError(
-            f"the script starts its own ranks with {launcher}{where}: preflight runs each rank "
-            "through torchrun and cannot see into processes the script starts",
-            hint="Let torchrun start the ranks: call the worker function once, with the rank from "
-            "the RANK and LOCAL_RANK environment variables and init_process_group() without rank "
-            "or world_size, then run `ncclcheck preflight --nproc-per-node N train.py`.",
+            f"the script starts its own ranks with {launcher}{where}, and --launcher torchrun runs "
+            "each rank through torchrun: the processes the script starts would run unrecorded",
+            hint="Run it with --launcher spawn (or without --launcher torchrun): preflight runs the "
+            "script once and records every rank it starts.",
         )
     if any(t.initialised for t in traces.values()) or any(
         t.probe and not t.probe.get("ok") for t in traces.values()

@@ -96,6 +96,9 @@ class DryRunSettings:
     # the last batches of each eval pass run for real, the ones before skipped alike on
     # every rank (record/fastforward.py); None: every batch
     eval_batches: int | None = DEFAULT_EVAL_BATCHES
+    # who starts the ranks: "torchrun", or "spawn" for a script that starts its own with
+    # torch.multiprocessing.spawn (record/spawned.py)
+    launcher: str = "auto"  # "auto": spawn where the script's source calls mp.spawn
     line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
     lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
 
@@ -172,9 +175,21 @@ _TORCHRUN_ERROR = re.compile(r"^E\d{4} \d\d:\d\d")
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
+# torch.multiprocessing.spawn's: the first process to fail ends the script with one of
+# these (the rank is the spawn index), after SIGTERM to the others
+_SPAWN_SIGNAL = re.compile(r"ProcessExitedException: process (\d+) terminated with signal (SIG\w+)")
+_SPAWN_CODE = re.compile(r"ProcessExitedException: process (\d+) terminated with exit code (\d+)")
+
+
 def parse_torchrun_failures(log: str) -> tuple[dict[int, int], int | None]:
-    """Exit codes per rank and the root-cause rank from torchrun's failure summary."""
+    """Exit codes per rank and the root-cause rank from torchrun's failure summary (or
+    torch.multiprocessing.spawn's, for a script that starts its own ranks)."""
     exits = {int(rank): int(code) for rank, code in _FAILURE.findall(log)}
+    spawned = [(int(r), -int(getattr(signal, name, 0))) for r, name in _SPAWN_SIGNAL.findall(log)]
+    spawned += [(int(r), int(code)) for r, code in _SPAWN_CODE.findall(log)]
+    if spawned:
+        exits.update(spawned)
+        return exits, spawned[0][0]
     first = None
     root = log.split("Root Cause (first observed failure):", 1)
     if len(root) == 2:
@@ -313,17 +328,19 @@ def run_dry(
     trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = trace_dir / "torchrun.log"
     env = {**os.environ, **dry_run_environment(settings, trace_dir)}
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *torchrun.argv(),
-        "--module",
-        "ncclcheck.record.bootstrap",
-        *(["-m"] if as_module else []),  # the script is a module name, as for python -m
-        script,
-        *script_args,
-    ]
+    target = [*(["-m"] if as_module else []), script, *script_args]  # -m: a module, as python -m
+    if settings.launcher == "spawn":  # the script starts its ranks: run it once (record/spawned.py)
+        argv = [sys.executable, "-m", "ncclcheck.record.spawned", *target]
+    else:
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *torchrun.argv(),
+            "--module",
+            "ncclcheck.record.bootstrap",
+            *target,
+        ]
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None)
     proc = start_torchrun(argv, env, log_path)

@@ -14,6 +14,7 @@ import runpy
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
@@ -258,8 +259,28 @@ def main() -> None:
         script = find_module_file(module, os.getcwd()) or module  # run_module says what is wrong
     else:
         script = os.path.abspath(sys.argv[1])
+    recorder = start_recorder(int(os.environ.get("RANK", "0")), script, module)
+
+    # As `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would: argv, and sys.path[0]
+    # the script's folder (the current folder for a module).
+    sys.argv = [script, *sys.argv[2:]]
+    sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
+    recorder.outermost_frame = sys._getframe()
+    if os.environ.get(
+        lines.ENV_LINES
+    ):  # a replay for line evidence (explain/lines.py): last, nearest the script
+        lines.install(recorder, os.environ[lines.ENV_LINES], os.environ[ENV_TRACE_DIR])
+    if module is not None:
+        run_guarded(recorder, lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    else:
+        run_guarded(recorder, lambda: runpy.run_path(script, run_name="__main__"))
+
+
+def start_recorder(rank: int, script: str, module: str | None = None, **known: int) -> Recorder:
+    """This rank's recorder, written to and installed in torch as the dry run's settings
+    say; ``known``: what the launcher's environment does not say (a spawned rank's
+    world size and local rank)."""
     env = os.environ
-    rank = int(env.get("RANK", "0"))
     recorder = Recorder(
         env[ENV_TRACE_DIR],
         rank,
@@ -267,7 +288,7 @@ def main() -> None:
         eval_passes=int(env.get(ENV_EVAL_PASSES, "1")),
         max_train_passes=int(env.get(ENV_MAX_TRAIN_PASSES, "10")),
     )
-    recorder.hello(script)
+    recorder.hello(script, **known)
     frames.add_user_root(os.path.dirname(script))
     if module is not None:
         frames.add_user_root(os.getcwd())  # the package's other modules, from its root
@@ -288,19 +309,15 @@ def main() -> None:
     probe_timeout = float(env.get(ENV_PROBE_TIMEOUT, "0"))
     if probe_timeout > 0:
         check_in(recorder, probe_timeout)
+    return recorder
 
-    # As `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would: argv, and sys.path[0]
-    # the script's folder (the current folder for a module).
-    sys.argv = [script, *sys.argv[2:]]
-    sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
-    recorder.outermost_frame = sys._getframe()
-    if env.get(lines.ENV_LINES):  # a replay for line evidence (explain/lines.py): last, nearest the script
-        lines.install(recorder, env[lines.ENV_LINES], env[ENV_TRACE_DIR])
+
+def run_guarded(recorder: Recorder, body: Callable[[], Any]) -> None:
+    """Run the rank's code and record how it ended: returned, the dry run's stop (the
+    process ends there, before any atexit hook can issue a collective), an exit, an
+    exception (raised on, as without ncclcheck)."""
     try:
-        if module is not None:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(script, run_name="__main__")
+        body()
         recorder.exit("returned", 0)
     except DryRunComplete as complete:
         lines.finish("dry-run-complete", recorder.state.calls)

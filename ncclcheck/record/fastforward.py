@@ -69,7 +69,8 @@ class FastForward:
         env = os.environ
         keep = env.get(ENV_EVAL_BATCHES, "all")
         # a virtual world's ranks run one at a time, with no store to meet in
-        if keep == "all" or "MASTER_ADDR" not in env or env.get("NCCLCHECK_VIRTUAL"):
+        # (nor a rank a script spawned itself: no launcher's store, and no RANK to key by)
+        if keep == "all" or "RANK" not in env or "MASTER_ADDR" not in env or env.get("NCCLCHECK_VIRTUAL"):
             return None
         return cls(int(keep), float(env.get(ENV_AGREE_WAIT, "5")), int(env["RANK"]), int(env["WORLD_SIZE"]))
 

@@ -162,7 +162,7 @@ class Recorder:
     def close(self) -> None:
         self._trace.close()
 
-    def hello(self, script: str) -> None:
+    def hello(self, script: str, **known: int) -> None:
         env = os.environ
         self.write(
             {
@@ -175,6 +175,7 @@ class Recorder:
                 "pid": os.getpid(),
                 "script": script,
                 "time": time.time(),
+                **known,
             }
         )
 

@@ -185,6 +185,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
         "virtual_note",
         "line_evidence",
         "incomplete",
+        "launcher",
         "unexplained",
     ):
         if report.summary.get(key):

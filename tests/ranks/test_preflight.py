@@ -713,8 +713,12 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
         (["--bogus-option", str(SCRIPTS / "train_only.py")], "No such option"),
         (["-m", "trainer.nope"], "trainer.nope: no module of that name"),
         (
-            [str(SCRIPTS / "own_spawn.py")],
+            ["--launcher", "torchrun", str(SCRIPTS / "own_spawn.py")],
             "starts its own ranks with torch.multiprocessing.spawn at tests/scripts/own_spawn.py:21",
+        ),
+        (
+            ["--launcher", "srun", str(SCRIPTS / "train_only.py")],
+            "'srun' is not one of auto, torchrun, spawn",
         ),
     ],
 )

@@ -1,0 +1,68 @@
+"""Scripts that start their own ranks (preflight --launcher spawn, auto-detected): run
+once as their users run them, every rank they start recorded, nothing left behind."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from ..conftest import REPO, SCRIPTS
+from .test_preflight import leftover_ranks, preflight
+
+pytestmark = pytest.mark.ranks
+
+SPAWNED = SCRIPTS / "spawned"
+
+
+def free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def test_the_ddp_tutorial_shape_is_preflighted_unchanged() -> None:
+    """mp.spawn(demo_basic, args=(world_size,), nprocs=world_size), MASTER_ADDR/PORT set in
+    the script, rank and world size passed to init_process_group: only rank 0 evaluates,
+    and the evaluation all-reduces."""
+    script = SPAWNED / "ddp_tutorial.py"
+    proc, report = preflight(str(script), env={"TUTORIAL_PORT": free_port()})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-conditional-collective",
+        "tests/scripts/spawned/ddp_tutorial.py:35",
+        [0],
+        [1],
+    )
+    assert report["world_size"] == 2
+    assert "mp.spawn at tests/scripts/spawned/ddp_tutorial.py:61" in report["summary"]["launcher"]
+    assert not leftover_ranks(str(script))
+
+
+def test_the_fixed_tutorial_is_aligned() -> None:
+    script = SPAWNED / "ddp_tutorial.py"
+    proc, report = preflight(str(script), env={"TUTORIAL_PORT": free_port(), "FIXED": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert [r["eval_batches"] for r in report["ranks"]] == [12, 12]
+    assert not leftover_ranks(str(script))
+
+
+def test_ranks_spawned_from_another_module_are_found_at_run_time() -> None:
+    """The source shows no mp.spawn: the torchrun rank refuses to start more, and the
+    script runs again with the spawn launcher."""
+    script = SPAWNED / "launched_elsewhere.py"
+    proc, report = preflight(str(script), env={"TUTORIAL_PORT": free_port()}, cwd=REPO)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-conditional-collective",
+        [0],
+        [1],
+    )
+    assert (
+        "torch.multiprocessing.spawn at tests/scripts/spawned/spawn_helper.py:13"
+        in (report["summary"]["launcher"])
+    )
+    assert not leftover_ranks(str(script))
