@@ -74,9 +74,10 @@ def preflight_command(
     launcher: str = typer.Option(
         AUTO,
         "--launcher",
-        help="Who starts the ranks: torchrun, or spawn for a script that starts its own with "
-        "torch.multiprocessing.spawn (run once, every rank it starts recorded); auto: spawn "
-        "where the script's source calls it.",
+        help="Who starts the ranks: torchrun; spawn for a script that starts its own with "
+        "torch.multiprocessing.spawn (run once, every rank it starts recorded); slurm for a script "
+        "that reads SLURM_PROCID/SLURM_NTASKS as under srun; auto: spawn where the script's "
+        "source calls it, else torchrun.",
     ),
     eval_batches: str = typer.Option(
         str(DEFAULT_EVAL_BATCHES),

@@ -16,7 +16,7 @@ from ncclcheck.errors import InputError, UsageError
 from ncclcheck.explain import lines
 from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative, split_exit_error
 from ncclcheck.explain.rules.branch import is_certain
-from ncclcheck.launch.launchers import AUTO, SPAWN, TORCHRUN, own_starter
+from ncclcheck.launch.launchers import AUTO, SLURM, SPAWN, TORCHRUN, own_starter
 from ncclcheck.launch.torchrun import (
     DryRunSettings,
     LaunchResult,
@@ -107,6 +107,8 @@ def run_preflight(
         path = check_script(script)
     asked = settings.launcher
     settings, spawn_site = _resolve_launcher(settings, path, virtual)
+    if settings.launcher == SLURM:
+        _check_allocation(torchrun)
     own_dir = trace_dir is None
     folder = private_trace_dir() if trace_dir is None else trace_dir
     if not own_dir:
@@ -159,13 +161,27 @@ def _resolve_launcher(
     launcher = settings.launcher
     if launcher == AUTO:
         launcher = SPAWN if found and virtual is None else TORCHRUN
+    if launcher in (SLURM, SPAWN) and virtual is not None:
+        raise UsageError(
+            f"--launcher {launcher} and --world-size: a virtual world's ranks are started by ncclcheck"
+        )
+    if launcher == SLURM:
+        return replace(settings, launcher=SLURM), None
     if launcher == SPAWN:
-        if virtual is not None:
-            raise UsageError(
-                "--launcher spawn and --world-size: a virtual world's ranks are started by ncclcheck"
-            )
         return _as_spawned(settings), site
     return replace(settings, launcher=TORCHRUN), None
+
+
+def _check_allocation(torchrun: TorchrunOptions) -> None:
+    """Inside a Slurm allocation, the tasks asked for must be ones it can give."""
+    granted = os.environ.get("SLURM_NTASKS")
+    nodes = int(str(torchrun.nnodes).split(":")[-1] or 1)
+    asked = torchrun.nproc_per_node * nodes
+    if granted and granted.isdigit() and asked > int(granted):
+        raise UsageError(
+            f"--launcher slurm: {asked} ranks asked ({torchrun.nproc_per_node} per node x {nodes}), "
+            f"the allocation gives {granted} tasks (SLURM_NTASKS)"
+        )
 
 
 def _as_spawned(settings: DryRunSettings) -> DryRunSettings:

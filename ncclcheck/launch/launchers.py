@@ -1,15 +1,34 @@
 """Who starts a script's ranks, and how preflight does it the same way
-(``preflight --launcher``): torchrun (launch/torchrun.py runs the script under it), or
-the script itself with torch.multiprocessing (record/spawned.py runs it once and
-records every rank it starts)."""
+(``preflight --launcher``): torchrun (launch/torchrun.py runs the script under it); the
+script itself with torch.multiprocessing (record/spawned.py runs it once and records
+every rank it starts); srun, whose tasks know their rank from SLURM_* variables only
+(torchrun starts the ranks, and each rank's bootstrap trades torchrun's variables for
+the ones srun would have set, slurm_task_environment)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-AUTO, TORCHRUN, SPAWN = "auto", "torchrun", "spawn"
-LAUNCHERS = (AUTO, TORCHRUN, SPAWN)
+AUTO, TORCHRUN, SPAWN, SLURM = "auto", "torchrun", "spawn", "slurm"
+LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM)
+ENV_LAUNCHER = "NCCLCHECK_LAUNCHER"  # what each rank's bootstrap is to look like
+# srun starts no store: rank 0's init_process_group makes one on MASTER_PORT, which
+# torchrun's agent holds; preflight picks a free port for it, the same for every rank
+ENV_SLURM_PORT = "NCCLCHECK_SLURM_MASTER_PORT"
+# what torchrun tells a rank and srun does not: a script that branches on "RANK in
+# os.environ" (or Lightning's TorchElasticEnvironment) must take its srun path
+_TORCHRUN_ONLY = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+)
 # the functions of torch.multiprocessing that start ranks in a script
 _STARTERS = frozenset({"spawn", "start_processes"})
 
@@ -46,3 +65,44 @@ def own_starter(path: Path) -> tuple[str, int] | None:
             if owner in modules or owner == "torch.multiprocessing":
                 return ast.unparse(func), node.lineno
     return None
+
+
+def slurm_task_environment(env: dict[str, str], host: str) -> tuple[dict[str, str], list[str]]:
+    """What srun sets for the task that torchrun's variables in ``env`` describe (one task
+    per rank, the nodes in order), and the variables to remove: torchrun's own. The
+    rendezvous address stays, on a port of its own for rank 0 to listen on (ENV_SLURM_PORT):
+    srun sets none, a script that sets its own overrides it, and one that does not would
+    fail under srun too."""
+    world, per_node = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
+    nodes = max(1, world // max(1, per_node))
+    task = {
+        "SLURM_JOB_ID": env.get("SLURM_JOB_ID", "4242"),
+        "SLURM_JOB_NAME": "ncclcheck-preflight",  # not "bash": Lightning's SLURM detection
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": env["RANK"],
+        "SLURM_LOCALID": env.get("LOCAL_RANK", "0"),
+        "SLURM_NODEID": env.get("GROUP_RANK", "0"),
+        "SLURM_NTASKS": str(world),
+        "SLURM_NPROCS": str(world),
+        "SLURM_NTASKS_PER_NODE": str(per_node),
+        "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NODELIST": host,
+        "SLURM_JOB_NODELIST": host,
+        "SLURM_STEP_NODELIST": host,
+        "SLURMD_NODENAME": host,
+    }
+    if ENV_SLURM_PORT in env:
+        task["MASTER_PORT"] = env[ENV_SLURM_PORT]
+    gone = [name for name in env if name in _TORCHRUN_ONLY or name.startswith("TORCHELASTIC_")]
+    return task, gone
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for a store the ranks will make."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])

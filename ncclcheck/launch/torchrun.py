@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ncclcheck.evidence.activity import JobActivity
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
+from ncclcheck.launch.launchers import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM, free_port
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
@@ -306,6 +307,7 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
         ENV_DRY_RUN: "1",
         ENV_LINES: settings.lines_plan or "",
         ENV_EVAL_BATCHES: "all" if settings.eval_batches is None else str(settings.eval_batches),
+        ENV_LAUNCHER: settings.launcher,
         # a rank that never starts the pass (only rank 0 evaluates) costs this, well inside
         # the stall timeout, so the wait itself is never taken for a hang
         ENV_AGREE_WAIT: str(min(5.0, settings.stall_timeout / 3)),
@@ -329,6 +331,8 @@ def run_dry(
     log_path = trace_dir / "torchrun.log"
     env = {**os.environ, **dry_run_environment(settings, trace_dir)}
     target = [*(["-m"] if as_module else []), script, *script_args]  # -m: a module, as python -m
+    if settings.launcher == SLURM:
+        env[ENV_SLURM_PORT] = str(free_port())
     if settings.launcher == "spawn":  # the script starts its ranks: run it once (record/spawned.py)
         argv = [sys.executable, "-m", "ncclcheck.record.spawned", *target]
     else:

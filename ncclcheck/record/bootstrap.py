@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import runpy
+import socket
 import sys
 import time
 import traceback
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
+from ncclcheck.launch.launchers import ENV_LAUNCHER, SLURM, slurm_task_environment
 from ncclcheck.record import cpu_map, frames, frameworks, lines, nccl_timing, perturb, rooted, virtual
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
@@ -260,6 +262,11 @@ def main() -> None:
     else:
         script = os.path.abspath(sys.argv[1])
     recorder = start_recorder(int(os.environ.get("RANK", "0")), script, module)
+    if os.environ.get(ENV_LAUNCHER) == SLURM:  # the script sees what srun would have set
+        task, gone = slurm_task_environment(dict(os.environ), socket.gethostname())
+        for name in gone:
+            del os.environ[name]
+        os.environ.update(task)
 
     # As `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would: argv, and sys.path[0]
     # the script's folder (the current folder for a module).

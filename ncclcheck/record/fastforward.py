@@ -57,6 +57,10 @@ class FastForward:
     """One rank's side: the passes of each eval loader it started, and the store."""
 
     def __init__(self, keep: int, wait_s: float, rank: int, world: int) -> None:
+        # the launcher's store, as the launcher named it: before the script (or srun's
+        # emulation, launch/launchers.py) can change the variables
+        self.address = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "0"))
+        self.namespace = rendezvous.namespaced("eval")
         self.keep = keep
         self.wait_s = wait_s
         self.rank = rank
@@ -80,9 +84,9 @@ class FastForward:
         if self.world == 1:
             return _decide({0: length}, self.keep)
         if self._store is None:
-            self._store = rendezvous.launcher_store(self.wait_s)
+            self._store = rendezvous.launcher_store(self.wait_s, *self.address)
         store = self._store
-        base = rendezvous.namespaced(f"eval/{loader}/{nth}")
+        base = f"{self.namespace}{loader}/{nth}/"
         store.set(f"{base}len/{self.rank}", UNKNOWN if length is None else str(length))
         if store.add(f"{base}arrived", 1) == self.world:  # the last to arrive decides for all
             told = {r: _length(store.get(f"{base}len/{r}")) for r in range(self.world)}

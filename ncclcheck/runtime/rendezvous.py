@@ -42,11 +42,12 @@ def namespaced(namespace: str) -> str:
     return f"ncclcheck/{run}/{namespace}/"
 
 
-def launcher_store(timeout_s: float) -> Any:
-    """A client of torchrun's store (MASTER_ADDR:MASTER_PORT): never a collective, so
-    a rank that does not come makes the others wait at most ``timeout_s``."""
+def launcher_store(timeout_s: float, address: str | None = None, port: str | None = None) -> Any:
+    """A client of torchrun's store (MASTER_ADDR:MASTER_PORT unless given): never a
+    collective, so a rank that does not come makes the others wait at most ``timeout_s``."""
     from torch.distributed import TCPStore
 
     env = os.environ
     timeout = datetime.timedelta(seconds=timeout_s)
-    return TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
+    host, number = address or env["MASTER_ADDR"], int(port or env["MASTER_PORT"])
+    return TCPStore(host, number, is_master=False, timeout=timeout)

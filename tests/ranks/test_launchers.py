@@ -66,3 +66,40 @@ def test_ranks_spawned_from_another_module_are_found_at_run_time() -> None:
         in (report["summary"]["launcher"])
     )
     assert not leftover_ranks(str(script))
+
+
+def test_a_script_that_reads_only_slurm_variables_finds_what_its_torchrun_twin_finds() -> None:
+    """--launcher slurm: each rank sees SLURM_PROCID / SLURM_LOCALID / SLURM_NTASKS as srun
+    sets them and none of torchrun's (the script refuses a mix), rank 0 a free port to
+    make the store on; the finding is the one the same script gets under torchrun."""
+    script = SCRIPTS / "slurm_task.py"
+    found = {}
+    for launcher in ("slurm", "torchrun"):
+        proc, report = preflight("--launcher", launcher, str(script))
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        finding = report["findings"][0]
+        found[launcher] = (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"])
+    assert (
+        found["slurm"]
+        == found["torchrun"]
+        == (
+            "rank-conditional-collective",
+            "tests/scripts/slurm_task.py:34",
+            [0],
+            [1],
+        )
+    )
+    proc, report = preflight("--launcher", "slurm", str(script), env={"FIXED": "1"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-3000:]
+    assert not leftover_ranks(str(script))
+
+
+def test_more_ranks_than_the_allocation_gives_is_one_line_and_exit_2() -> None:
+    proc, _ = preflight(
+        "--launcher", "slurm", "--nproc-per-node=4", str(SCRIPTS / "slurm_task.py"), env={"SLURM_NTASKS": "2"}
+    )
+    assert proc.returncode == 2
+    assert (
+        "--launcher slurm: 4 ranks asked (4 per node x 1), the allocation gives 2 tasks (SLURM_NTASKS)"
+        in proc.stderr
+    )

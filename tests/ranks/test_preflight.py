@@ -718,7 +718,7 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
         ),
         (
             ["--launcher", "srun", str(SCRIPTS / "train_only.py")],
-            "'srun' is not one of auto, torchrun, spawn",
+            "'srun' is not one of auto, torchrun, spawn, slurm",
         ),
     ],
 )
