@@ -1,5 +1,6 @@
 """Finding a job's ranks on this host: by their environment (RANK, WORLD_SIZE,
-LOCAL_RANK, GROUP_RANK, TORCHELASTIC_RUN_ID), or, for torch.multiprocessing.spawn,
+LOCAL_RANK, GROUP_RANK, TORCHELASTIC_RUN_ID as torchrun, accelerate and deepspeed set
+them; SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID for srun's tasks), or, for torch.multiprocessing.spawn,
 which sets none, by the process index its wrapper holds."""
 
 from __future__ import annotations
@@ -58,37 +59,53 @@ def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
         except psutil.NoSuchProcess:
             raise InputError(f"no process with pid {pid}") from None
         env = _environ(proc)
-        if "RANK" in env and "WORLD_SIZE" in env:
-            parent = proc.parent()  # a rank: look from its agent, to find its siblings too
-            parent_env = _peek_environ(parent) if parent is not None and parent.pid != 1 else {}
-            if parent is not None and parent_env and "RANK" not in parent_env:
-                proc = parent
+        for rank_var, world_var, *_ in (_TORCHRUN_IDENTITY, _SLURM_IDENTITY):
+            if rank_var in env and world_var in env:
+                parent = proc.parent()  # a rank: look from its agent, to find its siblings too
+                parent_env = _peek_environ(parent) if parent is not None and parent.pid != 1 else {}
+                if parent is not None and parent_env and rank_var not in parent_env:
+                    proc = parent
+                break
         roots.append(proc)
-    seen: dict[int, RankProcess] = {}
-    pythons: list[psutil.Process] = []
-    for root in roots:
-        for proc in [root, *root.children(recursive=True)]:
+    procs = [proc for root in roots for proc in [root, *root.children(recursive=True)]]
+    # torchrun's (and accelerate's, deepspeed's, which set the same) variables first; srun's
+    # only where none has them: under srun, torchrun's agent has SLURM_PROCID too
+    for variables in (_TORCHRUN_IDENTITY, _SLURM_IDENTITY):
+        seen: dict[int, RankProcess] = {}
+        pythons: list[psutil.Process] = []
+        rank_var, world_var, local_var, node_var = variables
+        for proc in procs:
             env = _environ(proc)
-            if "RANK" not in env or "WORLD_SIZE" not in env:
+            # one srun task (a script that mp.spawns its ranks inside it) is not a rank of
+            # a job: its children are, read from their stacks
+            single_task = variables is _SLURM_IDENTITY and env.get(world_var, "1") in ("0", "1")
+            if rank_var not in env or world_var not in env or single_task:
                 if _is_python(proc):
                     pythons.append(proc)
                 continue
             parent = proc.parent()
-            if parent is not None and _peek_environ(parent).get("RANK") == env["RANK"]:
+            if parent is not None and _peek_environ(parent).get(rank_var) == env[rank_var]:
                 continue  # a DataLoader worker inherits its rank's environment
             seen[proc.pid] = RankProcess(
                 pid=proc.pid,
-                rank=int(env["RANK"]),
-                world_size=int(env["WORLD_SIZE"]),
-                local_rank=int(env.get("LOCAL_RANK", "0")),
-                group_rank=int(env.get("GROUP_RANK", "0")),
-                run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+                rank=int(env[rank_var]),
+                world_size=int(env[world_var]),
+                local_rank=int(env.get(local_var, "0")),
+                group_rank=int(env.get(node_var, "0")),
+                run_id=env.get("TORCHELASTIC_RUN_ID", env.get("SLURM_JOB_ID", "")),
                 status=_status(proc),
             )
-            fr_path = flight_recorder.dump_path(env, int(env["RANK"]))
+            fr_path = flight_recorder.dump_path(env, int(env[rank_var]))
             if fr_path is not None:
                 seen[proc.pid].flight_recorder = flight_recorder.read_dump(fr_path)
+        if seen:
+            break
     return sorted(seen.values(), key=lambda r: r.rank), pythons
+
+
+# (rank, world size, local rank, node) as each launcher names them
+_TORCHRUN_IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")
+_SLURM_IDENTITY = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
 
 
 def _is_python(proc: psutil.Process) -> bool:

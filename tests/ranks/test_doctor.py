@@ -542,3 +542,32 @@ def test_a_dead_jobs_py_spy_dumps_are_diagnosed_after_the_fact(tmp_path: Path) -
     site_line = line_in(playbook_repro, "dist.all_reduce(totals)")
     assert finding["site"] == f"playbooks/rank-conditional-collective/repro.py:{site_line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
+def test_a_job_of_srun_tasks_is_read_from_their_slurm_variables() -> None:
+    """Tasks as srun starts them: SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, no RANK,
+    no torchrun; rank 0 alone all-reduces, rank 1 waits in the barrier."""
+    script = SCRIPTS / "slurm_rank0_collective.py"
+    port = _free_port()
+    tasks = " & ".join(
+        f"SLURM_JOB_ID=77 SLURM_PROCID={rank} SLURM_LOCALID={rank} SLURM_NODEID=0 SLURM_NTASKS=2 "
+        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} {sys.executable} {script}"
+        for rank in (0, 1)
+    )
+    shell = from_shell(f"{tasks} & wait")
+    try:
+        deadline, report = time.monotonic() + 90, {}
+        while time.monotonic() < deadline:
+            time.sleep(2)
+            code, report = doctor(shell.pid)
+            waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
+            if code == 1 and len(waiting) == 2:
+                break
+    finally:
+        kill_tree(shell.pid)
+        shell.wait(timeout=30)
+    assert [r["rank"] for r in report["ranks"]] == [0, 1], report
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert finding["site"] == f"tests/scripts/slurm_rank0_collective.py:{line_in(script, '# rank 0 alone')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
