@@ -291,19 +291,25 @@ def test_a_new_group_some_ranks_skipped_is_named_from_the_group_being_created() 
         assert OP_ADVICE["new_group"] in finding["evidence"], finding
 
 
+def doctor_once_both_wait(pid: int) -> dict:  # type: ignore[type-arg]
+    """doctor on a job of two ranks started without torchrun, once both wait in a collective."""
+    deadline, report = time.monotonic() + 90, {}
+    while time.monotonic() < deadline:
+        time.sleep(2)
+        code, report = doctor(pid)
+        waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
+        if code == 1 and len(waiting) == 2:
+            break
+    return report
+
+
 def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     # No RANK in the environment: the ranks are spawn's children, each under
     # torch.multiprocessing.spawn's _wrap(fn, i, ...), whose i is the rank.
     script = SCRIPTS / "spawn_rank0_collective.py"
     shell = from_shell(f"SPAWN_PORT={_free_port()} {sys.executable} {script}")
     try:
-        deadline, report = time.monotonic() + 90, {}
-        while time.monotonic() < deadline:
-            time.sleep(2)
-            code, report = doctor(shell.pid)
-            waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
-            if code == 1 and len(waiting) == 2:
-                break
+        report = doctor_once_both_wait(shell.pid)
         # from one rank's pid: its siblings are found too
         _code, from_rank = doctor(report["ranks"][1]["pid"])
     finally:
@@ -556,13 +562,7 @@ def test_a_job_of_srun_tasks_is_read_from_their_slurm_variables() -> None:
     )
     shell = from_shell(f"{tasks} & wait")
     try:
-        deadline, report = time.monotonic() + 90, {}
-        while time.monotonic() < deadline:
-            time.sleep(2)
-            code, report = doctor(shell.pid)
-            waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
-            if code == 1 and len(waiting) == 2:
-                break
+        report = doctor_once_both_wait(shell.pid)
     finally:
         kill_tree(shell.pid)
         shell.wait(timeout=30)
