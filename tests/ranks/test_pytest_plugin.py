@@ -144,7 +144,7 @@ def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.
             assert report.verdict.value == "aligned"
 
         def test_cut_short():  # its time limit ends the dry run mid-eval: not a pass
-            assert_aligned({str(SCRIPTS / "slow_eval.py")!r}, nproc=2, timeout=8)
+            assert_aligned({str(SCRIPTS / "long_sync_loop.py")!r}, nproc=2, timeout=8)
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=280)
@@ -159,7 +159,7 @@ def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.
     result.stdout.fnmatch_lines(
         [
             "*_ test_cut_short _*",
-            "ncclcheck did not finish its dry run in *slow_eval.py (2 ranks)",
+            "ncclcheck did not finish its dry run in *long_sync_loop.py (2 ranks)",
             "*incomplete: the dry run reached ncclcheck's time limit*",
         ]
     )
