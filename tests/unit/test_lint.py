@@ -1195,12 +1195,19 @@ def test_a_decision_is_judged_by_the_value_that_reaches_its_test(
         assert {f.cause for f in findings} == {"unsynchronized-decision"}, [f.message for f in findings]
 
 
-def test_the_real_early_stop_is_flagged_and_its_fix_is_clean() -> None:
+def test_the_real_scripts_are_flagged_and_their_fixes_are_clean() -> None:
+    """tests/scripts/real: the early stop on an all-reduced loss, the step skipped on a
+    flag fabric.all_reduce returned: what a collective returns is every rank's."""
     real = REPO / "tests" / "scripts" / "real"
+    for broken in sorted(real.glob("*.py")):
+        if broken.stem.endswith("_fixed"):
+            continue
+        findings, _ = run_lint([broken])
+        assert findings, broken.name
+        findings, _ = run_lint([real / f"{broken.stem}_fixed.py"])
+        assert findings == [], (broken.name, [f.message for f in findings])
     findings, _ = run_lint([real / "early_stop_on_local_loss.py"])
     assert [f.cause for f in findings if f.severity == "error"] == ["rank-early-exit"]
-    findings, _ = run_lint([real / "early_stop_on_local_loss_fixed.py"])
-    assert findings == [], [f.message for f in findings]
 
 
 def test_a_collective_reached_through_a_call_names_that_call_too(tmp_path: Path) -> None:

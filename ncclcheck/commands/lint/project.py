@@ -551,18 +551,23 @@ class Linter:
         return set(self.sync_points(scope, module))
 
     def sync_points(self, scope: ast.AST, module: _Module) -> dict[str, list[int]]:
-        """Each name passed to a collective in ``scope``, with the lines of those calls."""
+        """Each name passed to a collective in ``scope``, or bound to what one returns
+        (``bad = fabric.all_reduce(flag, reduce_op="max")``), with the lines of those calls."""
         key = id(scope)
         if key not in self._synced:
             synced: dict[str, list[int]] = {}
-            for call in self.nodes(scope):
+            for node in self.nodes(scope):
+                call = node.value if isinstance(node, ast.Assign) else node
                 if not isinstance(call, ast.Call):
                     continue
                 label = self._direct_label(call, module, set())
-                if label is not None and label.split(".")[-1] not in _ROOTED:
-                    for arg in call.args:
-                        if isinstance(arg, ast.Name):
-                            synced.setdefault(arg.id, []).append(call.lineno)
+                if label is None or label.split(".")[-1] in _ROOTED:
+                    continue
+                named = [arg.id for arg in call.args if isinstance(arg, ast.Name)]
+                if isinstance(node, ast.Assign):
+                    named = [name for target in node.targets for name in bound_names(target)]
+                for name in named:
+                    synced.setdefault(name, []).append(call.lineno)
             self._synced[key] = synced
         return self._synced[key]
 
