@@ -59,7 +59,7 @@ doctor: $(STAMP) ## Diagnose the stuck job with PID=...
 	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
 	$(BIN)/ncclcheck doctor --pid $(PID)
 
-bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4-64 ranks, lint speed, probe, guard, scale, doctor --from at 256-4096 ranks
+bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict (before/now), eval fast-forward, doctor at 4-64 ranks, lint speed, probe, guard, scale, doctor --from at 256-4096 ranks
 	$(BIN)/python benchmarks/bench_preflight.py
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_lint.py
@@ -67,6 +67,8 @@ bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict, doctor at 4
 	$(BIN)/python benchmarks/bench_guard.py
 	$(BIN)/python benchmarks/bench_scale.py
 	$(BIN)/python benchmarks/bench_aftermath.py
+	$(BIN)/python benchmarks/bench_verdict.py
+	$(BIN)/python benchmarks/bench_eval_sets.py
 
 gpu-check: $(STAMP) ## On a GPU node: preflight, probe, Flight Recorder and recorder cost on NCCL (pass a CUDA torch, see TORCH_SPEC)
 	$(BIN)/python benchmarks/gpu_check.py
