@@ -273,9 +273,8 @@ def main() -> None:
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
     recorder.outermost_frame = sys._getframe()
-    if os.environ.get(
-        lines.ENV_LINES
-    ):  # a replay for line evidence (explain/lines.py): last, nearest the script
+    # a replay for line evidence (explain/lines.py): installed last, nearest the script
+    if os.environ.get(lines.ENV_LINES):
         lines.install(recorder, os.environ[lines.ENV_LINES], os.environ[ENV_TRACE_DIR])
     if module is not None:
         run_guarded(recorder, lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))

@@ -65,7 +65,6 @@ class FastForward:
         self.wait_s = wait_s
         self.rank = rank
         self.world = world
-        self._passes: dict[str, int] = {}  # loader name -> eval passes started over it
         self._store: Any = None
 
     @classmethod
@@ -78,15 +77,18 @@ class FastForward:
             return None
         return cls(int(keep), float(env.get(ENV_AGREE_WAIT, "5")), int(env["RANK"]), int(env["WORLD_SIZE"]))
 
-    def agree(self, loader: str, length: int | None) -> Agreement:
-        """Tell this rank's length for the next eval pass over ``loader``; the agreement."""
-        nth = self._passes[loader] = self._passes.get(loader, 0) + 1
+    def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
+        """Tell this rank's length for a pass over ``loader`` after ``passes_done`` complete
+        eval passes; the agreement. Keyed by complete passes, not by passes started: a
+        pass some rank starts alone (``next(iter(val_loader))`` on rank 0 for a logged
+        sample) completes nothing, so it meets the others' real pass and that rank's
+        real pass reads the same decision again."""
         if self.world == 1:
             return _decide({0: length}, self.keep)
         if self._store is None:
             self._store = rendezvous.launcher_store(self.wait_s, *self.address)
         store = self._store
-        base = f"{self.namespace}{loader}/{nth}/"
+        base = f"{self.namespace}{loader}/{passes_done}/"
         store.set(f"{base}len/{self.rank}", UNKNOWN if length is None else str(length))
         if store.add(f"{base}arrived", 1) == self.world:  # the last to arrive decides for all
             told = {r: _length(store.get(f"{base}len/{r}")) for r in range(self.world)}

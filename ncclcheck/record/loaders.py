@@ -53,7 +53,7 @@ class _TrackedIterator:
         self.length = self._safe_len()
         # --eval-batches: the leading batches every rank skips alike (record/fastforward.py)
         self.agreement = (
-            recorder.fast_forward.agree(name, self.length)
+            recorder.fast_forward.agree(name, self.length, recorder.eval_passes_done)
             if recorder.fast_forward is not None and self.role == "eval"
             else None
         )

@@ -638,6 +638,10 @@ class Recorder:
             # StopIteration (Lightning stops at len(loader) and leaves the iterator).
             self._eval_pass_complete(tracked)
 
+    @property
+    def eval_passes_done(self) -> int:
+        return self._eval_passes_done
+
     def _eval_pass_complete(self, tracked: _TrackedIterator) -> None:
         tracked.counted = True
         if not self.counts_as_eval_pass():

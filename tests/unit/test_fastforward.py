@@ -31,7 +31,7 @@ def agree_on_threads(
     found: dict[int, Agreement] = {}
 
     def rank_side(rank: int) -> None:
-        found[rank] = FastForward(keep, 5.0, rank, len(lengths)).agree(loader, lengths[rank])
+        found[rank] = FastForward(keep, 5.0, rank, len(lengths)).agree(loader, lengths[rank], 0)
 
     threads = [threading.Thread(target=rank_side, args=(rank,)) for rank in lengths]
     for thread in threads:
@@ -58,10 +58,32 @@ def test_an_unknown_length_or_a_short_set_skips_nothing(store: TCPStore) -> None
 def test_a_rank_that_never_starts_the_pass_costs_a_bounded_wait_and_no_skip(store: TCPStore) -> None:
     """Only rank 0 evaluates: it gives up after the wait and nobody skips; a rank that
     comes later still reads that decision, never one of its own."""
-    alone = FastForward(8, 1.0, 0, 2).agree("val_loader", 100)
+    alone = FastForward(8, 1.0, 0, 2).agree("val_loader", 100, 0)
     assert (alone.skip, alone.why_not) == (0, "1 of 2 ranks had not started the pass 1 s after this one")
-    late = FastForward(8, 1.0, 1, 2).agree("val_loader", 100)
+    late = FastForward(8, 1.0, 1, 2).agree("val_loader", 100, 0)
     assert late.skip == 0 and late.why_not == alone.why_not
+
+
+def test_a_pass_one_rank_starts_alone_reads_the_same_decision_as_its_real_one(store: TCPStore) -> None:
+    """Rank 0 peeks at a batch to log (next(iter(val_loader))) before evaluating, rank 1
+    only evaluates: the peek completes no pass, so both of rank 0's passes and rank 1's
+    meet under one key and skip alike."""
+    found: dict[str, Agreement] = {}
+
+    def rank_zero() -> None:
+        side = FastForward(8, 5.0, 0, 2)
+        found["peek"] = side.agree("val_loader", 100, 0)
+        found["rank 0"] = side.agree("val_loader", 100, 0)
+
+    def rank_one() -> None:
+        found["rank 1"] = FastForward(8, 5.0, 1, 2).agree("val_loader", 100, 0)
+
+    threads = [threading.Thread(target=rank_zero), threading.Thread(target=rank_one)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert {name: a.skip for name, a in found.items()} == {"peek": 92, "rank 0": 92, "rank 1": 92}
 
 
 class Counted(Dataset[Any]):
