@@ -518,7 +518,7 @@ class Linter:
         """Names whose value differs between ranks without any rank in sight: a clock, a file
         check, the ``.item()`` of a tensor no collective touched, or what a user function
         returns that computes a number from tensors and communicates nothing."""
-        synced = self.synced_names(scope, module)
+        synced = set(self.sync_points(scope, module))
         local: set[str] = set()
         assignments = [
             n for n in self.nodes(scope) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
@@ -546,13 +546,10 @@ class Linter:
                 break
         return local
 
-    def synced_names(self, scope: ast.AST, module: _Module) -> set[str]:
-        """Names passed to a collective in ``scope``: their values agree across ranks after it."""
-        return set(self.sync_points(scope, module))
-
     def sync_points(self, scope: ast.AST, module: _Module) -> dict[str, list[int]]:
         """Each name passed to a collective in ``scope``, or bound to what one returns
-        (``bad = fabric.all_reduce(flag, reduce_op="max")``), with the lines of those calls."""
+        (``bad = fabric.all_reduce(flag, reduce_op="max")``), with the lines of those calls:
+        its value agrees across ranks after them."""
         key = id(scope)
         if key not in self._synced:
             synced: dict[str, list[int]] = {}

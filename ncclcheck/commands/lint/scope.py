@@ -75,7 +75,7 @@ class _ScopeChecker:
 
     def rank_local_reaching(self, line: int) -> set[str]:
         linter, module = self.linter, self.module
-        synced = linter.synced_names(self.scope, module)
+        synced = set(linter.sync_points(self.scope, module))
 
         def local(value: ast.expr, names: set[str]) -> bool:
             return linter._is_rank_local(value, module, self.function, synced, names)
@@ -262,7 +262,7 @@ class _ScopeChecker:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
             if names & self.linter.rooted_names(self.scope, self.module).keys():
                 return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
-            if names and names <= self.linter.synced_names(self.scope, self.module):
+            if names and names <= self.linter.sync_points(self.scope, self.module).keys():
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
         if kind in (RANK, DATA):
             return kind
