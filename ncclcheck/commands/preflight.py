@@ -23,6 +23,7 @@ from ncclcheck.launch.torchrun import (
     Progress,
     TorchrunOptions,
     dry_run_environment,
+    exits_written,
     private_trace_dir,
     run_dry,
 )
@@ -191,12 +192,13 @@ def _as_spawned(settings: DryRunSettings) -> DryRunSettings:
 
 
 def _own_launcher_exit(folder: Path) -> str | None:
-    """A rank that tried to start ranks of its own: the launcher and where, or None."""
-    for trace in load_traces(folder).values():
-        if trace.exit and trace.exit.get("how") == "own-launcher":
-            site = trace.exit.get("site")
+    """A rank that tried to start ranks of its own: the launcher and where, or None. From
+    the traces' last lines: the whole traces are read once, by the diagnosis."""
+    for ending in exits_written(folder):
+        if ending.get("how") == "own-launcher":
+            site = ending.get("site")
             where = f" at {relative(str(site[0]), os.getcwd())}:{site[1]}" if isinstance(site, list) else ""
-            return f"{trace.exit.get('error')}{where}"
+            return f"{ending.get('error')}{where}"
     return None
 
 

@@ -220,6 +220,13 @@ def _tail_records(path: Path, size: int = 4096) -> list[dict[str, object]]:
     return records
 
 
+def exits_written(trace_dir: Path) -> list[dict[str, object]]:
+    """The exit records that end the traces in ``trace_dir``, read from their tails only."""
+    return [
+        r for path in trace_dir.glob(TRACE_GLOB) for r in _tail_records(path)[-1:] if r.get("t") == "exit"
+    ]
+
+
 def _last_record_kind(path: Path) -> str | None:
     records = _tail_records(path)
     return str(records[-1].get("t")) if records else None
