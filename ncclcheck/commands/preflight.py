@@ -17,6 +17,7 @@ from ncclcheck.explain import lines
 from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative, split_exit_error
 from ncclcheck.explain.rules.branch import is_certain
 from ncclcheck.launch.launchers import AUTO, SLURM, SPAWN, TORCHRUN, own_starter
+from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
     DryRunSettings,
     LaunchResult,
@@ -127,16 +128,25 @@ def run_preflight(
             )
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
-            launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
-            spawned_elsewhere = _own_launcher_exit(folder)
-            if asked == AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
-                for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
-                    stale.unlink(missing_ok=True)
-                settings, spawn_site = _as_spawned(settings), spawned_elsewhere
-                launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
-            diagnosis = _with_line_evidence(
-                Diagnosis.of(folder, launch), script, script_args, torchrun, settings, as_module
-            )
+            warm = _WarmUp(torchrun, settings)  # the replay's server, started once the run goes quiet
+            try:
+                launch = run_dry(
+                    script, script_args, torchrun, settings, folder, on_progress, as_module, None, warm.start
+                )
+                spawned_elsewhere = _own_launcher_exit(folder)
+                if asked == AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
+                    for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
+                        stale.unlink(missing_ok=True)
+                    settings, spawn_site = _as_spawned(settings), spawned_elsewhere
+                    launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
+                if launch.stalled or launch.returncode:  # where ranks part, almost always
+                    warm.start()
+                first = Diagnosis.of(folder, launch)
+                diagnosis = _with_line_evidence(
+                    first, script, script_args, torchrun, settings, as_module, warm.server
+                )
+            finally:
+                warm.close()
             report = diagnosis.report
         if settings.launcher == SPAWN:
             report.summary["launcher"] = (
@@ -360,6 +370,30 @@ def _why_unfinished(launch: LaunchResult | None) -> str | None:
     return None
 
 
+def _may_replay(torchrun: TorchrunOptions, settings: DryRunSettings) -> bool:
+    """Whether a replay for line evidence may follow the dry run: one node only (the
+    other nodes' ranks are not this preflight's to replay), ranks started by torchrun."""
+    return settings.line_evidence and settings.launcher != SPAWN and torchrun.nnodes in ("1", "1:1")
+
+
+class _WarmUp:
+    """The replay's server (launch/replay.py), started at the first sign of a hang (a
+    quiet spell, or a run that failed) so that its torch import overlaps the wait for
+    the verdict and the diagnosis; closed whatever happens."""
+
+    def __init__(self, torchrun: TorchrunOptions, settings: DryRunSettings) -> None:
+        self.torchrun, self.settings = torchrun, settings
+        self.server: WarmReplay | None = None
+
+    def start(self) -> None:
+        if self.server is None and _may_replay(self.torchrun, self.settings):
+            self.server = WarmReplay.start(self.torchrun.nproc_per_node)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
 def _with_line_evidence(
     first: Diagnosis,
     script: str,
@@ -367,19 +401,16 @@ def _with_line_evidence(
     torchrun: TorchrunOptions,
     settings: DryRunSettings,
     as_module: bool,
+    warm: WarmReplay | None = None,
 ) -> Diagnosis:
     """Replay the dry run up to the first divergence with the functions on its call
     chains traced (explain/lines.py), when the source alone was not certain why the
-    ranks parted: anything but a rank test around the call itself. One node only: the
-    other nodes' ranks are not this preflight's to replay."""
-    if (
-        not settings.line_evidence
-        or first.launch is None
-        or first.launch.interrupted
-        or not first.diagnoser.forks
-    ):
+    ranks parted: anything but a rank test around the call itself. ``warm``: a server
+    with torch imported that forks the replay's ranks (launch/replay.py)."""
+    launch = first.launch
+    if launch is None or launch.interrupted or not _may_replay(torchrun, settings):
         return first
-    if torchrun.nnodes not in ("1", "1:1"):
+    if not first.diagnoser.forks:
         return first
     fork, explanation = first.diagnoser.forks[0]
     if is_certain(explanation):
@@ -393,7 +424,7 @@ def _with_line_evidence(
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
         replay_settings = replace(settings, lines_plan=str(plan_path), probe_timeout=0.0)
         started = time.monotonic()
-        run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module)
+        run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module, warm)
         replay = lines.load_replay(folder / "replay", first.evidence.traces, stops)
         replay.seconds = time.monotonic() - started
     finally:

@@ -28,6 +28,7 @@ from ncclcheck.evidence.activity import JobActivity
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.launch.launchers import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM, free_port
 from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES
@@ -281,6 +282,9 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
+# A spell this long without a record is the first sign of a hang (a step or a batch of the
+# dry run writes several records a second): what may follow one is prepared then.
+_QUIET_HINT_S = 0.5
 _SAMPLE_EVERY_S = 0.25  # how often the job's processes are looked at (1 ms for 16 of them)
 
 
@@ -333,7 +337,12 @@ def run_dry(
     trace_dir: Path,
     on_progress: Callable[[Progress], None] | None = None,
     as_module: bool = False,
+    warm: WarmReplay | None = None,
+    on_quiet: Callable[[], None] | None = None,
 ) -> LaunchResult:
+    """``warm``: a server that imported torch already forks the ranks (launch/replay.py),
+    for the replay that gives line evidence; torchrun starts them otherwise.
+    ``on_quiet``: called once, the first time no rank has written for a moment."""
     trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = trace_dir / "torchrun.log"
     env = {**os.environ, **dry_run_environment(settings, trace_dir)}
@@ -354,7 +363,11 @@ def run_dry(
         ]
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None)
-    proc = start_torchrun(argv, env, log_path)
+    if warm is not None:
+        ranks_env = dry_run_environment(settings, trace_dir)
+        proc = warm.launch(target, ranks_env, torchrun.nproc_per_node, log_path)
+    else:
+        proc = start_torchrun(argv, env, log_path)
     interrupted = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     on_main_thread = threading.current_thread() is threading.main_thread()
@@ -362,7 +375,7 @@ def run_dry(
         for sig in previous:
             signal.signal(sig, lambda *_: interrupted.set())
     try:
-        _watch(proc, result, settings, trace_dir, start, interrupted, on_progress)
+        _watch(proc, result, settings, trace_dir, start, interrupted, on_progress, on_quiet)
     finally:
         if proc.poll() is None:
             kill_tree(proc.pid)
@@ -390,6 +403,7 @@ def _watch(
     start: float,
     interrupted: threading.Event,
     on_progress: Callable[[Progress], None] | None,
+    on_quiet: Callable[[], None] | None = None,
 ) -> None:
     last_size = (-1, -1)
     last_write = last_activity = time.monotonic()  # a trace grew / the job wrote or worked
@@ -440,6 +454,9 @@ def _watch(
         # stall timeout: the live alignment holds back every pairing that could still
         # come right (barriers or rooted calls from different lines wait for the calls
         # after them), so what it reports is a divergence no later record can mend.
+        if on_quiet is not None and size[1] > 0 and now - last_write > _QUIET_HINT_S:
+            on_quiet()  # the first sign of a hang: once
+            on_quiet = None
         quiet = now - last_write > min(settings.stall_timeout, settings.disagree_grace)
         if quiet and disagreement_read_at != last_write:
             disagreement_read_at = last_write  # once per quiet spell: the files are still

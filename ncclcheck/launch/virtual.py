@@ -267,31 +267,15 @@ def _fork_rank(plan: dict[str, Any], rank: int, env: dict[str, str]) -> int:
     pid = os.fork()
     if pid:
         return pid
-    code = 1
-    try:
-        os.environ.update(env)
-        log = os.open(
-            os.path.join(plan["logs"], f"rank-{rank:05d}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
-        )
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        sys.argv = ["ncclcheck.record.bootstrap", *plan["command"]]
-        from ncclcheck.record import bootstrap
+    os.environ.update(env)
+    log = os.open(
+        os.path.join(plan["logs"], f"rank-{rank:05d}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+    )
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    from ncclcheck.record.bootstrap import run_forked
 
-        bootstrap.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        code = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return 0  # not reached
+    run_forked(plan["command"])
 
 
 if __name__ == "__main__":

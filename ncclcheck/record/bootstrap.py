@@ -8,6 +8,8 @@ and ``sys.path[0]`` as ``python SCRIPT ARGS`` would have them.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import runpy
@@ -16,7 +18,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from ncclcheck.communicates import COLLECTIVES, P2P
 from ncclcheck.launch.launchers import ENV_LAUNCHER, SLURM, slurm_task_environment
@@ -390,6 +392,29 @@ def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
     site = user[-1] if user else None
     where = f" at {site[0]}:{site[1]} in {site[2]}" if site else ""
     return f"{type(exc).__name__}: {exc}{where}", site
+
+
+def run_forked(command: list[str]) -> NoReturn:
+    """A rank forked from a server that imported torch already (launch/virtual.py,
+    launch/replay.py): ``main`` with ``command`` (script or -m module, and the script's
+    arguments) as its arguments, then the process ends as an interpreter would, its
+    exit hooks run, but never returns into the server's code."""
+    code = 1
+    try:
+        sys.argv = ["ncclcheck.record.bootstrap", *command]
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()  # what the rank's interpreter would run at its end
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""The replay's warm start (launch/replay.py) on real processes: ranks forked from a
+server that imported torch see the launch torchrun's ranks see, and nothing is left
+behind whether the server is used, closed unused, or its rank fails."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ncclcheck.launch.replay import WarmReplay
+from ncclcheck.launch.torchrun import DryRunSettings, TorchrunOptions, run_dry
+
+from ..conftest import SCRIPTS
+from .test_preflight import leftover_ranks
+
+pytestmark = pytest.mark.ranks
+
+TWO = TorchrunOptions(nproc_per_node=2)
+SETTINGS = DryRunSettings(stall_timeout=6.0, probe_timeout=0.0, total_timeout=120.0)
+
+
+def views(folder: Path) -> dict[int, dict[str, object]]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in folder.glob("rank-*.json")}
+
+
+def gone(pids: list[int], within: float = 10.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_forked_ranks_see_the_launch_torchrun_gives_them(tmp_path: Path) -> None:
+    script = str(SCRIPTS / "launch_environment.py")
+    seen: dict[str, dict[int, dict[str, object]]] = {}
+    for how in ("torchrun", "warm"):
+        out = tmp_path / how / "out"
+        out.mkdir(parents=True)
+        warm = WarmReplay.start(2) if how == "warm" else None
+        try:
+            launch = run_dry(script, [str(out)], TWO, SETTINGS, tmp_path / how, warm=warm)
+        finally:
+            if warm is not None:
+                warm.close()
+        assert launch.returncode == 0, launch.log_path.read_text()[-2000:]
+        assert sorted(p.name for p in (tmp_path / how).glob("rank-*.jsonl")) == [
+            "rank-00000.jsonl",
+            "rank-00001.jsonl",
+        ]  # both recorded, as dry-run ranks
+        seen[how] = views(out)
+        for view in seen[how].values():
+            assert view.pop("argv") == [str(out)]
+    assert sorted(seen["warm"]) == [0, 1]
+    for rank in (0, 1):
+        assert seen["warm"][rank]["env"] == seen["torchrun"][rank]["env"], rank
+        assert seen["warm"][rank] == seen["torchrun"][rank], rank
+    assert seen["warm"][1]["env"]["LOCAL_RANK"] == "1"  # type: ignore[index]
+    assert seen["warm"][0]["total"] == 3.0 and seen["warm"][0]["name"] == "__main__"
+
+
+def test_a_server_closed_unused_ends_with_nothing_left() -> None:
+    warm = WarmReplay.start(2)
+    pid = warm.proc.pid
+    time.sleep(0.5)  # importing torch: closed midway
+    warm.close()
+    assert warm.proc.returncode is not None
+    assert gone([pid])
+    assert not leftover_ranks("ncclcheck.launch.replay")
+
+
+def test_a_rank_that_fails_in_the_replay_fails_the_server_and_leaves_no_process(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import os, time\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise RuntimeError('rank 1 broke')\n"
+        "time.sleep(120)  # rank 0 waits for a partner that is gone: the watchdog's to end\n"
+    )
+    warm = WarmReplay.start(2)
+    try:
+        launch = run_dry(str(script), [], TWO, SETTINGS, tmp_path / "t", warm=warm)
+    finally:
+        warm.close()
+    log = launch.log_path.read_text()
+    assert "RuntimeError: rank 1 broke" in log
+    assert launch.stalled, log[-2000:]  # rank 0 waited on: the watchdog ended it
+    assert gone([warm.proc.pid])
+    assert not leftover_ranks("ncclcheck.launch.replay")  # the forked ranks carry the server's name
