@@ -23,7 +23,7 @@ from ncclcheck.cli.common import (
     torchrun_options,
 )
 from ncclcheck.commands.preflight import VirtualWorld, report_from, run_preflight
-from ncclcheck.launch.launchers import AUTO, LAUNCHERS
+from ncclcheck.launch.launchers import ACCELERATE, AUTO, LAUNCHERS
 from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
 from ncclcheck.launch.virtual import VirtualLayout
 from ncclcheck.record.traces import load_traces
@@ -76,8 +76,17 @@ def preflight_command(
         "--launcher",
         help="Who starts the ranks: torchrun; spawn for a script that starts its own with "
         "torch.multiprocessing.spawn (run once, every rank it starts recorded); slurm for a script "
-        "that reads SLURM_PROCID/SLURM_NTASKS as under srun; auto: spawn where the script's "
-        "source calls it, else torchrun.",
+        "that reads SLURM_PROCID/SLURM_NTASKS as under srun; accelerate (accelerate launch with "
+        "--accelerate-config); torch.distributed.launch (the legacy launcher: --local-rank=N); auto: "
+        "accelerate when --accelerate-config is given, spawn where the script's source calls it, else "
+        "torchrun.",
+    ),
+    accelerate_config: Path = typer.Option(
+        None,
+        "--accelerate-config",
+        help="The config file you give accelerate launch --config_file: the ranks are started "
+        "through accelerate launch with it (its mixed precision, FSDP or DeepSpeed plugin settings), "
+        "--nproc-per-node of them.",
     ),
     eval_batches: str = typer.Option(
         str(DEFAULT_EVAL_BATCHES),
@@ -169,7 +178,8 @@ def preflight_command(
         perturb=perturb,
         line_evidence=line_evidence,
         eval_batches=_eval_batches(eval_batches),
-        launcher=_launcher(launcher),
+        launcher=ACCELERATE if launcher == AUTO and accelerate_config else _launcher(launcher),
+        accelerate_config=str(accelerate_config) if accelerate_config else None,
     )
     virtual = None
     if world_size is not None:

@@ -16,7 +16,16 @@ from ncclcheck.errors import InputError, UsageError
 from ncclcheck.explain import lines
 from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative, split_exit_error
 from ncclcheck.explain.rules.branch import is_certain
-from ncclcheck.launch.launchers import AUTO, SLURM, SPAWN, TORCHRUN, own_starter
+from ncclcheck.launch.launchers import (
+    ACCELERATE,
+    AUTO,
+    LEGACY_LAUNCH,
+    SLURM,
+    SPAWN,
+    TORCHRUN,
+    check_accelerate,
+    own_starter,
+)
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
     DryRunSettings,
@@ -108,7 +117,7 @@ def run_preflight(
     else:
         path = check_script(script)
     asked = settings.launcher
-    settings, spawn_site = _resolve_launcher(settings, path, virtual)
+    settings, spawn_site = _resolve_launcher(settings, torchrun, path, virtual)
     if settings.launcher == SLURM:
         _check_allocation(torchrun)
     own_dir = trace_dir is None
@@ -148,7 +157,15 @@ def run_preflight(
             finally:
                 warm.close()
             report = diagnosis.report
-        if settings.launcher == SPAWN:
+        if settings.launcher == ACCELERATE:
+            report.summary["launcher"] = (
+                f"accelerate launch --config_file {settings.accelerate_config} started the ranks"
+            )
+        elif settings.launcher == LEGACY_LAUNCH:
+            report.summary["launcher"] = (
+                "python -m torch.distributed.launch started the ranks, each given --local-rank=N"
+            )
+        elif settings.launcher == SPAWN:
             report.summary["launcher"] = (
                 f"the script starts its own ranks ({spawn_site or 'torch.multiprocessing'}): it ran once, "
                 "as a plain process, and each rank it started was recorded"
@@ -163,7 +180,7 @@ def run_preflight(
 
 
 def _resolve_launcher(
-    settings: DryRunSettings, path: Path, virtual: VirtualWorld | None
+    settings: DryRunSettings, torchrun: TorchrunOptions, path: Path, virtual: VirtualWorld | None
 ) -> tuple[DryRunSettings, str | None]:
     """The launcher to run the script with (launch/launchers.py) and, for a script that
     starts its own ranks, where it does."""
@@ -172,12 +189,18 @@ def _resolve_launcher(
     launcher = settings.launcher
     if launcher == AUTO:
         launcher = SPAWN if found and virtual is None else TORCHRUN
-    if launcher in (SLURM, SPAWN) and virtual is not None:
+    if launcher != TORCHRUN and virtual is not None:
         raise UsageError(
             f"--launcher {launcher} and --world-size: a virtual world's ranks are started by ncclcheck"
         )
-    if launcher == SLURM:
-        return replace(settings, launcher=SLURM), None
+    if settings.accelerate_config and launcher != ACCELERATE:
+        raise UsageError(f"--accelerate-config goes with --launcher accelerate, not --launcher {launcher}")
+    if launcher == ACCELERATE:
+        wrong = check_accelerate(settings.accelerate_config, torchrun.nnodes)
+        if wrong:
+            raise UsageError(wrong)
+    if launcher in (SLURM, ACCELERATE, LEGACY_LAUNCH):
+        return replace(settings, launcher=launcher), None
     if launcher == SPAWN:
         return _as_spawned(settings), site
     return replace(settings, launcher=TORCHRUN), None
@@ -386,7 +409,10 @@ class _WarmUp:
         self.server: WarmReplay | None = None
 
     def start(self) -> None:
-        if self.server is None and _may_replay(self.torchrun, self.settings):
+        # ranks as torchrun starts them (the server gives its environment): an accelerate
+        # or torch.distributed.launch run's replay goes through that launcher again
+        fits = self.settings.launcher in (TORCHRUN, SLURM)
+        if self.server is None and fits and _may_replay(self.torchrun, self.settings):
             self.server = WarmReplay.start(self.torchrun.nproc_per_node)
 
     def close(self) -> None:

@@ -3,15 +3,28 @@
 script itself with torch.multiprocessing (record/spawned.py runs it once and records
 every rank it starts); srun, whose tasks know their rank from SLURM_* variables only
 (torchrun starts the ranks, and each rank's bootstrap trades torchrun's variables for
-the ones srun would have set, slurm_task_environment)."""
+the ones srun would have set, slurm_task_environment); ``accelerate launch`` with the
+user's config file, and the legacy ``torch.distributed.launch``, each run through its
+own code with the bootstrap as the module it starts (launcher_argv)."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
+import sys
 from pathlib import Path
 
 AUTO, TORCHRUN, SPAWN, SLURM = "auto", "torchrun", "spawn", "slurm"
-LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM)
+ACCELERATE, LEGACY_LAUNCH = "accelerate", "torch.distributed.launch"
+LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM, ACCELERATE, LEGACY_LAUNCH)
+BOOTSTRAP = "ncclcheck.record.bootstrap"
+# what torch.distributed.launch puts before the script's own arguments (--local-rank=N):
+# the rank's bootstrap hands it on to the script
+LOCAL_RANK_ARGUMENT = re.compile(r"^--local[-_]rank=\d+$")
+# the configurations accelerate launch starts through torchrun, one process per rank;
+# MULTI_CPU and NO start a single process (MULTI_CPU needs mpirun for more)
+_ACCELERATE_TORCHRUN_TYPES = ("MULTI_GPU", "FSDP", "DEEPSPEED", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU")
 ENV_LAUNCHER = "NCCLCHECK_LAUNCHER"  # what each rank's bootstrap is to look like
 # srun starts no store: rank 0's init_process_group makes one on MASTER_PORT, which
 # torchrun's agent holds; preflight picks a free port for it, the same for every rank
@@ -106,3 +119,68 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("", 0))
         return int(probe.getsockname()[1])
+
+
+def launcher_argv(
+    launcher: str, torchrun_args: list[str], target: list[str], accelerate_config: str | None
+) -> list[str]:
+    """The command that starts the dry run's ranks the way ``launcher`` does, each rank
+    running the bootstrap in front of ``target`` (the script or -m module, and its
+    arguments). ``torchrun_args``: torchrun's options (TorchrunOptions.argv)."""
+    python = sys.executable
+    if launcher == SPAWN:  # the script starts its ranks: run it once (record/spawned.py)
+        return [python, "-m", "ncclcheck.record.spawned", *target]
+    if launcher == ACCELERATE:
+        nproc = next(int(a.split("=", 1)[1]) for a in torchrun_args if a.startswith("--nproc-per-node="))
+        return [
+            python,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(accelerate_config),
+            "--num_processes",
+            str(nproc),  # the dry run's ranks, not the config's: a CI machine is not the cluster
+            "--num_machines",
+            "1",
+            "--main_process_port",
+            "0",  # accelerate picks a free one
+            "--module",
+            BOOTSTRAP,
+            *target,
+        ]
+    module = "torch.distributed.launch" if launcher == LEGACY_LAUNCH else "torch.distributed.run"
+    return [python, "-m", module, *torchrun_args, "--module", BOOTSTRAP, *target]
+
+
+def check_accelerate(config: str | None, nodes: str) -> str:
+    """What is wrong with running ``accelerate launch --config_file config`` for a dry run
+    (one line), or "" with the config's distributed_type read by accelerate itself."""
+    if importlib.util.find_spec("accelerate") is None:
+        return "--launcher accelerate: accelerate is not installed here (pip install accelerate)"
+    if not config:
+        return (
+            "--launcher accelerate needs --accelerate-config FILE, the file you give "
+            "accelerate launch --config_file"
+        )
+    if not Path(config).is_file():
+        return f"--accelerate-config {config}: no such file"
+    if nodes not in ("1", "1:1"):
+        return "--launcher accelerate runs the ranks of one node: run preflight on each node"
+    from accelerate.commands.config.config_args import (  # type: ignore[import-untyped]
+        load_config_from_file,
+    )
+
+    try:
+        kind = str(getattr(load_config_from_file(config), "distributed_type", "NO"))
+    except Exception as exc:  # accelerate's own reading of the file: its words
+        return f"--accelerate-config {config}: accelerate cannot read it ({type(exc).__name__}: {exc})"
+    kind = kind.rsplit(".", 1)[-1]
+    if kind not in _ACCELERATE_TORCHRUN_TYPES:
+        return (
+            f"--accelerate-config {config}: distributed_type {kind}: accelerate launch starts one process "
+            "for it (MULTI_CPU needs mpirun for more), so there are no ranks to check; use the config "
+            "of the cluster job (MULTI_GPU, FSDP, DEEPSPEED), with --cpu on a machine without GPUs"
+        )
+    if kind == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
+        return f"--accelerate-config {config}: distributed_type DEEPSPEED needs deepspeed, not installed here"
+    return ""

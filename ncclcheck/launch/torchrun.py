@@ -16,7 +16,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from ncclcheck.evidence.activity import JobActivity
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
-from ncclcheck.launch.launchers import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM, free_port
+from ncclcheck.launch.launchers import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM, free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
@@ -101,6 +100,7 @@ class DryRunSettings:
     # who starts the ranks: "torchrun", or "spawn" for a script that starts its own with
     # torch.multiprocessing.spawn (record/spawned.py)
     launcher: str = "auto"  # "auto": spawn where the script's source calls mp.spawn
+    accelerate_config: str | None = None  # --launcher accelerate: accelerate launch's --config_file
     line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
     lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
 
@@ -349,18 +349,7 @@ def run_dry(
     target = [*(["-m"] if as_module else []), script, *script_args]  # -m: a module, as python -m
     if settings.launcher == SLURM:
         env[ENV_SLURM_PORT] = str(free_port())
-    if settings.launcher == "spawn":  # the script starts its ranks: run it once (record/spawned.py)
-        argv = [sys.executable, "-m", "ncclcheck.record.spawned", *target]
-    else:
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            *torchrun.argv(),
-            "--module",
-            "ncclcheck.record.bootstrap",
-            *target,
-        ]
+    argv = launcher_argv(settings.launcher, torchrun.argv(), target, settings.accelerate_config)
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None)
     if warm is not None:

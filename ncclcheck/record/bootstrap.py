@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ncclcheck.communicates import COLLECTIVES, P2P
-from ncclcheck.launch.launchers import ENV_LAUNCHER, SLURM, slurm_task_environment
+from ncclcheck.launch.launchers import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, SLURM, slurm_task_environment
 from ncclcheck.record import cpu_map, frames, frameworks, lines, nccl_timing, perturb, rooted, virtual
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
@@ -253,6 +253,10 @@ def check_in(recorder: Recorder, timeout_s: float) -> None:
 
 
 def main() -> None:
+    # torch.distributed.launch's --local-rank=N, put before the script: the script's, first
+    legacy: list[str] = []
+    if len(sys.argv) > 1 and LOCAL_RANK_ARGUMENT.match(sys.argv[1]):
+        legacy.append(sys.argv.pop(1))
     module = None
     if len(sys.argv) > 2 and sys.argv[1] == "-m":
         module = sys.argv.pop(2)  # what stays in argv[1] is the script's place
@@ -272,7 +276,7 @@ def main() -> None:
 
     # As `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would: argv, and sys.path[0]
     # the script's folder (the current folder for a module).
-    sys.argv = [script, *sys.argv[2:]]
+    sys.argv = [script, *legacy, *sys.argv[2:]]
     sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
     recorder.outermost_frame = sys._getframe()
     # a replay for line evidence (explain/lines.py): installed last, nearest the script

@@ -30,12 +30,13 @@ pytestmark = pytest.mark.ranks
 class HungJob:
     shell: subprocess.Popen[bytes]
     script: Path
+    launcher: str = "torch.distributed.run"  # the module whose process holds the ranks
 
     def agent(self) -> psutil.Process:
         return next(
             p
             for p in psutil.Process(self.shell.pid).children(recursive=True)
-            if "torch.distributed.run" in " ".join(p.cmdline())
+            if self.launcher in " ".join(p.cmdline())
         )
 
     def ranks(self) -> list[psutil.Process]:
@@ -66,16 +67,26 @@ NCCL_TIMING = "-m ncclcheck.record.nccl_timing"
 
 
 def start_hung(
-    script: Path, nproc: int, cwd: Path = REPO, env: dict[str, str] | None = None, runner: str = ""
+    script: Path,
+    nproc: int,
+    cwd: Path = REPO,
+    env: dict[str, str] | None = None,
+    runner: str = "",
+    accelerate_config: Path | None = None,
 ) -> HungJob:
     """torchrun started from a shell, as people do; returns once every rank is stuck.
-    ``runner``: what torchrun runs the script with (NCCL_TIMING), if not python."""
+    ``runner``: what torchrun runs the script with (NCCL_TIMING), if not python;
+    ``accelerate_config``: accelerate launch --config_file starts the job instead."""
     assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in (env or {}).items())
-    command = (
-        f"{assignments}REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --standalone "
-        f"--nproc-per-node={nproc} {runner} {script}"
-    )
-    job = HungJob(from_shell(command, cwd), script)
+    launcher = f"-m torch.distributed.run --standalone --nproc-per-node={nproc}"
+    if accelerate_config is not None:
+        launcher = (
+            f"-m accelerate.commands.launch --config_file {accelerate_config} --num_processes {nproc} "
+            "--main_process_port 0"
+        )
+    command = f"{assignments}REPRO_TIMEOUT_S=600 {sys.executable} {launcher} {runner} {script}"
+    module = "accelerate.commands.launch" if accelerate_config is not None else "torch.distributed.run"
+    job = HungJob(from_shell(command, cwd), script, module)
     deadline = time.monotonic() + 90
     previous = None
     while time.monotonic() < deadline:
@@ -99,10 +110,15 @@ def start_hung(
 
 
 def doctor_on_hung(
-    script: Path, nproc: int, env: dict[str, str] | None = None, runner: str = ""
+    script: Path,
+    nproc: int,
+    env: dict[str, str] | None = None,
+    runner: str = "",
+    accelerate_config: Path | None = None,
 ) -> tuple[int, dict]:  # type: ignore[type-arg]
-    """Start ``script`` under torchrun, wait until it hangs, run doctor on torchrun, reap."""
-    job = start_hung(script, nproc, env=env, runner=runner)
+    """Start ``script`` under torchrun (or accelerate launch), wait until it hangs, run
+    doctor on the launcher's process, reap."""
+    job = start_hung(script, nproc, env=env, runner=runner, accelerate_config=accelerate_config)
     try:
         return doctor(job.agent().pid)
     finally:

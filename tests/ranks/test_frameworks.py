@@ -142,6 +142,22 @@ def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framewor
     assert not leftover_ranks(str(framework.script("misaligned")))
 
 
+def test_doctor_on_a_job_started_by_accelerate_launch_with_a_config() -> None:
+    """accelerate launch --config_file runs torchrun's agent inside its own process: the
+    ranks are found from it, by the RANK it gives them."""
+    framework = FRAMEWORK_CASES[0]
+    framework.require()
+    config = REPO / "tests" / "scripts" / "accelerate_config_multi_gpu.yaml"
+    code, report = doctor_on_hung(framework.script("misaligned"), 2, accelerate_config=config)
+    assert code == 1, report
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
+    assert finding["site"] == framework.site_text(), finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert not leftover_ranks(str(framework.script("misaligned")))
+
+
 def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_path: Path) -> None:
     """eval_strategy="steps" with eval_steps=50: a 5-step dry run would never evaluate
     and would call the job aligned; the Trainer is given eval_steps=5 instead."""

@@ -1,13 +1,16 @@
-"""Scripts that start their own ranks (preflight --launcher spawn, auto-detected): run
-once as their users run them, every rank they start recorded, nothing left behind."""
+"""preflight starts the ranks the way the script's users do: scripts that start their
+own ranks (--launcher spawn, auto-detected) run once, every rank they start recorded;
+srun's variables (--launcher slurm); accelerate launch with the user's config; the
+legacy torch.distributed.launch and its --local-rank argument. Nothing left behind."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
-from ..conftest import REPO, SCRIPTS
+from ..conftest import REPO, SCRIPTS, line_in
 from .test_preflight import leftover_ranks, preflight
 
 pytestmark = pytest.mark.ranks
@@ -103,3 +106,79 @@ def test_more_ranks_than_the_allocation_gives_is_one_line_and_exit_2() -> None:
         "--launcher slurm: 4 ranks asked (4 per node x 1), the allocation gives 2 tasks (SLURM_NTASKS)"
         in proc.stderr
     )
+
+
+def test_a_script_for_the_legacy_launcher_gets_its_local_rank_argument() -> None:
+    script = SCRIPTS / "legacy_local_rank.py"
+    proc, report = preflight("--launcher", "torch.distributed.launch", str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-conditional-collective",
+        f"tests/scripts/legacy_local_rank.py:{line_in(script, 'dist.all_reduce(val_loss)')}",
+        [0],
+        [1],
+    )
+    assert "--local-rank=N" in report["summary"]["launcher"]
+    fixed, report = preflight("--launcher", "torch.distributed.launch", str(script), env={"FIXED": "1"})
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    assert report["verdict"] == "aligned"
+    assert not leftover_ranks(str(script))
+
+
+ACCELERATE_CONFIG = SCRIPTS / "accelerate_config_multi_gpu.yaml"
+
+
+def test_accelerate_launch_with_a_config_finds_what_its_torchrun_twin_finds(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    script = SCRIPTS / "accelerate_save_state.py"
+    found = {}
+    for how in (("--launcher", "torchrun"), ("--accelerate-config", str(ACCELERATE_CONFIG))):
+        proc, report = preflight(
+            "--stall-timeout=8", *how, str(script), env={"CKPT_DIR": str(tmp_path / how[0].strip("-"))}
+        )
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        finding = report["findings"][0]
+        found[how[0]] = (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"])
+        summary = report["summary"]
+    assert (
+        found["--accelerate-config"]
+        == found["--launcher"]
+        == (
+            "rank-conditional-collective",
+            f"tests/scripts/accelerate_save_state.py:{line_in(script, 'accelerator.save_state(')}",
+            [0],
+            [1],
+        )
+    )
+    # the config's 8 processes are the cluster's: the dry run's are --nproc-per-node's
+    assert report["world_size"] == 2
+    assert summary["launcher"] == f"accelerate launch --config_file {ACCELERATE_CONFIG} started the ranks"
+    assert not leftover_ranks(str(script))
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("--launcher", "accelerate"),
+            "--launcher accelerate needs --accelerate-config FILE, the file you give accelerate launch "
+            "--config_file",
+        ),
+        (("--accelerate-config", "no-such.yaml"), "--accelerate-config no-such.yaml: no such file"),
+        (
+            ("--accelerate-config", str(SCRIPTS / "accelerate_config_multi_cpu.yaml")),
+            "distributed_type MULTI_CPU: accelerate launch starts one process for it",
+        ),
+        (
+            ("--launcher", "torchrun", "--accelerate-config", str(ACCELERATE_CONFIG)),
+            "--accelerate-config goes with --launcher accelerate, not --launcher torchrun",
+        ),
+    ],
+)
+def test_what_accelerate_launch_cannot_run_is_one_line_and_exit_2(args: tuple[str, ...], said: str) -> None:
+    pytest.importorskip("accelerate")
+    proc, report = preflight(*args, str(SCRIPTS / "accelerate_save_state.py"), bound=60)
+    assert (proc.returncode, report) == (2, None), proc.stderr[-2000:]
+    assert said in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -1,5 +1,6 @@
 """launch/launchers.py as pure analysis: where a script's source starts its own ranks,
-and the variables srun would give the task torchrun's variables describe."""
+the variables srun would give the task torchrun's variables describe, the command each
+launcher is run with, and what accelerate launch is refused on."""
 
 from __future__ import annotations
 
@@ -7,7 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.launch.launchers import own_starter, slurm_task_environment
+from ncclcheck.launch import launchers
+from ncclcheck.launch.launchers import (
+    ACCELERATE,
+    LEGACY_LAUNCH,
+    LOCAL_RANK_ARGUMENT,
+    SPAWN,
+    TORCHRUN,
+    check_accelerate,
+    launcher_argv,
+    own_starter,
+    slurm_task_environment,
+)
 
 
 @pytest.mark.parametrize(
@@ -66,3 +78,45 @@ def test_an_srun_task_gets_srun_variables_and_loses_torchruns() -> None:
             "TORCHELASTIC_USE_AGENT_STORE",
         ]
     )
+
+
+TORCHRUN_ARGS = ["--nproc-per-node=2", "--nnodes=1", "--standalone"]
+
+
+def test_each_launcher_runs_the_bootstrap_in_front_of_the_script() -> None:
+    target = ["train.py", "--lr", "0.1"]
+    tail = ["--module", "ncclcheck.record.bootstrap", *target]
+    assert launcher_argv(TORCHRUN, TORCHRUN_ARGS, target, None)[1:] == [
+        "-m",
+        "torch.distributed.run",
+        *TORCHRUN_ARGS,
+        *tail,
+    ]
+    legacy = launcher_argv(LEGACY_LAUNCH, TORCHRUN_ARGS, target, None)
+    assert legacy[1:3] == ["-m", "torch.distributed.launch"]
+    spawned = launcher_argv(SPAWN, TORCHRUN_ARGS, target, None)
+    assert spawned[1:] == ["-m", "ncclcheck.record.spawned", *target]
+    accelerate = launcher_argv(ACCELERATE, TORCHRUN_ARGS, target, "cfg.yaml")
+    assert accelerate[1:5] == ["-m", "accelerate.commands.launch", "--config_file", "cfg.yaml"]
+    assert accelerate[accelerate.index("--num_processes") + 1] == "2"  # the dry run's, not the config's
+    assert accelerate[-len(tail) :] == tail
+
+
+def test_the_legacy_local_rank_argument_is_told_from_the_scripts_own() -> None:
+    assert LOCAL_RANK_ARGUMENT.match("--local-rank=3") and LOCAL_RANK_ARGUMENT.match("--local_rank=0")
+    assert not LOCAL_RANK_ARGUMENT.match("--local-rank") and not LOCAL_RANK_ARGUMENT.match("train.py")
+
+
+def test_accelerate_that_is_not_installed_is_said_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launchers.importlib.util, "find_spec", lambda name: None)
+    assert check_accelerate("cfg.yaml", "1") == (
+        "--launcher accelerate: accelerate is not installed here (pip install accelerate)"
+    )
+
+
+def test_accelerate_on_several_nodes_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    config = tmp_path / "cfg.yaml"
+    config.write_text("distributed_type: MULTI_GPU\n")
+    assert check_accelerate(str(config), "2").startswith("--launcher accelerate runs the ranks of one node")
+    assert check_accelerate(str(config), "1") == ""
