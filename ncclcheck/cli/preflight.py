@@ -77,7 +77,8 @@ def preflight_command(
         help="Who starts the ranks: torchrun; spawn for a script that starts its own with "
         "torch.multiprocessing.spawn (run once, every rank it starts recorded); slurm for a script "
         "that reads SLURM_PROCID/SLURM_NTASKS as under srun; accelerate (accelerate launch with "
-        "--accelerate-config); torch.distributed.launch (the legacy launcher: --local-rank=N); auto: "
+        "--accelerate-config); torch.distributed.launch (the legacy launcher: --local-rank=N); deepspeed "
+        "(deepspeed's own launcher: --local_rank=N); auto: "
         "accelerate when --accelerate-config is given, spawn where the script's source calls it, else "
         "torchrun.",
     ),

@@ -19,11 +19,13 @@ from ncclcheck.explain.rules.branch import is_certain
 from ncclcheck.launch.launchers import (
     ACCELERATE,
     AUTO,
+    DEEPSPEED,
     LEGACY_LAUNCH,
     SLURM,
     SPAWN,
     TORCHRUN,
     check_accelerate,
+    check_deepspeed,
     own_starter,
 )
 from ncclcheck.launch.replay import WarmReplay
@@ -165,6 +167,8 @@ def run_preflight(
             report.summary["launcher"] = (
                 "python -m torch.distributed.launch started the ranks, each given --local-rank=N"
             )
+        elif settings.launcher == DEEPSPEED:
+            report.summary["launcher"] = "deepspeed's launcher started the ranks, each given --local_rank=N"
         elif settings.launcher == SPAWN:
             report.summary["launcher"] = (
                 f"the script starts its own ranks ({spawn_site or 'torch.multiprocessing'}): it ran once, "
@@ -195,10 +199,15 @@ def _resolve_launcher(
         )
     if settings.accelerate_config and launcher != ACCELERATE:
         raise UsageError(f"--accelerate-config goes with --launcher accelerate, not --launcher {launcher}")
+    wrong = ""
     if launcher == ACCELERATE:
         wrong = check_accelerate(settings.accelerate_config, torchrun.nnodes)
-        if wrong:
-            raise UsageError(wrong)
+    elif launcher == DEEPSPEED:
+        wrong = check_deepspeed(torchrun.nnodes)
+    if wrong:
+        raise UsageError(wrong)
+    if launcher == DEEPSPEED:  # no store before rank 0's init: no check-in through one
+        return replace(settings, launcher=launcher, probe_timeout=0.0), None
     if launcher in (SLURM, ACCELERATE, LEGACY_LAUNCH):
         return replace(settings, launcher=launcher), None
     if launcher == SPAWN:

@@ -4,8 +4,8 @@ script itself with torch.multiprocessing (record/spawned.py runs it once and rec
 every rank it starts); srun, whose tasks know their rank from SLURM_* variables only
 (torchrun starts the ranks, and each rank's bootstrap trades torchrun's variables for
 the ones srun would have set, slurm_task_environment); ``accelerate launch`` with the
-user's config file, and the legacy ``torch.distributed.launch``, each run through its
-own code with the bootstrap as the module it starts (launcher_argv)."""
+user's config file, the legacy ``torch.distributed.launch`` and ``deepspeed``, each run
+through its own code with the bootstrap as the module it starts (launcher_argv)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 AUTO, TORCHRUN, SPAWN, SLURM = "auto", "torchrun", "spawn", "slurm"
-ACCELERATE, LEGACY_LAUNCH = "accelerate", "torch.distributed.launch"
-LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM, ACCELERATE, LEGACY_LAUNCH)
+ACCELERATE, LEGACY_LAUNCH, DEEPSPEED = "accelerate", "torch.distributed.launch", "deepspeed"
+LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM, ACCELERATE, LEGACY_LAUNCH, DEEPSPEED)
 BOOTSTRAP = "ncclcheck.record.bootstrap"
-# what torch.distributed.launch puts before the script's own arguments (--local-rank=N):
-# the rank's bootstrap hands it on to the script
+# what torch.distributed.launch (--local-rank=N) and deepspeed (--local_rank=N) put
+# before the script's own arguments: the rank's bootstrap hands it on to the script
 LOCAL_RANK_ARGUMENT = re.compile(r"^--local[-_]rank=\d+$")
 # the configurations accelerate launch starts through torchrun, one process per rank;
 # MULTI_CPU and NO start a single process (MULTI_CPU needs mpirun for more)
@@ -130,26 +130,32 @@ def launcher_argv(
     python = sys.executable
     if launcher == SPAWN:  # the script starts its ranks: run it once (record/spawned.py)
         return [python, "-m", "ncclcheck.record.spawned", *target]
-    if launcher == ACCELERATE:
-        nproc = next(int(a.split("=", 1)[1]) for a in torchrun_args if a.startswith("--nproc-per-node="))
-        return [
-            python,
-            "-m",
+    # the dry run's ranks, not a config's: a CI machine is not the cluster
+    nproc = next(a.split("=", 1)[1] for a in torchrun_args if a.startswith("--nproc-per-node="))
+    if launcher == ACCELERATE:  # the port: 0, accelerate picks a free one
+        own = [
             "accelerate.commands.launch",
             "--config_file",
             str(accelerate_config),
             "--num_processes",
-            str(nproc),  # the dry run's ranks, not the config's: a CI machine is not the cluster
-            "--num_machines",
-            "1",
-            "--main_process_port",
-            "0",  # accelerate picks a free one
-            "--module",
-            BOOTSTRAP,
-            *target,
+            nproc,
         ]
+        own += ["--num_machines", "1", "--main_process_port", "0"]
+        return [python, "-m", *own, "--module", BOOTSTRAP, *target]
+    if launcher == DEEPSPEED:  # deepspeed's runner; on one node it runs deepspeed.launcher.launch
+        own = ["deepspeed.launcher.runner", "--num_gpus", nproc, "--master_port", str(free_port())]
+        return [python, "-m", *own, "--module", BOOTSTRAP, *target]
     module = "torch.distributed.launch" if launcher == LEGACY_LAUNCH else "torch.distributed.run"
     return [python, "-m", module, *torchrun_args, "--module", BOOTSTRAP, *target]
+
+
+def check_deepspeed(nodes: str) -> str:
+    """What is wrong with running the ranks through deepspeed's launcher (one line), or ""."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return "--launcher deepspeed: deepspeed is not installed here (pip install deepspeed)"
+    if nodes not in ("1", "1:1"):
+        return "--launcher deepspeed runs the ranks of one node: run preflight on each node"
+    return ""
 
 
 def check_accelerate(config: str | None, nodes: str) -> str:

@@ -1,12 +1,16 @@
 """preflight starts the ranks the way the script's users do: scripts that start their
 own ranks (--launcher spawn, auto-detected) run once, every rank they start recorded;
 srun's variables (--launcher slurm); accelerate launch with the user's config; the
-legacy torch.distributed.launch and its --local-rank argument. Nothing left behind."""
+legacy torch.distributed.launch and deepspeed, and their --local-rank argument.
+Nothing left behind."""
 
 from __future__ import annotations
 
+import importlib.util
 import socket
+import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,17 +112,23 @@ def test_more_ranks_than_the_allocation_gives_is_one_line_and_exit_2() -> None:
     )
 
 
-def test_a_script_for_the_legacy_launcher_gets_its_local_rank_argument() -> None:
-    script = SCRIPTS / "legacy_local_rank.py"
-    proc, report = preflight("--launcher", "torch.distributed.launch", str(script))
+def assert_validation_on_local_rank_0_is_found(proc: subprocess.CompletedProcess[str], report: Any) -> None:
+    """legacy_local_rank.py's bug: its validation all-reduces on local rank 0 alone."""
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
+    script = SCRIPTS / "legacy_local_rank.py"
     assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
         "rank-conditional-collective",
         f"tests/scripts/legacy_local_rank.py:{line_in(script, 'dist.all_reduce(val_loss)')}",
         [0],
         [1],
     )
+
+
+def test_a_script_for_the_legacy_launcher_gets_its_local_rank_argument() -> None:
+    script = SCRIPTS / "legacy_local_rank.py"
+    proc, report = preflight("--launcher", "torch.distributed.launch", str(script))
+    assert_validation_on_local_rank_0_is_found(proc, report)
     assert "--local-rank=N" in report["summary"]["launcher"]
     fixed, report = preflight("--launcher", "torch.distributed.launch", str(script), env={"FIXED": "1"})
     assert fixed.returncode == 0, fixed.stderr[-3000:]
@@ -181,4 +191,29 @@ def test_what_accelerate_launch_cannot_run_is_one_line_and_exit_2(args: tuple[st
     proc, report = preflight(*args, str(SCRIPTS / "accelerate_save_state.py"), bound=60)
     assert (proc.returncode, report) == (2, None), proc.stderr[-2000:]
     assert said in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_deepspeeds_launcher_gives_the_same_finding_and_its_local_rank_argument() -> None:
+    """deepspeed's runner (deepspeed.launcher.runner, as `deepspeed train.py` runs it):
+    --local_rank=N before the script's arguments, no torchrun store. Skipped where
+    deepspeed is not installed (not in the test extras: its build pulls a CUDA torch)."""
+    pytest.importorskip("deepspeed")
+    script = SCRIPTS / "legacy_local_rank.py"
+    proc, report = preflight("--launcher", "deepspeed", str(script))
+    assert_validation_on_local_rank_0_is_found(proc, report)
+    assert (
+        report["summary"]["launcher"] == "deepspeed's launcher started the ranks, each given --local_rank=N"
+    )
+    fixed, report = preflight("--launcher", "deepspeed", str(script), env={"FIXED": "1"})
+    assert (fixed.returncode, report["verdict"]) == (0, "aligned"), fixed.stderr[-3000:]
+    assert not leftover_ranks(str(script))
+
+
+def test_a_launcher_that_is_not_installed_is_one_line_and_exit_2() -> None:
+    if importlib.util.find_spec("deepspeed") is not None:
+        pytest.skip("deepspeed is installed here")
+    proc, _ = preflight("--launcher", "deepspeed", str(SCRIPTS / "legacy_local_rank.py"), bound=60)
+    assert proc.returncode == 2
+    assert "--launcher deepspeed: deepspeed is not installed here (pip install deepspeed)" in proc.stderr
     assert "Traceback" not in proc.stderr

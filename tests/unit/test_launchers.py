@@ -11,11 +11,13 @@ import pytest
 from ncclcheck.launch import launchers
 from ncclcheck.launch.launchers import (
     ACCELERATE,
+    DEEPSPEED,
     LEGACY_LAUNCH,
     LOCAL_RANK_ARGUMENT,
     SPAWN,
     TORCHRUN,
     check_accelerate,
+    check_deepspeed,
     launcher_argv,
     own_starter,
     slurm_task_environment,
@@ -100,6 +102,9 @@ def test_each_launcher_runs_the_bootstrap_in_front_of_the_script() -> None:
     assert accelerate[1:5] == ["-m", "accelerate.commands.launch", "--config_file", "cfg.yaml"]
     assert accelerate[accelerate.index("--num_processes") + 1] == "2"  # the dry run's, not the config's
     assert accelerate[-len(tail) :] == tail
+    deepspeed = launcher_argv(DEEPSPEED, TORCHRUN_ARGS, target, None)
+    assert deepspeed[1:5] == ["-m", "deepspeed.launcher.runner", "--num_gpus", "2"]
+    assert deepspeed[-len(tail) :] == tail
 
 
 def test_the_legacy_local_rank_argument_is_told_from_the_scripts_own() -> None:
@@ -111,6 +116,10 @@ def test_accelerate_that_is_not_installed_is_said_in_one_line(monkeypatch: pytes
     monkeypatch.setattr(launchers.importlib.util, "find_spec", lambda name: None)
     assert check_accelerate("cfg.yaml", "1") == (
         "--launcher accelerate: accelerate is not installed here (pip install accelerate)"
+    )
+    assert (
+        check_deepspeed("1")
+        == "--launcher deepspeed: deepspeed is not installed here (pip install deepspeed)"
     )
 
 
