@@ -158,6 +158,25 @@ def test_doctor_on_a_job_started_by_accelerate_launch_with_a_config() -> None:
     assert not leftover_ranks(str(framework.script("misaligned")))
 
 
+def test_lightning_ddp_spawn_is_run_once_and_its_spawned_ranks_recorded(tmp_path: Path) -> None:
+    """strategy="ddp_spawn": Lightning starts the ranks itself (torch.multiprocessing's
+    start_processes, inside Lightning): found when the torchrun rank refuses to start
+    more, and the script is run again, once, with every rank it starts recorded."""
+    LIGHTNING.require()
+    source = LIGHTNING.script("misaligned").read_text()
+    assert 'strategy="ddp",' in source
+    script = tmp_path / "lightning_ddp_spawn.py"
+    script.write_text(source.replace('strategy="ddp",', 'strategy="ddp_spawn",'))
+    proc, report = preflight(str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
+    assert finding["site"].endswith(f"lightning_ddp_spawn.py:{line_in(script, LIGHTNING.site)}"), finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert report["summary"]["launcher"].startswith("the script starts its own ranks (torch.multiprocessing")
+    assert not leftover_ranks(str(script))
+
+
 def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_path: Path) -> None:
     """eval_strategy="steps" with eval_steps=50: a 5-step dry run would never evaluate
     and would call the job aligned; the Trainer is given eval_steps=5 instead."""
