@@ -15,8 +15,15 @@ whose value pickles (``tmp_path`` is the same folder on every rank)::
         loss = evaluate(model, val_loader)  # all-reduces inside
         assert loss > 0
 
+``@pytest.mark.ncclcheck(world_size=256, nproc_per_node=8)`` runs it instead as
+ranks of a 256-rank job on torch's fake process group (preflight --world-size): rank
+0, then the ranks that differ (each virtual node's first and last, the last rank;
+``ranks=[...]`` adds more, ``all_ranks=True`` runs every one); ``world_size`` is 256
+in the function.
+
 ``assert_aligned(script, nproc=2, args=[...])`` runs preflight on a training
-script from a test and fails with its findings.
+script from a test and fails with its findings; ``world_size=W`` runs it in a
+virtual world of W ranks.
 """
 
 from __future__ import annotations
@@ -27,13 +34,15 @@ import pickle
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ncclcheck.launch.torchrun import DryRunSettings, TorchrunOptions
+from ncclcheck.launch.virtual import MAX_WORLD_SIZE, VirtualLayout, VirtualWorld
 from ncclcheck.model import Report, Severity, Verdict
 from ncclcheck.record.frameworks import UNLIMITED_STEPS
 from ncclcheck.runtime.pytest_ranks import RUNNER, TestSpec
@@ -47,7 +56,8 @@ _UNLIMITED = UNLIMITED_STEPS
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(nproc=2, stall_timeout=10, timeout=300, backend='gloo'): run the test on nproc "
+        f"{MARKER}(nproc=2, stall_timeout=10, timeout=300, backend='gloo', world_size=None, "
+        "nproc_per_node=None, ranks=None, all_ranks=False): run the test on nproc "
         "real ranks and fail with ncclcheck's diagnosis when their collectives differ or they hang",
     )
 
@@ -61,7 +71,9 @@ def rank() -> int:
 @pytest.fixture
 def world_size(request: pytest.FixtureRequest) -> int:
     marker = request.node.get_closest_marker(MARKER)
-    return int(marker.kwargs.get("nproc", 2)) if marker is not None else 1
+    if marker is None:
+        return 1
+    return int(marker.kwargs.get("world_size") or marker.kwargs.get("nproc", 2))
 
 
 @pytest.fixture
@@ -69,10 +81,34 @@ def local_rank() -> int:
     return 0
 
 
-_OPTIONS = {"nproc": 2, "stall_timeout": 10.0, "timeout": 300.0, "backend": "gloo"}
+_OPTIONS: dict[str, Any] = {
+    "nproc": 2,
+    "stall_timeout": 10.0,
+    "timeout": 300.0,
+    "backend": "gloo",
+    "world_size": None,  # a virtual world of this many ranks (preflight --world-size)
+    "nproc_per_node": None,  # its ranks per virtual node (default: min(8, world_size))
+    "ranks": None,  # more of its ranks to run than the default subset
+    "all_ranks": False,
+}
 
 
-def _options(item: pytest.Item, marker: pytest.Mark) -> tuple[int, float, float, str]:
+@dataclass(frozen=True)
+class _Options:
+    nproc: int
+    stall_timeout: float
+    timeout: float
+    backend: str
+    virtual: VirtualWorld | None
+
+    @property
+    def what(self) -> str:
+        if self.virtual is None:
+            return f"({self.nproc} ranks)"
+        return f"(ranks of a virtual world of {self.virtual.layout.world_size})"
+
+
+def _options(item: pytest.Item, marker: pytest.Mark) -> _Options:
     if marker.args:
         raise pytest.UsageError(f"{item.nodeid}: use ncclcheck(nproc=N), not positional arguments")
     unknown = sorted(set(marker.kwargs) - set(_OPTIONS))
@@ -84,7 +120,31 @@ def _options(item: pytest.Item, marker: pytest.Mark) -> tuple[int, float, float,
     nproc = int(values["nproc"])
     if nproc < 1:
         raise pytest.UsageError(f"{item.nodeid}: ncclcheck(nproc={nproc}): at least one rank")
-    return nproc, float(values["stall_timeout"]), float(values["timeout"]), str(values["backend"])
+    virtual = None
+    if values["world_size"] is not None:
+        virtual = _virtual_world(item, marker.kwargs, values)
+    elif any(marker.kwargs.get(name) for name in ("nproc_per_node", "ranks", "all_ranks")):
+        raise pytest.UsageError(f"{item.nodeid}: nproc_per_node, ranks and all_ranks go with world_size=W")
+    return _Options(
+        nproc, float(values["stall_timeout"]), float(values["timeout"]), str(values["backend"]), virtual
+    )
+
+
+def _virtual_world(item: pytest.Item, given: Mapping[str, Any], values: dict[str, Any]) -> VirtualWorld:
+    world = int(values["world_size"])
+    if "nproc" in given:
+        raise pytest.UsageError(f"{item.nodeid}: ncclcheck(nproc=..., world_size=...): give one of them")
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise pytest.UsageError(f"{item.nodeid}: ncclcheck(world_size={world}): 1 to {MAX_WORLD_SIZE} ranks")
+    per_node = int(values["nproc_per_node"] or min(8, world))
+    ranks = tuple(int(rank) for rank in values["ranks"] or ())
+    outside = [rank for rank in ranks if not 0 <= rank < world]
+    if per_node < 1 or outside:
+        raise pytest.UsageError(
+            f"{item.nodeid}: ncclcheck(world_size={world}): nproc_per_node at least 1 and ranks "
+            f"below {world} (not {outside or per_node})"
+        )
+    return VirtualWorld(VirtualLayout(world, per_node), ranks, bool(values["all_ranks"]))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -100,8 +160,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker(MARKER)
     if marker is None:
         return None
-    nproc, stall_timeout, timeout, backend = _options(pyfuncitem, marker)
-    _run_on_ranks(_spec(pyfuncitem, backend), nproc, stall_timeout, timeout)
+    options = _options(pyfuncitem, marker)
+    _run_on_ranks(_spec(pyfuncitem, options.backend), options)
     return True
 
 
@@ -135,7 +195,7 @@ def _spec(item: pytest.Function, backend: str) -> TestSpec:
     )
 
 
-def _run_on_ranks(spec: TestSpec, nproc: int, stall_timeout: float, timeout: float) -> None:
+def _run_on_ranks(spec: TestSpec, options: _Options) -> None:
     folder = Path(tempfile.mkdtemp(prefix="ncclcheck-pytest-"))
     try:
         # The one pickle ncclcheck reads: written here, 0600 in the 0700 folder just made,
@@ -150,11 +210,20 @@ def _run_on_ranks(spec: TestSpec, nproc: int, stall_timeout: float, timeout: flo
             train_steps=_UNLIMITED,
             eval_passes=_UNLIMITED,
             max_train_passes=_UNLIMITED,
-            stall_timeout=stall_timeout,
-            probe_timeout=min(30.0, timeout),
-            total_timeout=timeout,
+            stall_timeout=options.stall_timeout,
+            probe_timeout=min(30.0, options.timeout),
+            total_timeout=options.timeout,
+            line_evidence=options.virtual is None,
         )
-        _preflight_or_fail(runner, [str(spec_path)], nproc, settings, f"({nproc} ranks)", folder / "traces")
+        _preflight_or_fail(
+            runner,
+            [str(spec_path)],
+            options.nproc,
+            settings,
+            options.what,
+            folder / "traces",
+            options.virtual,
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -166,6 +235,7 @@ def _preflight_or_fail(
     settings: DryRunSettings,
     what: str,
     trace_dir: Path | None = None,
+    virtual: VirtualWorld | None = None,
 ) -> Report:
     """Run preflight; fail the calling test with the report when it has errors."""
     from ncclcheck.commands.preflight import run_preflight
@@ -179,6 +249,7 @@ def _preflight_or_fail(
             TorchrunOptions(nproc_per_node=nproc),
             settings,
             trace_dir,
+            virtual=virtual,
         )
     except NcclcheckError as error:
         pytest.fail(f"ncclcheck could not run {what}: {error}", pytrace=False)
@@ -211,12 +282,24 @@ def assert_aligned(
     eval_passes: int = 1,
     stall_timeout: float = 15.0,
     timeout: float = 600.0,
+    world_size: int | None = None,
+    nproc_per_node: int | None = None,
 ) -> Report:
     """Run preflight on a training script; fail the calling test with the findings.
+    ``world_size``: run it as ranks of a virtual world of that many (preflight
+    --world-size), ``nproc_per_node`` of them per virtual node (default min(8, W)).
 
     Returns the report when the ranks stayed aligned, for further asserts.
     """
     settings = DryRunSettings(
-        train_steps=train_steps, eval_passes=eval_passes, stall_timeout=stall_timeout, total_timeout=timeout
+        train_steps=train_steps,
+        eval_passes=eval_passes,
+        stall_timeout=stall_timeout,
+        total_timeout=timeout,
+        line_evidence=world_size is None,
     )
-    return _preflight_or_fail(script, args, nproc, settings, f"in {script} ({nproc} ranks)")
+    if world_size is None:
+        return _preflight_or_fail(script, args, nproc, settings, f"in {script} ({nproc} ranks)")
+    layout = VirtualLayout(world_size, nproc_per_node or min(8, world_size))
+    what = f"in {script} (ranks of a virtual world of {world_size})"
+    return _preflight_or_fail(script, args, nproc, settings, what, None, VirtualWorld(layout))

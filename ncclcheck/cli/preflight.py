@@ -22,10 +22,10 @@ from ncclcheck.cli.common import (
     emit_report,
     torchrun_options,
 )
-from ncclcheck.commands.preflight import VirtualWorld, report_from, run_preflight
+from ncclcheck.commands.preflight import report_from, run_preflight
 from ncclcheck.launch.launchers import ACCELERATE, AUTO, LAUNCHERS
 from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
-from ncclcheck.launch.virtual import VirtualLayout
+from ncclcheck.launch.virtual import VirtualLayout, VirtualWorld
 from ncclcheck.record.traces import load_traces
 from ncclcheck.render.lanes import build_lanes
 

@@ -42,7 +42,7 @@ from ncclcheck.launch.torchrun import (
 from ncclcheck.launch.virtual import (
     LOG_NAME,
     MAX_WORLD_SIZE,
-    VirtualLayout,
+    VirtualWorld,
     chosen_ranks,
     reference_dataset_sizes,
     run_virtual,
@@ -52,15 +52,6 @@ from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.record.traces import TRACE_GLOB, RankTrace, load_traces
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
-
-
-@dataclass(frozen=True)
-class VirtualWorld:
-    """``--world-size W``: the production layout, run on the fake process group."""
-
-    layout: VirtualLayout
-    named: tuple[int, ...] = ()  # --ranks
-    all_ranks: bool = False
 
 
 @dataclass

@@ -380,7 +380,7 @@ def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, D
     last = {r: _values_text(header_key, [r], replay, "last") for r in (*side, *rest)}
     shown = "; ".join(f"rank {r}: {v}" for r, v in last.items() if v)
     kind = _kind(source.condition_kind(path, expr), ast.unparse(expr), path, header_key, side, replay)
-    if kind != source.RANK and _reads_the_rank(path, expr):
+    if kind != source.RANK and source.reads_the_rank(path, expr):
         kind = source.RANK  # `range(num_batches)`, num_batches computed from the rank
     cause = cause_of_exit(kind)
     if not isinstance(loop, ast.While) and fork.call.phase == "eval":
@@ -418,13 +418,6 @@ def _kind(kind: str, text: str, path: str, key: Key, side: list[int], replay: Re
     if seen and all(v.startswith("tensor ") for v in seen):
         return source.DATA
     return kind
-
-
-def _reads_the_rank(path: str, expr: ast.expr) -> bool:
-    """Whether ``expr`` reads a name its function (or module) computes from the rank."""
-    function = source.enclosing_function(path, getattr(expr, "lineno", 0))
-    derived = source.rank_derived_names(function) | source.rank_derived_names(source.parse(path))
-    return bool({n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} & derived)
 
 
 def _values_text(key: Key, ranks: list[int], replay: Replay, which: str) -> str:

@@ -176,6 +176,16 @@ def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = 
     return _names_assigned(scope, nodes, lambda value, derived: kind_of(value, derived) == RANK)
 
 
+def reads_the_rank(path: str, expr: ast.expr) -> bool:
+    """Whether ``expr`` reads the rank (``range(rank, n, world_size)``) or a name its
+    function (or module) computes from it (``range(num_batches)``)."""
+    function = enclosing_function(path, getattr(expr, "lineno", 0))
+    derived = rank_derived_names(function) | rank_derived_names(parse(path))
+    return kind_of(expr, derived) == RANK or bool(
+        {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)} & derived
+    )
+
+
 def rank_valued_names(scope: ast.AST | None) -> set[str]:
     """Names assigned a rank or a test of one (``is_main = rank == 0``, ``local =
     int(os.environ["LOCAL_RANK"])``): the names a rank test reads. Not a value computed

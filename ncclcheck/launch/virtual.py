@@ -55,6 +55,15 @@ class VirtualLayout:
         }
 
 
+@dataclass(frozen=True)
+class VirtualWorld:
+    """``--world-size W``: the production layout, run on the fake process group."""
+
+    layout: VirtualLayout
+    named: tuple[int, ...] = ()  # --ranks
+    all_ranks: bool = False
+
+
 def chosen_ranks(layout: VirtualLayout, dataset_sizes: list[int], named: list[int]) -> dict[int, str]:
     """The default subset: what differs between ranks. Rank 0 and the last rank; the
     first and last rank of the first, second and last virtual nodes (local_rank and

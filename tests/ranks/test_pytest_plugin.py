@@ -119,15 +119,71 @@ def test_unknown_marker_options_are_a_usage_error(pytester: pytest.Pytester) -> 
         """
         import pytest
 
-        @pytest.mark.ncclcheck(ranks=2)
+        @pytest.mark.ncclcheck(procs=2)
         def test_x():
             pass
         """
     )
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=60)
     assert result.ret != 0
-    assert "test_x: unknown ncclcheck marker option(s) ['ranks']" in result.stderr.str()
+    assert "test_x: unknown ncclcheck marker option(s) ['procs']" in result.stderr.str()
     assert "collected 1 item" in result.stdout.str() and "no tests ran" in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ("ranks=[3]", "nproc_per_node, ranks and all_ranks go with world_size=W"),
+        ("nproc=2, world_size=64", "ncclcheck(nproc=..., world_size=...): give one of them"),
+        (
+            "world_size=16, ranks=[16]",
+            "ncclcheck(world_size=16): nproc_per_node at least 1 and ranks below 16",
+        ),
+        ("world_size=0", "ncclcheck(world_size=0): 1 to 16384 ranks"),
+    ],
+)
+def test_virtual_world_options_that_cannot_be_run_are_a_usage_error(
+    pytester: pytest.Pytester, options: str, said: str
+) -> None:
+    pytester.makepyfile(f"import pytest\n\n@pytest.mark.ncclcheck({options})\ndef test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=60)
+    assert result.ret != 0
+    assert said in result.stderr.str()
+
+
+VIRTUAL_TESTS = """
+import pytest
+import torch
+import torch.distributed as dist
+
+SAMPLES = 1000
+
+
+@pytest.mark.ncclcheck(world_size=64)
+def test_every_rank_reduces_alike(rank, world_size, local_rank):
+    assert world_size == dist.get_world_size() == 64
+    assert local_rank == rank % 8  # 8 ranks per virtual node by default
+    dist.all_reduce(torch.ones(2))
+
+
+@pytest.mark.ncclcheck(world_size=48, nproc_per_node=8)
+def test_a_hand_split_eval_set(rank, world_size):
+    # 1,000 samples over 48 ranks: ranks below 1000 % 48 = 40 hold one sample more
+    for _ in range(rank, SAMPLES, world_size):
+        dist.all_reduce(torch.ones(1))
+"""
+
+
+def test_a_marked_test_runs_as_ranks_of_a_virtual_world(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_virtual=VIRTUAL_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", timeout=280)
+    output = result.stdout.str()
+    result.assert_outcomes(passed=1, failed=1)
+    assert "(ranks of a virtual world of 48)" in output
+    # ranks 0-39 hold 21 samples, the last node's (40-47) 20: they part at the 21st
+    # all_reduce, and the source names the loop whose iterable is computed from the rank
+    assert "ranks 0,7-8,15 made one all_reduce more than ranks 40,47 in the loop" in output, output[-4000:]
+    assert "`for _ in range(rank, SAMPLES, world_size)`" in output
 
 
 def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.Pytester) -> None:

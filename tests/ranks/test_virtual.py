@@ -49,6 +49,26 @@ def test_an_eval_split_that_is_uneven_only_at_the_production_size_is_found_there
     assert not leftover_ranks(str(SPLIT))
 
 
+def test_more_ranks_than_eval_samples_is_found_at_the_production_size() -> None:
+    few = {"VAL_SAMPLES": "40"}
+    proc, report = preflight("--nproc-per-node=2", str(SPLIT), env=few)
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]  # 20 each
+
+    proc, report = preflight("--world-size=64", str(SPLIT), env=few)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "uneven-eval-batches", finding
+    assert 39 in finding["ranks"] and 40 in finding["absent_ranks"], finding
+    summary = report["summary"]["virtual"]
+    assert "rank 39: the last rank with a sample of an eval set of 40" in summary
+    assert "rank 40: the first rank with no sample of an eval set of 40" in summary
+    batches = {state["rank"]: state["eval_batches"] for state in report["ranks"]}
+    assert (batches[39], batches[40]) == (2, 0)  # one batch per epoch against none
+
+    proc, report = preflight("--world-size=64", str(SPLIT), env={**few, "MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("cause", sorted(set(PLAYBOOK_IDS) - TIMING_ONLY))
 def test_every_repro_gives_the_same_finding_virtual_as_real(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)

@@ -521,6 +521,8 @@ def loop_left(
             exits = [ended]  # no break: the loop's own test ended it
         if exits:
             break
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and source.reads_the_rank(inside.file, loop.iter):
+            return _passes_from_the_rank(d, inside, loop, inside_ranks, outside_ranks, call, evidence)
         if skipped is None:
             found = skips_a_pass(inside, loop)
             skipped = (loop, found) if found is not None else None
@@ -585,6 +587,35 @@ def loop_left(
         site=where,
         evidence=evidence,
         reason=Reason(ReasonKind.LOOP_EXIT, where, f"{guard.statement} under {keyword} {guard.text}"),
+    )
+
+
+def _passes_from_the_rank(
+    d: Diagnoser,
+    inside: Frame,
+    loop: ast.For | ast.AsyncFor,
+    inside_ranks: list[int],
+    outside_ranks: list[int],
+    call: CollectiveCall,
+    evidence: list[str],
+) -> Explanation:
+    """A loop without an exit whose iterable is computed from the rank (``range(rank,
+    n, world_size)``, ``range(num_batches)`` with a per-rank count): it ran more passes
+    on some ranks, as the source alone shows. Over eval data, uneven-eval-batches; else
+    an exit decided by the rank (what a replay's line counts name it too)."""
+    header = f"for {ast.unparse(loop.target)} in {ast.unparse(loop.iter)}"
+    where = d.site(Frame(inside.file, loop.lineno, ""))
+    cause = Cause.UNEVEN_EVAL_BATCHES if call.phase == "eval" else cause_of_exit(source.RANK)
+    return d.explanation(
+        cause,
+        f"{who(inside_ranks)} made one {op_text(call)} more than {who(outside_ranks)} in the loop "
+        f"`{header}` at {where}: its iterable is computed from the rank, so its passes differ per rank",
+        ranks=inside_ranks,
+        absent_ranks=outside_ranks,
+        op=call.op,
+        site=d.site(call.site),
+        evidence=[*evidence, f"the loop's iterable `{ast.unparse(loop.iter)}` is computed from the rank"],
+        reason=Reason(ReasonKind.LOOP_EXIT, where, header),
     )
 
 

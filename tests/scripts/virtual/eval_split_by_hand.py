@@ -4,6 +4,10 @@ machine is aligned; over 48 ranks the first 16 hold 209 samples and the others 2
 with batches of 16 that is 14 batches against 13, and ranks 0-15 wait in an
 all_reduce the others never make (uneven-eval-batches at the production size).
 
+VAL_SAMPLES=40 makes it the other production-only bug: more ranks than samples. Over
+2 ranks 20 each; over 64 ranks, ranks 0-39 hold one sample and ranks 40-63 none, so
+their eval loop makes no all_reduce at all.
+
 MODE=fixed shards with DistributedSampler (padded to equal length on every world).
 """
 
@@ -27,7 +31,8 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
     train_loader = DataLoader(train, batch_size=8, sampler=DistributedSampler(train))
-    val = TensorDataset(torch.randn(10_000, 8), torch.randint(0, 2, (10_000,)))
+    samples = int(os.environ.get("VAL_SAMPLES", "10000"))
+    val = TensorDataset(torch.randn(samples, 8), torch.randint(0, 2, (samples,)))
     if os.environ.get("MODE") == "fixed":
         val_loader = DataLoader(val, batch_size=16, sampler=DistributedSampler(val, shuffle=False))
     else:
