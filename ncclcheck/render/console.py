@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ncclcheck.catalogue import Playbook
 from ncclcheck.model import Report, Severity, Verdict, format_ranks
+from ncclcheck.render.lanes import GROUP_ABOVE
 
 _VERDICT_STYLE = {
     Verdict.ALIGNED: "bold green",
@@ -99,9 +100,6 @@ def report_text(report: Report) -> str:
     return out.file.getvalue()  # type: ignore[attr-defined,no-any-return]
 
 
-_GROUP_ABOVE = 16  # more rows than this: consecutive ranks alike share one row ("1-254")
-
-
 def print_report(report: Report, out: Console | None = None) -> None:
     out = out or _console()
     style = _VERDICT_STYLE[report.verdict]
@@ -116,7 +114,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
         columns += ["phase", "collectives", "eval batches"] if traced else []
         for column in [*columns, "where"]:
             table.add_column(column, no_wrap=column != "where")
-        grouped = len(report.ranks) > _GROUP_ABOVE
+        grouped = len(report.ranks) > GROUP_ABOVE  # consecutive ranks alike share one row ("1-254")
         rows: list[tuple[list[int], list[str], list[str]]] = []  # ranks, own cells, shared cells
         for rank in report.ranks:
             cells = [

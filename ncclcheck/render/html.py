@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from ncclcheck.model import Report, Severity, format_ranks
-from ncclcheck.render.lanes import Lanes
+from ncclcheck.render.lanes import GROUP_ABOVE, Lanes
 
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #1d1d1f; }
@@ -111,9 +111,10 @@ def _lanes(lanes: Lanes) -> list[str]:
             )
             boxes.append(f'<span class="{classes}" title="{escape(title)}">{escape(call.op)}</span>')
         note = f'<span class="lane-note">{escape(lane.note)}</span>' if lane.note else ""
+        shared = format_ranks(lane.ranks or [lane.rank])
         out.append(
-            f'<div class="lane" data-rank="{lane.rank}"><span class="lane-label">rank {lane.rank} '
-            f"({lane.total})</span>{''.join(boxes)}{note}</div>"
+            f'<div class="lane" data-rank="{lane.rank}" data-ranks="{escape(shared)}">'
+            f'<span class="lane-label">{escape(lane.label)} ({lane.total})</span>{"".join(boxes)}{note}</div>'
         )
     out.append("</div>")
     return out
@@ -126,11 +127,18 @@ def _eval_bars(report: Report) -> list[str]:
     most = max(counts.values()) or 1
     common = max(set(counts.values()), key=list(counts.values()).count)
     out = ['<h2>Eval batches per rank</h2><div class="bars" id="eval-batches">']
+    rows: list[tuple[list[int], int]] = []  # in a large world, consecutive ranks alike share a row
     for rank, count in sorted(counts.items()):
+        if len(counts) > GROUP_ABOVE and rows and rows[-1][1] == count and rows[-1][0][-1] == rank - 1:
+            rows[-1][0].append(rank)
+        else:
+            rows.append(([rank], count))
+    for ranks, count in rows:
         odd = " odd" if count != common else ""
+        label = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
         out.append(
-            f'<div class="bar-row" data-rank="{rank}" data-batches="{count}"><span class="lane-label">'
-            f'rank {rank}</span><div class="bar{odd}" style="width:{240 * count // most}px"></div>'
+            f'<div class="bar-row" data-rank="{ranks[0]}" data-batches="{count}"><span class="lane-label">'
+            f'{label}</span><div class="bar{odd}" style="width:{240 * count // most}px"></div>'
             f"<span>{count}</span></div>"
         )
     out.append("</div>")

@@ -1,12 +1,14 @@
 """The per-rank lanes an HTML report draws: each rank's collectives in order, the first
 divergence marked across them. A window around the divergence (or the end of the
-run), so a dry run of 100,000 calls still gives a page people can read."""
+run), so a dry run of 100,000 calls still gives a page people can read; in a large
+world, ranks whose lanes are alike share one ("ranks 1-255"), so a 1,024-rank page
+shows the few that differ."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 
-from ncclcheck.model import CollectiveCall
+from ncclcheck.model import CollectiveCall, format_ranks
 from ncclcheck.record.frames import shown_path
 from ncclcheck.record.traces import RankTrace, divergences_of
 
@@ -23,6 +25,10 @@ class LaneCall:
     divergent: bool = False
 
 
+# more ranks than this: ranks alike share one row of the console table, one lane of the page
+GROUP_ABOVE = 16
+
+
 @dataclass
 class Lane:
     rank: int
@@ -30,6 +36,12 @@ class Lane:
     total: int  # calls this rank made in all
     calls: list[LaneCall] = field(default_factory=list)
     note: str = ""  # what this rank did at the divergence, when it made no call there
+    ranks: list[int] = field(default_factory=list)  # the ranks it stands for: [rank] unless grouped
+
+    @property
+    def label(self) -> str:
+        shared = self.ranks or [self.rank]
+        return f"rank {shared[0]}" if len(shared) == 1 else f"ranks {format_ranks(shared)}"
 
 
 @dataclass
@@ -71,7 +83,10 @@ def build_lanes(traces: dict[int, RankTrace], before: int = 40, after: int = 8) 
         lane = Lane(rank, trace.host, trace.collectives, [_lane_call(c, c is marked) for c in shown])
         if first is not None and rank in first.members and marked is None:
             lane.note = f"made no call #{first.seq + 1} on group {first.group}"
+        lane.ranks = [rank]
         lanes.append(lane)
+    if len(lanes) > GROUP_ABOVE:
+        lanes = _alike_together(lanes)
     divergence = f"group {first.group}, call #{first.seq + 1} of the group" if first is not None else ""
     window = (
         f"up to {before} calls before the first divergence and {after} after, per rank"
@@ -79,3 +94,16 @@ def build_lanes(traces: dict[int, RankTrace], before: int = 40, after: int = 8) 
         else f"the last {before} calls of each rank"
     )
     return Lanes(lanes, divergence, window)
+
+
+def _alike_together(lanes: list[Lane]) -> list[Lane]:
+    """One lane for the ranks whose lanes show the same calls (and the same note), in
+    the order of their lowest rank: the divergent ranks stand out on their own."""
+    shared: dict[tuple[object, ...], Lane] = {}
+    for lane in lanes:
+        key = (lane.total, lane.note, tuple(astuple(call) for call in lane.calls))
+        if key in shared:
+            shared[key].ranks.append(lane.rank)
+        else:
+            shared[key] = lane
+    return list(shared.values())
