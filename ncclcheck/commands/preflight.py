@@ -395,7 +395,9 @@ def _why_unfinished(launch: LaunchResult | None) -> str | None:
 
 def _may_replay(torchrun: TorchrunOptions, settings: DryRunSettings) -> bool:
     """Whether a replay for line evidence may follow the dry run: one node only (the
-    other nodes' ranks are not this preflight's to replay), ranks started by torchrun."""
+    other nodes' ranks are not this preflight's to replay), ranks started by a launcher
+    (torchrun, or accelerate, deepspeed, torch.distributed.launch again), not by the
+    script itself."""
     return settings.line_evidence and settings.launcher != SPAWN and torchrun.nnodes in ("1", "1:1")
 
 
@@ -409,8 +411,8 @@ class _WarmUp:
         self.server: WarmReplay | None = None
 
     def start(self) -> None:
-        # ranks as torchrun starts them (the server gives its environment): an accelerate
-        # or torch.distributed.launch run's replay goes through that launcher again
+        # ranks as torchrun starts them (the server gives its environment): an accelerate,
+        # deepspeed or torch.distributed.launch run's replay goes through that launcher again
         fits = self.settings.launcher in (TORCHRUN, SLURM)
         if self.server is None and fits and _may_replay(self.torchrun, self.settings):
             self.server = WarmReplay.start(self.torchrun.nproc_per_node)
