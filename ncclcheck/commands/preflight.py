@@ -44,7 +44,7 @@ from ncclcheck.launch.virtual import (
     MAX_WORLD_SIZE,
     VirtualWorld,
     chosen_ranks,
-    reference_dataset_sizes,
+    reference_of,
     run_virtual,
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
@@ -323,7 +323,10 @@ def _run_virtual_world(
         why = "--all-ranks" if virtual.all_ranks else "every rank of a small world"
         ranks_run = {rank: why for rank in range(world)}
     else:
-        ranks_run = chosen_ranks(virtual.layout, reference_dataset_sizes(folder), list(virtual.named))
+        reference = reference_of(folder)
+        ranks_run = chosen_ranks(
+            virtual.layout, reference.dataset_sizes, list(virtual.named), reference.subgroups
+        )
     runs = [first]
     if not first.interrupted:
         others = [rank for rank in ranks_run if rank != 0]

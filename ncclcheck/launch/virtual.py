@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,12 +66,30 @@ class VirtualWorld:
     all_ranks: bool = False
 
 
-def chosen_ranks(layout: VirtualLayout, dataset_sizes: list[int], named: list[int]) -> dict[int, str]:
+@dataclass
+class Reference:
+    """What rank 0's run tells about the world before the other ranks run."""
+
+    dataset_sizes: list[int]  # the eval sets it iterated (the whole set behind a Subset)
+    subgroups: list[tuple[int, ...]]  # the members of each group smaller than the world it called on
+
+
+_SUBGROUPS_FOLLOWED = 8  # a layout of many groups (one per node) is covered by the first few
+
+
+def chosen_ranks(
+    layout: VirtualLayout,
+    dataset_sizes: list[int],
+    named: list[int],
+    subgroups: Sequence[tuple[int, ...]] = (),
+) -> dict[int, str]:
     """The default subset: what differs between ranks. Rank 0 and the last rank; the
     first and last rank of the first, second and last virtual nodes (local_rank and
     node-leader tests); where an eval set of N samples split over W ranks changes its
     count (ranks below N % W hold one sample more; with N < W, rank N is the first with
-    none); and the ranks asked for. rank -> why, in words."""
+    none); for each group rank 0 called a collective on, its second and last member and
+    the first rank outside it (a member the script's own test leaves out: a leaders'
+    group built for another node size); and the ranks asked for. rank -> why, in words."""
     world, per_node = layout.world_size, layout.per_node
     why: dict[int, list[str]] = {}
 
@@ -89,19 +109,42 @@ def chosen_ranks(layout: VirtualLayout, dataset_sizes: list[int], named: list[in
         elif size % world:
             add(size % world - 1, f"the last rank with one sample more of an eval set of {size}")
             add(size % world, f"the first rank with one sample fewer of an eval set of {size}")
+    for members in subgroups[:_SUBGROUPS_FOLLOWED]:
+        if not members or len(members) >= world:
+            continue
+        shown = (
+            ",".join(map(str, members))
+            if len(members) <= 4
+            else f"{members[0]},{members[1]},...,{members[-1]}"
+        )
+        if len(members) > 1:
+            add(members[1], f"the second member of the group of ranks {shown}")
+        add(members[-1], f"the last member of the group of ranks {shown}")
+        inside = set(members)
+        add(
+            next((r for r in range(world) if r not in inside), world),
+            f"the first rank outside the group of ranks {shown}",
+        )
     for rank in named:
         add(rank, "asked for (--ranks)")
     return {rank: ", ".join(reasons) for rank, reasons in sorted(why.items())}
 
 
-def reference_dataset_sizes(trace_dir: Path) -> list[int]:
-    """The sizes of the eval sets rank 0 iterated (the whole set behind a hand split's
-    Subset), from its trace."""
-    sizes = []
+_GROUP_RANKS = re.compile(r'"group_ranks":\[([0-9, ]*)\]')
+
+
+def reference_of(trace_dir: Path) -> Reference:
+    """The eval sets rank 0 iterated and the subgroups it called on, from its trace (the
+    groups from its call sites' lines, each written once, read without parsing them)."""
+    sizes: list[int] = []
+    groups: dict[tuple[int, ...], None] = {}  # in the order rank 0 first used them
     path = trace_dir / "rank-00000.jsonl"
     try:
         with path.open(encoding="utf-8") as trace:
             for line in trace:
+                found = _GROUP_RANKS.search(line)
+                if found is not None and '"t":"site"' in line:  # what a call site names once
+                    groups.setdefault(tuple(int(r) for r in found.group(1).split(",") if r.strip()), None)
                 if '"t":"pass"' not in line.replace(" ", ""):
                     continue
                 try:
@@ -111,8 +154,8 @@ def reference_dataset_sizes(trace_dir: Path) -> list[int]:
                 if record.get("role") == "eval" and isinstance(record.get("dataset_len"), int):
                     sizes.append(int(record["dataset_len"]))
     except OSError:
-        return []
-    return sizes
+        pass
+    return Reference(sizes, list(groups))
 
 
 @dataclass

@@ -69,6 +69,25 @@ def test_more_ranks_than_eval_samples_is_found_at_the_production_size() -> None:
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
 
 
+def test_a_leaders_group_built_for_another_node_size_is_found_at_the_production_layout() -> None:
+    script = SCRIPTS / "virtual" / "node_leaders.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]  # group [0]
+
+    proc, report = preflight("--world-size=64", "--nproc-per-node=8", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["site"] == (
+        f"tests/scripts/virtual/node_leaders.py:{line_in(script, 'dist.all_reduce(grad, group=leaders)')}"
+    ), finding
+    # ranks 4 and 60 run because rank 0 called on their group: members, not leaders
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0, 8, 56], [4, 60]), finding
+    assert "rank 4: the second member of the group of ranks 0,4,...,60" in report["summary"]["virtual"]
+
+    proc, report = preflight("--world-size=64", "--nproc-per-node=8", str(script), env={"FIXED": "1"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("cause", sorted(set(PLAYBOOK_IDS) - TIMING_ONLY))
 def test_every_repro_gives_the_same_finding_virtual_as_real(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)

@@ -521,7 +521,7 @@ def loop_left(
             exits = [ended]  # no break: the loop's own test ended it
         if exits:
             break
-        if isinstance(loop, (ast.For, ast.AsyncFor)) and source.reads_the_rank(inside.file, loop.iter):
+        if isinstance(loop, (ast.For, ast.AsyncFor)) and _counts_from_the_rank(inside.file, loop):
             return _passes_from_the_rank(d, inside, loop, inside_ranks, outside_ranks, call, evidence)
         if skipped is None:
             found = skips_a_pass(inside, loop)
@@ -590,6 +590,15 @@ def loop_left(
     )
 
 
+def _counts_from_the_rank(path: str, loop: ast.For | ast.AsyncFor) -> bool:
+    """``for ... in range(...)`` whose bounds are computed from the rank. A loop over a
+    loader built from the rank is left to the rules that read loaders (uneven eval
+    batches, a missing sampler), which know what it iterates."""
+    if not isinstance(loop.iter, ast.Call):
+        return False
+    return source.callee_name(loop.iter) == "range" and source.reads_the_rank(path, loop.iter)
+
+
 def _passes_from_the_rank(
     d: Diagnoser,
     inside: Frame,
@@ -599,8 +608,8 @@ def _passes_from_the_rank(
     call: CollectiveCall,
     evidence: list[str],
 ) -> Explanation:
-    """A loop without an exit whose iterable is computed from the rank (``range(rank,
-    n, world_size)``, ``range(num_batches)`` with a per-rank count): it ran more passes
+    """A loop without an exit over a range computed from the rank (``range(rank, n,
+    world_size)``, ``range(num_batches)`` with a per-rank count): it ran more passes
     on some ranks, as the source alone shows. Over eval data, uneven-eval-batches; else
     an exit decided by the rank (what a replay's line counts name it too)."""
     header = f"for {ast.unparse(loop.target)} in {ast.unparse(loop.iter)}"
