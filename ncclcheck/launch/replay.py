@@ -144,6 +144,8 @@ def serve() -> int:
     _import_at_idle_priority()
     import torch.distributed
 
+    from ncclcheck.record.bootstrap import run_forked
+
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # no replay was needed
@@ -159,10 +161,7 @@ def serve() -> int:
     for rank, env in enumerate(rank_environment(int(order["nproc"]), int(order["port"]))):
         pid = os.fork()
         if pid == 0:
-            os.environ.update(env)
-            from ncclcheck.record.bootstrap import run_forked
-
-            run_forked(order["command"])
+            run_forked(order["command"], env)  # its output: the log set above
         children[pid] = rank
     store = torch.distributed.TCPStore(
         "localhost", int(order["port"]), is_master=True, wait_for_workers=False, use_libuv=True

@@ -349,13 +349,13 @@ def run_dry(
     target = [*(["-m"] if as_module else []), script, *script_args]  # -m: a module, as python -m
     if settings.launcher == SLURM:
         env[ENV_SLURM_PORT] = str(free_port())
-    argv = launcher_argv(settings.launcher, torchrun.argv(), target, settings.accelerate_config)
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None)
     if warm is not None:
         ranks_env = dry_run_environment(settings, trace_dir)
         proc = warm.launch(target, ranks_env, torchrun.nproc_per_node, log_path)
     else:
+        argv = launcher_argv(settings.launcher, torchrun.argv(), target, settings.accelerate_config)
         proc = start_torchrun(argv, env, log_path)
     interrupted = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -142,8 +142,8 @@ def reference_of(trace_dir: Path) -> Reference:
     try:
         with path.open(encoding="utf-8") as trace:
             for line in trace:
-                found = _GROUP_RANKS.search(line)
-                if found is not None and '"t":"site"' in line:  # what a call site names once
+                found = _GROUP_RANKS.search(line) if '"t":"site"' in line else None  # named once per site
+                if found is not None:
                     groups.setdefault(tuple(int(r) for r in found.group(1).split(",") if r.strip()), None)
                 if '"t":"pass"' not in line.replace(" ", ""):
                     continue
@@ -316,18 +316,12 @@ def _trace_data(path: str) -> int:
 
 
 def _fork_rank(plan: dict[str, Any], rank: int, env: dict[str, str]) -> int:
+    from ncclcheck.record.bootstrap import run_forked  # imported before the fork: the child only runs
+
     pid = os.fork()
     if pid:
         return pid
-    os.environ.update(env)
-    log = os.open(
-        os.path.join(plan["logs"], f"rank-{rank:05d}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
-    )
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    from ncclcheck.record.bootstrap import run_forked
-
-    run_forked(plan["command"])
+    run_forked(plan["command"], env, os.path.join(plan["logs"], f"rank-{rank:05d}.log"))
 
 
 if __name__ == "__main__":

@@ -398,13 +398,19 @@ def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
     return f"{type(exc).__name__}: {exc}{where}", site
 
 
-def run_forked(command: list[str]) -> NoReturn:
+def run_forked(command: list[str], env: dict[str, str], log_path: str | None = None) -> NoReturn:
     """A rank forked from a server that imported torch already (launch/virtual.py,
-    launch/replay.py): ``main`` with ``command`` (script or -m module, and the script's
-    arguments) as its arguments, then the process ends as an interpreter would, its
-    exit hooks run, but never returns into the server's code."""
+    launch/replay.py): its ``env`` set and its output sent to ``log_path`` (kept where
+    None), ``main`` with ``command`` (script or -m module, and the script's arguments)
+    as its arguments, then the process ends as an interpreter would, its exit hooks
+    run; whatever fails, even the set-up, it never returns into the server's code."""
     code = 1
     try:
+        os.environ.update(env)
+        if log_path is not None:
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
         sys.argv = ["ncclcheck.record.bootstrap", *command]
         main()
         code = 0
