@@ -271,9 +271,13 @@ class Diagnoser:
                 lengths = sorted({n for n in told.values() if n is not None})
                 span = f" of {lengths[0]}" if lengths else ""
                 span += f" to {lengths[-1]}" if len(lengths) > 1 else ""
+                how = (
+                    "read without the loop body (an IterableDataset: read, not skipped)"
+                    if loader_pass.read
+                    else "skipped on every rank (not loaded)"
+                )
                 said[name] = (
-                    f"{name}: the first {loader_pass.skipped}{span} batches skipped on every rank "
-                    "(not loaded), the rest run for real"
+                    f"{name}: the first {loader_pass.skipped}{span} batches {how}, the rest run for real"
                     if loader_pass.skipped
                     else f"{name}: every batch run ({loader_pass.why_not})"
                 )

@@ -30,7 +30,7 @@ from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
-from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES
+from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S
 from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
@@ -322,6 +322,8 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
         # a rank that never starts the pass (only rank 0 evaluates) costs this, well inside
         # the stall timeout, so the wait itself is never taken for a hang
         ENV_AGREE_WAIT: str(min(5.0, settings.stall_timeout / 3)),
+        # reading a stream ahead writes a record a second: forgiven like a busy rank's work
+        ENV_READ_S: str(2 * settings.stall_timeout),
         "PYTHONUNBUFFERED": "1",
     }
     if settings.lines_plan:

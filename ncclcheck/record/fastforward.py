@@ -12,15 +12,29 @@ in the same key unless the decision came first, so no two ranks ever skip differ
 
 The batches are skipped at the sampler: the loader's index sampler is wrapped for the
 one ``iter()`` that makes the pass's iterator, so skipped samples are never loaded (nor
-sent to a DataLoader worker). A loader without a length (an IterableDataset), or one
-whose ranks did not all start the pass within the wait, runs in full.
+sent to a DataLoader worker). A loader whose ranks did not all start the pass within
+the wait runs in full.
+
+A loader without a length (an IterableDataset: it shards itself, no sampler can skip
+for it) is *read ahead*: the rank draws its batches to the end before the loop body
+sees any, keeping the last ``2 K`` of them, and tells the count it read. Skipping the
+agreed leading batches then costs reading them (the loop body, the model and its
+collectives, never run for them); the report says they were read, not skipped. The
+reading is bounded in time (a stream may never end: a loop that breaks after N
+batches of an endless stream): past the bound the rank tells "unknown" and nobody
+skips. Where nothing was agreed (that, or a rank that did not start the pass within
+the wait), the loop gets a new iterator over the loader, from its start, as every
+eval pass of the real job does: the pass runs in full, at the cost of the read.
 """
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +43,7 @@ from ncclcheck.runtime import rendezvous
 
 ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unset or "all": every batch
 ENV_AGREE_WAIT = "NCCLCHECK_EVAL_AGREE_S"  # how long a rank waits for the others' lengths
+ENV_READ_S = "NCCLCHECK_EVAL_READ_S"  # how long a rank reads a loader without a length ahead
 UNKNOWN = "unknown"
 
 
@@ -56,7 +71,7 @@ class Agreement:
 class FastForward:
     """One rank's side: the passes of each eval loader it started, and the store."""
 
-    def __init__(self, keep: int, wait_s: float, rank: int, world: int) -> None:
+    def __init__(self, keep: int, wait_s: float, rank: int, world: int, read_s: float = 30.0) -> None:
         # the launcher's store, as the launcher named it: before the script (or srun's
         # emulation, launch/launchers.py) can change the variables
         self.address = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "0"))
@@ -65,6 +80,7 @@ class FastForward:
         self.wait_s = wait_s
         self.rank = rank
         self.world = world
+        self.read_s = read_s
         self._store: Any = None
 
     @classmethod
@@ -75,7 +91,25 @@ class FastForward:
         # (nor a rank a script spawned itself: no launcher's store, and no RANK to key by)
         if keep == "all" or "RANK" not in env or "MASTER_ADDR" not in env or env.get("NCCLCHECK_VIRTUAL"):
             return None
-        return cls(int(keep), float(env.get(ENV_AGREE_WAIT, "5")), int(env["RANK"]), int(env["WORLD_SIZE"]))
+        return cls(
+            int(keep),
+            float(env.get(ENV_AGREE_WAIT, "5")),
+            int(env["RANK"]),
+            int(env["WORLD_SIZE"]),
+            float(env.get(ENV_READ_S, "30")),
+        )
+
+    def _connected(self) -> Any:
+        if self._store is None:
+            self._store = rendezvous.launcher_store(self.wait_s, *self.address)
+        return self._store
+
+    def reading(self, loader: str, passes_done: int) -> None:
+        """Say this rank reads its pass over ``loader`` ahead before telling its length: a
+        rank that told already waits for the readers (up to their bound) once every rank
+        has said so, not just the agreement's short wait."""
+        if self.world > 1:
+            self._connected().add(f"{self.namespace}{loader}/{passes_done}/reading", 1)
 
     def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
         """Tell this rank's length for a pass over ``loader`` after ``passes_done`` complete
@@ -85,9 +119,7 @@ class FastForward:
         real pass reads the same decision again."""
         if self.world == 1:
             return _decide({0: length}, self.keep)
-        if self._store is None:
-            self._store = rendezvous.launcher_store(self.wait_s, *self.address)
-        store = self._store
+        store = self._connected()
         base = f"{self.namespace}{loader}/{passes_done}/"
         store.set(f"{base}len/{self.rank}", UNKNOWN if length is None else str(length))
         if store.add(f"{base}arrived", 1) == self.world:  # the last to arrive decides for all
@@ -96,7 +128,12 @@ class FastForward:
                 store.compare_set(f"{base}skip", "", _decide(told, self.keep).to_json())
             )
         try:
-            store.wait([f"{base}skip"])  # bounded by the client's timeout (wait_s)
+            try:
+                store.wait([f"{base}skip"])  # bounded by the client's timeout (wait_s)
+            except Exception:
+                if int(store.add(f"{base}reading", 0)) < self.world:
+                    raise  # some rank has not even started the pass
+                store.wait([f"{base}skip"], datetime.timedelta(seconds=self.read_s))
             return Agreement.from_json(store.get(f"{base}skip"))
         except Exception:  # the timeout: whoever sets the key first decides for every rank
             arrived = int(store.add(f"{base}arrived", 0))
@@ -116,7 +153,11 @@ def _decide(told: dict[int, int | None], keep: int) -> Agreement:
     lengths = [n for n in told.values() if n is not None]
     if len(lengths) < len(told):
         unknown = sorted(r for r, n in told.items() if n is None)
-        return Agreement(0, told, f"the loader has no length on rank(s) {unknown} (an IterableDataset)")
+        return Agreement(
+            0,
+            told,
+            f"no length on rank(s) {unknown}: an IterableDataset not read to its end within the bound",
+        )
     return Agreement(max(0, min(lengths) - keep), told)  # a short set: nothing to skip, and that is all
 
 
@@ -153,3 +194,41 @@ def iterate_from(loader: Any, skip: int, make: Callable[[], Iterator[Any]]) -> I
         return make()
     finally:
         object.__setattr__(loader, attribute, original)
+
+
+@dataclass
+class ReadAhead:
+    """A pass over a loader without a length, read before the loop body saw a batch: how
+    many batches it had (when it ended within the bound) and the last of them."""
+
+    count: int
+    held: deque[Any]
+    ended: bool
+
+    def tail(self, skip: int) -> tuple[int, Iterator[Any]]:
+        """The batches the loop gets after ``skip`` leading ones, and how many it does not
+        get: those past what was held start later (a rank that has more than 2 K batches
+        beyond the shortest runs 2 K, still more than the shortest's K)."""
+        run = min(len(self.held), self.count - skip)
+        return self.count - run, iter(list(self.held)[len(self.held) - run :])
+
+
+def read_ahead(
+    iterator: Iterator[Any], hold: int, bound_s: float, progress: Callable[[int], None]
+) -> ReadAhead:
+    """Draw ``iterator`` to its end (at most ``bound_s`` seconds), keeping the last
+    ``hold`` batches; ``progress(count)`` about once a second, so a long read is never
+    taken for a quiet, hung rank."""
+    held: deque[Any] = deque(maxlen=hold)
+    start = said = time.monotonic()
+    count = 0
+    for batch in iterator:
+        held.append(batch)
+        count += 1
+        now = time.monotonic()
+        if now - said >= 1.0:
+            said = now
+            progress(count)
+        if now - start > bound_s:
+            return ReadAhead(count, deque(), False)
+    return ReadAhead(count, held, True)

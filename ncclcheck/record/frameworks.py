@@ -22,7 +22,10 @@
 
 3. Which loader is which: the transformers Trainer draws its first train batch
    before it calls model.train(); its loaders are named and given their role by
-   the Trainer method that made them (``Recorder.loader_hints``).
+   the Trainer method that made them (``Recorder.loader_hints``). Lightning makes
+   its evaluation loop's iterator before it calls model.eval(): the stage the
+   Trainer runs gives the role (``Recorder.framework_role``), so that the eval
+   fast-forward's agreement, made as a pass starts, applies to Lightning's passes.
 
 The frameworks are imported by the user's script after the recorder is
 installed, so the patches are applied by an import hook the moment their modules
@@ -162,10 +165,20 @@ def _patch_lightning_trainer(module: ModuleType, recorder: Recorder) -> None:
         # The sanity check validates a couple of batches before training: the dry run
         # still waits for a real validation, where `if not trainer.sanity_checking` code runs.
         recorder.counts_as_eval_pass = lambda: not getattr(trainer(), "sanity_checking", False)
+        recorder.framework_role = lambda: _lightning_role(trainer())
 
     functools.update_wrapper(init, original_init)
     trainer_class.__init__ = init
     trainer_class._ncclcheck_patched = True
+
+
+def _lightning_role(trainer: Any) -> str | None:
+    """What the loop Lightning runs now iterates its loaders for. Its evaluation loop makes
+    the loader's iterator before it calls model.eval(): without this, an eval pass would
+    start as a train pass and miss --eval-batches' agreement, which is made as it starts."""
+    stage = getattr(getattr(trainer, "state", None), "stage", None)
+    stage = getattr(stage, "value", stage)
+    return {"train": "train", "sanity_check": "eval", "validate": "eval", "test": "eval"}.get(str(stage))
 
 
 def _patch_transformers_trainer(module: ModuleType, recorder: Recorder) -> None:

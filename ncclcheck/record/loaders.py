@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from ncclcheck.record.fastforward import iterate_from
+from ncclcheck.record.fastforward import iterate_from, read_ahead
 from ncclcheck.record.frames import is_user_file
 
 if TYPE_CHECKING:
@@ -52,24 +52,39 @@ class _TrackedIterator:
         self.role = self._guess_role()
         self.length = self._safe_len()
         # --eval-batches: the leading batches every rank skips alike (record/fastforward.py)
+        fast_forward = recorder.fast_forward if self.role == "eval" else None
+        ahead = None
+        self.read = False  # the skipped batches were read ahead (no length), not skipped
+        if fast_forward is not None and self.length is None and not recorder.budget_spent:
+            fast_forward.reading(name, recorder.eval_passes_done)
+            ahead = read_ahead(make(), 2 * fast_forward.keep, fast_forward.read_s, self._still_reading)
+        told = ahead.count if ahead is not None and ahead.ended else self.length
         self.agreement = (
-            recorder.fast_forward.agree(name, self.length, recorder.eval_passes_done)
-            if recorder.fast_forward is not None and self.role == "eval"
-            else None
+            None if fast_forward is None else fast_forward.agree(name, told, recorder.eval_passes_done)
         )
         self.skipped = self.agreement.skip if self.agreement is not None else 0
-        self._inner = iterate_from(loader, self.skipped, make)
+        if ahead is not None and ahead.ended and self.agreement is not None and not self.agreement.why_not:
+            self.skipped, self._inner = ahead.tail(self.skipped)
+            self.length, self.read = ahead.count, True
+        else:  # nothing agreed for a stream read ahead: a new iterator, from its start
+            self._inner = iterate_from(loader, self.skipped, make)
         self.index = self.skipped  # positions stay the loader's own: batch 4 is the 4th
         self.counted = False  # counted as a complete eval pass already
         self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
         self._ended = False
         recorder.pass_started(self)
 
+    def _still_reading(self, batches: int) -> None:
+        self._recorder.write(
+            {"t": "reading", "loader": self.name, "pass": self.pass_index, "batches": batches}
+        )
+
     def _guess_role(self) -> str:
         hint = self._recorder.loader_hints.get(id(self._loader))
-        if hint is not None:
+        role = hint[1] if hint is not None else self._recorder.framework_role()
+        if role is not None:
             self.hinted = True
-            return hint[1]
+            return role
         if self._recorder.phase == "eval":
             return "eval"
         lowered = self.name.lower()
@@ -98,7 +113,7 @@ class _TrackedIterator:
                 if part is not None
             )
         )
-        length = self._safe_len()
+        length = self.length if self.read else self._safe_len()
         return {
             "loader": self.name,
             "pass": self.pass_index,
@@ -116,6 +131,7 @@ class _TrackedIterator:
             **(
                 {
                     "skipped": self.skipped,
+                    "read": self.read,
                     "told": {str(r): n for r, n in self.agreement.told.items()},
                     "why_not": self.agreement.why_not,
                 }

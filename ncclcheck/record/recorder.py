@@ -23,6 +23,7 @@ Trace lines (``"t"`` is the kind):
   processed), site (the id of its site line): about 60 bytes a call
 - ``pass``: a DataLoader pass started or ended (name, role, len, sampler, batches)
 - ``batch``: a batch was drawn (loader name, pass, index): progress and position
+- ``reading``: an eval loader without a length being read ahead (batches so far)
 - ``phase``: the phase changed (train/eval)
 - ``exit``: how the user's script ended (where the budget stopped it: ``stack``)
 - ``rooted_read``: a read of a tensor dist.reduce gave to another rank (rooted.py)
@@ -128,8 +129,11 @@ class Recorder:
         # check: two batches before training, often with the logging skipped).
         self.counts_as_eval_pass: Callable[[], bool] = lambda: True
         # Loaders a framework made and said what they are for (id -> name, role): the
-        # Trainer's train loader is drawn from before model.train() is called.
+        # Trainer's train loader is drawn from before model.train() is called; and the
+        # role of any loader iterated while a framework's loop runs (Lightning makes its
+        # eval loop's iterator before it calls model.eval()), None outside one.
         self.loader_hints: dict[int, tuple[str, str]] = {}
+        self.framework_role: Callable[[], str | None] = lambda: None
         self.fast_forward = FastForward.from_environment()  # --eval-batches K
         import torch  # not at module level: the CLI imports this module without torch
 
@@ -612,15 +616,8 @@ class Recorder:
         self.state.position = b""
         if tracked.role == "eval" and exhausted and not tracked.counted:
             self._eval_pass_complete(tracked)
-        self.write(
-            {
-                "t": "pass",
-                "event": "end",
-                "exhausted": exhausted,
-                **tracked.facts(),
-                "time": time.time(),
-            }
-        )
+        facts = {"event": "end", "exhausted": exhausted, **tracked.facts(), "time": time.time()}
+        self.write({"t": "pass", **facts})
 
     def batch_drawn(self, tracked: _TrackedIterator) -> None:
         self._position = {
@@ -676,8 +673,12 @@ class Recorder:
             tracked.cut_by_budget = True
             raise StopIteration
 
+    @property
+    def budget_spent(self) -> bool:
+        return self._eval_passes_done >= self.eval_passes and self._train_since_eval >= self.train_steps
+
     def _stop_if_done(self) -> None:
-        if self._eval_passes_done >= self.eval_passes and self._train_since_eval >= self.train_steps:
+        if self.budget_spent:
             self.stop_reason = (
                 f"stopped after {self._eval_passes_done} complete eval pass(es) and "
                 f"{self._train_since_eval} train steps after the last"

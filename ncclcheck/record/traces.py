@@ -42,6 +42,7 @@ class LoaderPass:
     # --eval-batches (record/fastforward.py): the leading batches every rank skipped, the
     # length each rank told at the start (None: unknown), why none were skipped
     skipped: int = 0
+    read: bool = False  # the skipped batches were read ahead (no length), not skipped
     told: dict[int, int | None] | None = None
     why_not: str | None = None
 
@@ -112,10 +113,20 @@ class RankTrace:
         return [p for p in self.passes if p.role == "eval"]
 
     def eval_batches(self) -> int | dict[str, int] | None:
-        """Batches drawn from eval loaders: a number, or one per loader when there are several."""
+        """Batches drawn from eval loaders: a number, or one per loader when there are several.
+
+        A pass counts to its position, the loader's own (2,500 after --eval-batches skipped
+        2,492 of them), unless the caller left it before its end (a peek at one batch,
+        Lightning's sanity check: ended unexhausted, or left open with a later pass over
+        the same loader): that one counts the batches it drew, as with every batch run."""
         per_loader: dict[str, int] = {}
-        for loader_pass in self.eval_passes:
-            per_loader[loader_pass.loader] = per_loader.get(loader_pass.loader, 0) + loader_pass.batches
+        passes = self.eval_passes
+        for i, loader_pass in enumerate(passes):
+            left = loader_pass.exhausted is False or (
+                loader_pass.exhausted is None and any(p.loader == loader_pass.loader for p in passes[i + 1 :])
+            )
+            count = loader_pass.batches - loader_pass.skipped if left else loader_pass.batches
+            per_loader[loader_pass.loader] = per_loader.get(loader_pass.loader, 0) + count
         if not per_loader:
             return None
         if len(per_loader) == 1:
@@ -333,6 +344,7 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         iterable=bool(record.get("iterable", False)),
         budget_cut=bool(record.get("budget_cut", False)),
         skipped=int(record.get("skipped", 0)),
+        read=bool(record.get("read", False)),
         told={int(r): n for r, n in record["told"].items()} if record.get("told") else None,
         why_not=record.get("why_not"),
     )

@@ -276,3 +276,39 @@ def test_lightning_save_checkpoint_on_global_zero_alone_is_named_with_lightnings
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["verdict"] == "aligned", report["findings"]
     assert not leftover_ranks(str(script))
+
+
+LARGE_VAL = REPO / "tests" / "scripts" / "lightning_large_val.py"
+
+
+def test_lightning_validation_is_fast_forwarded_under_its_own_loop() -> None:
+    """Lightning makes its eval loop's iterator before model.eval(): the pass is still an
+    eval pass as it starts, so --eval-batches' agreement applies under Lightning's loop
+    (its limit_val_batches is left alone: it would cut every rank at its first batches).
+    The sanity check's two batches count as drawn, not as their positions."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    proc, report = preflight("--nproc-per-node=2", str(LARGE_VAL))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert report["summary"]["eval_fast_forward"] == [
+        "loader#0: the first 2492 of 2500 batches skipped on every rank (not loaded), the rest run for real"
+    ]
+    assert report["summary"]["eval_batches"] == {"0": 2 + 2500, "1": 2 + 2500}
+
+
+def test_lightning_hand_split_validation_is_an_uneven_end_not_a_logging_mismatch() -> None:
+    """use_distributed_sampler=False and a hand split of 20,001 samples: rank 0's extra
+    step reduces its on_step log while rank 1 reduces the epoch's value: one name, one
+    batch more on rank 0 (before, "values logged under different names")."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    proc, report = preflight(
+        "--nproc-per-node=2", str(LARGE_VAL), env={"HAND_SPLIT": "1", "VAL_SAMPLES": "20001"}
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == ("uneven-eval-batches", [0], [1])
+    assert finding["site"] == f"tests/scripts/lightning_large_val.py:{line_in(LARGE_VAL, 'self.log(')}"
+    assert (
+        "lengths the ranks told each other as the pass over loader#0 began, before any batch: "
+        "rank 0: 2501, rank 1: 2500"
+    ) in finding["evidence"]

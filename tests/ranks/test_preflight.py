@@ -529,6 +529,49 @@ def test_an_uneven_end_of_a_large_eval_set_is_still_a_real_divergence() -> None:
     ) in finding["evidence"]
 
 
+def test_a_stream_without_a_length_is_read_ahead_and_its_uneven_end_still_found() -> None:
+    """The same uneven end as a stream (an IterableDataset sharding itself, no length): each
+    rank reads its batches ahead without the loop body, tells the count it read, and runs
+    the last ones for real: rank 0's 2,501st all_reduce has no partner."""
+    proc, report = preflight(
+        "--nproc-per-node=2",
+        str(SCRIPTS / "large_eval.py"),
+        env={"SAMPLES": "20001", "UNEVEN": "1", "STREAM": "1"},
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == ("uneven-eval-batches", [0], [1])
+    assert report["summary"]["eval_batches"] == {"0": 2501, "1": 2500}
+    assert report["summary"]["collectives_per_phase"] == {"eval": 9 + 9}  # rank 0: 9, rank 1: 8 + barrier
+    assert (
+        "the first 2492 batches of val_loader were read ahead without the loop body (--eval-batches); "
+        "the ones after them ran for real"
+    ) in finding["evidence"]
+    assert (
+        "lengths the ranks told each other as the pass over val_loader began, before any batch: "
+        + ("rank 0: 2501, rank 1: 2500")
+        in finding["evidence"]
+    )
+
+
+def test_an_endless_stream_is_read_for_a_bounded_time_then_run_from_its_start() -> None:
+    """An endless stream whose loop stops itself after 20 batches: the reading stops at its
+    bound (2x the stall timeout), nobody skips, and the loop gets the stream from its start."""
+    proc, report = preflight(
+        "--nproc-per-node=2",
+        "--stall-timeout=3",
+        str(SCRIPTS / "large_eval.py"),
+        env={"STREAM": "1", "ENDLESS": "1", "EVAL_STEPS": "20"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert report["summary"]["collectives_per_phase"] == {"eval": 2 * (20 + 1)}
+    assert report["summary"]["eval_fast_forward"] == [
+        "val_loader: every batch run (no length on rank(s) [0, 1]: an IterableDataset not read to its "
+        "end within the bound)"
+    ]
+
+
 def test_no_eval_phase_is_said_not_failed() -> None:
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "train_only.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -3,7 +3,9 @@ ranks as threads of this process, and the skip at a real DataLoader's sampler.""
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from torch.distributed import TCPStore
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ncclcheck.record.fastforward import Agreement, FastForward, iterate_from
+from ncclcheck.record.fastforward import Agreement, FastForward, iterate_from, read_ahead
 
 
 @pytest.fixture
@@ -116,3 +118,45 @@ def test_the_skip_follows_a_distributed_shard_and_a_loader_without_batching() ->
     assert first[0].tolist() == [33, 35]  # rank 1's 9th batch: samples 1, 3, 5, ... of its shard
     single = DataLoader(data, batch_size=None)
     assert [int(x[0]) for x in iterate_from(single, 37, lambda: DataLoader.__iter__(single))] == [37, 38, 39]
+
+
+def test_a_stream_is_read_to_its_end_keeping_its_last_batches_only() -> None:
+    """An IterableDataset's 2,501 batches: counted, the last 16 (2 K) held; after the agreed
+    2,492 the loop gets batches 2,492-2,500, positions the stream's own."""
+    said: list[int] = []
+    ahead = read_ahead(iter(range(2501)), 16, 30.0, said.append)
+    assert (ahead.count, ahead.ended, list(ahead.held)) == (2501, True, list(range(2485, 2501)))
+    skipped, rest = ahead.tail(2492)
+    assert (skipped, list(rest)) == (2492, list(range(2492, 2501)))
+    # more than 2 K beyond the agreed skip: the held 16, still more than the shortest's K
+    skipped, rest = read_ahead(iter(range(3000)), 16, 30.0, said.append).tail(2492)
+    assert (skipped, list(rest)) == (2984, list(range(2984, 3000)))
+    short = read_ahead(iter(range(3)), 16, 30.0, said.append)  # shorter than K: all of it
+    assert short.tail(0)[0] == 0 and list(short.tail(0)[1]) == [0, 1, 2]
+
+
+def test_an_endless_stream_is_read_for_its_bound_only() -> None:
+    said: list[int] = []
+    start = time.monotonic()
+    ahead = read_ahead(itertools.count(), 16, 1.2, said.append)
+    assert 1.2 < time.monotonic() - start < 10 and not ahead.ended and not ahead.held
+    assert said and said == sorted(said)  # progress about once a second while reading
+
+
+def test_a_rank_that_told_waits_for_ranks_still_reading_ahead(store: TCPStore) -> None:
+    """Rank 1 reads its stream for 2.5 s, far past the 1 s agreement wait: rank 0 told at
+    once, sees every rank reading, and waits for it instead of deciding "no skip"."""
+    found: dict[int, Agreement] = {}
+
+    def rank_side(rank: int, reading_s: float) -> None:
+        side = FastForward(8, 1.0, rank, 2, read_s=10.0)
+        side.reading("val_loader", 0)
+        time.sleep(reading_s)
+        found[rank] = side.agree("val_loader", 2500, 0)
+
+    threads = [threading.Thread(target=rank_side, args=(r, s)) for r, s in ((0, 0.0), (1, 2.5))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert {r: (a.skip, a.why_not) for r, a in found.items()} == {0: (2492, None), 1: (2492, None)}

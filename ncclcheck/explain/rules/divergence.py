@@ -77,7 +77,11 @@ def shapes_differ(p: Parting) -> Explanation | None:
 
 
 def requests_differ(p: Parting) -> Explanation | None:
-    return mixed_requests(p.d, p.first, p.made, p.evidence) if p.first.kind is Mismatch.REQUEST else None
+    if p.first.kind is not Mismatch.REQUEST:
+        return None
+    # one rank's reduction in an eval step beside another's deferred to the epoch's end:
+    # the same name, and that rank had a batch more (Lightning's self.log(on_step=True))
+    return uneven_eval(p.d, p.first, p.evidence) or mixed_requests(p.d, p.first, p.made, p.evidence)
 
 
 def rank_died_before_the_call(p: Parting) -> Explanation | None:
@@ -323,9 +327,12 @@ def join_without_stand_in(d: Diagnoser, first: Divergence, evidence: list[str]) 
 
 
 def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explanation | None:
-    """Some ranks still in an eval loop's per-batch collective, the others past it."""
+    """Some ranks still in an eval loop's per-batch collective, the others past it (a call
+    a framework deferred to the epoch's end is past the loop, whatever batch it shows)."""
     inside = sorted(
-        r for r, c in first.calls.items() if c is not None and (c.position or {}).get("role") == "eval"
+        r
+        for r, c in first.calls.items()
+        if c is not None and (c.position or {}).get("role") == "eval" and c.later is None
     )
     outside = sorted(r for r in first.members if r not in inside)
     if not inside or not outside:
@@ -349,8 +356,9 @@ def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explana
             )
         if loader_pass.skipped:
             evidence.append(
-                f"the first {loader_pass.skipped} batches of {loader_pass.loader} were skipped alike on "
-                "every rank (--eval-batches); the ones after them ran for real"
+                f"the first {loader_pass.skipped} batches of {loader_pass.loader} were "
+                + ("read ahead without the loop body" if loader_pass.read else "skipped alike on every rank")
+                + " (--eval-batches); the ones after them ran for real"
             )
         if loader_pass.iterable:
             # No sampler applies: the playbook's DistributedSampler fix does not either.
