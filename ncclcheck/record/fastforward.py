@@ -13,7 +13,8 @@ in the same key unless the decision came first, so no two ranks ever skip differ
 The batches are skipped at the sampler: the loader's index sampler is wrapped for the
 one ``iter()`` that makes the pass's iterator, so skipped samples are never loaded (nor
 sent to a DataLoader worker). A loader whose ranks did not all start the pass within
-the wait runs in full.
+the wait runs in full. A virtual world's ranks, which never run together, take rank
+0's skip instead (``VirtualFastForward``).
 
 A loader without a length (an IterableDataset: it shards itself, no sampler can skip
 for it) is *read ahead*: the rank draws its batches to the end before the loop body
@@ -39,6 +40,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclcheck.record.virtual import ENV_VIRTUAL
 from ncclcheck.runtime import rendezvous
 
 ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unset or "all": every batch
@@ -87,17 +89,14 @@ class FastForward:
     def from_environment(cls) -> FastForward | None:
         env = os.environ
         keep = env.get(ENV_EVAL_BATCHES, "all")
-        # a virtual world's ranks run one at a time, with no store to meet in
-        # (nor a rank a script spawned itself: no launcher's store, and no RANK to key by)
-        if keep == "all" or "RANK" not in env or "MASTER_ADDR" not in env or env.get("NCCLCHECK_VIRTUAL"):
-            return None
-        return cls(
-            int(keep),
-            float(env.get(ENV_AGREE_WAIT, "5")),
-            int(env["RANK"]),
-            int(env["WORLD_SIZE"]),
-            float(env.get(ENV_READ_S, "30")),
-        )
+        if keep == "all" or "RANK" not in env:
+            return None  # nor a rank a script spawned itself: no RANK to key by
+        rank, world, read_s = int(env["RANK"]), int(env["WORLD_SIZE"]), float(env.get(ENV_READ_S, "30"))
+        if env.get(ENV_VIRTUAL):  # its ranks run one at a time, with no store to meet in
+            return VirtualFastForward(int(keep), rank, world, read_s, env[ENV_VIRTUAL])
+        if "MASTER_ADDR" not in env:
+            return None  # no launcher's store
+        return cls(int(keep), float(env.get(ENV_AGREE_WAIT, "5")), rank, world, read_s)
 
     def _connected(self) -> Any:
         if self._store is None:
@@ -142,6 +141,46 @@ class FastForward:
                 f"{self.wait_s:.0f} s after this one"
             )
             return Agreement.from_json(store.compare_set(f"{base}skip", "", Agreement(0, {}, why).to_json()))
+
+
+class VirtualFastForward(FastForward):
+    """A virtual world's side (launch/virtual.py): rank 0 runs first, alone, and its skip
+    (its length minus K) is every rank's, read from a file beside rank 0's reference
+    results. A rank with another length still shows it: fewer batches than rank 0 run
+    fewer than K (none, below the skip), more run more. A pass rank 0 never started
+    skips nothing."""
+
+    def __init__(self, keep: int, rank: int, world: int, read_s: float, reference_path: str) -> None:
+        super().__init__(keep, 0.0, rank, world, read_s)
+        self.path = os.path.join(os.path.dirname(reference_path), "virtual-eval.jsonl")
+        self._decided: dict[str, Agreement] | None = None
+
+    def reading(self, loader: str, passes_done: int) -> None:
+        return None  # nobody to wait for
+
+    def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
+        key = f"{loader}/{passes_done}"
+        if self.rank == 0:
+            decided = _decide({0: length}, self.keep)
+            with open(self.path, "a", encoding="utf-8") as out:
+                out.write(json.dumps({"key": key, "agreement": json.loads(decided.to_json())}) + "\n")
+            return decided
+        if self._decided is None:
+            self._decided = {}
+            if os.path.exists(self.path):
+                with open(self.path, encoding="utf-8") as saved:
+                    for line in saved:
+                        record = json.loads(line)
+                        self._decided.setdefault(
+                            record["key"], Agreement.from_json(json.dumps(record["agreement"]))
+                        )
+        reference = self._decided.get(key)
+        if reference is None:
+            return Agreement(0, {self.rank: length}, "rank 0, the reference, did not start this pass")
+        told = {**reference.told, self.rank: length}
+        if length is None or reference.why_not:
+            return Agreement(0, told, reference.why_not or f"no length on rank {self.rank}")
+        return Agreement(min(reference.skip, length), told)
 
 
 def _length(raw: bytes) -> int | None:

@@ -88,6 +88,48 @@ def test_a_leaders_group_built_for_another_node_size_is_found_at_the_production_
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
 
 
+def test_a_data_parallel_broadcast_on_the_first_replica_only_is_found_from_16_ranks() -> None:
+    """Tensor-parallel groups of 8, data-parallel groups across them: up to 8 ranks there
+    is one replica and the broadcast over a one-member group completes; at 64 ranks of 8
+    per node rank 0 broadcasts to ranks 8, ..., 56, which never call it."""
+    script = SCRIPTS / "virtual" / "tensor_parallel_eval.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
+
+    proc, report = preflight("--world-size=64", "--nproc-per-node=8", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    assert finding["site"] == (
+        f"tests/scripts/virtual/tensor_parallel_eval.py:{line_in(script, 'dist.broadcast(val_loss, src=')}"
+    ), finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [8, 56]), finding
+    assert "under `if dp_rank == 0`" in finding["message"]
+    said = report["summary"]["virtual"]
+    assert any(
+        "rank 56:" in line and "the last member of the group of ranks 0,8,...,56" in line for line in said
+    )
+
+    proc, report = preflight("--world-size=64", "--nproc-per-node=8", str(script), env={"FIXED": "1"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
+
+
+def test_a_virtual_world_skips_rank_0s_leading_eval_batches_and_still_finds_an_uneven_end() -> None:
+    """768,016 samples split by hand over 48 ranks: 1,001 batches on ranks 0-15, 1,000 on
+    the others. Rank 0 runs first and its skip (1,001 - 8) is every virtual rank's: ranks
+    with 1,000 run 7 batches to its 8, the uneven end as with every batch run."""
+    proc, report = preflight("--world-size=48", str(SPLIT), env={"VAL_SAMPLES": "768016"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "uneven-eval-batches", finding
+    assert set(finding["ranks"]) == {0, 7, 8, 15} and set(finding["absent_ranks"]) == {16, 40, 47}
+    batches = {state["rank"]: state["eval_batches"] for state in report["ranks"]}
+    assert (batches[15], batches[16]) == (2 * 1001, 2 * 1000)  # two epochs, the loader's own counts
+    assert report["summary"]["eval_fast_forward"] == [
+        "val_loader: the first 993 of 1001 batches skipped on every rank (not loaded), the rest run for real"
+    ]
+
+
 @pytest.mark.parametrize("cause", sorted(set(PLAYBOOK_IDS) - TIMING_ONLY))
 def test_every_repro_gives_the_same_finding_virtual_as_real(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)

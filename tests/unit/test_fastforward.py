@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from torch.distributed import TCPStore
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ncclcheck.record.fastforward import Agreement, FastForward, iterate_from, read_ahead
+from ncclcheck.record.fastforward import Agreement, FastForward, VirtualFastForward, iterate_from, read_ahead
 
 
 @pytest.fixture
@@ -160,3 +161,18 @@ def test_a_rank_that_told_waits_for_ranks_still_reading_ahead(store: TCPStore) -
     for thread in threads:
         thread.join(timeout=30)
     assert {r: (a.skip, a.why_not) for r, a in found.items()} == {0: (2492, None), 1: (2492, None)}
+
+
+def test_a_virtual_world_takes_rank_0s_skip_and_each_rank_keeps_its_own_length(tmp_path: Path) -> None:
+    """Virtual ranks never run together: rank 0 (first, alone) writes its skip, the others
+    read it; a shorter rank never skips past its own end; a pass rank 0 never started
+    skips nothing."""
+    reference = str(tmp_path / "virtual-reference.jsonl")
+    assert VirtualFastForward(8, 0, 48, 30.0, reference).agree("val_loader", 1001, 0).skip == 993
+    assert VirtualFastForward(8, 0, 48, 30.0, reference).agree("val_loader", 1001, 1).skip == 993
+    later = VirtualFastForward(8, 16, 48, 30.0, reference)
+    assert (later.agree("val_loader", 1000, 0).skip, later.agree("val_loader", 1000, 1).skip) == (993, 993)
+    assert later.agree("val_loader", 1000, 0).told == {0: 1001, 16: 1000}
+    assert VirtualFastForward(8, 47, 48, 30.0, reference).agree("val_loader", 500, 0).skip == 500
+    alone = VirtualFastForward(8, 5, 48, 30.0, reference).agree("test_loader", 1000, 0)
+    assert (alone.skip, alone.why_not) == (0, "rank 0, the reference, did not start this pass")
