@@ -3,7 +3,8 @@ whatever the size of the eval set.
 
 When an eval pass starts, every rank tells the others through torchrun's store (a
 client of it, never a collective: a rank that does not come costs a bounded wait, not
-a hang) how many batches its loader will yield. The last rank to arrive decides for
+a hang; ranks the script spawned itself use their process group's store, every wait
+bounded all the same) how many batches its loader will yield. The last rank to arrive decides for
 all: every rank skips the same number of leading batches, the smallest length minus
 K, so the last K batches of the shortest rank, and every extra batch of the longer
 ones, run for real and an uneven end still shows as a real divergence. The decision
@@ -47,6 +48,7 @@ ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unse
 ENV_AGREE_WAIT = "NCCLCHECK_EVAL_AGREE_S"  # how long a rank waits for the others' lengths
 ENV_READ_S = "NCCLCHECK_EVAL_READ_S"  # how long a rank reads a loader without a length ahead
 UNKNOWN = "unknown"
+_NO_GROUP = "no process group to meet in when the pass began"
 
 
 @dataclass
@@ -73,9 +75,12 @@ class Agreement:
 class FastForward:
     """One rank's side: the passes of each eval loader it started, and the store."""
 
-    def __init__(self, keep: int, wait_s: float, rank: int, world: int, read_s: float = 30.0) -> None:
+    def __init__(
+        self, keep: int, wait_s: float, rank: int | None, world: int | None, read_s: float = 30.0
+    ) -> None:
         # the launcher's store, as the launcher named it: before the script (or srun's
-        # emulation, launch/launchers.py) can change the variables
+        # emulation, launch/launchers.py) can change the variables. No rank (a rank the
+        # script started itself, mp.spawn): its process group's store, once it has one.
         self.address = (os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "0"))
         self.namespace = rendezvous.namespaced("eval")
         self.keep = keep
@@ -89,26 +94,37 @@ class FastForward:
     def from_environment(cls) -> FastForward | None:
         env = os.environ
         keep = env.get(ENV_EVAL_BATCHES, "all")
-        if keep == "all" or "RANK" not in env:
-            return None  # nor a rank a script spawned itself: no RANK to key by
-        rank, world, read_s = int(env["RANK"]), int(env["WORLD_SIZE"]), float(env.get(ENV_READ_S, "30"))
+        if keep == "all":
+            return None
+        read_s, wait_s = float(env.get(ENV_READ_S, "30")), float(env.get(ENV_AGREE_WAIT, "5"))
+        if "RANK" not in env or "MASTER_ADDR" not in env:  # the script starts its ranks itself
+            return cls(int(keep), wait_s, None, None, read_s)
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         if env.get(ENV_VIRTUAL):  # its ranks run one at a time, with no store to meet in
             return VirtualFastForward(int(keep), rank, world, read_s, env[ENV_VIRTUAL])
-        if "MASTER_ADDR" not in env:
-            return None  # no launcher's store
-        return cls(int(keep), float(env.get(ENV_AGREE_WAIT, "5")), rank, world, read_s)
+        return cls(int(keep), wait_s, rank, world, read_s)
 
     def _connected(self) -> Any:
-        if self._store is None:
+        """The store to meet in, or None: a rank of the script's own with no process group."""
+        if self._store is None and self.rank is not None:
             self._store = rendezvous.launcher_store(self.wait_s, *self.address)
+        elif self._store is None:
+            import torch.distributed as dist
+
+            if not (dist.is_available() and dist.is_initialized()):
+                return None
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+            # a store, never a collective; its own timeout is the job's: every wait says its own
+            self._store = dist.PrefixStore("ncclcheck/", dist.distributed_c10d._get_default_store())
         return self._store
 
     def reading(self, loader: str, passes_done: int) -> None:
         """Say this rank reads its pass over ``loader`` ahead before telling its length: a
         rank that told already waits for the readers (up to their bound) once every rank
         has said so, not just the agreement's short wait."""
-        if self.world > 1:
-            self._connected().add(f"{self.namespace}{loader}/{passes_done}/reading", 1)
+        store = self._connected() if self.world != 1 else None
+        if store is not None and self.world != 1:
+            store.add(f"{self.namespace}{loader}/{passes_done}/reading", 1)
 
     def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
         """Tell this rank's length for a pass over ``loader`` after ``passes_done`` complete
@@ -116,28 +132,31 @@ class FastForward:
         pass some rank starts alone (``next(iter(val_loader))`` on rank 0 for a logged
         sample) completes nothing, so it meets the others' real pass and that rank's
         real pass reads the same decision again."""
+        store = self._connected() if self.world != 1 else None
         if self.world == 1:
             return _decide({0: length}, self.keep)
-        store = self._connected()
+        if store is None or self.rank is None or self.world is None:
+            return Agreement(0, {}, _NO_GROUP)
+        rank, world = self.rank, self.world
         base = f"{self.namespace}{loader}/{passes_done}/"
-        store.set(f"{base}len/{self.rank}", UNKNOWN if length is None else str(length))
-        if store.add(f"{base}arrived", 1) == self.world:  # the last to arrive decides for all
-            told = {r: _length(store.get(f"{base}len/{r}")) for r in range(self.world)}
+        store.set(f"{base}len/{rank}", UNKNOWN if length is None else str(length))
+        if store.add(f"{base}arrived", 1) == world:  # the last to arrive decides for all
+            told = {r: _length(store.get(f"{base}len/{r}")) for r in range(world)}
             return Agreement.from_json(
                 store.compare_set(f"{base}skip", "", _decide(told, self.keep).to_json())
             )
         try:
             try:
-                store.wait([f"{base}skip"])  # bounded by the client's timeout (wait_s)
+                store.wait([f"{base}skip"], datetime.timedelta(seconds=self.wait_s))
             except Exception:
-                if int(store.add(f"{base}reading", 0)) < self.world:
+                if int(store.add(f"{base}reading", 0)) < world:
                     raise  # some rank has not even started the pass
                 store.wait([f"{base}skip"], datetime.timedelta(seconds=self.read_s))
             return Agreement.from_json(store.get(f"{base}skip"))
         except Exception:  # the timeout: whoever sets the key first decides for every rank
             arrived = int(store.add(f"{base}arrived", 0))
             why = (
-                f"{self.world - arrived} of {self.world} ranks had not started the pass "
+                f"{world - arrived} of {world} ranks had not started the pass "
                 f"{self.wait_s:.0f} s after this one"
             )
             return Agreement.from_json(store.compare_set(f"{base}skip", "", Agreement(0, {}, why).to_json()))
@@ -152,6 +171,7 @@ class VirtualFastForward(FastForward):
 
     def __init__(self, keep: int, rank: int, world: int, read_s: float, reference_path: str) -> None:
         super().__init__(keep, 0.0, rank, world, read_s)
+        self.virtual_rank = rank
         self.path = os.path.join(os.path.dirname(reference_path), "virtual-eval.jsonl")
         self._decided: dict[str, Agreement] | None = None
 
@@ -160,7 +180,7 @@ class VirtualFastForward(FastForward):
 
     def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
         key = f"{loader}/{passes_done}"
-        if self.rank == 0:
+        if self.virtual_rank == 0:
             decided = _decide({0: length}, self.keep)
             with open(self.path, "a", encoding="utf-8") as out:
                 out.write(json.dumps({"key": key, "agreement": json.loads(decided.to_json())}) + "\n")
@@ -176,10 +196,10 @@ class VirtualFastForward(FastForward):
                         )
         reference = self._decided.get(key)
         if reference is None:
-            return Agreement(0, {self.rank: length}, "rank 0, the reference, did not start this pass")
-        told = {**reference.told, self.rank: length}
+            return Agreement(0, {self.virtual_rank: length}, "rank 0, the reference, did not start this pass")
+        told = {**reference.told, self.virtual_rank: length}
         if length is None or reference.why_not:
-            return Agreement(0, told, reference.why_not or f"no length on rank {self.rank}")
+            return Agreement(0, told, reference.why_not or f"no length on rank {self.virtual_rank}")
         return Agreement(min(reference.skip, length), told)
 
 

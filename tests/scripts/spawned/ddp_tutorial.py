@@ -2,7 +2,8 @@
 with mp.spawn(main, args=(world_size,), nprocs=world_size), sets MASTER_ADDR/PORT itself
 and passes the rank and world size to init_process_group. BUG (FIXED=0): only rank 0
 evaluates, and the evaluation all-reduces its loss: the other ranks go on to the next
-epoch's DDP gradient all_reduce, rank 0 waits in its own all_reduce."""
+epoch's DDP gradient all_reduce, rank 0 waits in its own all_reduce. VAL_SAMPLES=N
+evaluates on a validation set of N samples instead of the training data."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def demo_basic(rank: int, world_size: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = TensorDataset(torch.randn(128, 8), torch.randint(0, 2, (128,)))
     train_loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data))
-    val_loader = DataLoader(data, batch_size=16, sampler=DistributedSampler(data, shuffle=False))
+    samples = int(os.environ.get("VAL_SAMPLES", "0"))  # a validation set of its own, this large
+    val_data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 2, (samples,))) if samples else data
+    val_loader = DataLoader(val_data, batch_size=16, sampler=DistributedSampler(val_data, shuffle=False))
     for epoch in range(3):
         for features, labels in train_loader:
             optimizer.zero_grad()
