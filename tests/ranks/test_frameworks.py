@@ -192,6 +192,24 @@ def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_
     assert changed.startswith("transformers Trainer eval_steps=5 (was 50) at "), changed
 
 
+def test_transformers_evaluation_of_a_large_set_is_fast_forwarded(tmp_path: Path) -> None:
+    """The Trainer's eval loader is named and marked eval by get_eval_dataloader, so the
+    agreement applies as its evaluation loop starts: 992 of 1,000 batches skipped."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    source = (FRAMEWORKS / "transformers_aligned.py").read_text()
+    assert "eval_dataset=Sentences(32, 1)," in source
+    script = tmp_path / "large_eval_set.py"
+    script.write_text(source.replace("eval_dataset=Sentences(32, 1),", "eval_dataset=Sentences(16000, 1),"))
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert report["verdict"] == "aligned", report["findings"]
+    assert report["summary"]["eval_batches"] == {"0": 1000, "1": 1000}
+    assert report["summary"]["eval_fast_forward"] == [
+        "eval_dataloader: the first 992 of 1000 batches skipped on every rank (not loaded), "
+        "the rest run for real"
+    ]
+
+
 LOG_DICT_KEYS = REPO / "tests" / "scripts" / "lightning_log_dict_keys.py"
 
 
