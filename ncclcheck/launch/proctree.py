@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 
 import psutil
 
@@ -29,5 +30,20 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, timeout: float = 5.0) -> list
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)
-    _gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    return [proc.pid for proc in alive]
+    # A zombie has ended: it runs and writes nothing more. psutil.wait_procs waits for
+    # its pid to go, that is for its parent to reap it: a rank whose torchrun died is
+    # reaped by init, seconds later in a container (1.9 s for 4 ranks here).
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while True:
+        alive = [proc for proc in alive if not _ended(proc)]
+        if not alive or time.monotonic() > deadline:
+            return [proc.pid for proc in alive]
+        time.sleep(0.01)
+
+
+def _ended(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE or not proc.is_running()
+    except psutil.Error:  # gone, or no longer ours to see
+        return True
