@@ -8,8 +8,8 @@ sequence of collectives like any dry-run rank.
 A fake collective leaves each rank its own data, so ranks that decide on a reduced
 value would decide differently than they really do. The results are made the same on
 every virtual rank at the same position of the same group: rank 0 runs first (the
-reference) and writes the result of each all_reduce and broadcast it makes (tensors
-up to ``_KEPT`` elements); every other rank takes rank 0's result at the same group
+reference) and writes the result of each all_reduce, broadcast and all_gather it
+makes (tensors up to ``_KEPT`` elements); every other rank takes rank 0's result at the same group
 and position where the shape and dtype match. Rank 0's own result is what the job
 would give if every rank held rank 0's value (a SUM is its value times the group's
 size; AVG, MAX, MIN keep it; a broadcast keeps it, exactly right when rank 0 is the
@@ -135,7 +135,8 @@ def install(reference_path: str, rank: int, world_size: int) -> None:
     def settled(op: str, fn: Any) -> Any:
         @functools.wraps(fn)
         def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            # all_reduce(tensor, op, group) and broadcast(tensor, src, group): the group is third
+            # all_reduce(tensor, op, group), broadcast(tensor, src, group), all_gather(outputs,
+            # input, group), all_gather_into_tensor(output, input, group): the group is third
             group = kwargs.get("group", args[1] if len(args) > 1 else None)
             work = fn(tensor, *args, **kwargs)
             if op == "all_reduce":
@@ -144,12 +145,20 @@ def install(reference_path: str, rank: int, world_size: int) -> None:
                     size = dist.get_world_size(group)
                     with torch.no_grad():
                         tensor.mul_(size)  # as if every rank held this rank's value
-            reference.settle(reference.key(op, group), tensor)
+            key = reference.key(op, group)
+            if isinstance(tensor, (list, tuple)):  # all_gather's list: each slot at its own key
+                for slot, each in enumerate(tensor):
+                    reference.settle(f"{key}/{slot}", each)
+            else:
+                reference.settle(key, tensor)
             return work
 
         return call
 
-    for op in ("all_reduce", "broadcast"):
+    # The fake group gives an all_gather W copies of the rank's own input: rank 0's
+    # output stands for everyone's, as if every rank held rank 0's (a gather of lengths
+    # before padding to the longest then pads alike on every rank).
+    for op in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"):
         wrapped = settled(op, getattr(dist, op))
         setattr(dist, op, wrapped)
         setattr(c10d, op, wrapped)

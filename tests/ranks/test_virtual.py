@@ -144,6 +144,18 @@ def test_every_repro_gives_the_same_finding_virtual_as_real(catalogue, cause: st
     assert (finding["ranks"], finding["absent_ranks"]) == (expect.ranks, expect.absent_ranks), finding
 
 
+@pytest.mark.parametrize("cause", sorted(set(PLAYBOOK_IDS) - TIMING_ONLY))
+def test_every_fixed_playbook_is_aligned_in_a_large_world(catalogue, cause: str) -> None:
+    """No false divergence from the fake group: collective-shape-mismatch's fix gathers
+    the lengths, pads to the longest and gathers again; with each rank's own lengths
+    (the fake all_gather's) every rank padded to another shape, until all_gather's
+    result became rank 0's on every rank, as an all_reduce's is."""
+    fixed = catalogue.get(cause).fixed_path
+    proc, report = preflight("--world-size=64", str(fixed))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned", report["findings"]
+
+
 def test_early_stopping_on_an_all_reduced_loss_is_no_divergence_in_a_large_world(catalogue) -> None:
     fixed = catalogue.get("unsynchronized-decision").fixed_path
     proc, report = preflight("--world-size=256", str(fixed))
