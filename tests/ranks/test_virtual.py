@@ -130,6 +130,22 @@ def test_a_virtual_world_skips_rank_0s_leading_eval_batches_and_still_finds_an_u
     ]
 
 
+@pytest.mark.parametrize(
+    ("script", "fixed"),
+    [
+        ("eval_split_by_hand.py", {"MODE": "fixed"}),
+        ("node_leaders.py", {"FIXED": "1"}),
+        ("tensor_parallel_eval.py", {"FIXED": "1"}),
+    ],
+)
+def test_the_fixed_world_size_scripts_are_aligned_on_two_real_ranks_too(
+    script: str, fixed: dict[str, str]
+) -> None:
+    """Their fixes are checked at the production size above; here at the CI size."""
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "virtual" / script), env=fixed)
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
+
+
 @pytest.mark.parametrize("cause", sorted(set(PLAYBOOK_IDS) - TIMING_ONLY))
 def test_every_repro_gives_the_same_finding_virtual_as_real(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
