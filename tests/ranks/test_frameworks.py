@@ -327,6 +327,6 @@ def test_lightning_hand_split_validation_is_an_uneven_end_not_a_logging_mismatch
     assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == ("uneven-eval-batches", [0], [1])
     assert finding["site"] == f"tests/scripts/lightning_large_val.py:{line_in(LARGE_VAL, 'self.log(')}"
     assert (
-        "lengths the ranks told each other as the pass over loader#0 began, before any batch: "
+        "lengths the ranks' loaders had as the pass over loader#0 began, before any batch: "
         "rank 0: 2501, rank 1: 2500"
     ) in finding["evidence"]

@@ -524,7 +524,7 @@ def test_an_uneven_end_of_a_large_eval_set_is_still_a_real_divergence() -> None:
     assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == ("uneven-eval-batches", [0], [1])
     assert report["summary"]["eval_batches"] == {"0": 2501, "1": 2500}
     assert (
-        "lengths the ranks told each other as the pass over val_loader began, before any batch: "
+        "lengths the ranks' loaders had as the pass over val_loader began, before any batch: "
         "rank 0: 2501, rank 1: 2500"
     ) in finding["evidence"]
 
@@ -548,7 +548,7 @@ def test_a_stream_without_a_length_is_read_ahead_and_its_uneven_end_still_found(
         "the ones after them ran for real"
     ) in finding["evidence"]
     assert (
-        "lengths the ranks told each other as the pass over val_loader began, before any batch: "
+        "lengths the ranks' loaders had as the pass over val_loader began, before any batch: "
         + ("rank 0: 2501, rank 1: 2500")
         in finding["evidence"]
     )

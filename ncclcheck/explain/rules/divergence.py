@@ -351,7 +351,7 @@ def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explana
         told = loader_pass.told
         if told and len({n for n in told.values()}) > 1:
             evidence.append(
-                f"lengths the ranks told each other as the pass over {loader_pass.loader} began, "
+                f"lengths the ranks' loaders had as the pass over {loader_pass.loader} began, "
                 "before any batch: " + ", ".join(f"rank {r}: {n}" for r, n in sorted(told.items()))
             )
         if loader_pass.skipped:
