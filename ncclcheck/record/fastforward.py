@@ -183,7 +183,7 @@ class VirtualFastForward(FastForward):
         if self.virtual_rank == 0:
             decided = _decide({0: length}, self.keep)
             with open(self.path, "a", encoding="utf-8") as out:
-                out.write(json.dumps({"key": key, "agreement": json.loads(decided.to_json())}) + "\n")
+                out.write(json.dumps({"key": key, "agreement": decided.to_json()}) + "\n")
             return decided
         if self._decided is None:
             self._decided = {}
@@ -191,9 +191,7 @@ class VirtualFastForward(FastForward):
                 with open(self.path, encoding="utf-8") as saved:
                     for line in saved:
                         record = json.loads(line)
-                        self._decided.setdefault(
-                            record["key"], Agreement.from_json(json.dumps(record["agreement"]))
-                        )
+                        self._decided.setdefault(record["key"], Agreement.from_json(record["agreement"]))
         reference = self._decided.get(key)
         if reference is None:
             return Agreement(0, {self.virtual_rank: length}, "rank 0, the reference, did not start this pass")

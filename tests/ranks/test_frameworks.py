@@ -177,14 +177,25 @@ def test_lightning_ddp_spawn_is_run_once_and_its_spawned_ranks_recorded(tmp_path
     assert not leftover_ranks(str(script))
 
 
+def edited_example(example: str, folder: Path, line: str, instead: str) -> Path:
+    """A copy of a transformers example with one setting changed (the line must be there)."""
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    source = (FRAMEWORKS / example).read_text()
+    assert line in source
+    script = folder / example
+    script.write_text(source.replace(line, instead))
+    return script
+
+
 def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_path: Path) -> None:
     """eval_strategy="steps" with eval_steps=50: a 5-step dry run would never evaluate
     and would call the job aligned; the Trainer is given eval_steps=5 instead."""
-    pytest.importorskip("transformers", reason="transformers is not installed")
-    source = (FRAMEWORKS / "transformers_misaligned.py").read_text()
-    assert 'eval_strategy="epoch",' in source
-    script = tmp_path / "eval_every_50_steps.py"
-    script.write_text(source.replace('eval_strategy="epoch",', 'eval_strategy="steps", eval_steps=50,'))
+    script = edited_example(
+        "transformers_misaligned.py",
+        tmp_path,
+        'eval_strategy="epoch",',
+        'eval_strategy="steps", eval_steps=50,',
+    )
     proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert report["findings"][0]["cause"] == "rank-conditional-collective"
@@ -195,11 +206,12 @@ def test_transformers_evaluation_every_n_steps_is_brought_within_the_budget(tmp_
 def test_transformers_evaluation_of_a_large_set_is_fast_forwarded(tmp_path: Path) -> None:
     """The Trainer's eval loader is named and marked eval by get_eval_dataloader, so the
     agreement applies as its evaluation loop starts: 992 of 1,000 batches skipped."""
-    pytest.importorskip("transformers", reason="transformers is not installed")
-    source = (FRAMEWORKS / "transformers_aligned.py").read_text()
-    assert "eval_dataset=Sentences(32, 1)," in source
-    script = tmp_path / "large_eval_set.py"
-    script.write_text(source.replace("eval_dataset=Sentences(32, 1),", "eval_dataset=Sentences(16000, 1),"))
+    script = edited_example(
+        "transformers_aligned.py",
+        tmp_path,
+        "eval_dataset=Sentences(32, 1),",
+        "eval_dataset=Sentences(16000, 1),",
+    )
     proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["verdict"] == "aligned", report["findings"]
