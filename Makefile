@@ -13,19 +13,23 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser test test-fast demo lint preflight probe doctor bench gpu-check clean
+.PHONY: help install upgrade-pins browser test test-fast demo lint preflight probe doctor bench gpu-check clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml hatch_build.py ncclcheck/record/_fastcall.c
+$(STAMP): pyproject.toml constraints.txt hatch_build.py ncclcheck/record/_fastcall.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@# torch first, pinned, so the package's torch>=2.4 is already satisfied.
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'
-	$(BIN)/pip install --quiet -e '.[test]'
+	@# every other package at the version the suite last passed with (constraints.txt)
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	@touch $@
 
-install: $(STAMP) ## Create .venv with the CPU torch wheel and ncclcheck[test] (quick when done)
+install: $(STAMP) ## Create .venv with the CPU torch wheel and ncclcheck[test] at the pinned versions (quick when done)
+
+upgrade-pins: ## Resolve the newest test dependencies in a scratch venv, run the suite there, rewrite constraints.txt if it passes
+	tools/upgrade-pins.sh $(PYTHON) '$(TORCH_SPEC)' $(TORCH_PIP_ARGS)
 
 browser: ## Debian's chromium, for the HTML report's browser test (skipped without it)
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
@@ -74,4 +78,4 @@ gpu-check: $(STAMP) ## On a GPU node: preflight, probe, Flight Recorder and reco
 	$(BIN)/python benchmarks/gpu_check.py
 
 clean: ## Remove the venv and caches
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache build dist
+	rm -rf $(VENV) .venv-upgrade .pytest_cache .ruff_cache .mypy_cache build dist

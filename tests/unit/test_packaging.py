@@ -113,3 +113,33 @@ def test_without_a_c_compiler_the_wheel_is_pure_and_records_in_python(tmp_path: 
         check=True,
     )
     assert result.stdout.split() == ["None", "PyState", "<lambda>"]
+
+
+def _name(requirement: str) -> str:
+    """A requirement's distribution name, normalised as pip compares them (PEP 503)."""
+    import re
+
+    bare = re.split(r"[\s<>=!~;\[]", requirement.strip(), maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", bare).lower()
+
+
+def test_every_dependency_but_torch_is_pinned_for_the_suite() -> None:
+    """`make install` installs with -c constraints.txt: a dependency added to pyproject.toml
+    without a pin would be resolved anew on every machine, which is what broke a new
+    machine's `make test` (a framework's newest release)."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = {_name(r) for r in [*project["dependencies"], *project["optional-dependencies"]["test"]]}
+    wanted -= {"torch", "tomli"}  # torch: TORCH_SPEC's; tomli: Python < 3.11 only
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt pins exact versions only: {line!r}"
+            pins[_name(name)] = version
+    assert sorted(wanted - pins.keys()) == []
+    assert "torch" not in pins and "ncclcheck" not in pins
