@@ -7,9 +7,11 @@ tokenises a data set, runs a long first step) is running or waiting for the
 disk. Trace writes alone cannot tell them apart: 16 ranks on 2 cores spend 16 s
 in DDP's constructor without writing a line.
 
-The sample covers every process under torchrun, not only the ranks that have
-said hello: a rank still importing torch has written nothing yet, and a rank
-that waits on its DataLoader workers sleeps while they compute.
+The sample covers the launcher's process and every process under it, not only
+the ranks that have said hello: a rank still importing torch has written nothing
+yet, a rank that waits on its DataLoader workers sleeps while they compute, and a
+script that starts its own ranks (mp.spawn, Lightning's ddp_spawn) is the
+launcher: it imports and builds its model for many seconds before any rank exists.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class Sample:
 
 
 class JobActivity:
-    """Samples the processes under ``root_pid`` (torchrun) and says whether they work.
+    """Samples ``root_pid`` (torchrun, or a script that starts its own ranks) and the
+    processes under it, and says whether they work.
 
     ``busy()`` judges the last ``window_s`` seconds: busy when the processes used
     more CPU than sleeping ones do, or when some process was running or in disk
@@ -60,6 +63,7 @@ class JobActivity:
         found: dict[int, psutil.Process] = {}
         try:
             root = psutil.Process(self.root_pid)
+            found[root.pid] = root
             for child in root.children(recursive=True):
                 found[child.pid] = child
         except psutil.Error:

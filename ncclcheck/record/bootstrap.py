@@ -22,7 +22,17 @@ from typing import Any, NoReturn
 
 from ncclcheck.communicates import COLLECTIVES, P2P
 from ncclcheck.launch.launchers import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, SLURM, slurm_task_environment
-from ncclcheck.record import cpu_map, frames, frameworks, lines, nccl_timing, perturb, rooted, virtual
+from ncclcheck.record import (
+    cpu_map,
+    frames,
+    frameworks,
+    lines,
+    nccl_timing,
+    perturb,
+    rooted,
+    starters,
+    virtual,
+)
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -164,18 +174,15 @@ def _hook_ddp_and_backward(recorder: Recorder) -> None:
 
 
 def _refuse_own_launchers() -> None:
-    """torch.multiprocessing.spawn / start_processes inside a rank: the ranks they start
-    would be new interpreters without the recorder, waiting on each other unseen."""
-    import torch.multiprocessing as torch_mp
+    """Ranks started inside a rank (torch.multiprocessing.spawn / start_processes, called
+    by the script or by a framework such as Lightning's ddp_spawn): they would be new
+    interpreters without the recorder, waiting on each other unseen. Found where the
+    process starts (record/starters.py), not by the name the caller looked up."""
 
-    for name in ("spawn", "start_processes"):
-        if getattr(torch_mp, name, None) is None:
-            continue
+    def refuse(_process: Any, start: starters.RankStart) -> None:
+        raise OwnLauncher(start.launcher)
 
-        def refuse(*_args: Any, _name: str = name, **_kwargs: Any) -> Any:
-            raise OwnLauncher(f"torch.multiprocessing.{_name}")
-
-        setattr(torch_mp, name, refuse)
+    starters.on_rank_start(refuse)
 
 
 # Frames of torch's context-manager machinery, between a `with torch.no_grad()` (or a

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ncclcheck.record import starters
 from ncclcheck.record.bootstrap import find_module_file, run_guarded, start_recorder
 
 _SCRIPT = "NCCLCHECK_SPAWN_SCRIPT"  # the script's path, for each rank's hello
@@ -38,25 +39,22 @@ def rank_entry(index: int, fn: Callable[..., Any], nprocs: int, args: tuple[Any,
 
 
 def _record_started_ranks() -> None:
-    """torch.multiprocessing's start_processes (which spawn calls) with the rank function
-    wrapped; spawn's own refusal inside a rank is the rank's recorder's business."""
-    import torch.multiprocessing as torch_mp
-
-    # the module, not the function torch.multiprocessing exports under the same name
-    spawn_module = sys.modules["torch.multiprocessing.spawn"]
-
-    original = spawn_module.start_processes
+    """Every rank torch's start_processes starts (mp.spawn, Lightning's ddp_spawn, ...)
+    runs ``rank_entry`` with the rank function as its argument, whoever called it
+    (record/starters.py); spawn's own refusal inside a rank is the rank's recorder's
+    business."""
     # this module runs as __main__ (python -m): its importable twin's function is the one
     # the spawn start method can pickle by name
     from ncclcheck.record.spawned import rank_entry as entry
 
-    def start_processes(
-        fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int = 1, *rest: Any, **options: Any
-    ) -> Any:
-        return original(entry, (fn, nprocs, tuple(args)), nprocs, *rest, **options)
+    def record(process: Any, start: starters.RankStart) -> None:
+        if start.fn is entry:
+            return
+        nprocs = start.nprocs or int(os.environ.get("WORLD_SIZE", "0")) or start.index + 1
+        wrap_args = process._args
+        process._args = (entry, start.index, (start.fn, nprocs, start.args), *wrap_args[3:])
 
-    for module in (spawn_module, torch_mp):  # spawn() reads its module's; users import either
-        setattr(module, "start_processes", start_processes)  # noqa: B010 (not in torch's stubs)
+    starters.on_rank_start(record)
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ def test_a_job_whose_processes_sleep_is_idle() -> None:
     with job(parent_of(parent_of(SLEEP))) as proc:
         wait_for_grandchild(proc.pid)
         busy, processes = judge(proc.pid)
-    assert processes == 2  # the root itself (torchrun) is not counted
+    assert processes == 3  # the root (torchrun, or a script that spawns its ranks) and both below
     assert not busy
 
 
@@ -73,6 +73,15 @@ def test_a_computing_grandchild_makes_the_job_busy() -> None:
         wait_for_grandchild(proc.pid)
         busy, _ = judge(proc.pid)
     assert busy
+
+
+def test_a_computing_root_makes_the_job_busy() -> None:
+    """A script that starts its own ranks (mp.spawn, Lightning's ddp_spawn) is the root:
+    it imports and builds its model for seconds before any rank exists, and was called
+    idle, so a slow first import (a new machine) ended the dry run before it spawned."""
+    with job(SPIN) as proc:
+        busy, processes = judge(proc.pid)
+    assert (busy, processes) == (True, 1)
 
 
 def test_cpu_used_before_the_first_sample_does_not_count() -> None:
