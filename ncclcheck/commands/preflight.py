@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -363,10 +364,7 @@ def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
         known = _launch_failure(launch)
         if known is not None:
             raise known
-        tail = launch.log_tail(8) if launch else ""
-        raise InputError(
-            "no rank started: torchrun failed before running the script" + (f"\n{tail}" if tail else ""),
-        )
+        raise _no_rank_recorded(launch)
     world = max(t.world_size for t in traces.values())
     _refuse_what_cannot_be_checked(traces, launch)
     return Evidence(
@@ -464,6 +462,50 @@ def _with_line_evidence(
     return Diagnosis.read(first.evidence, first.launch)
 
 
+def _no_rank_recorded(launch: LaunchResult | None) -> InputError:
+    """No rank wrote a trace: say what the launch shows of why, never "torchrun failed"
+    when the script ran (its ranks may have died before their recorder started)."""
+    tail = launch.log_tail(8) if launch else ""
+    hint = f"Its last output:\n{tail}" if tail else None
+    if launch is None:
+        return InputError("no rank started", hint=hint)
+    starter = "the script" if launch.launcher == SPAWN else launch.launcher
+    if launch.interrupted:
+        return InputError("interrupted before any rank started", hint=hint)
+    if launch.stalled:
+        return InputError(
+            f"no rank started within the dry run: {launch.stall_reason or 'nothing ran'} while "
+            f"{starter} was still starting, and it was stopped",
+            hint=hint,
+        )
+    if launch.rank_exits:
+        exits = ", ".join(
+            f"rank {rank} {_exit_words(code)}" for rank, code in sorted(launch.rank_exits.items())
+        )
+        errors = launch.error_lines()
+        plural = "s" if len(errors) > 1 else ""
+        died_of = f"; the last error{plural} printed: {' | '.join(errors)}" if errors else ""
+        return InputError(
+            f"the ranks {starter} started ended before ncclcheck's recorder ran in them "
+            f"(before their first collective): {exits}{died_of}",
+            hint=hint,
+        )
+    code = launch.returncode
+    ended = f"exited with code {code}" if code is not None and code >= 0 else "was killed"
+    if launch.launcher == SPAWN:
+        return InputError(f"the script {ended} before it started any rank", hint=hint)
+    return InputError(f"no rank started: {launch.launcher} {ended} before running the script", hint=hint)
+
+
+def _exit_words(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
 _PORT_IN_USE = re.compile(r"port: (\d+).*EADDRINUSE")
 _RENDEZVOUS_UNREACHABLE = re.compile(
     r"(RendezvousConnectionError|RendezvousTimeoutError|DistNetworkError)[^\n]*?:\s*(.*)"
@@ -549,9 +591,20 @@ def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchR
     if launch is not None and (launch.stalled or launch.interrupted or launch.timed_out):
         return
     tail = launch.log_tail(6) if launch else ""
-    failed = [e for e in exits if e.get("how") in ("exception", "sys.exit") and e.get("code")]
+    failing = [
+        t
+        for t in sorted(traces.values(), key=lambda t: t.rank)
+        if t.exit and t.exit.get("how") in ("exception", "sys.exit") and t.exit.get("code")
+    ]
+    failed = [t.exit for t in failing if t.exit]
     if failed:
         error = failed[0].get("error") or f"exit code {failed[0].get('code')}"
+        world = max(t.world_size for t in traces.values())
+        if len(failing) < max(world, len(traces)):  # not every rank: say which did what
+            raise InputError(
+                _ended_before_init(failing, traces, launch),
+                hint=("Its last output:\n" + tail) if tail else None,
+            )
         hint = (
             ("Its last output:\n" + tail)
             if tail
@@ -567,6 +620,33 @@ def _refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchR
         "the script never called torch.distributed.init_process_group: no collective to check",
         hint="preflight checks distributed training scripts; run this one with python directly.",
     )
+
+
+def _ended_before_init(
+    failing: list[RankTrace], traces: dict[int, RankTrace], launch: LaunchResult | None
+) -> str:
+    """Some ranks failed before init_process_group, the others were stopped or never
+    started: each rank's part, from its trace and the launcher's exit codes."""
+    codes = launch.rank_exits if launch else {}
+    parts = []
+    for trace in failing:
+        exit_ = trace.exit or {}
+        parts.append(f"rank {trace.rank} exited with code {exit_.get('code')} ({exit_.get('error')})")
+    failed_ranks = {t.rank for t in failing}
+    for rank in sorted(set(traces) - failed_ranks):
+        code = codes.get(rank)
+        how = f", {_exit_words(code)}" if code is not None else ""
+        parts.append(f"rank {rank} had not reached a collective and was stopped with the job{how}")
+    world = max(t.world_size for t in traces.values())
+    unseen = sorted(set(range(world)) - set(traces))
+    if unseen:
+        parts.append(f"{_ranks_words(unseen)} never started ncclcheck's recorder")
+    names = _ranks_words(sorted(failed_ranks))
+    return f"{names} failed before init_process_group, before any collective: " + "; ".join(parts)
+
+
+def _ranks_words(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
 
 
 def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchResult | None) -> str:

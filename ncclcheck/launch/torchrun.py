@@ -129,6 +129,7 @@ class LaunchResult:
     rank_exits: dict[int, int] = field(default_factory=dict)  # by rank, from torchrun's summary
     first_failure: int | None = None  # the rank torchrun names as the root cause
     probe_failed: bool = False
+    launcher: str = "torchrun"  # who started the ranks (DryRunSettings.launcher)
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of what the ranks printed, without torchrun's own log lines.
@@ -140,6 +141,11 @@ class LaunchResult:
             text = self.log_path.read_text(encoding="utf-8", errors="replace")
         except OSError:
             return ""
+        # spawn's own report of a failed process (a script that starts its ranks) ends
+        # the output, like torchrun's summary: what the processes printed comes before it
+        spawn_report = text.rfind("Traceback", 0, max(0, text.find("ProcessExitedException")))
+        if "ProcessExitedException" in text and spawn_report >= 0:
+            text = text[:spawn_report]
         kept: list[str] = []
         for line in text.splitlines():
             if _TORCHRUN_ERROR.match(line):
@@ -148,6 +154,22 @@ class LaunchResult:
                 continue
             kept.append(line)
         return "\n".join(kept[-lines:])
+
+    def error_lines(self, most: int = 3) -> list[str]:
+        """The last distinct exception lines the job printed (``ValueError: ...``), from
+        every process's output alike: what the ranks died of, where no trace says it."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        found: list[str] = []
+        for line in text.splitlines():
+            line = line.strip()
+            if _EXCEPTION_LINE.match(line) and "ProcessExitedException" not in line:
+                if line in found:
+                    found.remove(line)
+                found.append(line)
+        return found[-most:]
 
 
 def private_trace_dir(parent: str | None = None) -> Path:
@@ -174,6 +196,8 @@ def _trace_size(trace_dir: Path) -> tuple[int, int]:
 
 _TORCHRUN_LINE = re.compile(r"^([WI]\d{4} \d\d:\d\d|\*{5}|Setting OMP_NUM_THREADS)")
 _TORCHRUN_ERROR = re.compile(r"^E\d{4} \d\d:\d\d")
+# "ValueError: ...", "torch.distributed.DistBackendError: ...": a traceback's last line
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit)(?::|$)")
 _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
 
 
@@ -352,7 +376,7 @@ def run_dry(
     if settings.launcher == SLURM:
         env[ENV_SLURM_PORT] = str(free_port())
     start = time.monotonic()
-    result = LaunchResult(trace_dir, log_path, None)
+    result = LaunchResult(trace_dir, log_path, None, launcher=settings.launcher)
     if warm is not None:
         ranks_env = dry_run_environment(settings, trace_dir)
         proc = warm.launch(target, ranks_env, torchrun.nproc_per_node, log_path)

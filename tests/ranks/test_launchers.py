@@ -64,11 +64,21 @@ def test_the_fixed_tutorial_is_aligned_and_its_large_validation_set_fast_forward
     assert not leftover_ranks(str(script))
 
 
-def test_ranks_spawned_from_another_module_are_found_at_run_time() -> None:
-    """The source shows no mp.spawn: the torchrun rank refuses to start more, and the
-    script runs again with the spawn launcher."""
+@pytest.mark.parametrize(
+    ("how", "launcher", "call"),
+    [
+        ("spawn", "torch.multiprocessing.spawn", "mp.spawn("),
+        ("bound-fork", "torch.multiprocessing.start_processes", "start_processes(worker"),
+    ],
+)
+def test_ranks_spawned_from_another_module_are_found_at_run_time(how: str, launcher: str, call: str) -> None:
+    """The source shows no mp.spawn: the torchrun rank refuses to start more, where the
+    process starts, however the helper reached torch's start_processes (looked up at
+    call time, or bound at import from its module with the fork start method), and the
+    script runs again with the spawn launcher, every rank it starts recorded."""
     script = SPAWNED / "launched_elsewhere.py"
-    proc, report = preflight(str(script), env={"TUTORIAL_PORT": free_port()}, cwd=REPO)
+    env = {"TUTORIAL_PORT": free_port(), "LAUNCH_HELPER": how}
+    proc, report = preflight(str(script), env=env, cwd=REPO)
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
     assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
@@ -76,10 +86,49 @@ def test_ranks_spawned_from_another_module_are_found_at_run_time() -> None:
         [0],
         [1],
     )
-    assert (
-        "torch.multiprocessing.spawn at tests/scripts/spawned/spawn_helper.py:13"
-        in (report["summary"]["launcher"])
-    )
+    helper = SPAWNED / "spawn_helper.py"
+    site = f"{launcher} at tests/scripts/spawned/spawn_helper.py:{line_in(helper, call)}"
+    assert site in report["summary"]["launcher"], report["summary"]["launcher"]
+    assert not leftover_ranks(str(script))
+
+
+def test_ranks_that_die_before_their_recorder_are_named_with_their_exit_and_error() -> None:
+    """mp.spawn's processes die while they unpickle their arguments (a connection reset,
+    as Lightning's ddp_spawn showed on a loaded machine): no rank wrote a trace, and the
+    report says which ranks exited, with what code and error, not that torchrun failed."""
+    script = SPAWNED / "dies_at_start.py"
+    proc, report = preflight(str(script))
+    assert proc.returncode == 2 and report is None, proc.stdout[-2000:]
+    first = proc.stderr.splitlines()[0]
+    assert "torchrun" not in first, first
+    assert first.startswith(
+        "ncclcheck: error: the ranks the script started ended before ncclcheck's recorder ran in "
+        "them (before their first collective): rank "
+    ), first
+    assert "exited with code 1" in first, first
+    assert first.endswith(
+        "the last error printed: ConnectionResetError: [Errno 104] Connection reset by peer "
+        "(while receiving train-shard)"
+    ), first
+    assert "Its last output:" in proc.stderr and "in reopen_shard" in proc.stderr, proc.stderr
+    assert not leftover_ranks(str(script))
+
+
+def test_a_rank_that_fails_before_init_is_told_apart_from_the_ranks_stopped_with_it() -> None:
+    """Under torchrun, rank 1 exits with code 3 before init_process_group while rank 0
+    waits in it: rank 1's exit, its error and its last output; rank 0 stopped by the
+    job's end, not "failed on every rank"."""
+    script = SCRIPTS / "dies_before_init.py"
+    proc, report = preflight(str(script))
+    assert proc.returncode == 2 and report is None, proc.stdout[-2000:]
+    first = proc.stderr.splitlines()[0]
+    exit_line = line_in(script, "sys.exit(3)")
+    assert first == (
+        "ncclcheck: error: rank 1 failed before init_process_group, before any collective: rank 1 "
+        f"exited with code 3 (SystemExit: 3 at {script}:{exit_line} in load_shard); rank 0 had not "
+        "reached a collective and was stopped with the job, was killed by SIGTERM"
+    ), first
+    assert "cannot open shard-1.bin: no such file" in proc.stderr
     assert not leftover_ranks(str(script))
 
 
