@@ -11,6 +11,9 @@ STAMP := $(VENV)/.ncclcheck-installed
 NPROC ?= 2
 SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
+# pytest-xdist workers for the whole suite: a rank test spends much of its time waiting
+# on its ranks, so two workers on two cores finish it in about two thirds of the time
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install upgrade-pins browser test test-fast demo lint preflight probe doctor bench gpu-check clean
@@ -37,7 +40,7 @@ browser: ## Debian's chromium, for the HTML report's browser test (skipped witho
 		|| echo "no chromium: the HTML report's browser test will be skipped"
 
 test: $(STAMP) browser ## Install if needed, then run the whole test suite (real ranks included)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## The unit tests (tests/unit): analysis, rules, lint, parsing; no ranks, under a minute
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

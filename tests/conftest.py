@@ -101,6 +101,32 @@ def processes_marked(mark: str) -> list[int]:
     return left
 
 
+TEST_MARK = "NCCLCHECK_TEST_MARK"
+
+
+@pytest.fixture(autouse=True)
+def mark_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every process a test starts inherits a mark of that test: the checks for what a
+    command left behind look at this test's processes only, while other tests run the
+    same scripts at the same time (pytest-xdist's workers)."""
+    import hashlib
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    mark = f"{worker}-{hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]}"
+    monkeypatch.setenv(TEST_MARK, mark)
+    return mark
+
+
+def is_this_tests(proc: Any) -> bool:
+    """Whether a psutil process carries the running test's mark (mark_processes)."""
+    import psutil
+
+    try:
+        return bool(proc.environ().get(TEST_MARK) == os.environ.get(TEST_MARK))
+    except psutil.Error:
+        return False
+
+
 @pytest.fixture(scope="session")
 def catalogue():  # type: ignore[no-untyped-def]
     from ncclcheck.catalogue import load_catalogue

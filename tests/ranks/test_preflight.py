@@ -19,7 +19,7 @@ import pytest
 from ncclcheck.catalogue import Playbook, load_catalogue
 from ncclcheck.record.traces import load_traces
 
-from ..conftest import PLAYBOOKS, REPO, SCRIPTS, line_in, run_bounded
+from ..conftest import PLAYBOOKS, REPO, SCRIPTS, is_this_tests, line_in, run_bounded
 
 SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
 PLAYBOOK_IDS = load_catalogue(PLAYBOOKS).ids
@@ -56,11 +56,12 @@ def preflight(*args: str, cwd: Path = REPO, bound: float = BOUND_S, env: dict[st
 
 
 def leftover_ranks(marker: str) -> list[psutil.Process]:
-    """Processes whose command line names the script: what preflight must not leave."""
+    """This test's processes whose command line names the script: what preflight must
+    not leave (another test may run the same script meanwhile)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if marker in cmdline and proc.pid != os.getpid():
+        if marker in cmdline and proc.pid != os.getpid() and is_this_tests(proc):
             found.append(proc)
     return found
 
