@@ -24,6 +24,7 @@ from ncclcheck.cli.common import (
 )
 from ncclcheck.commands.preflight import report_from, run_preflight
 from ncclcheck.launch.launchers import ACCELERATE, AUTO, LAUNCHERS
+from ncclcheck.launch.stop import listen_for_a_stop
 from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
 from ncclcheck.launch.virtual import VirtualLayout, VirtualWorld
 from ncclcheck.record.traces import load_traces
@@ -159,6 +160,7 @@ def preflight_command(
     html_path: Path = REPORT_OPTION,
 ) -> None:
     """Dry-run the train and eval loops on every rank and report the first misaligned collective."""
+    listen_for_a_stop()  # a stop from here on: an incomplete run (exit 4), not a death by signal
     if from_dir is not None:
         report = report_from(from_dir, None)
         lanes = build_lanes(load_traces(from_dir)) if html_path is not None else None

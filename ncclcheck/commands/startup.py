@@ -27,8 +27,6 @@ def no_rank_recorded(launch: LaunchResult | None) -> InputError:
     if launch is None:
         return InputError("no rank started", hint=hint)
     starter = "the script" if launch.launcher == SPAWN else launch.launcher
-    if launch.interrupted:
-        return InputError("interrupted before any rank started", hint=hint)
     if launch.stalled:
         return InputError(
             f"no rank started within the dry run: {launch.stall_reason or 'nothing ran'} while "

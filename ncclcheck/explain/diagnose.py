@@ -287,6 +287,8 @@ class Diagnoser:
         """An unfinished run's extent: how far each rank got, so a reader knows what the
         absence of a finding covers and what it does not."""
         traces = self.ev.traces.values()
+        if not traces:
+            return f"incomplete: {why} before any rank started: nothing was checked; rerun it to the end"
 
         def span(values: list[int]) -> str:
             low, high = min(values, default=0), max(values, default=0)

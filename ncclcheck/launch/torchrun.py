@@ -28,6 +28,7 @@ from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.launch.launchers import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM, free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
+from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S
@@ -389,6 +390,8 @@ def run_dry(
     if on_main_thread:
         for sig in previous:
             signal.signal(sig, lambda *_: interrupted.set())
+    if STOP_ASKED.is_set():
+        interrupted.set()
     try:
         _watch(proc, result, settings, trace_dir, start, interrupted, on_progress, on_quiet)
     finally:

@@ -211,6 +211,10 @@ def run_virtual(
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, stop_on_signal)
+    from ncclcheck.launch.stop import STOP_ASKED  # the fork server never gets here
+
+    if STOP_ASKED.is_set():
+        stop_on_signal()
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # "done RANK CODE" as each rank ends

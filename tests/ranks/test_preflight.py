@@ -739,6 +739,28 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
     assert not leftover_ranks(str(path))
 
 
+@pytest.mark.parametrize("after_s", [1, 3, 6, 9])
+def test_a_stop_at_any_moment_is_incomplete_and_leaves_nothing(after_s: float) -> None:
+    """SIGTERM to preflight's process group, as a CI timeout sends it: while preflight
+    imports (1 s), while torchrun starts (3 s), while ranks import torch or run (6, 9 s):
+    always incomplete, exit 4, never a death by the signal or a launch failure."""
+    path = PLAYBOOKS / "straggler" / "repro.py"
+    argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", str(path)]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True
+    )
+    time.sleep(after_s)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 4, err[-2000:]
+    report = json.loads(out)
+    assert report["verdict"] == "incomplete"
+    assert report["summary"]["incomplete"].startswith(
+        "incomplete: the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM) before "
+    ), report["summary"]
+    assert not leftover_ranks(str(path))
+
+
 # -- bad input ----------------------------------------------------------------------------
 
 
