@@ -288,7 +288,10 @@ class Diagnoser:
         absence of a finding covers and what it does not."""
         traces = self.ev.traces.values()
         if not traces:
-            return f"incomplete: {why} before any rank started: nothing was checked; rerun it to the end"
+            return (
+                f"incomplete: {why} before its budget was spent, before any rank wrote its first "
+                "record: nothing was checked; rerun it to the end"
+            )
 
         def span(values: list[int]) -> str:
             low, high = min(values, default=0), max(values, default=0)
