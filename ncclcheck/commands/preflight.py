@@ -364,20 +364,17 @@ def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
             else f"{folder}: no trace files (rank-*.jsonl) in it",
             hint="Give --from the folder(s) preflight --trace-dir wrote on each node.",
         )
-    if not traces and launch is not None and (launch.interrupted or launch.timed_out):
-        # stopped from outside before any rank wrote: nothing checked, which is not an error
-        # in the script (incomplete, exit 4, like a stop later in the run)
-        return Evidence(
-            traces={},
-            world_size=0,
-            stopped=_why_it_stopped(folder, traces, launch),
-            incomplete=_why_unfinished(launch),
-        )
-    if not traces:
-        known = launch_failure(launch)
-        if known is not None:
-            raise known
-        raise no_rank_recorded(launch)
+    if not traces and launch is not None:
+        if launch.interrupted or launch.timed_out:
+            # stopped from outside before any rank wrote: nothing checked, which is not an
+            # error in the script (incomplete, exit 4, like a stop later in the run)
+            return Evidence(
+                traces={},
+                world_size=0,
+                stopped=_why_it_stopped(folder, traces, launch),
+                incomplete=_why_unfinished(launch),
+            )
+        raise launch_failure(launch) or no_rank_recorded(launch)
     world = max(t.world_size for t in traces.values())
     refuse_what_cannot_be_checked(traces, launch)
     return Evidence(

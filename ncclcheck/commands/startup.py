@@ -8,24 +8,22 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 from pathlib import Path
 
 from ncclcheck.errors import InputError
 from ncclcheck.explain.diagnose import relative, split_exit_error
+from ncclcheck.explain.wording import signal_name, who
 from ncclcheck.launch.launchers import SPAWN
 from ncclcheck.launch.torchrun import LaunchResult
-from ncclcheck.model import Report, format_ranks
+from ncclcheck.model import Report
 from ncclcheck.record.traces import RankTrace, load_traces
 
 
-def no_rank_recorded(launch: LaunchResult | None) -> InputError:
+def no_rank_recorded(launch: LaunchResult) -> InputError:
     """No rank wrote a trace: say what the launch shows of why, never "torchrun failed"
     when the script ran (its ranks may have died before their recorder started)."""
-    tail = launch.log_tail(8) if launch else ""
+    tail = launch.log_tail(8)
     hint = f"Its last output:\n{tail}" if tail else None
-    if launch is None:
-        return InputError("no rank started", hint=hint)
     starter = "the script" if launch.launcher == SPAWN else launch.launcher
     if launch.stalled:
         return InputError(
@@ -54,10 +52,7 @@ def no_rank_recorded(launch: LaunchResult | None) -> InputError:
 
 def _exit_words(code: int) -> str:
     if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
+        return f"was killed by {signal_name(code) or f'signal {-code}'}"
     return f"exited with code {code}"
 
 
@@ -67,10 +62,8 @@ _RENDEZVOUS_UNREACHABLE = re.compile(
 )
 
 
-def launch_failure(launch: LaunchResult | None) -> InputError | None:
+def launch_failure(launch: LaunchResult) -> InputError | None:
     """torchrun's own start-up failures, said in one line with what to do."""
-    if launch is None:
-        return None
     try:
         log = launch.log_path.read_text(encoding="utf-8", errors="replace")
     except OSError:
@@ -151,9 +144,9 @@ def refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchRe
         for t in sorted(traces.values(), key=lambda t: t.rank)
         if t.exit and t.exit.get("how") in ("exception", "sys.exit") and t.exit.get("code")
     ]
-    failed = [t.exit for t in failing if t.exit]
-    if failed:
-        error = failed[0].get("error") or f"exit code {failed[0].get('code')}"
+    if failing:
+        first = failing[0].exit or {}
+        error = first.get("error") or f"exit code {first.get('code')}"
         world = max(t.world_size for t in traces.values())
         if len(failing) < max(world, len(traces)):  # not every rank: say which did what
             raise InputError(
@@ -165,7 +158,7 @@ def refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchRe
             if tail
             else "Does it need arguments? Pass them after the script name."
         )
-        if _CUDA_ERROR.search(split_exit_error(failed[0])[0]):
+        if _CUDA_ERROR.search(split_exit_error(first)[0]):
             hint = (
                 "A script written for NCCL/CUDA, on a machine without them: rerun with --cpu "
                 "(gloo and CPU tensors, mapped for you), or on a GPU node. " + hint
@@ -195,10 +188,8 @@ def _ended_before_init(
     world = max(t.world_size for t in traces.values())
     unseen = sorted(set(range(world)) - set(traces))
     if unseen:
-        parts.append(f"{_ranks_words(unseen)} never started ncclcheck's recorder")
-    names = _ranks_words(sorted(failed_ranks))
-    return f"{names} failed before init_process_group, before any collective: " + "; ".join(parts)
-
-
-def _ranks_words(ranks: list[int]) -> str:
-    return f"rank{'s' if len(ranks) > 1 else ''} {format_ranks(ranks)}"
+        parts.append(f"{who(unseen)} never started ncclcheck's recorder")
+    return (
+        f"{who(sorted(failed_ranks))} failed before init_process_group, before any collective: "
+        + "; ".join(parts)
+    )

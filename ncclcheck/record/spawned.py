@@ -50,6 +50,9 @@ def _record_started_ranks() -> None:
     def record(process: Any, start: starters.RankStart) -> None:
         if start.fn is entry:
             return
+        # start_processes' frame names nprocs, unless it starts them from a thread pool
+        # (forkserver, TORCH_MP_PARALLEL_START=1): then each rank says index + 1 and the
+        # report's world size, the largest a rank said, is still nprocs
         nprocs = start.nprocs or int(os.environ.get("WORLD_SIZE", "0")) or start.index + 1
         wrap_args = process._args
         process._args = (entry, start.index, (start.fn, nprocs, start.args), *wrap_args[3:])

@@ -76,9 +76,9 @@ def on_rank_start(handle: Callable[[multiprocessing.process.BaseProcess, RankSta
         return
 
     def start(self: multiprocessing.process.BaseProcess) -> None:
-        found = rank_start(self) if _handler is not None else None
-        if found is not None and _handler is not None:
-            _handler(self, found)
+        handler = _handler
+        if handler is not None and (found := rank_start(self)) is not None:
+            handler(self, found)
         original(self)
 
     start.__ncclcheck_wrapped__ = True  # type: ignore[attr-defined]
