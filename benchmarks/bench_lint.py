@@ -22,7 +22,7 @@ from pathlib import Path
 import accelerate
 import torch
 
-from ncclcheck.commands.lint import run_lint
+from ncclcheck.lint import run_lint
 
 
 def _installed(module: str, inside: str) -> Path | None:

@@ -71,8 +71,8 @@ with open(f"{folder}/rank-{rank:05d}.jsonl", "w") as out:
 """
 # The same traces held whole (every call, one object each) and aligned, as before streaming.
 WHOLE = (
-    "import sys; from pathlib import Path; from ncclcheck.record.traces import load_rank_trace; "
-    "from ncclcheck.explain.align import divergences; "
+    "import sys; from pathlib import Path; from ncclcheck.evidence.traces import load_rank_trace; "
+    "from ncclcheck.evidence.align import divergences; "
     "files = sorted(Path(sys.argv[1]).glob('rank-*.jsonl')); "
     "h = {r: load_rank_trace(p).calls for r, p in enumerate(files)}; "
     "print(len(divergences(h)))"

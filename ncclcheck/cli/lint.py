@@ -10,7 +10,7 @@ import typer
 
 from ncclcheck.catalogue import load_catalogue
 from ncclcheck.cli.common import JSON_OPTION, reader_may_leave
-from ncclcheck.commands.lint import run_lint
+from ncclcheck.lint import run_lint
 from ncclcheck.render import lint as render
 
 

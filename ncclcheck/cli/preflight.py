@@ -23,11 +23,11 @@ from ncclcheck.cli.common import (
     torchrun_options,
 )
 from ncclcheck.commands.preflight import report_from, run_preflight
-from ncclcheck.launch.launchers import ACCELERATE, AUTO, LAUNCHERS
+from ncclcheck.evidence.traces import load_traces
 from ncclcheck.launch.stop import listen_for_a_stop
 from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
 from ncclcheck.launch.virtual import VirtualLayout, VirtualWorld
-from ncclcheck.record.traces import load_traces
+from ncclcheck.record.launched import ACCELERATE, AUTO, LAUNCHERS
 from ncclcheck.render.lanes import build_lanes
 
 

@@ -31,8 +31,8 @@ from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.diagnose import Diagnoser, Evidence
 from ncclcheck.explain.rules.aftermath import evidence_lines, explain_leftovers, rank_facts
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
+from ncclcheck.wording import relative, who
 
 
 def collect(

@@ -18,21 +18,11 @@ from ncclcheck.commands.startup import (
     refuse_what_cpu_could_not_map,
 )
 from ncclcheck.errors import InputError, UsageError
+from ncclcheck.evidence.traces import TRACE_GLOB, RankTrace, load_traces
 from ncclcheck.explain import lines
 from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative
 from ncclcheck.explain.rules.branch import is_certain
-from ncclcheck.launch.launchers import (
-    ACCELERATE,
-    AUTO,
-    DEEPSPEED,
-    LEGACY_LAUNCH,
-    SLURM,
-    SPAWN,
-    TORCHRUN,
-    check_accelerate,
-    check_deepspeed,
-    own_starter,
-)
+from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, own_starter
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
     DryRunSettings,
@@ -54,7 +44,7 @@ from ncclcheck.launch.virtual import (
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
-from ncclcheck.record.traces import TRACE_GLOB, RankTrace, load_traces
+from ncclcheck.record.launched import ACCELERATE, AUTO, DEEPSPEED, LEGACY_LAUNCH, SLURM, SPAWN, TORCHRUN
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
 

@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 
 from ncclcheck.errors import InputError
+from ncclcheck.evidence.traces import RankTrace, load_traces
 from ncclcheck.explain.diagnose import relative, split_exit_error
-from ncclcheck.explain.wording import signal_name, who
-from ncclcheck.launch.launchers import SPAWN
 from ncclcheck.launch.torchrun import LaunchResult
 from ncclcheck.model import Report
-from ncclcheck.record.traces import RankTrace, load_traces
+from ncclcheck.record.launched import SPAWN
+from ncclcheck.wording import signal_name, who
 
 
 def no_rank_recorded(launch: LaunchResult) -> InputError:

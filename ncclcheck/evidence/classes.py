@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from ncclcheck.communicates import DEFERRED_FRAMES, DeferredFrame
 from ncclcheck.evidence import device
 from ncclcheck.evidence.stacks import Blocking, ProcessStack, blocking, issuer_advice
-from ncclcheck.explain import source
-from ncclcheck.explain.wording import relative, who
+from ncclcheck.frames import framework_name
 from ncclcheck.model import Frame
-from ncclcheck.record.frames import framework_name
+from ncclcheck.source import reading
+from ncclcheck.wording import relative, who
 
 
 @dataclass
@@ -157,7 +157,7 @@ def rank_state(stack: ProcessStack, op: str, site: Frame | None = None) -> dict[
     if user:
         innermost, site_locals = user[0]
         site = site or innermost
-        group = source.group_argument(site.file, site.line, op)
+        group = reading.group_argument(site.file, site.line, op)
         if group is None:
             state["process group"] = "the default group"
         else:
@@ -171,13 +171,13 @@ def rank_state(stack: ProcessStack, op: str, site: Frame | None = None) -> dict[
                 holders = [n for _f, values in reversed(user) for n, t in values.items() if t == text]
                 state["process group"] = holders[0] if holders else ast.unparse(group)
     for frame, values in user:
-        for loop in source.enclosing_loops(frame.file, frame.line):
-            for target in source.loop_targets(loop):
+        for loop in reading.enclosing_loops(frame.file, frame.line):
+            for target in reading.loop_targets(loop):
                 text = values.get(target)
                 if text is not None and " at 0x" not in text:  # addresses differ by process
                     state[f"{target} in {frame.function}()"] = text
-        for finished in source.loops_before(frame.file, frame.line):
-            for target in source.loop_targets(finished):
+        for finished in reading.loops_before(frame.file, frame.line):
+            for target in reading.loop_targets(finished):
                 text = values.get(target)
                 if text is not None and text.lstrip("-").isdigit():  # a counter, not a batch
                     state[after_loop(target, frame.function, finished.lineno)] = text

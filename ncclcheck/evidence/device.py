@@ -31,8 +31,8 @@ from ncclcheck.communicates import (
     P2P,
     RECEIVER_METHODS,
 )
-from ncclcheck.explain import source
 from ncclcheck.model import Frame
+from ncclcheck.source import reading
 
 _TORCH_OPS = frozenset(COLLECTIVES) | frozenset(P2P)
 _DIST_RECEIVERS = ("dist", "torch.distributed", "c10d", "distributed")
@@ -124,11 +124,11 @@ def _statements_before(path: str, line: int) -> Iterator[ast.stmt]:
     """The statements of ``line``'s function in reverse order of execution, from the one
     holding ``line`` (its calls before ``line`` count: ``mean(x).item()``) back to the
     function's first; then the rest of each enclosing loop's body, ran on the pass before."""
-    chain = source.enclosing_chain(path, line)
+    chain = reading.enclosing_chain(path, line)
     functions = [i for i, n in enumerate(chain) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
     scope = functions[-1] if functions else -1
     inside = chain[scope + 1 :]
-    tree = source.parse(path)
+    tree = reading.parse(path)
     if not inside or tree is None or not isinstance(inside[-1], ast.stmt):
         return
     yield inside[-1]
@@ -228,21 +228,21 @@ def _collective_call(call: ast.Call) -> tuple[str, str] | None:
 
 
 def _function_name(path: str, line: int) -> str:
-    function = source.enclosing_function(path, line)
+    function = reading.enclosing_function(path, line)
     return function.name if function is not None else "<module>"
 
 
 def _callee_def(path: str, call: ast.Call) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The user's function ``call`` calls, when the same file defines it: a module-level
     function by name, or ``self.method`` of the class around the call."""
-    tree = source.parse(path)
+    tree = reading.parse(path)
     if tree is None:
         return None
     func = call.func
     if isinstance(func, ast.Name):
         return _defined(tree.body, func.id)
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self":
-        for node in reversed(source.enclosing_chain(path, call.lineno)):
+        for node in reversed(reading.enclosing_chain(path, call.lineno)):
             if isinstance(node, ast.ClassDef):
                 return _defined(node.body, func.attr)
     return None
@@ -258,7 +258,7 @@ def _defined(body: list[ast.stmt], name: str) -> ast.FunctionDef | ast.AsyncFunc
 def _calls_at(file: str, line: int) -> list[ast.Call]:
     if not Path(file).is_file():
         return []
-    chain = source.enclosing_chain(file, line)
+    chain = reading.enclosing_chain(file, line)
     if not chain:
         return []
     statement = chain[-1]

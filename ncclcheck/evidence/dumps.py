@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
+from ncclcheck.frames import is_user_file
 from ncclcheck.model import Frame
-from ncclcheck.record.frames import is_user_file
 
 _PY_SPY_THREAD = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([\w ]+)\)(?:: "(.*)")?\s*$')
 _PY_SPY_FRAME = re.compile(r"^    (\S.*?) \((.+):(\d+)\)\s*$")

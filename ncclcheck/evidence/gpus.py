@@ -16,7 +16,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclcheck.explain.wording import who
+from ncclcheck.wording import who
 
 _BUSY = 90  # utilisation (%) of a GPU spinning in an NCCL kernel
 _IDLE = 10

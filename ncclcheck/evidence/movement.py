@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
-from ncclcheck.explain.wording import relative, who
+from ncclcheck.wording import relative, who
 
 
 @dataclass

@@ -15,7 +15,7 @@ import psutil
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
-from ncclcheck.explain.wording import relative
+from ncclcheck.wording import relative
 
 
 @dataclass

@@ -26,8 +26,8 @@ from ncclcheck.communicates import (
 )
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.evidence import device
+from ncclcheck.frames import is_user_file
 from ncclcheck.model import Frame
-from ncclcheck.record.frames import is_user_file
 from ncclcheck.record.nccl_timing import EMULATION_FILE
 
 

@@ -15,22 +15,12 @@ from typing import TYPE_CHECKING
 
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.causes import Cause
+from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.evidence.stacks import ProcessStack
-from ncclcheck.explain import source
-from ncclcheck.explain.align import Divergence, Mismatch
+from ncclcheck.evidence.traces import RankTrace, divergences_of, trace_frame
 from ncclcheck.explain.engine import Explanation, Reason, framework_fixes
 from ncclcheck.explain.rules.divergence import crashed, explain_divergence
 from ncclcheck.explain.rules.quiet import explain_stall_without_divergence, warnings
-from ncclcheck.explain.wording import (
-    first_line,
-    is_user,
-    line_ranges,
-    op_text,
-    relative,
-    shapes_text,
-    split_exit_error,
-    who,
-)
 from ncclcheck.model import (
     CollectiveCall,
     Finding,
@@ -41,7 +31,17 @@ from ncclcheck.model import (
     Severity,
     Verdict,
 )
-from ncclcheck.record.traces import RankTrace, divergences_of, trace_frame
+from ncclcheck.source import reading
+from ncclcheck.wording import (
+    first_line,
+    is_user,
+    line_ranges,
+    op_text,
+    relative,
+    shapes_text,
+    split_exit_error,
+    who,
+)
 
 if TYPE_CHECKING:
     from ncclcheck.explain.lines import Replay
@@ -389,7 +389,7 @@ class Diagnoser:
         parts: list[str] = []
         for raw in stopped:  # outermost first
             frame = trace_frame(raw)
-            after, in_loop = source.statements_after(frame.file, frame.line)
+            after, in_loop = reading.statements_after(frame.file, frame.line)
             if after:
                 lines = line_ranges([(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in after])
                 parts.append(f"{lines} of {frame.function}() in {relative(frame.file, self.ev.cwd)}")

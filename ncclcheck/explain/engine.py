@@ -22,8 +22,8 @@ from typing import TypeVar
 
 from ncclcheck.catalogue import Catalogue
 from ncclcheck.causes import Cause
-from ncclcheck.explain import source
 from ncclcheck.model import Finding, Severity
+from ncclcheck.source import reading
 
 
 class ReasonKind(str, Enum):
@@ -38,21 +38,21 @@ class ReasonKind(str, Enum):
     LOADER_LENGTH = "loader-length"  # a loop over loaders of different lengths
 
 
-# What a test reads (source.condition_kind), as the reason it gives and the cause an
+# What a test reads (reading.condition_kind), as the reason it gives and the cause an
 # exit or skip under it names: read by the source rules (rules/branch.py) and by the
 # line evidence (explain/lines.py) alike.
 REASON_OF_KIND = {
-    source.RANK: ReasonKind.RANK_TEST,
-    source.DATA: ReasonKind.DATA_TEST,
-    source.OTHER: ReasonKind.LOCAL_TEST,
+    reading.RANK: ReasonKind.RANK_TEST,
+    reading.DATA: ReasonKind.DATA_TEST,
+    reading.OTHER: ReasonKind.LOCAL_TEST,
 }
 
 
 def cause_of_exit(condition_kind: str) -> Cause:
     """The cause an early exit or skip names, by what its condition reads."""
     return {
-        source.RANK: Cause.RANK_EARLY_EXIT,
-        source.DATA: Cause.DATA_DEPENDENT_BRANCH,
+        reading.RANK: Cause.RANK_EARLY_EXIT,
+        reading.DATA: Cause.DATA_DEPENDENT_BRANCH,
     }.get(condition_kind, Cause.UNSYNCHRONIZED_DECISION)
 
 

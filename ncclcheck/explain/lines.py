@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ncclcheck.causes import Cause
-from ncclcheck.explain import source
+from ncclcheck.evidence.traces import RankTrace, load_rank_trace
 from ncclcheck.explain.engine import REASON_OF_KIND, ReasonKind, cause_of_exit
-from ncclcheck.explain.wording import who
 from ncclcheck.model import Frame
 from ncclcheck.record.lines import LINES_GLOB, REPLAY_STOP
-from ncclcheck.record.traces import RankTrace, load_rank_trace
+from ncclcheck.source import reading
+from ncclcheck.wording import who
 
 if TYPE_CHECKING:
     from ncclcheck.explain.rules.branch import Fork
@@ -75,10 +75,10 @@ def plan_of(fork: Fork) -> dict[str, Any]:
     targets: dict[tuple[str, str, int, int], None] = {}
     watch: dict[Key, list[str]] = {}
     for frame in [*fork.stack, *fork.alt_stack]:
-        function = source.enclosing_function(frame.file, frame.line)
+        function = reading.enclosing_function(frame.file, frame.line)
         if function is None:
             targets[(frame.file, "<module>", 0, 0)] = None
-            scope: ast.AST | None = source.parse(frame.file)
+            scope: ast.AST | None = reading.parse(frame.file)
         else:
             first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
             targets[(frame.file, function.name, first, function.end_lineno or function.lineno)] = None
@@ -98,7 +98,7 @@ def _tests_in(path: str, scope: ast.AST) -> Iterable[tuple[Key, list[str]]]:
     """(line, names) for each exit under an if (the if's test, read where the exit runs),
     each if, while and for header (its test or iterable), in ``scope`` but not in the
     functions it defines (module level: not inside any function)."""
-    for guard in source.conditional_exits(path, scope):
+    for guard in reading.conditional_exits(path, scope):
         names = read_names(ast.parse(guard.text, mode="eval").body)
         if names:
             yield (path, guard.line), names
@@ -278,11 +278,11 @@ def _construct(
 ) -> tuple[int, Decided] | None:
     path, line = key
     where = fork.d.site(Frame(path, line, ""))
-    chain = source.enclosing_chain(path, line)
+    chain = reading.enclosing_chain(path, line)
     if not chain:
         return None
     node = chain[-1]
-    function = source.enclosing_function(path, line)
+    function = reading.enclosing_function(path, line)
     frame = Frame(path, line, function.name if function is not None else "<module>")
     counts = _counts_text(key, side, rest, replay)
     if isinstance(node, ast.ExceptHandler) and node.lineno == line:
@@ -320,7 +320,7 @@ def _construct(
             frozenset({line, *(n.lineno for n in chain if isinstance(n, ast.Try) and node in n.handlers)}),
         )
     if isinstance(node, (ast.Continue, ast.Break, ast.Return, ast.Raise)):
-        guards = source.guards_of(path, line)
+        guards = reading.guards_of(path, line)
         if not guards:
             return None
         guard = guards[0]
@@ -332,7 +332,7 @@ def _construct(
         evidence = [f"`{statement}` under `if {guard.text}` at {where} ran {counts}"]
         if values:
             evidence.append(f"the test read, when it sent {who(side)} out: {values}")
-        if kind == source.RANK:
+        if kind == reading.RANK:
             evidence.append(f"the test `{guard.text}` is computed from the rank")
         return 1, Decided(
             REASON_OF_KIND[kind],
@@ -348,8 +348,8 @@ def _construct(
             frozenset({line, guard.line}),
             kind != guard.kind,
         )
-    loops = source.enclosing_loops(path, line)
-    if loops and (function is None or source.contains(function, loops[0].lineno)):
+    loops = reading.enclosing_loops(path, line)
+    if loops and (function is None or reading.contains(function, loops[0].lineno)):
         return _loop(fork, path, loops[0], replay)
     return None
 
@@ -379,9 +379,9 @@ def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, D
         header = f"for {ast.unparse(loop.target)} in {ast.unparse(loop.iter)}"
     last = {r: _values_text(header_key, [r], replay, "last") for r in (*side, *rest)}
     shown = "; ".join(f"rank {r}: {v}" for r, v in last.items() if v)
-    kind = _kind(source.condition_kind(path, expr), ast.unparse(expr), path, header_key, side, replay)
-    if kind != source.RANK and source.reads_the_rank(path, expr):
-        kind = source.RANK  # `range(num_batches)`, num_batches computed from the rank
+    kind = _kind(reading.condition_kind(path, expr), ast.unparse(expr), path, header_key, side, replay)
+    if kind != reading.RANK and reading.reads_the_rank(path, expr):
+        kind = reading.RANK  # `range(num_batches)`, num_batches computed from the rank
     cause = cause_of_exit(kind)
     if not isinstance(loop, ast.While) and fork.call.phase == "eval":
         cause = Cause.UNEVEN_EVAL_BATCHES  # a loop of different length over eval data
@@ -390,9 +390,9 @@ def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, D
     evidence = [f"the loop `{header}` at {where} ran {passes}"]
     if shown:
         evidence.append(f"what its {read} read last: {shown}")
-    if kind == source.RANK:
+    if kind == reading.RANK:
         evidence.append(f"its {read} `{ast.unparse(expr)}` is computed from the rank")
-    function = source.enclosing_function(path, loop.lineno)
+    function = reading.enclosing_function(path, loop.lineno)
     return 2, Decided(
         ReasonKind.LOOP_EXIT,
         cause,
@@ -403,7 +403,7 @@ def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, D
         f"{who(side)} ran more passes of the loop `{header}` at {where} than {who(rest)} ({passes})",
         evidence,
         frozenset({loop.lineno}),
-        kind != source.condition_kind(path, expr) and kind == source.DATA,
+        kind != reading.condition_kind(path, expr) and kind == reading.DATA,
     )
 
 
@@ -411,12 +411,12 @@ def _kind(kind: str, text: str, path: str, key: Key, side: list[int], replay: Re
     """The source's kind of a test, sharpened by what it read: a test that reads whole
     tensors only (a batch, not a scalar loss or metric), and no clock, file or random
     draw, tests the data."""
-    if kind != source.OTHER or source.rank_local_reads(text, path):
+    if kind != reading.OTHER or reading.rank_local_reads(text, path):
         return kind
     seen = [v for r in side for v in replay.ranks[r].values.get(key, {}).get("first", {}).values()]
     # describe_value writes a tensor of more than 4 elements as "tensor dtype[shape]..."
     if seen and all(v.startswith("tensor ") for v in seen):
-        return source.DATA
+        return reading.DATA
     return kind
 
 

@@ -27,8 +27,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from ncclcheck.launch.launchers import ENV_SLURM_PORT, SLURM, free_port
+from ncclcheck.launch.launchers import free_port
 from ncclcheck.launch.virtual import VirtualLayout
+from ncclcheck.record.launched import ENV_SLURM_PORT, SLURM
 
 
 class WarmReplay:

@@ -25,13 +25,15 @@ from pathlib import Path
 
 from ncclcheck.evidence.activity import JobActivity
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
-from ncclcheck.launch.launchers import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM, free_port, launcher_argv
+from ncclcheck.evidence.traces import TRACE_GLOB, load_traces
+from ncclcheck.launch.launchers import free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S
+from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM
 from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
@@ -44,7 +46,6 @@ from ncclcheck.record.recorder import (
     ENV_TRAIN_STEPS,
 )
 from ncclcheck.record.tracefile import data_end, seal
-from ncclcheck.record.traces import TRACE_GLOB, load_traces
 
 
 @dataclass

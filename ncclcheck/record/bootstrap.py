@@ -20,19 +20,20 @@ import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ncclcheck import frames
 from ncclcheck.communicates import COLLECTIVES, P2P
-from ncclcheck.launch.launchers import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, SLURM, slurm_task_environment
 from ncclcheck.record import (
     cpu_map,
-    frames,
     frameworks,
     lines,
     nccl_timing,
     perturb,
+    rendezvous,
     rooted,
     starters,
     virtual,
 )
+from ncclcheck.record.launched import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, SLURM, slurm_task_environment
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -42,7 +43,6 @@ from ncclcheck.record.recorder import (
     OwnLauncher,
     Recorder,
 )
-from ncclcheck.runtime import rendezvous
 
 ENV_PROBE_TIMEOUT = "NCCLCHECK_PROBE_TIMEOUT"
 PROBE_FAILED_EXIT = 75  # a rank whose peers never checked in

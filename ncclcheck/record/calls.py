@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ncclcheck.communicates import GROUP_CREATION
-from ncclcheck.record.frames import framework_name, is_user_code
+from ncclcheck.frames import framework_name, is_user_code
 
 if TYPE_CHECKING:
     pass
@@ -17,16 +17,16 @@ class _GroupCreation:
     """Stands for the sequence of new_group calls where a call names its group."""
 
 
-_CREATIONS = _GroupCreation()
+CREATIONS = _GroupCreation()
 
 
 _JOIN_MODULE = "torch.distributed.algorithms.join"
 
 
-def _describe_group(group: Any) -> tuple[str, list[int]]:
+def describe_group(group: Any) -> tuple[str, list[int]]:
     import torch.distributed as dist
 
-    if group is _CREATIONS:
+    if group is CREATIONS:
         return GROUP_CREATION, list(range(dist.get_world_size()))
     resolved = group if group is not None else dist.group.WORLD
     try:
@@ -40,7 +40,7 @@ def _describe_group(group: Any) -> tuple[str, list[int]]:
     return name, ranks
 
 
-def _tensor_key(values: Any, key: list[Any], tensor_type: type, depth: int = 0) -> None:
+def tensor_key(values: Any, key: list[Any], tensor_type: type, depth: int = 0) -> None:
     """What tells one call's tensors from another's, cheaply: shape, dtype object and
     device index (-1 on CPU), for the tensors in the arguments (lists of lists too).
     Hashable without formatting anything; the readable form is made once per key."""
@@ -50,10 +50,10 @@ def _tensor_key(values: Any, key: list[Any], tensor_type: type, depth: int = 0) 
         key.append(values.get_device())  # type: ignore[attr-defined]
     elif isinstance(values, (list, tuple)) and depth < 2:
         for value in values:
-            _tensor_key(value, key, tensor_type, depth + 1)
+            tensor_key(value, key, tensor_type, depth + 1)
 
 
-def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]], depth: int = 0) -> None:
+def tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]], depth: int = 0) -> None:
     """(shape, dtype, device) of the tensors in a call's arguments, as the trace writes them."""
     import torch
 
@@ -61,7 +61,7 @@ def _tensor_signature(values: Any, facts: list[tuple[tuple[int, ...], str, str]]
         facts.append((tuple(values.shape), str(values.dtype)[6:], values.device.type))
     elif isinstance(values, (list, tuple)) and depth < 2:
         for value in values:
-            _tensor_signature(value, facts, depth + 1)
+            tensor_signature(value, facts, depth + 1)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class DeferredOrigin:
     framework: str
 
 
-def _libraries_on(frame: Any, outermost: Any) -> list[str]:
+def libraries_on(frame: Any, outermost: Any) -> list[str]:
     """The third-party packages on a call's stack (lightning, accelerate, transformers):
     those that called the user's code or that the user called to reach the collective,
     so a finding can give the fix in that framework's terms."""
@@ -88,7 +88,7 @@ def _libraries_on(frame: Any, outermost: Any) -> list[str]:
     return sorted(found)
 
 
-def _under_join_exit(frame: Any, outermost: Any) -> bool:
+def under_join_exit(frame: Any, outermost: Any) -> bool:
     """True for a collective that DDP's Join context issues from its ``__exit__`` on a
     rank that ran out of batches: a stand-in ("shadow") for the collective the ranks
     still training make in their step, from another line by design."""
@@ -99,13 +99,13 @@ def _under_join_exit(frame: Any, outermost: Any) -> bool:
     return False
 
 
-def _issuer(frame: Any) -> str:
+def issuer_name(frame: Any) -> str:
     """ "module:Class.function" of the library code that called a collective."""
     code = frame.f_code
     return f"{frame.f_globals.get('__name__', '?')}:{getattr(code, 'co_qualname', code.co_name)}"
 
 
-def _in_state(field: str, doc: str) -> Any:
+def in_state(field: str, doc: str) -> Any:
     """A Recorder attribute kept in its ``state`` (hotstate.py), where the C path reads it."""
     return property(
         lambda self: getattr(self.state, field),

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ncclcheck.record import frames
+from ncclcheck import frames
 from ncclcheck.record.recorder import Recorder
 
 ENV_CPU = "NCCLCHECK_CPU"

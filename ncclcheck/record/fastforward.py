@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclcheck.record import rendezvous
 from ncclcheck.record.virtual import ENV_VIRTUAL
-from ncclcheck.runtime import rendezvous
 
 ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unset or "all": every batch
 ENV_AGREE_WAIT = "NCCLCHECK_EVAL_AGREE_S"  # how long a rank waits for the others' lengths

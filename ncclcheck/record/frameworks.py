@@ -44,8 +44,8 @@ from types import ModuleType
 from typing import Any
 
 from ncclcheck.communicates import FUNCTIONAL_COLLECTIVES
+from ncclcheck.frames import first_user_frame, user_frames
 from ncclcheck.record.calls import DeferredOrigin
-from ncclcheck.record.frames import first_user_frame, user_frames
 from ncclcheck.record.recorder import Recorder
 
 # Lightning's modules, under the unified package and the standalone one.

@@ -6,13 +6,10 @@ from __future__ import annotations
 import itertools
 import sys
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from ncclcheck.record.fastforward import iterate_from, read_ahead
-from ncclcheck.record.frames import is_user_file
-
-if TYPE_CHECKING:
-    from ncclcheck.record.recorder import Recorder
+from ncclcheck.frames import is_user_file
+from ncclcheck.record.fastforward import FastForward, iterate_from, read_ahead
 
 # a loader whose variable name holds one of these is an eval loader (unless its mode says otherwise)
 _EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
@@ -27,7 +24,7 @@ class DryRunComplete(BaseException):
     """
 
 
-def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
+def name_of(loader: Any, scope: dict[str, Any]) -> str | None:
     """The variable in ``scope`` bound to ``loader``, or to a wrapper of it
     (accelerate's DataLoaderShard keeps the real loader as ``base_dataloader``)."""
     for var, value in scope.items():
@@ -40,10 +37,33 @@ def _name_of(loader: Any, scope: dict[str, Any]) -> str | None:
     return None
 
 
-class _TrackedIterator:
+class LoaderHost(Protocol):
+    """What a tracked pass reports to and reads from: the rank's recorder
+    (record/recorder.py), which owns the budget, the phase and the trace."""
+
+    loader_hints: dict[int, tuple[str, str]]
+    fast_forward: FastForward | None
+    framework_role: Callable[[], str | None]  # what a framework says a loader is for
+
+    @property
+    def phase(self) -> str: ...
+    @property
+    def eval_passes_done(self) -> int: ...
+    @property
+    def budget_spent(self) -> bool: ...
+    def write(self, record: dict[str, Any]) -> None: ...
+    def pass_started(self, tracked: TrackedIterator) -> None: ...
+    def pass_ended(self, tracked: TrackedIterator, exhausted: bool) -> None: ...
+    def batch_drawn(self, tracked: TrackedIterator) -> None: ...
+    def budget_check(self, tracked: TrackedIterator) -> None: ...
+
+
+class TrackedIterator:
     """Wraps a DataLoader iterator: counts batches, knows its role, applies the budget."""
 
-    def __init__(self, recorder: Recorder, loader: Any, make: Callable[[], Iterator[Any]], name: str) -> None:
+    def __init__(
+        self, recorder: LoaderHost, loader: Any, make: Callable[[], Iterator[Any]], name: str
+    ) -> None:
         self._recorder = recorder
         self._loader = loader
         self.name = name
@@ -140,7 +160,7 @@ class _TrackedIterator:
             ),
         }
 
-    def __iter__(self) -> _TrackedIterator:
+    def __iter__(self) -> TrackedIterator:
         return self
 
     def __len__(self) -> int:

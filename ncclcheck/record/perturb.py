@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ncclcheck.record import frames
+from ncclcheck import frames
 from ncclcheck.record.recorder import Recorder
 
 ENV_PERTURB = "NCCLCHECK_PERTURB"

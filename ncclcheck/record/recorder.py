@@ -46,20 +46,20 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ncclcheck.communicates import P2P
+from ncclcheck.frames import is_user_code, user_frames
 from ncclcheck.record.calls import (
-    _CREATIONS,
-    _describe_group,
-    _in_state,
-    _issuer,
-    _libraries_on,
-    _tensor_key,
-    _tensor_signature,
-    _under_join_exit,
+    CREATIONS,
+    describe_group,
+    in_state,
+    issuer_name,
+    libraries_on,
+    tensor_key,
+    tensor_signature,
+    under_join_exit,
 )
 from ncclcheck.record.fastforward import FastForward
-from ncclcheck.record.frames import is_user_code, user_frames
 from ncclcheck.record.hotstate import fastcall, new_state
-from ncclcheck.record.loaders import DryRunComplete, _name_of, _TrackedIterator
+from ncclcheck.record.loaders import DryRunComplete, TrackedIterator, name_of
 from ncclcheck.record.tracefile import TraceFile
 
 ENV_TRACE_DIR = "NCCLCHECK_TRACE_DIR"
@@ -142,18 +142,18 @@ class Recorder:
         self.stop_reason: str | None = None
 
     # The fields of ``state`` other modules set, by their names of old.
-    outermost_frame = _in_state(
+    outermost_frame = in_state(
         "outermost",
         "The walk over the caller's stack stops here: the frames outside the user's "
         "script (the bootstrap, runpy) are the same for every call.",
     )
-    deferred = _in_state(
+    deferred = in_state(
         "deferred", "Set while a framework runs a collective the user asked for earlier (frameworks.py)."
     )
-    user_no_grad = _in_state(
+    user_no_grad = in_state(
         "user_no_grad", "no_grad/inference_mode blocks the user's code has open (bootstrap.py counts them)."
     )
-    in_backward = _in_state(
+    in_backward = in_state(
         "in_backward", "> 0 inside backward(): autograd runs with grad mode off, which is not evaluation."
     )
 
@@ -271,7 +271,7 @@ class Recorder:
         key = id(group)
         cached = self._group_cache.get(key)
         if cached is None:
-            cached = self._group_cache[key] = _describe_group(group)
+            cached = self._group_cache[key] = describe_group(group)
         return cached
 
     def record_call(self, *call: Any) -> None:
@@ -304,13 +304,13 @@ class Recorder:
             key.append(tuple(sorted(extra.items())))
         append = key.append
         tensor_type = self._tensor_type
-        for value in tensors:  # _tensor_key, its first level inlined: most calls pass one tensor
+        for value in tensors:  # tensor_key, its first level inlined: most calls pass one tensor
             if isinstance(value, tensor_type):
                 append(value.shape)
                 append(value.dtype)
                 append(value.get_device())
             elif isinstance(value, (list, tuple)):
-                _tensor_key(value, key, tensor_type, 1)
+                tensor_key(value, key, tensor_type, 1)
         frame = caller
         state = self.state
         outermost = state.outermost
@@ -350,7 +350,7 @@ class Recorder:
         extra: dict[str, Any] | None,
     ) -> tuple[bytes, Iterator[int]]:
         facts: list[tuple[tuple[int, ...], str, str]] = []
-        _tensor_signature(tensors, facts)
+        tensor_signature(tensors, facts)
         frames = user_frames(caller)
         if not frames and self._backward_site:
             frames = self._backward_site  # a hook on an autograd thread: the backward() site
@@ -369,12 +369,12 @@ class Recorder:
             "stack": [list(f) for f in reversed(frames)],
             **(extra or {}),
         }
-        libraries = _libraries_on(caller, self.outermost_frame)
+        libraries = libraries_on(caller, self.outermost_frame)
         if libraries:
             fields["libs"] = libraries
         if caller is not None and not is_user_code(caller.f_code):
-            fields["issuer"] = _issuer(caller)
-        if _under_join_exit(caller, self.outermost_frame):
+            fields["issuer"] = issuer_name(caller)
+        if under_join_exit(caller, self.outermost_frame):
             fields["shadow"] = "join"
         deferred = self.deferred
         if deferred is not None and deferred.stack:
@@ -541,7 +541,7 @@ class Recorder:
             if ranks is None and ranks_index is not None and len(args) > ranks_index:
                 ranks = args[ranks_index]
             members = tuple(sorted(int(r) for r in ranks)) if ranks is not None else "all"
-            record_call("new_group", _CREATIONS, (), False, "python", get_frame(1), {"members": members})
+            record_call("new_group", CREATIONS, (), False, "python", get_frame(1), {"members": members})
             depth.inside = 1
             try:
                 return fn(*args, **kwargs)
@@ -595,7 +595,7 @@ class Recorder:
                 break
             if is_user_code(frame.f_code):
                 for scope in (frame.f_locals, frame.f_globals):
-                    var = _name_of(loader, scope)
+                    var = name_of(loader, scope)
                     if var is not None:
                         name = var
                         break
@@ -606,12 +606,12 @@ class Recorder:
         return name
 
     def track(self, loader: Any, make: Callable[[], Iterator[Any]], caller: Any) -> Iterator[Any]:
-        return _TrackedIterator(self, loader, make, self.loader_name(loader, caller))
+        return TrackedIterator(self, loader, make, self.loader_name(loader, caller))
 
-    def pass_started(self, tracked: _TrackedIterator) -> None:
+    def pass_started(self, tracked: TrackedIterator) -> None:
         self.write({"t": "pass", "event": "start", **tracked.facts(), "time": time.time()})
 
-    def pass_ended(self, tracked: _TrackedIterator, exhausted: bool) -> None:
+    def pass_ended(self, tracked: TrackedIterator, exhausted: bool) -> None:
         self._position = None
         self.state.position = b""
         if tracked.role == "eval" and exhausted and not tracked.counted:
@@ -619,7 +619,7 @@ class Recorder:
         facts = {"event": "end", "exhausted": exhausted, **tracked.facts(), "time": time.time()}
         self.write({"t": "pass", **facts})
 
-    def batch_drawn(self, tracked: _TrackedIterator) -> None:
+    def batch_drawn(self, tracked: TrackedIterator) -> None:
         self._position = {
             "loader": tracked.name,
             "pass": tracked.pass_index,
@@ -639,14 +639,14 @@ class Recorder:
     def eval_passes_done(self) -> int:
         return self._eval_passes_done
 
-    def _eval_pass_complete(self, tracked: _TrackedIterator) -> None:
+    def _eval_pass_complete(self, tracked: TrackedIterator) -> None:
         tracked.counted = True
         if not self.counts_as_eval_pass():
             return
         self._eval_passes_done += 1
         self._train_since_eval = 0
 
-    def budget_check(self, tracked: _TrackedIterator) -> None:
+    def budget_check(self, tracked: TrackedIterator) -> None:
         """Called before a train batch is drawn: end the pass or the dry run here.
 
         The dry run ends at the same logical point on every rank: once the eval passes

@@ -33,7 +33,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ncclcheck.record.frames import (
+from ncclcheck.frames import (
     first_user_frame,
     is_user_code,
     past_own_wrappers,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import astuple, dataclass, field
 
+from ncclcheck.evidence.traces import RankTrace, divergences_of
+from ncclcheck.frames import shown_path
 from ncclcheck.model import CollectiveCall, format_ranks
-from ncclcheck.record.frames import shown_path
-from ncclcheck.record.traces import RankTrace, divergences_of
 
 
 @dataclass

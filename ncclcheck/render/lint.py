@@ -8,7 +8,7 @@ from typing import Any
 
 from ncclcheck import __version__
 from ncclcheck.catalogue import Catalogue
-from ncclcheck.commands.lint.findings import located
+from ncclcheck.lint.findings import located
 from ncclcheck.model import Finding, Report, Severity, Verdict
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

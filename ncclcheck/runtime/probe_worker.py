@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ncclcheck.runtime.rendezvous import CheckInFailed, check_in
+from ncclcheck.record.rendezvous import CheckInFailed, check_in
 
 ENV_OUT = "NCCLCHECK_PROBE_OUT"
 ENV_CONFIG = "NCCLCHECK_PROBE_CONFIG"

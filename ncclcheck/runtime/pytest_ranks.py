@@ -69,7 +69,7 @@ def resolve(spec: TestSpec) -> Any:
 def run(spec_path: str) -> None:
     import torch.distributed as dist
 
-    from ncclcheck.record import frames
+    from ncclcheck import frames
 
     # The runner script is not the user's code: sites and call chains start at the test.
     frames.treat_as_library(sys._getframe(1).f_code)

@@ -46,7 +46,7 @@ from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 from ncclcheck.communicates import COLLECTIVES, P2P
-from ncclcheck.record.frames import is_user_code, shown_path
+from ncclcheck.frames import is_user_code, shown_path
 
 ENV_DIRECTORY = "NCCLCHECK_WATCHDOG_DIR"
 DEFAULT_DIRECTORY = "ncclcheck-watchdog"
@@ -493,10 +493,10 @@ def _others(store: Any, rank: int, mine: dict[str, Any]) -> list[str]:
                 said[other] = json.loads(store.get(key))
     except Exception as error:
         return [f"  (the other ranks' reports could not be read: {type(error).__name__}: {error})"]
-    return _describe_waits(said, world)
+    return describe_waits(said, world)
 
 
-def _describe_waits(said: dict[int, dict[str, Any]], world: int) -> list[str]:
+def describe_waits(said: dict[int, dict[str, Any]], world: int) -> list[str]:
     """Group the ranks' reports by where they wait and say what that pattern means,
     in the catalogue's cause ids."""
     places: dict[tuple[str, str, int, str], list[int]] = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.record.traces import load_traces
+from ncclcheck.evidence.traces import load_traces
 
 from ..conftest import REPO, SCRIPTS, processes_marked, run_bounded
 

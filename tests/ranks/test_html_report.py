@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ncclcheck.evidence.traces import load_traces
 from ncclcheck.model import Report, Verdict
-from ncclcheck.record.traces import load_traces
 from ncclcheck.render.html import report_html
 from ncclcheck.render.lanes import build_lanes
 

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from ncclcheck.catalogue import Playbook, load_catalogue
-from ncclcheck.record.traces import load_traces
+from ncclcheck.evidence.traces import load_traces
 
 from ..conftest import PLAYBOOKS, REPO, SCRIPTS, is_this_tests, line_in, run_bounded
 

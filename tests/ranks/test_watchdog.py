@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.runtime.watchdog import ABORT_EXIT_CODE, _describe_waits
+from ncclcheck.runtime.watchdog import ABORT_EXIT_CODE, describe_waits
 
 from ..conftest import REPO, SCRIPTS, run_bounded, torchrun_argv
 
@@ -112,7 +112,7 @@ def where(
     ],
 )
 def test_the_pattern_of_waits_names_a_cause(said: dict[int, dict[str, object]], cause: str) -> None:
-    lines = _describe_waits(said, world=2)  # type: ignore[arg-type]
+    lines = describe_waits(said, world=2)  # type: ignore[arg-type]
     (likely,) = [line for line in lines if line.strip().startswith("likely:")]
     assert cause in likely
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
+from ncclcheck.evidence.traces import RankTrace
 from ncclcheck.explain.diagnose import Diagnoser, Evidence
 from ncclcheck.model import CollectiveCall, Frame
-from ncclcheck.record.traces import RankTrace
 
 # frames of the installed torch, which frames.py tells from the user's own code
 TORCH = str(Path(torch.__file__).parent)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from ncclcheck.errors import InputError
-from ncclcheck.explain import source
-from ncclcheck.explain.align import Mismatch, compare, divergences
+from ncclcheck.evidence.align import Mismatch, compare, divergences
+from ncclcheck.evidence.traces import CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
 from ncclcheck.explain.diagnose import Evidence, diagnose
 from ncclcheck.model import CollectiveCall, Frame
-from ncclcheck.record.traces import CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
 from ncclcheck.render.lanes import build_lanes
+from ncclcheck.source import reading
 
 
 def call(
@@ -165,7 +165,7 @@ def test_condition_kinds(tmp_path: Path) -> None:
                 pass
     """,
     )
-    kinds = [guard.kind for line in (7, 9, 11, 13, 15) for guard in source.guards_of(path, line)]
+    kinds = [guard.kind for line in (7, 9, 11, 13, 15) for guard in reading.guards_of(path, line)]
     assert kinds == ["rank", "rank", "rank", "data", "data"]
 
 
@@ -195,15 +195,15 @@ def test_early_exits_and_loops(tmp_path: Path) -> None:
                     log()
     """,
     )
-    function = source.enclosing_function(path, 6)
-    (exit_,) = source.conditional_exits(path, function, 6)
+    function = reading.enclosing_function(path, 6)
+    (exit_,) = reading.conditional_exits(path, function, 6)
     assert (exit_.statement, exit_.kind, exit_.line) == ("return", "rank", 4)
-    loops = source.enclosing_loops(path, 11)
+    loops = reading.enclosing_loops(path, 11)
     assert [loop.lineno for loop in loops] == [10, 9]
-    (brk,) = source.conditional_exits(path, loops[1])
+    (brk,) = reading.conditional_exits(path, loops[1])
     assert (brk.statement, brk.kind, brk.text) == ("break", "other", "evaluate() < target")
-    assert source.swallowing_try(path, 19) is not None
-    assert source.swallowing_try(path, 11) is None
+    assert reading.swallowing_try(path, 19) is not None
+    assert reading.swallowing_try(path, 11) is None
 
 
 def trace(rank: int, calls: list[CollectiveCall], exit_: dict | None = None) -> RankTrace:  # type: ignore[type-arg]
@@ -591,7 +591,7 @@ def test_live_traces_tell_ranks_that_parted_from_ranks_that_are_behind(
 def test_the_deepest_root_decides_whose_code_a_file_is(
     monkeypatch: pytest.MonkeyPatch, path: str, user: bool
 ) -> None:
-    from ncclcheck.record import frames
+    from ncclcheck import frames
 
     monkeypatch.setattr(
         frames,
@@ -619,7 +619,7 @@ def test_the_deepest_root_decides_whose_code_a_file_is(
 )
 def test_a_collective_syncbatchnorm_issued_is_named_and_advised(issuer: str) -> None:
     from ncclcheck.communicates import issued_at
-    from ncclcheck.explain.wording import issuer_advice, op_text
+    from ncclcheck.wording import issuer_advice, op_text
 
     call = CollectiveCall(rank=0, seq=3, op="all_gather", group="0", group_ranks=[0, 1], issuer=issuer)
     assert op_text(call) == "all_gather (SyncBatchNorm's batch statistics, in training mode)"
@@ -663,7 +663,7 @@ def test_reductions_a_framework_runs_for_different_names_are_a_mismatch() -> Non
 def test_statements_after_a_stop_skip_what_ran_in_earlier_passes_and_what_waits_for_nothing(
     tmp_path: Path,
 ) -> None:
-    from ncclcheck.explain.source import statements_after
+    from ncclcheck.source.reading import statements_after
 
     script = tmp_path / "train.py"
     script.write_text(

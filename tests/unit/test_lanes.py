@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
+from ncclcheck.evidence.traces import load_traces
 from ncclcheck.model import RankState, Report, Verdict
-from ncclcheck.record.traces import load_traces
 from ncclcheck.render.html import report_html
 from ncclcheck.render.lanes import GROUP_ABOVE, build_lanes
 

@@ -9,17 +9,14 @@ from pathlib import Path
 import pytest
 
 from ncclcheck.launch import launchers
-from ncclcheck.launch.launchers import (
+from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, launcher_argv, own_starter
+from ncclcheck.record.launched import (
     ACCELERATE,
     DEEPSPEED,
     LEGACY_LAUNCH,
     LOCAL_RANK_ARGUMENT,
     SPAWN,
     TORCHRUN,
-    check_accelerate,
-    check_deepspeed,
-    launcher_argv,
-    own_starter,
     slurm_task_environment,
 )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from ncclcheck.commands.lint import run_lint
+from ncclcheck.lint import run_lint
 
 from ..conftest import FRAMEWORKS, PLAYBOOKS, REPO, SCRIPTS, run_bounded
 

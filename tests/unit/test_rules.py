@@ -9,9 +9,10 @@ import pytest
 
 from ncclcheck.catalogue import load_catalogue
 from ncclcheck.causes import Cause
+from ncclcheck.evidence.align import divergences
 from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.evidence.stacks import ProcessStack, blocking
-from ncclcheck.explain.align import divergences
+from ncclcheck.evidence.traces import LoaderPass, RankTrace
 from ncclcheck.explain.diagnose import Evidence, diagnose
 from ncclcheck.explain.engine import Explanation, ReasonKind, first_explanation
 from ncclcheck.explain.rules import branch, divergence, stacks
@@ -19,7 +20,6 @@ from ncclcheck.explain.rules.branch import Fork, explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import CollectiveCall, Severity
-from ncclcheck.record.traces import LoaderPass, RankTrace
 
 from ..conftest import PLAYBOOKS
 from .factories import TORCH, call, diagnoser, line_of, script, stack, trace, waiting_in

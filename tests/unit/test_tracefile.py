@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from ncclcheck.evidence.traces import load_rank_trace
 from ncclcheck.record.tracefile import GROWTH, TraceFile, data_end, seal
-from ncclcheck.record.traces import load_rank_trace
 
 
 def _line(record: dict[str, object]) -> bytes:

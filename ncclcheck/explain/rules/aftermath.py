@@ -21,8 +21,8 @@ from ncclcheck.evidence.stacks import blocking
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.explain.wording import signal_name, who
 from ncclcheck.model import format_ranks
+from ncclcheck.wording import signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
 _WAITED = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|collective operation", re.I)

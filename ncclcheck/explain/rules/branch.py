@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
-from ncclcheck.explain import lines, loaders, source
+from ncclcheck.explain import lines
 from ncclcheck.explain.engine import (
     REASON_OF_KIND,
     Explanation,
@@ -18,12 +18,13 @@ from ncclcheck.explain.engine import (
     cause_of_exit,
     first_explanation,
 )
-from ncclcheck.explain.wording import (
+from ncclcheck.model import CollectiveCall, Frame
+from ncclcheck.source import loaders, reading
+from ncclcheck.wording import (
     issuer_advice,
     op_text,
     who,
 )
-from ncclcheck.model import CollectiveCall, Frame
 
 if TYPE_CHECKING:
     from ncclcheck.explain.diagnose import Diagnoser
@@ -157,7 +158,7 @@ def rank_test_around_the_call(f: Fork) -> Explanation | None:
     if alt is not None and alt_made:
         sides.append((alt, alt.user_stack, alt_made, sorted(set(f.members) - set(alt_made))))
     for side_call, side_stack, side_made, side_other in sides:
-        around = _guard_around(side_stack[max(f.common - 1, 0) :], source.RANK)
+        around = _guard_around(side_stack[max(f.common - 1, 0) :], reading.RANK)
         if around is not None:
             frame, guard = around
             where = d.site(Frame(frame.file, guard.line, ""))
@@ -181,12 +182,12 @@ def early_exit_before_the_call(f: Fork) -> Explanation | None:
     """An early exit, in a function the absent ranks left, before the call."""
     d = f.d
     for frame in f.stack[f.common :] or f.stack[-1:]:
-        function = source.enclosing_function(frame.file, frame.line)
+        function = reading.enclosing_function(frame.file, frame.line)
         if function is None:
             continue
         exits = [
             g
-            for g in source.conditional_exits(frame.file, function, frame.line)
+            for g in reading.conditional_exits(frame.file, function, frame.line)
             if g.statement in ("return", "raise")
         ]
         if exits:
@@ -250,16 +251,16 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
     (`if h.shape[0] > 1: h = self.bn(h)`), or one on a value each rank reads for itself
     (`if os.path.exists(ckpt)` while rank 0 writes it, a clock, a random draw)."""
     d = f.d
-    for kind in (source.DATA, source.OTHER):
+    for kind in (reading.DATA, reading.OTHER):
         around = _guard_around(f.stack[max(f.common - 1, 0) :], kind)
         if around is None:
             continue
         frame, guard = around
-        if kind == source.DATA:
+        if kind == reading.DATA:
             cause, what, test_is = Cause.DATA_DEPENDENT_BRANCH, "a test on the data", "tests the data"
             reason_kind = ReasonKind.DATA_TEST
         else:
-            reads = " and ".join(source.rank_local_reads(guard.text, frame.file))
+            reads = " and ".join(reading.rank_local_reads(guard.text, frame.file))
             if not reads:
                 continue
             cause = Cause.UNSYNCHRONIZED_DECISION
@@ -292,8 +293,8 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
     if not f.common or len(f.alt_stack) < f.common:
         return None
     here, there = f.stack[f.common - 1], f.alt_stack[f.common - 1]
-    for loop in source.enclosing_loops(here.file, here.line):
-        if not source.contains(loop, there.line) or here.line == there.line:
+    for loop in reading.enclosing_loops(here.file, here.line):
+        if not reading.contains(loop, there.line) or here.line == there.line:
             continue
         d, loop_site = f.d, f.d.site(Frame(here.file, loop.lineno, ""))
         guard = skipped_pass(here.file, loop, max(here.line, there.line))
@@ -311,10 +312,10 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
                 [*f.evidence, skip.evidence],
                 skip.reason,
             )
-        swallowing = source.swallowing_try(here.file, here.line) or source.swallowing_try(
+        swallowing = reading.swallowing_try(here.file, here.line) or reading.swallowing_try(
             there.file, there.line
         )
-        if swallowing is not None and source.contains(loop, swallowing.lineno):
+        if swallowing is not None and reading.contains(loop, swallowing.lineno):
             where = d.site(Frame(here.file, swallowing.lineno, ""))
             return call_finding(
                 d,
@@ -334,8 +335,8 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
 
 def _kind_said(kind: str) -> str:
     return {
-        source.RANK: "the test reads the rank",
-        source.DATA: "the test reads the data, which differs per rank",
+        reading.RANK: "the test reads the rank",
+        reading.DATA: "the test reads the data, which differs per rank",
     }.get(kind, "the test reads a value each rank computes for itself")
 
 
@@ -349,7 +350,7 @@ class SkippedPass:
     reason: Reason
 
     @classmethod
-    def of(cls, d: Diagnoser, path: str, guard: source.Guard) -> SkippedPass:
+    def of(cls, d: Diagnoser, path: str, guard: reading.Guard) -> SkippedPass:
         where = d.site(Frame(path, guard.line, ""))
         return cls(
             cause_of_exit(guard.kind),
@@ -361,7 +362,7 @@ class SkippedPass:
         )
 
 
-def skips_a_pass(inside: Frame, loop: ast.stmt) -> source.Guard | None:
+def skips_a_pass(inside: Frame, loop: ast.stmt) -> reading.Guard | None:
     """The ``continue`` that explains one collective fewer on some ranks in ``loop``, when
     its passes are the same on every rank: not over a loader built without a sampler
     (unsharded or sharded by hand), whose length is the likelier difference."""
@@ -371,11 +372,11 @@ def skips_a_pass(inside: Frame, loop: ast.stmt) -> source.Guard | None:
     return skipped_pass(inside.file, loop, inside.line + 1)
 
 
-def skipped_pass(path: str, loop: ast.stmt, before_line: int) -> source.Guard | None:
+def skipped_pass(path: str, loop: ast.stmt, before_line: int) -> reading.Guard | None:
     """The ``continue`` under a test of ``loop`` itself (not of a loop inside it) that
     comes before ``before_line``: the way a rank skips the rest of a pass."""
-    for guard in source.conditional_exits(path, loop, before_line):
-        innermost = source.innermost_loop(path, guard.line)
+    for guard in reading.conditional_exits(path, loop, before_line):
+        innermost = reading.innermost_loop(path, guard.line)
         if guard.statement == "continue" and innermost is not None and innermost.lineno == loop.lineno:
             return guard
     return None
@@ -446,14 +447,14 @@ def _candidates(f: Fork) -> list[str]:
     found: dict[str, None] = {}
     for stack in (f.stack[max(f.common - 1, 0) :], f.alt_stack[max(f.common - 1, 0) :]):
         for frame in stack:
-            for guard in source.guards_of(frame.file, frame.line):
+            for guard in reading.guards_of(frame.file, frame.line):
                 found[f"`if {guard.text}` at {f.d.site(Frame(frame.file, guard.line, ''))}"] = None
-            function = source.enclosing_function(frame.file, frame.line)
+            function = reading.enclosing_function(frame.file, frame.line)
             if function is not None:
-                for exit_ in source.conditional_exits(frame.file, function, before_line=frame.line):
+                for exit_ in reading.conditional_exits(frame.file, function, before_line=frame.line):
                     where = f.d.site(Frame(frame.file, exit_.line, ""))
                     found[f"`{exit_.statement}` under `if {exit_.text}` at {where}"] = None
-            swallowing = source.swallowing_try(frame.file, frame.line)
+            swallowing = reading.swallowing_try(frame.file, frame.line)
             if swallowing is not None:
                 where = f.d.site(Frame(frame.file, swallowing.lineno, ""))
                 found[f"a try at {where} whose handler swallows errors"] = None
@@ -510,13 +511,15 @@ def loop_left(
     """The loop around ``inside`` that the outside ranks left (one that does not hold
     ``outside_line``; any, when they left the whole function), through which
     break/return, under which condition."""
-    exits: list[source.Guard] = []
-    skipped: tuple[ast.stmt, source.Guard] | None = None
-    for loop in source.enclosing_loops(inside.file, inside.line):
-        if outside_line is not None and source.contains(loop, outside_line):
+    exits: list[reading.Guard] = []
+    skipped: tuple[ast.stmt, reading.Guard] | None = None
+    for loop in reading.enclosing_loops(inside.file, inside.line):
+        if outside_line is not None and reading.contains(loop, outside_line):
             return None  # both sides are in this loop: it is not the one left
-        exits = [g for g in source.conditional_exits(inside.file, loop) if g.statement in ("break", "return")]
-        ended = source.while_test(inside.file, loop)
+        exits = [
+            g for g in reading.conditional_exits(inside.file, loop) if g.statement in ("break", "return")
+        ]
+        ended = reading.while_test(inside.file, loop)
         if not exits and ended is not None:
             exits = [ended]  # no break: the loop's own test ended it
         if exits:
@@ -553,7 +556,7 @@ def loop_left(
         for rank, trace in sorted(d.ev.traces.items())
         for read in trace.rooted_reads
         if read.site.file == inside.file
-        and source.decision_at(read.site.file, read.site.line) in (f"if {guard.text}", f"while {guard.text}")
+        and reading.decision_at(read.site.file, read.site.line) in (f"if {guard.text}", f"while {guard.text}")
     ]
     how = (
         f"when `{guard.text}` turned false"
@@ -596,7 +599,7 @@ def _counts_from_the_rank(path: str, loop: ast.For | ast.AsyncFor) -> bool:
     batches, a missing sampler), which know what it iterates."""
     if not isinstance(loop.iter, ast.Call):
         return False
-    return source.callee_name(loop.iter) == "range" and source.reads_the_rank(path, loop.iter)
+    return reading.callee_name(loop.iter) == "range" and reading.reads_the_rank(path, loop.iter)
 
 
 def _passes_from_the_rank(
@@ -614,7 +617,7 @@ def _passes_from_the_rank(
     an exit decided by the rank (what a replay's line counts name it too)."""
     header = f"for {ast.unparse(loop.target)} in {ast.unparse(loop.iter)}"
     where = d.site(Frame(inside.file, loop.lineno, ""))
-    cause = Cause.UNEVEN_EVAL_BATCHES if call.phase == "eval" else cause_of_exit(source.RANK)
+    cause = Cause.UNEVEN_EVAL_BATCHES if call.phase == "eval" else cause_of_exit(reading.RANK)
     return d.explanation(
         cause,
         f"{who(inside_ranks)} made one {op_text(call)} more than {who(outside_ranks)} in the loop "
@@ -628,11 +631,11 @@ def _passes_from_the_rank(
     )
 
 
-def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, source.Guard] | None:
+def _guard_around(frames: list[Frame], kind: str) -> tuple[Frame, reading.Guard] | None:
     """The first ``if`` of ``kind`` around the frames' lines: frames outermost first,
     each frame's tests innermost first."""
     for frame in frames:
-        for guard in source.guards_of(frame.file, frame.line):
+        for guard in reading.guards_of(frame.file, frame.line):
             if guard.kind == kind:
                 return frame, guard
     return None

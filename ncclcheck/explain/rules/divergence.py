@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
-from ncclcheck.explain import source
-from ncclcheck.explain.align import Divergence, Mismatch
+from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.branch import Fork, explain_fork
-from ncclcheck.explain.wording import (
+from ncclcheck.model import Frame, Severity
+from ncclcheck.source import reading
+from ncclcheck.wording import (
     collapse,
     location_of,
     op_text,
@@ -20,7 +21,6 @@ from ncclcheck.explain.wording import (
     signal_name,
     who,
 )
-from ncclcheck.model import Frame, Severity
 
 if TYPE_CHECKING:
     from ncclcheck.explain.diagnose import Diagnoser
@@ -414,19 +414,19 @@ def skipped_step(
         # the try may be a caller's, around the step function the error left early
         swallow, swallow_file = None, site.file
         for frame in reversed(earlier.user_stack or [site]):
-            swallow, swallow_file = source.swallowing_try(frame.file, frame.line), frame.file
+            swallow, swallow_file = reading.swallowing_try(frame.file, frame.line), frame.file
             if swallow is not None:
                 break
-        loop = source.innermost_loop(site.file, site.line)
-        exits = source.conditional_exits(site.file, loop, site.line) if loop else []
+        loop = reading.innermost_loop(site.file, site.line)
+        exits = reading.conditional_exits(site.file, loop, site.line) if loop else []
         # the call may sit in a helper (step()): the loop that skipped it is a caller's
         for frame in reversed(earlier.user_stack[:-1]):
             if exits or loop is not None:
                 break
-            loop = source.innermost_loop(frame.file, frame.line)
+            loop = reading.innermost_loop(frame.file, frame.line)
             if loop is not None:
                 # any exit of that loop: a break after the call ends the pass early too
-                exits = source.conditional_exits(frame.file, loop)
+                exits = reading.conditional_exits(frame.file, loop)
                 site = frame
         if swallow is not None:
             cause = Cause.RANK_EXCEPTION

@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
-from ncclcheck.explain import source
+from ncclcheck.evidence.traces import RootedRead
 from ncclcheck.explain.engine import Explanation
-from ncclcheck.explain.wording import (
+from ncclcheck.model import Frame, Severity
+from ncclcheck.source import reading
+from ncclcheck.wording import (
     who,
 )
-from ncclcheck.model import Frame, Severity
-from ncclcheck.record.traces import RootedRead
 
 if TYPE_CHECKING:
     from ncclcheck.explain.diagnose import Diagnoser
@@ -134,7 +134,7 @@ def rooted_reads(d: Diagnoser) -> list[Explanation]:
     for key, ranks in readers.items():
         read = example[key]
         name = f"`{read.var}`" if read.var else "the tensor"
-        decides = source.decision_at(read.site.file, read.site.line)
+        decides = reading.decision_at(read.site.file, read.site.line)
         effect = (
             f", and `{decides}` decides on it: ranks that decide differently part ways" if decides else ""
         )

@@ -14,12 +14,12 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.evidence import device
 from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, state_split
-from ncclcheck.explain import loaders, source
 from ncclcheck.explain.diagnose import Diagnoser
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
 from ncclcheck.explain.rules.branch import Fork, SkippedPass, explain_fork, skips_a_pass
-from ncclcheck.explain.wording import relative, who
 from ncclcheck.model import CollectiveCall, Frame, Severity
+from ncclcheck.source import loaders, reading
+from ncclcheck.wording import relative, who
 
 
 @dataclass
@@ -139,8 +139,8 @@ def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
     shared = set.intersection(*(set(state) for state in only.states.values()))
     differing = {k for k in shared if len({state[k] for state in only.states.values()}) > 1}
     for depth, frame in enumerate(only.frames):
-        for loop in source.loops_before(frame.file, frame.line):
-            keys = [after_loop(t, frame.function, loop.lineno) for t in source.loop_targets(loop)]
+        for loop in reading.loops_before(frame.file, frame.line):
+            keys = [after_loop(t, frame.function, loop.lineno) for t in reading.loop_targets(loop)]
             key = next((k for k in keys if k in differing), None)
             if key is None or not differing <= set(keys):
                 continue
@@ -324,7 +324,7 @@ def _deferred_finding(
     inside = next((c for c in waiting if c.deferred is not None and c.frames), None)
     if inside is None or inside.deferred is None:
         return None
-    from ncclcheck.commands.lint import located, run_lint  # reads source: only for this case
+    from ncclcheck.lint import located, run_lint  # reads source: only for this case
 
     known = inside.deferred
     entry = Path(inside.frames[0].file)  # the script: lint follows its imports
@@ -396,8 +396,8 @@ def _left_loop(
             for frame, other_line in candidates:
                 # the loops the other side is not in (the inner ones: an epoch loop may hold
                 # both sides while only one is still in its eval loop)
-                around = source.enclosing_loops(frame.file, frame.line)
-                loops = [lp for lp in around if other_line is None or not source.contains(lp, other_line)]
+                around = reading.enclosing_loops(frame.file, frame.line)
+                loops = [lp for lp in around if other_line is None or not reading.contains(lp, other_line)]
                 if not loops:
                     continue  # both sides inside one loop: they drifted apart, they did not leave it
                 both_in_a_loop = len(loops) < len(around)  # on a later pass, above is after
@@ -408,7 +408,7 @@ def _left_loop(
                 if any(
                     g.statement in ("break", "return")
                     for loop in loops
-                    for g in source.conditional_exits(frame.file, loop)
+                    for g in reading.conditional_exits(frame.file, loop)
                 ):
                     return None  # a break or return decided: the source-reading diagnosis says which
                 return _loop_finding(inside, outside, frame, loops[0], diagnoser, evidence), both_in_a_loop
@@ -417,11 +417,11 @@ def _left_loop(
 
 def _rank_branch_apart(frame: Frame, other_line: int) -> bool:
     """Whether a rank test encloses ``frame``'s line but not ``other_line`` (same function)."""
-    for node in source.enclosing_chain(frame.file, frame.line):
+    for node in reading.enclosing_chain(frame.file, frame.line):
         if (
             isinstance(node, ast.If)
-            and not source.contains(node, other_line)
-            and source.condition_kind(frame.file, node.test) == source.RANK
+            and not reading.contains(node, other_line)
+            and reading.condition_kind(frame.file, node.test) == reading.RANK
         ):
             return True
     return False
@@ -436,7 +436,7 @@ def _loop_finding(
     evidence: list[str],
 ) -> Explanation:
     assert inside.site is not None
-    swallowing = source.swallowing_try(inside.site.file, inside.site.line)
+    swallowing = reading.swallowing_try(inside.site.file, inside.site.line)
     loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
     # a `continue` of this loop before the call: one rank skipped a pass (a NaN loss, an
     # empty batch), and from there the ranks were a call apart, to the loop's end

@@ -113,7 +113,7 @@ def signal_name(code: int | None) -> str | None:
 
 
 def is_user(path: str) -> bool:
-    from ncclcheck.record.frames import is_user_file
+    from ncclcheck.frames import is_user_file
 
     return is_user_file(path)
 

@@ -6,27 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-# Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
-# side's branch is paired with the other's, so lint leaves them out.
-from ncclcheck.commands.lint.findings import _Collective, _dedupe, _Function, _Module, _relative, located
-from ncclcheck.commands.lint.rank_sets import imported_rank_names
-from ncclcheck.commands.lint.samplers import eval_loaders_without_sampler
-from ncclcheck.commands.lint.scope import _ScopeChecker
-from ncclcheck.commands.lint.syntax import (
-    _called_names,
-    _calls_in,
-    _constructed,
-    _ddp_names,
-    _ddp_parameters,
-    _dist_label,
-    _ignore_comments,
-    _is_rank_zero_only,
-    _keyword_true,
-    _returns_cat,
-    _walk,
-    _walk_scope,
-)
-from ncclcheck.commands.lint.tables import _DIST_OPS, _RANK_WORDS, _ROOTED, _UNSYNCED_CALLS
 from ncclcheck.communicates import (
     ACCELERATE_METHODS,
     ACCELERATE_SAVE_STATE,
@@ -39,29 +18,51 @@ from ncclcheck.communicates import (
     ZERO_CONSOLIDATE,
 )
 from ncclcheck.errors import InputError
-from ncclcheck.explain.source import (
+
+# Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
+# side's branch is paired with the other's, so lint leaves them out.
+from ncclcheck.lint.findings import Collective, Function, ParsedModule, dedupe, located, relative_path
+from ncclcheck.lint.rank_sets import imported_rank_names
+from ncclcheck.lint.samplers import eval_loaders_without_sampler
+from ncclcheck.lint.scope import ScopeChecker
+from ncclcheck.lint.syntax import (
+    called_names,
+    calls_in,
+    constructed,
+    ddp_parameters_of,
+    ddp_wrapped_names,
+    dist_label,
+    ignore_comments,
+    is_rank_zero_only,
+    keyword_true,
+    nodes_under,
+    returns_cat,
+    walk_scope,
+)
+from ncclcheck.lint.tables import DIST_OPS, RANK_WORDS, ROOTED, UNSYNCED_CALLS
+from ncclcheck.model import Finding
+from ncclcheck.source.reading import (
     bound_names,
     rank_attributes,
     rank_derived_names,
     rank_fields,
     rank_functions,
 )
-from ncclcheck.model import Finding
 
 
 class Linter:
     def __init__(self) -> None:
-        self.modules: dict[Path, _Module] = {}
-        self.modules_by_tree: dict[int, _Module] = {}
+        self.modules: dict[Path, ParsedModule] = {}
+        self.modules_by_tree: dict[int, ParsedModule] = {}
         # (id(function node), its DDP parameters) -> the first collective it reaches
-        self._collective_of: dict[tuple[int, frozenset[str]], _Collective | None] = {}
+        self._collective_of: dict[tuple[int, frozenset[str]], Collective | None] = {}
         self._in_progress: set[tuple[int, frozenset[str]]] = set()
         self._local_number: dict[int, bool] = {}  # id(function node) -> returns a rank-local number
         self._variable_size: dict[int, bool] = {}  # id(function node) -> returns a data-sized tensor
         self._nodes: dict[int, list[ast.AST]] = {}  # id(scope) -> its nodes, nested defs left out
         self._derived: dict[int, set[str]] = {}
         self._class_attributes: dict[tuple[Path, str], set[str]] = {}
-        self._constructed: dict[int, dict[str, str]] = {}
+        self.constructed: dict[int, dict[str, str]] = {}
         self._ddp: dict[int, set[str]] = {}
         self._mentions: dict[int, bool] = {}
         self._synced: dict[int, dict[str, list[int]]] = {}
@@ -80,19 +81,19 @@ class Linter:
                 for n in nodes
                 if isinstance(n, (ast.Name, ast.Attribute))
             }
-            self._mentions[key] = bool(mentioned & _RANK_WORDS)
-            self._derived[key] = rank_derived_names(scope, nodes) if mentioned & _RANK_WORDS else set()
+            self._mentions[key] = bool(mentioned & RANK_WORDS)
+            self._derived[key] = rank_derived_names(scope, nodes) if mentioned & RANK_WORDS else set()
         return self._derived[key]
 
     def _constructions(self, scope: ast.AST) -> dict[str, str]:
         """What class each name (``x``) or attribute (``self.x``) of ``scope`` is bound to an
         instance of, from one walk of the scope, cached."""
         key = id(scope)
-        if key not in self._constructed:
-            self._constructed[key] = _constructed(scope)
-        return self._constructed[key]
+        if key not in self.constructed:
+            self.constructed[key] = constructed(scope)
+        return self.constructed[key]
 
-    def class_rank_attributes(self, module: _Module, class_name: str) -> set[str]:
+    def class_rank_attributes(self, module: ParsedModule, class_name: str) -> set[str]:
         """What the class's methods set from rank values, cached per class."""
         key = (module.path, class_name)
         if key not in self._class_attributes:
@@ -109,42 +110,42 @@ class Linter:
     def ddp_names_of(self, scope: ast.AST) -> set[str]:
         key = id(scope)
         if key not in self._ddp:
-            self._ddp[key] = _ddp_names(self.nodes(scope))
+            self._ddp[key] = ddp_wrapped_names(self.nodes(scope))
         return self._ddp[key]
 
     def nodes(self, scope: ast.AST) -> list[ast.AST]:
         """The nodes of a function (or module top level), walked once: every check reads them."""
         key = id(scope)
         if key not in self._nodes:
-            self._nodes[key] = list(_walk_scope(scope))
+            self._nodes[key] = list(walk_scope(scope))
         return self._nodes[key]
 
     # -- loading -------------------------------------------------------------------
 
-    def load(self, path: Path, follow: bool = True) -> _Module | None:
+    def load(self, path: Path, follow: bool = True) -> ParsedModule | None:
         path = path.resolve()
         if path in self.modules:
             return self.modules[path]
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise InputError(f"{_relative(path)}: not a text file") from None
+            raise InputError(f"{relative_path(path)}: not a text file") from None
         except OSError as exc:
-            raise InputError(f"{_relative(path)}: {exc.strerror}") from None
+            raise InputError(f"{relative_path(path)}: {exc.strerror}") from None
         try:
             tree = ast.parse(text, filename=str(path))
         except SyntaxError as exc:
-            raise InputError(f"{_relative(path)}:{exc.lineno}: syntax error: {exc.msg}") from None
-        module = _Module(path, tree, text.splitlines())
-        module.all_nodes = _walk(tree, enter_scopes=True)
+            raise InputError(f"{relative_path(path)}:{exc.lineno}: syntax error: {exc.msg}") from None
+        module = ParsedModule(path, tree, text.splitlines())
+        module.all_nodes = nodes_under(tree, enter_scopes=True)
         self.modules[path] = module
         self.modules_by_tree[id(tree)] = module
         self.lines_checked += len(module.lines)
-        module.ignores = _ignore_comments(text)
+        module.ignores = ignore_comments(text)
         self._index(module, follow)
         return module
 
-    def _index(self, module: _Module, follow: bool) -> None:
+    def _index(self, module: ParsedModule, follow: bool) -> None:
         for node in module.all_nodes:
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -165,7 +166,7 @@ class Linter:
                     local = alias.asname or alias.name
                     if base == "torch" and alias.name == "distributed":
                         module.dist_aliases.add(local)
-                    elif base == "torch.distributed" and alias.name in _DIST_OPS:
+                    elif base == "torch.distributed" and alias.name in DIST_OPS:
                         module.dist_functions.add(local)
                     elif base == "torch.distributed" and alias.name == "checkpoint":
                         module.dcp_aliases.add(local)
@@ -177,7 +178,7 @@ class Linter:
                         self._note_import(module, base, node.level, alias.name, local)
         for statement in module.tree.body:
             self._index_definitions(module, statement, None)
-        module.ddp_names = _ddp_names(module.all_nodes)
+        module.ddp_names = ddp_wrapped_names(module.all_nodes)
         text = "\n".join(module.lines)
         module.shards_parameters = "deepspeed" in module.libraries or any(
             word in text for word in ("FullyShardedDataParallel", "fully_shard(", "zero_stage", "stage3")
@@ -189,13 +190,13 @@ class Linter:
             for node in module.all_nodes
         )
         # backward() all-reduces gradients whatever the model holds
-        module.wraps_ddp = bool(_ddp_names(module.all_nodes, forward_communicates=False)) or (
+        module.wraps_ddp = bool(ddp_wrapped_names(module.all_nodes, forward_communicates=False)) or (
             "DistributedDataParallel(" in text
         )
 
-    def _index_definitions(self, module: _Module, node: ast.stmt, class_name: str | None) -> None:
+    def _index_definitions(self, module: ParsedModule, node: ast.stmt, class_name: str | None) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            function = _Function(node, module, class_name)
+            function = Function(node, module, class_name)
             module.functions.setdefault(node.name, []).append(function)
             if class_name is not None:
                 module.methods[(class_name, node.name)] = function
@@ -203,7 +204,7 @@ class Linter:
             for child in node.body:
                 self._index_definitions(module, child, node.name)
 
-    def _note_import(self, module: _Module, base: str, level: int, name: str, local: str) -> None:
+    def _note_import(self, module: ParsedModule, base: str, level: int, name: str, local: str) -> None:
         # `from pkg import sub` may name a module or a function
         as_module = self._resolve_module(module.path, f"{base}.{name}" if base else name, level)
         if as_module is not None:
@@ -236,7 +237,7 @@ class Linter:
                     return path.resolve()
         return None
 
-    def _module_of(self, path: Path) -> _Module | None:
+    def _module_of(self, path: Path) -> ParsedModule | None:
         try:
             return self.load(path)
         except InputError:
@@ -244,7 +245,7 @@ class Linter:
 
     # -- which calls communicate ----------------------------------------------------
 
-    def is_dist(self, node: ast.expr, module: _Module) -> bool:
+    def is_dist(self, node: ast.expr, module: ParsedModule) -> bool:
         if isinstance(node, ast.Name):
             return node.id in module.dist_aliases
         return (
@@ -255,16 +256,16 @@ class Linter:
         )
 
     def collective_of_call(
-        self, call: ast.Call, module: _Module, function: _Function | None, ddp_names: set[str]
-    ) -> _Collective | None:
+        self, call: ast.Call, module: ParsedModule, function: Function | None, ddp_names: set[str]
+    ) -> Collective | None:
         label = self._direct_label(call, module, ddp_names)
         if label is not None:
-            path = _relative(module.path)
+            path = relative_path(module.path)
             certain = not label.endswith("forward through DistributedDataParallel") and not (
                 label.endswith(ACCELERATE_SAVE_STATE)
                 and not (module.shards_parameters or module.automatic_checkpoints)
             )
-            return _Collective(
+            return Collective(
                 label, [f"{label} at {path}:{call.lineno}"], path, call.lineno, call.col_offset + 1, certain
             )
         func = call.func
@@ -276,11 +277,11 @@ class Linter:
             return None
         if target is None:
             return None
-        inner = self.collective_of_function(target, _ddp_parameters(call, target, ddp_names))
+        inner = self.collective_of_function(target, ddp_parameters_of(call, target, ddp_names))
         if inner is None:
             return None
-        here = f"{_relative(module.path)}:{call.lineno}"
-        return _Collective(
+        here = f"{relative_path(module.path)}:{call.lineno}"
+        return Collective(
             inner.label,
             [f"{target.name}() called at {here}", *inner.chain],
             inner.path,
@@ -289,15 +290,15 @@ class Linter:
             inner.certain,
         )
 
-    def _direct_label(self, call: ast.Call, module: _Module, ddp_names: set[str]) -> str | None:
+    def _direct_label(self, call: ast.Call, module: ParsedModule, ddp_names: set[str]) -> str | None:
         """What a call communicates by itself (torch.distributed, a library), or None."""
         func = call.func
         if isinstance(func, ast.Name):
             if func.id in module.dist_functions:
-                return _dist_label(func.id, call)
+                return dist_label(func.id, call)
             if func.id in ddp_names:
                 return f"{func.id}(...) forward through DistributedDataParallel"
-            if func.id in module.dcp_functions and not _keyword_true(call, "no_dist"):
+            if func.id in module.dcp_functions and not keyword_true(call, "no_dist"):
                 return f"{func.id}() (torch.distributed.checkpoint plans it across the ranks)"
             if func.id in module.state_dict_functions:
                 return f"{func.id}() (gathers or scatters sharded state across the ranks)"
@@ -308,12 +309,12 @@ class Linter:
         if not isinstance(func.value, (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
             receiver = f"({receiver})"  # (a + b).backward(), not a + b.backward()
         attr = func.attr
-        if attr in _DIST_OPS and self.is_dist(func.value, module):
-            return _dist_label(attr, call)
+        if attr in DIST_OPS and self.is_dist(func.value, module):
+            return dist_label(attr, call)
         if (
             attr in DCP_FUNCTIONS
             and (receiver in module.dcp_aliases or receiver == DCP_MODULE)
-            and not _keyword_true(call, "no_dist")
+            and not keyword_true(call, "no_dist")
         ):
             return f"{receiver}.{attr}() (torch.distributed.checkpoint plans it across the ranks)"
         if attr in ACCELERATE_METHODS and "accelerator" in receiver.lower():
@@ -353,13 +354,13 @@ class Linter:
             and module.libraries & {"lightning", "pytorch_lightning"}
         ):
             return f"{receiver}.save_checkpoint() (Lightning waits for every rank in it)"
-        if attr == "generate" and module.shards_parameters and not _keyword_true(call, "synced_gpus"):
+        if attr == "generate" and module.shards_parameters and not keyword_true(call, "synced_gpus"):
             return f"{receiver}.generate() without synced_gpus=True"
         if attr == "backward" and module.wraps_ddp:
             return f"{receiver}.backward() (DDP all-reduces the gradients)"
         return None
 
-    def _resolve_name_call(self, name: str, module: _Module) -> _Function | None:
+    def _resolve_name_call(self, name: str, module: ParsedModule) -> Function | None:
         if name in module.functions:
             return module.functions[name][0]
         if name in module.imported_functions:
@@ -370,8 +371,8 @@ class Linter:
         return None
 
     def _resolve_attribute_call(
-        self, func: ast.Attribute, module: _Module, function: _Function | None
-    ) -> _Function | None:
+        self, func: ast.Attribute, module: ParsedModule, function: Function | None
+    ) -> Function | None:
         value = func.value
         if isinstance(value, ast.Name):
             if value.id in ("self", "cls") and function is not None and function.class_name is not None:
@@ -387,8 +388,8 @@ class Linter:
         return None
 
     def _class_of(
-        self, value: ast.expr, module: _Module, function: _Function | None
-    ) -> tuple[_Module, str] | None:
+        self, value: ast.expr, module: ParsedModule, function: Function | None
+    ) -> tuple[ParsedModule, str] | None:
         """The project's class of the instance a method is called on: ``meter`` bound to
         ``Meter(...)`` (or annotated ``meter: Meter``) in the calling function or at module
         level, or ``self.meter`` assigned ``Meter(...)`` in any method of the class."""
@@ -418,8 +419,8 @@ class Linter:
         return None
 
     def collective_of_function(
-        self, function: _Function, ddp_parameters: frozenset[str] = frozenset()
-    ) -> _Collective | None:
+        self, function: Function, ddp_parameters: frozenset[str] = frozenset()
+    ) -> Collective | None:
         """The first collective a call to ``function`` reaches, whatever the branches.
 
         ``ddp_parameters``: its parameters that this call binds to a DDP-wrapped model
@@ -431,9 +432,9 @@ class Linter:
         if key in self._in_progress:
             return None  # recursion: the first visit decides
         self._in_progress.add(key)
-        found: _Collective | None = None
+        found: Collective | None = None
         ddp_names = self.ddp_names_of(function.node) | ddp_parameters
-        for call in _calls_in(function.node):
+        for call in calls_in(function.node):
             this = self.collective_of_call(call, function.module, function, ddp_names)
             if this is not None and (found is None or this.certain):
                 found = this  # the first collective; a certain one over a DDP forward
@@ -443,7 +444,9 @@ class Linter:
         self._collective_of[key] = found
         return found
 
-    def resolve_call(self, call: ast.Call, module: _Module, function: _Function | None) -> _Function | None:
+    def resolve_call(
+        self, call: ast.Call, module: ParsedModule, function: Function | None
+    ) -> Function | None:
         func = call.func
         if isinstance(func, ast.Name):
             return self._resolve_name_call(func.id, module)
@@ -451,7 +454,9 @@ class Linter:
             return self._resolve_attribute_call(func, module, function)
         return None
 
-    def variable_size_names(self, scope: ast.AST, module: _Module, function: _Function | None) -> set[str]:
+    def variable_size_names(
+        self, scope: ast.AST, module: ParsedModule, function: Function | None
+    ) -> set[str]:
         """Tensors whose size depends on the data: boolean indexing, nonzero, masked_select,
         unique, torch.cat of a list built in a loop, or a user function returning one."""
         sized: set[str] = set()
@@ -465,7 +470,12 @@ class Linter:
         return sized
 
     def _is_variable_size(
-        self, value: ast.expr, module: _Module, function: _Function | None, masks: set[str], depth: int = 0
+        self,
+        value: ast.expr,
+        module: ParsedModule,
+        function: Function | None,
+        masks: set[str],
+        depth: int = 0,
     ) -> bool:
         for node in ast.walk(value):
             if isinstance(node, ast.Subscript) and (
@@ -484,7 +494,7 @@ class Linter:
                     return True
         return False
 
-    def _returns_variable_size(self, target: _Function, depth: int) -> bool:
+    def _returns_variable_size(self, target: Function, depth: int) -> bool:
         key = id(target.node)
         if key in self._variable_size:
             return self._variable_size[key]
@@ -498,7 +508,7 @@ class Linter:
             if isinstance(t, ast.Name)
         }
         found = any(self._is_variable_size(r, target.module, target, inner_masks, depth + 1) for r in returns)
-        if not found and any(_returns_cat(r) for r in returns):
+        if not found and any(returns_cat(r) for r in returns):
             # torch.cat of a list that a loop appends boolean-indexed pieces to
             appended = [
                 n.args[0]
@@ -514,7 +524,7 @@ class Linter:
         self._variable_size[key] = found
         return found
 
-    def rank_local_names(self, scope: ast.AST, module: _Module, function: _Function | None) -> set[str]:
+    def rank_local_names(self, scope: ast.AST, module: ParsedModule, function: Function | None) -> set[str]:
         """Names whose value differs between ranks without any rank in sight: a clock, a file
         check, the ``.item()`` of a tensor no collective touched, or what a user function
         returns that computes a number from tensors and communicates nothing."""
@@ -538,7 +548,7 @@ class Linter:
                 value = node.value
                 if value is None:
                     continue
-                if self._is_rank_local(value, module, function, synced, local):
+                if self.is_rank_local(value, module, function, synced, local):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     # `self.total += loss.item()` makes an attribute rank-local, not `self`
                     local |= {name for t in targets for name in bound_names(t)} - synced
@@ -546,7 +556,7 @@ class Linter:
                 break
         return local
 
-    def sync_points(self, scope: ast.AST, module: _Module) -> dict[str, list[int]]:
+    def sync_points(self, scope: ast.AST, module: ParsedModule) -> dict[str, list[int]]:
         """Each name passed to a collective in ``scope``, or bound to what one returns
         (``bad = fabric.all_reduce(flag, reduce_op="max")``), with the lines of those calls:
         its value agrees across ranks after them."""
@@ -558,7 +568,7 @@ class Linter:
                 if not isinstance(call, ast.Call):
                     continue
                 label = self._direct_label(call, module, set())
-                if label is None or label.split(".")[-1] in _ROOTED:
+                if label is None or label.split(".")[-1] in ROOTED:
                     continue
                 named = [arg.id for arg in call.args if isinstance(arg, ast.Name)]
                 if isinstance(node, ast.Assign):
@@ -568,7 +578,7 @@ class Linter:
             self._synced[key] = synced
         return self._synced[key]
 
-    def rooted_names(self, scope: ast.AST, module: _Module) -> dict[str, tuple[str, int]]:
+    def rooted_names(self, scope: ast.AST, module: ParsedModule) -> dict[str, tuple[str, int]]:
         """Tensors passed to dist.reduce / gather / scatter, each with that call's label and
         line: after the call their value is the result on the destination rank only, and
         whatever is left on the others. Not those a later line broadcasts or all-reduces
@@ -582,14 +592,19 @@ class Linter:
             if label is None:
                 continue
             name = call.args[0].id
-            if label.split(".")[-1] in _ROOTED:
+            if label.split(".")[-1] in ROOTED:
                 rooted.setdefault(name, (label, call.lineno))
             else:
                 synced_at[name] = max(synced_at.get(name, 0), call.lineno)
         return {name: at for name, at in rooted.items() if synced_at.get(name, 0) <= at[1]}
 
-    def _is_rank_local(
-        self, value: ast.expr, module: _Module, function: _Function | None, synced: set[str], local: set[str]
+    def is_rank_local(
+        self,
+        value: ast.expr,
+        module: ParsedModule,
+        function: Function | None,
+        synced: set[str],
+        local: set[str],
     ) -> bool:
         for node in ast.walk(value):
             if isinstance(node, ast.Name) and node.id in local:
@@ -598,7 +613,7 @@ class Linter:
                 continue
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name in _UNSYNCED_CALLS:
+            if name in UNSYNCED_CALLS:
                 return True
             if name in ("item", "tolist") and isinstance(func, ast.Attribute):
                 root = func.value
@@ -613,18 +628,18 @@ class Linter:
                 if isinstance(func, ast.Attribute)
                 else None
             )
-            if target is not None and self._returns_local_number(target):
+            if target is not None and self.returns_local_number(target):
                 return True
         return False
 
-    def _returns_local_number(self, function: _Function) -> bool:
+    def returns_local_number(self, function: Function) -> bool:
         """A function that turns tensors into a number with ``.item()`` and communicates nothing."""
         key = id(function.node)
         if key not in self._local_number:
             self._local_number[key] = self._computes_local_number(function)
         return self._local_number[key]
 
-    def _computes_local_number(self, function: _Function) -> bool:
+    def _computes_local_number(self, function: Function) -> bool:
         """``.item()`` of a tensor, or a clock, a file check, a random draw
         (``def should_resume(path): return os.path.exists(path)``)."""
         if self.collective_of_function(function) is not None:
@@ -635,14 +650,14 @@ class Linter:
             isinstance(n, ast.Call)
             and (
                 (isinstance(n.func, ast.Attribute) and n.func.attr == "item")
-                or _called_names(n) & _UNSYNCED_CALLS
+                or called_names(n) & UNSYNCED_CALLS
             )
             for n in self.nodes(node)
         )
 
     # -- findings --------------------------------------------------------------------
 
-    def check(self, module: _Module) -> list[Finding]:
+    def check(self, module: ParsedModule) -> list[Finding]:
         self.files_checked += 1
         findings: list[Finding] = []
         module_derived = (
@@ -652,27 +667,27 @@ class Linter:
             | imported_rank_names(self.load, module)
         )
         indexed = {id(f.node): f for functions in module.functions.values() for f in functions}
-        scopes: list[tuple[_Function | None, ast.AST]] = [(None, module.tree)]
+        scopes: list[tuple[Function | None, ast.AST]] = [(None, module.tree)]
         for node in module.all_nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                scopes.append((indexed.get(id(node)) or _Function(node, module, None), node))
+                scopes.append((indexed.get(id(node)) or Function(node, module, None), node))
         for function, scope in scopes:
             derived = module_derived | (self.derived_names(scope) if function is not None else set())
             if function is not None and function.class_name is not None:
                 derived |= self.class_rank_attributes(module, function.class_name)
             ddp_names = (self.ddp_names_of(scope) if function is not None else set()) | module.ddp_names
-            checker = _ScopeChecker(self, module, function, derived, ddp_names)
+            checker = ScopeChecker(self, module, function, derived, ddp_names)
             body = (
                 scope.body if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else []
             )
             checker.block(body, [])
-            if function is not None and _is_rank_zero_only(function.node):
+            if function is not None and is_rank_zero_only(function.node):
                 checker.decorated_rank_zero()
             findings += checker.findings
         findings += eval_loaders_without_sampler(self, module)
-        return [f for f in _dedupe(findings) if not self._ignored(module, f)]
+        return [f for f in dedupe(findings) if not self._ignored(module, f)]
 
-    def _ignored(self, module: _Module, finding: Finding) -> bool:
+    def _ignored(self, module: ParsedModule, finding: Finding) -> bool:
         """``# ncclcheck: ignore[cause]`` on the collective's line, on the line of the call
         that leads to it, or on the line of its condition."""
         where = located(finding)

@@ -4,48 +4,57 @@ reaches, under which guards and loops, and the findings they make."""
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-from ncclcheck.commands.lint.findings import _Collective, _Function, _Guard, _Module, _relative, lint_finding
-from ncclcheck.commands.lint.rank_sets import _negates, _same_on_every_rank
-from ncclcheck.commands.lint.reaching import reaching_names, reaching_rank_names
-from ncclcheck.commands.lint.statements import VISITORS, is_exit, visit_exit
-from ncclcheck.commands.lint.syntax import (
-    _called_names,
-    _calls_in,
-    _exit_word,
-    _has_exit,
-    _names_tested_for_value,
-    _reads_shape,
-    _tests_membership,
-    _walk_scope,
+from ncclcheck.lint.findings import (
+    Collective,
+    Function,
+    Guard,
+    ParsedModule,
+    ProjectIndex,
+    lint_finding,
+    relative_path,
 )
-from ncclcheck.commands.lint.tables import (
-    _GROUP_POSITION,
-    _SIZE_SENSITIVE,
-    _TENSOR_VALUE_CALLS,
-    _UNSYNCED_CALLS,
+from ncclcheck.lint.rank_sets import negates, same_on_every_rank
+from ncclcheck.lint.reaching import reaching_names, reaching_rank_names
+from ncclcheck.lint.statements import VISITORS, is_exit, visit_exit
+from ncclcheck.lint.syntax import (
+    called_names,
+    calls_in,
+    exit_word,
+    has_exit,
+    names_tested_for_value,
+    reads_shape,
+    tests_membership,
+    walk_scope,
 )
-from ncclcheck.explain.source import (
+from ncclcheck.lint.tables import (
+    GROUP_POSITION,
+    SIZE_SENSITIVE,
+    TENSOR_VALUE_CALLS,
+    UNSYNCED_CALLS,
+)
+from ncclcheck.model import Finding
+from ncclcheck.source.reading import (
     DATA,
     RANK,
     kind_of,
 )
-from ncclcheck.model import Finding
-
-if TYPE_CHECKING:
-    from ncclcheck.commands.lint.project import Linter
 
 
-class _ScopeChecker:
+class ScopeChecker:
     """Walks one function (or a module's top level) with the conditions around each statement."""
 
     def __init__(
-        self, linter: Linter, module: _Module, function: _Function | None, derived: set[str], ddp: set[str]
+        self,
+        linter: ProjectIndex,
+        module: ParsedModule,
+        function: Function | None,
+        derived: set[str],
+        ddp: set[str],
     ) -> None:
         self.linter = linter
         self.module = module
@@ -53,13 +62,13 @@ class _ScopeChecker:
         self.derived = derived
         self.ddp = ddp
         self.findings: list[Finding] = []
-        self.path = _relative(module.path)
+        self.path = relative_path(module.path)
         # an exit under a diverging condition, waiting for a later collective: (guard, statement, loop)
-        self.pending_exits: list[tuple[_Guard, ast.stmt, ast.stmt | None]] = []
+        self.pending_exits: list[tuple[Guard, ast.stmt, ast.stmt | None]] = []
         self.reported_exits: set[int] = set()  # one finding per exit: the first call it skips
         scope = function.node if function is not None else module.tree
         self.scope = scope
-        self._scope_collectives: list[tuple[ast.Call, _Collective]] | None = None
+        self._scope_collectives: list[tuple[ast.Call, Collective]] | None = None
         self.complementary: set[int] = set()  # ifs balanced by a sibling with the negated test
         self._filled_lines: dict[str, list[int]] = {}  # container -> lines of its rank-dependent filling
         # computed on first use: most scopes never need them
@@ -78,7 +87,7 @@ class _ScopeChecker:
         synced = set(linter.sync_points(self.scope, module))
 
         def local(value: ast.expr, names: set[str]) -> bool:
-            return linter._is_rank_local(value, module, self.function, synced, names)
+            return linter.is_rank_local(value, module, self.function, synced, names)
 
         return reaching_names(
             self.scope, self.rank_local, line, linter.sync_points(self.scope, module), local
@@ -97,7 +106,7 @@ class _ScopeChecker:
     @property
     def variable_size(self) -> set[str]:
         if self._variable_size is None:
-            padded = any("pad" in name for name in _called_names(self.linter.nodes(self.scope)))
+            padded = any("pad" in name for name in called_names(self.linter.nodes(self.scope)))
             self._variable_size = (
                 set() if padded else self.linter.variable_size_names(self.scope, self.module, self.function)
             )
@@ -112,7 +121,7 @@ class _ScopeChecker:
         for node in self.linter.nodes(scope):
             if not (isinstance(node, ast.If) and kind_of(node.test, self.derived) == RANK):
                 continue
-            for inner in (n for statement in node.body + node.orelse for n in _walk_scope(statement)):
+            for inner in (n for statement in node.body + node.orelse for n in walk_scope(statement)):
                 if isinstance(inner, ast.Assign):
                     for target in inner.targets:
                         if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
@@ -206,7 +215,7 @@ class _ScopeChecker:
                 passed[keyword.arg] = keyword.value.id
         if not passed:
             return
-        helper = _ScopeChecker(
+        helper = ScopeChecker(
             self.linter, target.module, target, set(), self.linter.ddp_names_of(target.node)
         )
         helper.rank_ordered = set(passed)
@@ -227,10 +236,10 @@ class _ScopeChecker:
                     )
                     return
 
-    def check_shapes(self, call: ast.Call, collective: _Collective) -> None:
+    def check_shapes(self, call: ast.Call, collective: Collective) -> None:
         if not collective.label.startswith("dist.") or len(collective.chain) != 1:
             return
-        if collective.label.split(".")[-1] not in _SIZE_SENSITIVE or not self.variable_size:
+        if collective.label.split(".")[-1] not in SIZE_SENSITIVE or not self.variable_size:
             return
         sized = [
             a.id
@@ -254,9 +263,9 @@ class _ScopeChecker:
             # rank-dependent only through names: those whose rank value reaches the test
             synced_at = self.linter.sync_points(self.scope, self.module)
             kind = kind_of(test, reaching_rank_names(self.scope, self.derived, test.lineno, synced_at))
-        if kind == RANK and _same_on_every_rank(test):
+        if kind == RANK and same_on_every_rank(test):
             return "other"  # `local_rank != -1`: "is this job distributed", true on every rank
-        if kind == DATA and not (_called_names(test) & _TENSOR_VALUE_CALLS or _reads_shape(test)):
+        if kind == DATA and not (called_names(test) & TENSOR_VALUE_CALLS or reads_shape(test)):
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
@@ -266,22 +275,22 @@ class _ScopeChecker:
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
         if kind in (RANK, DATA):
             return kind
-        if _called_names(test) & _UNSYNCED_CALLS:
+        if called_names(test) & UNSYNCED_CALLS:
             return "unsynced"
-        if self.collectives(branches) or _has_exit(branches):
+        if self.collectives(branches) or has_exit(branches):
             # a function of the project's that returns such a value: `if should_resume(path)`
             for call in (n for n in ast.walk(test) if isinstance(n, ast.Call)):
                 target = self.linter.resolve_call(call, self.module, self.function)
-                if target is not None and self.linter._returns_local_number(target):
+                if target is not None and self.linter.returns_local_number(target):
                     return "unsynced"
-        names = _names_tested_for_value(test)
+        names = names_tested_for_value(test)
         # rank-local values take an analysis of the scope: only worth it where the branch
         # could skip something (a collective or an exit)
         # and of those, the ones whose rank-local value reaches the test: not one replaced by
         # an all-reduced mean on the way (`train_loss = mean.item() / world`)
         if (
             names
-            and (self.collectives(branches) or _has_exit(branches))
+            and (self.collectives(branches) or has_exit(branches))
             and names & self.rank_local
             and names & self.rank_local_reaching(test.lineno)
         ):
@@ -289,7 +298,7 @@ class _ScopeChecker:
         return kind
 
     @property
-    def scope_collectives(self) -> list[tuple[ast.Call, _Collective]]:
+    def scope_collectives(self) -> list[tuple[ast.Call, Collective]]:
         """Every call of this scope that communicates, found in one pass (most scopes: none)."""
         if self._scope_collectives is None:
             found = [
@@ -302,7 +311,7 @@ class _ScopeChecker:
             self._scope_collectives = sorted(found, key=lambda pair: (pair[0].lineno, pair[0].col_offset))
         return self._scope_collectives
 
-    def collectives_within(self, node: ast.AST) -> list[tuple[ast.Call, _Collective]]:
+    def collectives_within(self, node: ast.AST) -> list[tuple[ast.Call, Collective]]:
         start = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
         end = (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
         return [
@@ -312,7 +321,7 @@ class _ScopeChecker:
             and (call.end_lineno or 0, call.end_col_offset or 0) <= end
         ]
 
-    def collectives(self, statements: list[ast.stmt]) -> list[tuple[ast.Call, _Collective]]:
+    def collectives(self, statements: list[ast.stmt]) -> list[tuple[ast.Call, Collective]]:
         if not self.scope_collectives:
             return []
         found = []
@@ -321,7 +330,7 @@ class _ScopeChecker:
                 found += self.collectives_within(statement)
         return found
 
-    def block(self, statements: list[ast.stmt], guards: list[_Guard], loop: ast.stmt | None = None) -> None:
+    def block(self, statements: list[ast.stmt], guards: list[Guard], loop: ast.stmt | None = None) -> None:
         self._mark_complementary(statements)
         for statement in statements:
             self.statement(statement, guards, loop)
@@ -334,13 +343,13 @@ class _ScopeChecker:
             return
         for i, first in enumerate(ifs):
             for second in ifs[i + 1 :]:
-                if _negates(first.test, second.test):
+                if negates(first.test, second.test):
                     labels_first = [c.label for _call, c in self.collectives(first.body)]
                     labels_second = [c.label for _call, c in self.collectives(second.body)]
                     if labels_first and labels_first == labels_second:
                         self.complementary |= {id(first), id(second)}
 
-    def statement(self, node: ast.stmt, guards: list[_Guard], loop: ast.stmt | None) -> None:
+    def statement(self, node: ast.stmt, guards: list[Guard], loop: ast.stmt | None) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return  # checked as scopes of their own
         visitor = visit_exit if is_exit(node) else VISITORS.get(type(node))
@@ -355,9 +364,9 @@ class _ScopeChecker:
         orelse = [c.label for _call, c in self.collectives(node.orelse)]
         return body != orelse
 
-    def calls_here(self, node: ast.AST, guards: list[_Guard]) -> None:
+    def calls_here(self, node: ast.AST, guards: list[Guard]) -> None:
         if self.rank_ordered:
-            for call in _calls_in(node):
+            for call in calls_in(node):
                 self.check_passed_containers(call)
         for call, collective in self.collectives_within(node) if self.scope_collectives else []:
             self.check_shapes(call, collective)
@@ -385,14 +394,14 @@ class _ScopeChecker:
             if diverging:
                 self.report_branch(diverging[-1], call, collective)
 
-    def members_of_its_group(self, guard: _Guard, call: ast.Call, collective: _Collective) -> bool:
+    def members_of_its_group(self, guard: Guard, call: ast.Call, collective: Collective) -> bool:
         """``if rank in ranks: dist.all_reduce(x, group=group)`` where ``group =
         dist.new_group(ranks)``, or a test on ``get_process_group_ranks(group)`` or
         ``get_rank(group)``: only the group's members call it, and they are all its ranks."""
         if guard.kind != RANK or guard.test is None or len(collective.chain) != 1:
             return False
         group = next((k.value for k in call.keywords if k.arg == "group"), None)
-        position = _GROUP_POSITION.get(collective.label.rpartition(".")[2])
+        position = GROUP_POSITION.get(collective.label.rpartition(".")[2])
         if group is None and position is not None and len(call.args) > position:
             group = call.args[position]
         if group is None:
@@ -401,7 +410,7 @@ class _ScopeChecker:
         members = self.ranks_of_group(group_text) | {
             f"{prefix}get_process_group_ranks({group_text})" for prefix in ("", "dist.", "torch.distributed.")
         }
-        return any(_tests_membership(node, group_text, members) for node in ast.walk(guard.test))
+        return any(tests_membership(node, group_text, members) for node in ast.walk(guard.test))
 
     def ranks_of_group(self, group_text: str) -> set[str]:
         """The expressions a group of this name was made from: ``ranks`` for
@@ -423,11 +432,11 @@ class _ScopeChecker:
                 found |= {ast.unparse(ranks) for ranks in made_from}
         return found
 
-    def at(self, line: int, collective: _Collective) -> str:
+    def at(self, line: int, collective: Collective) -> str:
         """A line of the checked file, named so that it reads right next to the finding's site."""
         return f"line {line}" if collective.path == self.path else f"{self.path}:{line}"
 
-    def report_branch(self, guard: _Guard, call: ast.Call, collective: _Collective) -> None:
+    def report_branch(self, guard: Guard, call: ast.Call, collective: Collective) -> None:
         if guard.kind == RANK:
             cause, severity, why = Cause.RANK_CONDITIONAL_COLLECTIVE, "error", "rank-dependent"
         elif guard.kind == DATA:
@@ -471,7 +480,7 @@ class _ScopeChecker:
         cause = {RANK: Cause.RANK_CONDITIONAL_COLLECTIVE, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
             kind, Cause.UNSYNCHRONIZED_DECISION
         )
-        guard = _Guard(kind, loop.lineno, ast.unparse(loop.test))
+        guard = Guard(kind, loop.lineno, ast.unparse(loop.test))
         self.add(
             cause,
             "error" if kind == RANK and collective.certain else "warning",
@@ -483,13 +492,11 @@ class _ScopeChecker:
             guard,
         )
 
-    def report_exit(
-        self, guard: _Guard, exit_node: ast.stmt, call: ast.Call, collective: _Collective
-    ) -> None:
+    def report_exit(self, guard: Guard, exit_node: ast.stmt, call: ast.Call, collective: Collective) -> None:
         if id(exit_node) in self.reported_exits:
             return  # one finding per exit: the first call it skips
         self.reported_exits.add(id(exit_node))
-        statement = _exit_word(exit_node)
+        statement = exit_word(exit_node)
         cause = {RANK: Cause.RANK_EARLY_EXIT, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
             guard.kind, Cause.UNSYNCHRONIZED_DECISION
         )
@@ -505,7 +512,7 @@ class _ScopeChecker:
             guard,
         )
 
-    def rooted_reason(self, guard: _Guard) -> str:
+    def rooted_reason(self, guard: Guard) -> str:
         """Why a condition is rank-local when it reads what dist.reduce left on a rank: said,
         since the value came out of a collective and looks synchronised."""
         if guard.kind != "unsynced":
@@ -525,7 +532,7 @@ class _ScopeChecker:
 
     def decorated_rank_zero(self) -> None:
         assert self.function is not None
-        for call in _calls_in(self.function.node):
+        for call in calls_in(self.function.node):
             collective = self.linter.collective_of_call(call, self.module, self.function, self.ddp)
             if collective is not None:
                 self.add(
@@ -543,8 +550,8 @@ class _ScopeChecker:
         severity: str,
         call: ast.Call,
         message: str,
-        collective: _Collective,
-        guard: _Guard | None = None,
+        collective: Collective,
+        guard: Guard | None = None,
     ) -> None:
         where = f" (in {self.function.name}()" if self.function else " (at module level"
         evidence = [f"call chain: {' -> '.join(collective.chain)}"]

@@ -9,18 +9,18 @@ from collections.abc import Iterable, Iterator
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-from ncclcheck.commands.lint.findings import _Function
-from ncclcheck.commands.lint.tables import (
-    _BUFFERLESS_LAYERS,
-    _CHILD_FIELDS,
-    _IGNORE,
-    _NEW_GROUP,
-    _RANK_ZERO_DECORATORS,
-    _SCOPES,
+from ncclcheck.lint.findings import Function
+from ncclcheck.lint.tables import (
+    BUFFERLESS_LAYERS,
+    CHILD_FIELDS,
+    IGNORE,
+    NEW_GROUP,
+    RANK_ZERO_DECORATORS,
+    SCOPES,
 )
 
 
-def _ddp_parameters(call: ast.Call, target: _Function, ddp_names: set[str]) -> frozenset[str]:
+def ddp_parameters_of(call: ast.Call, target: Function, ddp_names: set[str]) -> frozenset[str]:
     """The parameters of ``target`` that ``call`` passes a DDP-wrapped model to, by name."""
     if not ddp_names:
         return frozenset()
@@ -51,17 +51,16 @@ def _forward_broadcasts(ddp_call: ast.Call) -> bool:
         if keyword.arg == "broadcast_buffers" and isinstance(keyword.value, ast.Constant):
             return bool(keyword.value.value)
     wrapped = ddp_call.args[0] if ddp_call.args else None
-    if isinstance(wrapped, ast.Call) and _callee_name(wrapped) in _BUFFERLESS_LAYERS:
+    if isinstance(wrapped, ast.Call) and _callee_name(wrapped) in BUFFERLESS_LAYERS:
         return False
     if isinstance(wrapped, ast.Call) and _callee_name(wrapped) == "Sequential" and wrapped.args:
         return not all(
-            isinstance(layer, ast.Call) and _callee_name(layer) in _BUFFERLESS_LAYERS
-            for layer in wrapped.args
+            isinstance(layer, ast.Call) and _callee_name(layer) in BUFFERLESS_LAYERS for layer in wrapped.args
         )
     return True  # a model of the user's own: it may hold buffers
 
 
-def _ddp_names(nodes: Iterable[ast.AST], forward_communicates: bool = True) -> set[str]:
+def ddp_wrapped_names(nodes: Iterable[ast.AST], forward_communicates: bool = True) -> set[str]:
     """Names bound to ``DDP(...)`` / ``DistributedDataParallel(...)`` among ``nodes``; with
     ``forward_communicates``, only those whose forward() may (see _forward_broadcasts)."""
     names: set[str] = set()
@@ -76,7 +75,7 @@ def _ddp_names(nodes: Iterable[ast.AST], forward_communicates: bool = True) -> s
     return names
 
 
-def _calls_in(root: ast.AST) -> Iterator[ast.Call]:
+def calls_in(root: ast.AST) -> Iterator[ast.Call]:
     """Calls in ``root`` and below it, in source order, without entering nested functions,
     lambdas or classes (their bodies run when they are called, not here)."""
     stack: list[ast.AST] = [root]
@@ -91,28 +90,28 @@ def _calls_in(root: ast.AST) -> Iterator[ast.Call]:
         stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
 
-def _returns_cat(expr: ast.expr) -> bool:
+def returns_cat(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Call) and ast.unparse(expr.func) in ("torch.cat", "cat", "torch.concat")
 
 
 def _child_fields(cls: type) -> tuple[str, ...]:
     # ctx (Load/Store) is a node under every name: skipping it halves the walk
-    fields = _CHILD_FIELDS.get(cls)
+    fields = CHILD_FIELDS.get(cls)
     if fields is None:
-        fields = _CHILD_FIELDS[cls] = tuple(
+        fields = CHILD_FIELDS[cls] = tuple(
             f for f in getattr(cls, "_fields", ()) if f not in ("ctx", "type_comment", "type_ignores")
         )
     return fields
 
 
-def _walk(root: ast.AST, enter_scopes: bool) -> list[ast.AST]:
+def nodes_under(root: ast.AST, enter_scopes: bool) -> list[ast.AST]:
     """The nodes under ``root`` (faster than ast.walk, which every check here would repeat);
     without ``enter_scopes``, nested functions, lambdas and classes are left out."""
     found: list[ast.AST] = []
     stack: list[ast.AST] = [root]
     while stack:
         node = stack.pop()
-        if not enter_scopes and node is not root and isinstance(node, _SCOPES):
+        if not enter_scopes and node is not root and isinstance(node, SCOPES):
             continue
         found.append(node)
         for name in _child_fields(type(node)):
@@ -124,44 +123,44 @@ def _walk(root: ast.AST, enter_scopes: bool) -> list[ast.AST]:
     return found
 
 
-def _walk_scope(root: ast.AST) -> list[ast.AST]:
-    return _walk(root, enter_scopes=False)
+def walk_scope(root: ast.AST) -> list[ast.AST]:
+    return nodes_under(root, enter_scopes=False)
 
 
-def _dist_label(name: str, call: ast.Call) -> str | None:
+def dist_label(name: str, call: ast.Call) -> str | None:
     if name != "new_group":
         return f"dist.{name}"
-    return None if _keyword_true(call, "use_local_synchronization") else f"dist.{_NEW_GROUP}"
+    return None if keyword_true(call, "use_local_synchronization") else f"dist.{NEW_GROUP}"
 
 
-def _keyword_true(call: ast.Call, name: str) -> bool:
+def keyword_true(call: ast.Call, name: str) -> bool:
     return any(
         k.arg == name and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords
     )
 
 
-def _reads_shape(expr: ast.expr) -> bool:
+def reads_shape(expr: ast.expr) -> bool:
     return any(isinstance(n, ast.Attribute) and n.attr == "shape" for n in ast.walk(expr))
 
 
-def _has_exit(statements: list[ast.stmt]) -> bool:
+def has_exit(statements: list[ast.stmt]) -> bool:
     return any(
         isinstance(n, (ast.Return, ast.Break, ast.Continue))
         for statement in statements
-        for n in _walk_scope(statement)
+        for n in walk_scope(statement)
     )
 
 
-def _is_rank_zero_only(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+def is_rank_zero_only(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     for decorator in node.decorator_list:
         target = decorator.func if isinstance(decorator, ast.Call) else decorator
         name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
-        if name in _RANK_ZERO_DECORATORS:
+        if name in RANK_ZERO_DECORATORS:
             return True
     return False
 
 
-def _names_tested_for_value(test: ast.expr) -> set[str]:
+def names_tested_for_value(test: ast.expr) -> set[str]:
     """The names a condition reads the value of: not those it only tests against None
     (``if grad_norm is None``: whether it was given, the same on every rank)."""
     presence_only: set[int] = set()
@@ -175,7 +174,7 @@ def _names_tested_for_value(test: ast.expr) -> set[str]:
     return {n.id for n in ast.walk(test) if isinstance(n, ast.Name) and id(n) not in presence_only}
 
 
-def _tests_membership(node: ast.AST, group_text: str, members: set[str]) -> bool:
+def tests_membership(node: ast.AST, group_text: str, members: set[str]) -> bool:
     """``rank in ranks`` (``members``: what the group was made from, or its
     get_process_group_ranks), or ``dist.get_rank(group) >= 0`` (-1 outside the group;
     not ``== 0``, which picks the group's first rank)."""
@@ -197,7 +196,7 @@ def _tests_membership(node: ast.AST, group_text: str, members: set[str]) -> bool
     )
 
 
-def _called_names(where: ast.AST | Iterable[ast.AST]) -> set[str]:
+def called_names(where: ast.AST | Iterable[ast.AST]) -> set[str]:
     """Names of the functions called in an expression (or among a list of nodes)."""
     calls: set[str] = set()
     for child in ast.walk(where) if isinstance(where, ast.AST) else where:
@@ -207,34 +206,34 @@ def _called_names(where: ast.AST | Iterable[ast.AST]) -> set[str]:
     return calls
 
 
-def _is_exit_call(node: ast.stmt) -> bool:
+def is_exit_call(node: ast.stmt) -> bool:
     if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
         return False
     func = node.value.func
     return ast.unparse(func) in ("sys.exit", "exit", "quit", "os._exit")
 
 
-def _clean_exit(node: ast.stmt) -> bool:
+def clean_exit(node: ast.stmt) -> bool:
     """sys.exit() / sys.exit(0) / exit(None): the process ends with status 0."""
     assert isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
     args = node.value.args
     return not args or (isinstance(args[0], ast.Constant) and args[0].value in (0, None))
 
 
-def _exit_word(node: ast.stmt) -> str:
+def exit_word(node: ast.stmt) -> str:
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
         return ast.unparse(node.value.func) + "()"
     return type(node).__name__.lower()
 
 
-def _ignore_comments(text: str) -> dict[int, set[str] | None]:
+def ignore_comments(text: str) -> dict[int, set[str] | None]:
     found: dict[int, set[str] | None] = {}
     if "ncclcheck" not in text:
         return found
     try:
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
             if token.type == tokenize.COMMENT:
-                match = _IGNORE.search(token.string)
+                match = IGNORE.search(token.string)
                 if match:
                     causes = match.group(1)
                     found[token.start[0]] = {c.strip() for c in causes.split(",")} if causes else None
@@ -243,7 +242,7 @@ def _ignore_comments(text: str) -> dict[int, set[str] | None]:
     return found
 
 
-def _constructed(scope: ast.AST) -> dict[str, str]:
+def constructed(scope: ast.AST) -> dict[str, str]:
     """The class each name (``x``) or attribute of ``self`` (``self.x``) of ``scope`` is bound
     to an instance of: ``x = Name(...)``, ``x: Name = ...``, ``self.x = Name(...)``, or a
     parameter ``x: Name``. The first binding of a name counts."""

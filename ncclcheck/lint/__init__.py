@@ -11,7 +11,7 @@ Nothing is imported or run: files are parsed, names are resolved by their
 imports within the project. Calls the resolver cannot follow (a function passed
 as an argument, ``getattr``) are not followed: lint errs on the side of silence."""
 
-from ncclcheck.commands.lint.findings import located
-from ncclcheck.commands.lint.run import python_files, run_lint
+from ncclcheck.lint.findings import located
+from ncclcheck.lint.run import python_files, run_lint
 
 __all__ = ["located", "python_files", "run_lint"]

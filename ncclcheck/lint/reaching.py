@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
-from ncclcheck.explain.source import RANK, _names, _paired, bound_names, contains, kind_of
+from ncclcheck.source.reading import RANK, bound_names, contains, kind_of, names_read, paired
 
 # a binding that leaves the name the same on every rank: a collective it was passed to
 _SYNCED = ast.Constant(value=None)
@@ -67,7 +67,7 @@ def reaching_names(
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         for whole_target in targets:
-            for target, value in _paired(whole_target, node.value):
+            for target, value in paired(whole_target, node.value):
                 for name in bound_names(target) & derived:
                     bindings.setdefault(name, []).append((node.lineno, value))
     for name, lines in (synced_at or {}).items():
@@ -101,7 +101,7 @@ def reaching_names(
             known[key] = any(
                 value is not None
                 and flows(at, to, name)
-                and holds(value, {n for n in _names(value)[0] & derived if reaches(n, at)})
+                and holds(value, {n for n in names_read(value)[0] & derived if reaches(n, at)})
                 for at, value in bindings[name]
             )
         return known[key]

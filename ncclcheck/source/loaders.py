@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ncclcheck.explain.source import callee_name, calls_on_line, enclosing_function, parse, rank_derived_names
+from ncclcheck.source.reading import callee_name, calls_on_line, enclosing_function, parse, rank_derived_names
 
 
 @dataclass(frozen=True)

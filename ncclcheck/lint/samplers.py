@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-from ncclcheck.commands.lint.findings import _Module, _relative, lint_finding
-from ncclcheck.commands.lint.tables import _EVAL_NAMES
-from ncclcheck.explain.source import (
+from ncclcheck.lint.findings import ParsedModule, ProjectIndex, lint_finding, relative_path
+from ncclcheck.lint.tables import EVAL_NAMES
+from ncclcheck.model import Finding
+from ncclcheck.source.reading import (
     RANK,
     kind_of,
 )
-from ncclcheck.model import Finding
-
-if TYPE_CHECKING:
-    from ncclcheck.commands.lint.project import Linter
 
 
-def eval_loaders_without_sampler(linter: Linter, module: _Module) -> list[Finding]:
+def eval_loaders_without_sampler(linter: ProjectIndex, module: ParsedModule) -> list[Finding]:
     """Eval DataLoaders without a DistributedSampler in a distributed script."""
     distributed = bool(module.dist_aliases or module.dist_functions) or "accelerate" in module.libraries
     if not distributed or module.libraries & {"lightning", "pytorch_lightning"}:
@@ -42,7 +38,7 @@ def eval_loaders_without_sampler(linter: Linter, module: _Module) -> list[Findin
         if callee != "DataLoader" or any(k.arg in ("sampler", "batch_sampler") for k in call.keywords):
             continue
         names = [ast.unparse(t) for t in node.targets]
-        if not any(_EVAL_NAMES.search(n.split(".")[-1]) for n in names) or set(names) & prepared:
+        if not any(EVAL_NAMES.search(n.split(".")[-1]) for n in names) or set(names) & prepared:
             continue
         if not set(names) & consumed:
             continue  # built and handed back (a loader factory): its user decides how to shard it
@@ -81,12 +77,14 @@ def eval_loaders_without_sampler(linter: Linter, module: _Module) -> list[Findin
                     f"distributed script: every rank evaluates its own copy of the set"
                 )
         found.append(
-            lint_finding(cause, "warning", _relative(module.path), node.lineno, node.col_offset + 1, message)
+            lint_finding(
+                cause, "warning", relative_path(module.path), node.lineno, node.col_offset + 1, message
+            )
         )
     return found
 
 
-def _iterable_dataset_class(module: _Module, dataset: ast.expr) -> ast.ClassDef | None:
+def _iterable_dataset_class(module: ParsedModule, dataset: ast.expr) -> ast.ClassDef | None:
     """The class of ``dataset`` (``Stream(...)``) when the module defines it over IterableDataset."""
     if not (isinstance(dataset, ast.Call) and isinstance(dataset.func, ast.Name)):
         return None
@@ -100,7 +98,7 @@ def _iterable_dataset_class(module: _Module, dataset: ast.expr) -> ast.ClassDef 
     return None
 
 
-def _iterated_or_passed(module: _Module, linter: Linter) -> set[str]:
+def _iterated_or_passed(module: ParsedModule, linter: ProjectIndex) -> set[str]:
     """Names the module loops over (``for b in loader``, ``enumerate(loader)``) or hands to
     one of the project's functions: the loaders it actually evaluates with."""
     names: set[str] = set()

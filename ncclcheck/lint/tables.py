@@ -11,7 +11,7 @@ from ncclcheck.communicates import (
     COLLECTIVES,
     P2P,
 )
-from ncclcheck.explain.source import (
+from ncclcheck.source.reading import (
     RANK_CALLS,
     RANK_LOCAL_CALLS,
     RANK_NAMES,
@@ -23,38 +23,38 @@ from ncclcheck.explain.source import (
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-_DIST_OPS = frozenset(COLLECTIVES) - frozenset(P2P) | {"new_group"}
+DIST_OPS = frozenset(COLLECTIVES) - frozenset(P2P) | {"new_group"}
 
 
 # Every rank of the job enters new_group, members or not: groups are named by a count of
 # the calls (with use_local_synchronization=True only the members do, and it is not flagged)
-_NEW_GROUP = (
+NEW_GROUP = (
     "new_group (every rank enters it, members or not: groups are named by a count of "
     "new_group calls, so a rank that skips one names every later group differently)"
 )
 
 
-_RANK_ZERO_DECORATORS = frozenset(
+RANK_ZERO_DECORATORS = frozenset(
     {"rank_zero_only", "main_process_only", "on_main_process", "on_local_main_process"}
 )
 
 
 # conditions on values that differ between ranks by construction
-_UNSYNCED_CALLS = frozenset(RANK_LOCAL_CALLS)
+UNSYNCED_CALLS = frozenset(RANK_LOCAL_CALLS)
 
 
-_EVAL_NAMES = re.compile(
+EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE
 )
 
 
 # the words that make a scope worth reading for rank tests (an environment read of a
 # rank variable names none of the others)
-_RANK_WORDS = RANK_NAMES | RANK_CALLS | {"environ", "getenv"}
+RANK_WORDS = RANK_NAMES | RANK_CALLS | {"environ", "getenv"}
 
 
 # where the group goes among a collective's positional arguments
-_GROUP_POSITION = {
+GROUP_POSITION = {
     "all_reduce": 2,
     "broadcast": 2,
     "all_gather": 2,
@@ -72,19 +72,19 @@ _GROUP_POSITION = {
 
 
 # collectives whose result is meaningful on one rank only
-_ROOTED = frozenset({"reduce", "gather", "gather_object", "scatter", "scatter_object_list"})
+ROOTED = frozenset({"reduce", "gather", "gather_object", "scatter", "scatter_object_list"})
 
 
 # tests on a tensor's values: what differs between ranks that hold different data
-_TENSOR_VALUE_CALLS = frozenset({"isfinite", "isnan", "isinf", "item", "nonzero", "numel", "count_nonzero"})
+TENSOR_VALUE_CALLS = frozenset({"isfinite", "isnan", "isinf", "item", "nonzero", "numel", "count_nonzero"})
 
 
-_IGNORE = re.compile(r"#\s*ncclcheck:\s*ignore(?:\[([a-z0-9\-, ]+)\])?")
+IGNORE = re.compile(r"#\s*ncclcheck:\s*ignore(?:\[([a-z0-9\-, ]+)\])?")
 
 
 # Layers that register no buffer: a DDP model made of these alone broadcasts nothing
 # at forward(). (BatchNorm's running statistics are the buffers that matter.)
-_BUFFERLESS_LAYERS = frozenset(
+BUFFERLESS_LAYERS = frozenset(
     {
         "Linear", "Bilinear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
         "Embedding", "LayerNorm", "GroupNorm", "RMSNorm", "Dropout", "Dropout1d", "Dropout2d",
@@ -95,7 +95,7 @@ _BUFFERLESS_LAYERS = frozenset(
 )  # fmt: skip
 
 
-_SIZE_SENSITIVE = frozenset(
+SIZE_SENSITIVE = frozenset(
     {
         "all_gather",
         "all_gather_into_tensor",
@@ -109,7 +109,7 @@ _SIZE_SENSITIVE = frozenset(
 )
 
 
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+CHILD_FIELDS: dict[type, tuple[str, ...]] = {}

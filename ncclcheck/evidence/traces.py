@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclcheck.errors import InputError
-from ncclcheck.explain.align import Divergence, StreamAligner, divergences
+from ncclcheck.evidence.align import Divergence, StreamAligner, divergences
 from ncclcheck.model import CollectiveCall, Deferred, Frame
 
 TRACE_GLOB = "rank-*.jsonl"

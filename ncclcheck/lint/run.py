@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ncclcheck.errors import InputError
+
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-from ncclcheck.commands.lint.findings import located
-from ncclcheck.commands.lint.project import Linter
-from ncclcheck.errors import InputError
+from ncclcheck.lint.findings import located
+from ncclcheck.lint.project import Linter
 from ncclcheck.model import Finding
 
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ncclcheck.explain.source import rank_fields, rank_functions
+from ncclcheck.source.reading import rank_fields, rank_functions
 
 if TYPE_CHECKING:
-    from ncclcheck.commands.lint.findings import _Module
+    from ncclcheck.lint.findings import ParsedModule
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
@@ -34,7 +34,7 @@ _NEGATED_OPS: dict[type[ast.cmpop], type[ast.cmpop]] = {
 }
 
 
-def _negates(first: ast.expr, second: ast.expr) -> bool:
+def negates(first: ast.expr, second: ast.expr) -> bool:
     """``not x`` / ``x``, ``rank == 0`` / ``rank != 0``: one test is the other's negation
     (or its complement over the ranks, see _complementary_on_ranks)."""
     if isinstance(first, ast.UnaryOp) and isinstance(first.op, ast.Not):
@@ -99,7 +99,7 @@ def _ranks_where(test: ast.expr) -> tuple[str, frozenset[int]] | None:
     return ast.dump(test.left), holds
 
 
-def _same_on_every_rank(test: ast.expr) -> bool:
+def same_on_every_rank(test: ast.expr) -> bool:
     """``local_rank != -1``, ``rank >= 0``: a rank test that every rank (>= 0) meets, or
     none does; -1 is the "not distributed" value of the idiom."""
     where = _ranks_where(test)
@@ -120,7 +120,7 @@ def _complementary_on_ranks(first: ast.expr, second: ast.expr) -> bool:
     return (one[1] & ranks).isdisjoint(two[1]) and (one[1] | two[1]) >= ranks
 
 
-def imported_rank_names(load: Callable[[Path], _Module | None], module: _Module) -> set[str]:
+def imported_rank_names(load: Callable[[Path], ParsedModule | None], module: ParsedModule) -> set[str]:
     """Rank functions and rank-valued config fields of the project's modules ``module``
     imports from (``load``: the linter's, which reads each module once): ``from dist_utils
     import leader`` makes ``leader()`` a rank test, ``dist_utils.leader()`` too, and a
@@ -143,7 +143,7 @@ def imported_rank_names(load: Callable[[Path], _Module | None], module: _Module)
     return found
 
 
-def _rank_names_of(module: _Module) -> tuple[set[str], set[str]]:
+def _rank_names_of(module: ParsedModule) -> tuple[set[str], set[str]]:
     """A module's rank functions and rank fields, read once per module however many
     modules import it."""
     cached = module.__dict__.get("_rank_names")

@@ -7,6 +7,7 @@ import ast
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from ncclcheck.causes import Cause
 from ncclcheck.model import Finding, Severity, SourceLocation
@@ -46,7 +47,7 @@ def located(finding: Finding) -> SourceLocation:
 
 
 @dataclass
-class _Collective:
+class Collective:
     """How a call communicates: its label, and the chain to the torch call for user functions."""
 
     label: str
@@ -58,9 +59,9 @@ class _Collective:
 
 
 @dataclass
-class _Function:
+class Function:
     node: ast.FunctionDef | ast.AsyncFunctionDef
-    module: _Module
+    module: ParsedModule
     class_name: str | None
 
     @property
@@ -69,7 +70,7 @@ class _Function:
 
 
 @dataclass
-class _Module:
+class ParsedModule:
     path: Path
     tree: ast.Module
     lines: list[str]
@@ -80,8 +81,8 @@ class _Module:
     state_dict_functions: set[str] = field(default_factory=set)  # its state_dict helpers, by name
     imported_functions: dict[str, tuple[Path, str]] = field(default_factory=dict)
     imported_modules: dict[str, Path] = field(default_factory=dict)
-    functions: dict[str, list[_Function]] = field(default_factory=dict)
-    methods: dict[tuple[str, str], _Function] = field(default_factory=dict)
+    functions: dict[str, list[Function]] = field(default_factory=dict)
+    methods: dict[tuple[str, str], Function] = field(default_factory=dict)
     libraries: set[str] = field(default_factory=set)  # top-level packages imported
     wraps_ddp: bool = False  # the module wraps a model in DistributedDataParallel
     ddp_names: set[str] = field(default_factory=set)  # bound to DDP(...) whose forward() may broadcast
@@ -93,7 +94,7 @@ class _Module:
 
 
 @dataclass(frozen=True)
-class _Guard:
+class Guard:
     kind: str  # rank | data | other
     line: int
     text: str
@@ -105,14 +106,48 @@ class _Guard:
     test: ast.expr | None = field(default=None, compare=False)  # the if's test
 
 
-def _relative(path: Path) -> str:
+class ProjectIndex(Protocol):
+    """What the checks of one scope (scope.py) and of the eval loaders (samplers.py) ask
+    of the project's index (project.py's Linter): its modules' names resolved, walked
+    once and cached."""
+
+    def nodes(self, scope: ast.AST) -> list[ast.AST]: ...
+    def derived_names(self, scope: ast.AST) -> set[str]: ...
+    def mentions_rank(self, scope: ast.AST) -> bool: ...
+    def ddp_names_of(self, scope: ast.AST) -> set[str]: ...
+    def resolve_call(
+        self, call: ast.Call, module: ParsedModule, function: Function | None
+    ) -> Function | None: ...
+    def collective_of_call(
+        self, call: ast.Call, module: ParsedModule, function: Function | None, ddp_names: set[str]
+    ) -> Collective | None: ...
+    def variable_size_names(
+        self, scope: ast.AST, module: ParsedModule, function: Function | None
+    ) -> set[str]: ...
+    def rank_local_names(
+        self, scope: ast.AST, module: ParsedModule, function: Function | None
+    ) -> set[str]: ...
+    def sync_points(self, scope: ast.AST, module: ParsedModule) -> dict[str, list[int]]: ...
+    def rooted_names(self, scope: ast.AST, module: ParsedModule) -> dict[str, tuple[str, int]]: ...
+    def is_rank_local(
+        self,
+        value: ast.expr,
+        module: ParsedModule,
+        function: Function | None,
+        synced: set[str],
+        local: set[str],
+    ) -> bool: ...
+    def returns_local_number(self, function: Function) -> bool: ...
+
+
+def relative_path(path: Path) -> str:
     try:
         return os.path.relpath(path)
     except ValueError:
         return str(path)
 
 
-def _dedupe(findings: list[Finding]) -> list[Finding]:
+def dedupe(findings: list[Finding]) -> list[Finding]:
     seen: set[tuple[str, int, int, str]] = set()
     unique = []
     for finding in findings:

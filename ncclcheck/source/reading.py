@@ -150,7 +150,7 @@ def enclosing_function(path: str, line: int) -> ast.FunctionDef | ast.AsyncFunct
     return None
 
 
-def _names(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
+def names_read(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
     """Names and attributes read, and functions called, in an expression."""
     names: set[str] = set()
     attrs: set[str] = set()
@@ -213,7 +213,7 @@ def _names_assigned(
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for whole_target in targets:
-                for target, value in _paired(whole_target, node.value):
+                for target, value in paired(whole_target, node.value):
                     if holds(value, found):
                         found |= bound_names(target)
         if len(found) == before:
@@ -319,7 +319,7 @@ def _is_rank_value(expr: ast.AST, attributes: set[str], names: set[str] | None =
     return False
 
 
-def _paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
+def paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
     """``rank, world = get_rank(), get_world_size()`` as two assignments: only ``rank``
     is rank-derived (the world size is the same on every rank, and so is what is
     built from it). Anything else unpacked (a call's result, a starred target) stays
@@ -330,7 +330,7 @@ def _paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]
         and len(target.elts) == len(value.elts)
         and not any(isinstance(e, ast.Starred) for e in (*target.elts, *value.elts))
     ):
-        return [pair for t, v in zip(target.elts, value.elts, strict=True) for pair in _paired(t, v)]
+        return [pair for t, v in zip(target.elts, value.elts, strict=True) for pair in paired(t, v)]
     return [(target, value)]
 
 
@@ -380,7 +380,7 @@ def _is_environ(node: ast.AST) -> bool:
 
 
 def kind_of(expr: ast.AST, derived: set[str]) -> str:
-    names, attrs, calls = _names(expr)
+    names, attrs, calls = names_read(expr)
     if (names | attrs) & (RANK_NAMES | derived) or calls & RANK_CALLS or reads_rank_environment(expr):
         return RANK
     if calls & DATA_CALLS or attrs & DATA_ATTRS:

@@ -9,28 +9,55 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ncclcheck.causes import Cause
-from ncclcheck.commands.lint.findings import _Guard
-from ncclcheck.commands.lint.syntax import _clean_exit, _is_exit_call
-from ncclcheck.explain.source import RANK, kind_of
+from ncclcheck.lint.findings import Collective, Guard
+from ncclcheck.lint.syntax import clean_exit, is_exit_call
+from ncclcheck.source.reading import RANK, kind_of
 
-if TYPE_CHECKING:
-    from ncclcheck.commands.lint.scope import _ScopeChecker
+
+class Checker(Protocol):
+    """What a visitor reads and extends of the checker of one scope (lint/scope.py)."""
+
+    derived: set[str]
+    complementary: set[int]  # ifs balanced by a sibling with the negated test
+    pending_exits: list[tuple[Guard, ast.stmt, ast.stmt | None]]
+
+    def block(
+        self, statements: list[ast.stmt], guards: list[Guard], loop: ast.stmt | None = None
+    ) -> None: ...
+    def calls_here(self, node: ast.AST, guards: list[Guard]) -> None: ...
+    def kind(self, test: ast.expr, branches: list[ast.stmt]) -> str: ...
+    def branches_differ(self, node: ast.If) -> bool: ...
+    def collectives(self, statements: list[ast.stmt]) -> list[tuple[ast.Call, Collective]]: ...
+    def check_ordered_loop(self, loop: ast.For | ast.AsyncFor) -> None: ...
+    def check_while_test(self, loop: ast.While) -> None: ...
+    def report_exit(
+        self, guard: Guard, exit_node: ast.stmt, call: ast.Call, collective: Collective
+    ) -> None: ...
+    def add(
+        self,
+        cause: Cause,
+        severity: str,
+        call: ast.Call,
+        message: str,
+        collective: Collective,
+        guard: Guard | None = None,
+    ) -> None: ...
 
 
 def is_exit(node: ast.stmt) -> bool:
-    return isinstance(node, (ast.Return, ast.Break, ast.Continue, ast.Raise)) or _is_exit_call(node)
+    return isinstance(node, (ast.Return, ast.Break, ast.Continue, ast.Raise)) or is_exit_call(node)
 
 
-def visit_exit(c: _ScopeChecker, node: ast.stmt, guards: list[_Guard], loop: ast.stmt | None) -> None:
+def visit_exit(c: Checker, node: ast.stmt, guards: list[Guard], loop: ast.stmt | None) -> None:
     """A return, break, continue, raise or sys.exit: what it skips is reported where the
     loop or function it leaves is checked."""
     c.calls_here(node, guards)  # `return helper(x)`: the value runs before the exit
     # A raise (or a non-zero exit) fails the rank, and torchrun stops the others:
     # a crash (rank-crashed), not a silent wait. A clean sys.exit() leaves them waiting.
-    if isinstance(node, ast.Raise) or (_is_exit_call(node) and not _clean_exit(node)):
+    if isinstance(node, ast.Raise) or (is_exit_call(node) and not clean_exit(node)):
         return
     # the test right above the exit decides it (an outer rank test around an inner
     # `if not isinstance(state, Tensor): return` does not make that return rank-driven)
@@ -38,7 +65,7 @@ def visit_exit(c: _ScopeChecker, node: ast.stmt, guards: list[_Guard], loop: ast
         c.pending_exits.append((guards[-1], node, loop))
 
 
-def visit_if(c: _ScopeChecker, node: ast.If, guards: list[_Guard], loop: ast.stmt | None) -> None:
+def visit_if(c: Checker, node: ast.If, guards: list[Guard], loop: ast.stmt | None) -> None:
     """An if: each branch is checked under the guard its test makes."""
     c.calls_here(node.test, guards)
     kind = c.kind(node.test, [*node.body, *node.orelse])
@@ -48,7 +75,7 @@ def visit_if(c: _ScopeChecker, node: ast.If, guards: list[_Guard], loop: ast.stm
         and kind == RANK
         and all(kind_of(side, c.derived) == RANK for side in [node.test.left, *node.test.comparators])
     )
-    guard = _Guard(kind, node.lineno, ast.unparse(node.test), balanced, peer, node.test)
+    guard = Guard(kind, node.lineno, ast.unparse(node.test), balanced, peer, node.test)
     # An exit in one branch does not skip what the other branch runs: each branch
     # starts from the exits seen before the if; both sets apply after it.
     exits_before = list(c.pending_exits)
@@ -60,7 +87,7 @@ def visit_if(c: _ScopeChecker, node: ast.If, guards: list[_Guard], loop: ast.stm
 
 
 def visit_loop(
-    c: _ScopeChecker, node: ast.For | ast.AsyncFor | ast.While, guards: list[_Guard], loop: ast.stmt | None
+    c: Checker, node: ast.For | ast.AsyncFor | ast.While, guards: list[Guard], loop: ast.stmt | None
 ) -> None:
     """A loop: its body, and the collectives a conditional break or continue skips."""
     if isinstance(node, ast.While):
@@ -90,7 +117,7 @@ def visit_loop(
     c.block(node.orelse, guards, loop)
 
 
-def visit_try(c: _ScopeChecker, node: ast.Try, guards: list[_Guard], loop: ast.stmt | None) -> None:
+def visit_try(c: Checker, node: ast.Try, guards: list[Guard], loop: ast.stmt | None) -> None:
     """A try: a handler that swallows the error lets a failed rank skip the collectives
     the others wait in."""
     c.block(node.body, guards, loop)
@@ -122,7 +149,7 @@ def visit_try(c: _ScopeChecker, node: ast.Try, guards: list[_Guard], loop: ast.s
 
 
 def visit_with(
-    c: _ScopeChecker, node: ast.With | ast.AsyncWith, guards: list[_Guard], loop: ast.stmt | None
+    c: Checker, node: ast.With | ast.AsyncWith, guards: list[Guard], loop: ast.stmt | None
 ) -> None:
     """A with: its context managers' calls, then its body."""
     for item in node.items:
@@ -130,13 +157,13 @@ def visit_with(
     c.block(node.body, guards, loop)
 
 
-def visit_match(c: _ScopeChecker, node: ast.Match, guards: list[_Guard], loop: ast.stmt | None) -> None:
+def visit_match(c: Checker, node: ast.Match, guards: list[Guard], loop: ast.stmt | None) -> None:
     """A match: each case's body."""
     for case in node.cases:
         c.block(case.body, guards, loop)
 
 
-VISITORS: dict[type[ast.stmt], Callable[[_ScopeChecker, Any, list[_Guard], ast.stmt | None], None]] = {
+VISITORS: dict[type[ast.stmt], Callable[[Checker, Any, list[Guard], ast.stmt | None], None]] = {
     ast.If: visit_if,
     ast.For: visit_loop,
     ast.AsyncFor: visit_loop,

@@ -1,0 +1,66 @@
+"""What a rank sees of the launcher that started it, and what its bootstrap makes of it:
+the launcher kinds preflight can emulate, the variables it hands each rank, and the
+environment srun would have set for a task that torchrun started (slurm_task_environment).
+Read inside the ranks (record/bootstrap.py) and by the launch code that starts them
+(launch/launchers.py)."""
+
+from __future__ import annotations
+
+import re
+
+AUTO, TORCHRUN, SPAWN, SLURM = "auto", "torchrun", "spawn", "slurm"
+ACCELERATE, LEGACY_LAUNCH, DEEPSPEED = "accelerate", "torch.distributed.launch", "deepspeed"
+LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM, ACCELERATE, LEGACY_LAUNCH, DEEPSPEED)
+BOOTSTRAP = "ncclcheck.record.bootstrap"
+# what torch.distributed.launch (--local-rank=N) and deepspeed (--local_rank=N) put
+# before the script's own arguments: the rank's bootstrap hands it on to the script
+LOCAL_RANK_ARGUMENT = re.compile(r"^--local[-_]rank=\d+$")
+ENV_LAUNCHER = "NCCLCHECK_LAUNCHER"  # what each rank's bootstrap is to look like
+# srun starts no store: rank 0's init_process_group makes one on MASTER_PORT, which
+# torchrun's agent holds; preflight picks a free port for it, the same for every rank
+ENV_SLURM_PORT = "NCCLCHECK_SLURM_MASTER_PORT"
+# what torchrun tells a rank and srun does not: a script that branches on "RANK in
+# os.environ" (or Lightning's TorchElasticEnvironment) must take its srun path
+_TORCHRUN_ONLY = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+)
+
+
+def slurm_task_environment(env: dict[str, str], host: str) -> tuple[dict[str, str], list[str]]:
+    """What srun sets for the task that torchrun's variables in ``env`` describe (one task
+    per rank, the nodes in order), and the variables to remove: torchrun's own. The
+    rendezvous address stays, on a port of its own for rank 0 to listen on (ENV_SLURM_PORT):
+    srun sets none, a script that sets its own overrides it, and one that does not would
+    fail under srun too."""
+    world, per_node = int(env["WORLD_SIZE"]), int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"]))
+    nodes = max(1, world // max(1, per_node))
+    task = {
+        "SLURM_JOB_ID": env.get("SLURM_JOB_ID", "4242"),
+        "SLURM_JOB_NAME": "ncclcheck-preflight",  # not "bash": Lightning's SLURM detection
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": env["RANK"],
+        "SLURM_LOCALID": env.get("LOCAL_RANK", "0"),
+        "SLURM_NODEID": env.get("GROUP_RANK", "0"),
+        "SLURM_NTASKS": str(world),
+        "SLURM_NPROCS": str(world),
+        "SLURM_NTASKS_PER_NODE": str(per_node),
+        "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})",
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NODELIST": host,
+        "SLURM_JOB_NODELIST": host,
+        "SLURM_STEP_NODELIST": host,
+        "SLURMD_NODENAME": host,
+    }
+    if ENV_SLURM_PORT in env:
+        task["MASTER_PORT"] = env[ENV_SLURM_PORT]
+    gone = [name for name in env if name in _TORCHRUN_ONLY or name.startswith("TORCHELASTIC_")]
+    return task, gone
