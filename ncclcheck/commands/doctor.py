@@ -28,7 +28,7 @@ from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
 from ncclcheck.evidence.processes import RankProcess, discover, not_distributed, spawned_ranks
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
-from ncclcheck.explain.diagnose import Diagnoser, Evidence
+from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import evidence_lines, explain_leftovers, rank_facts
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
@@ -157,12 +157,12 @@ def run_doctor_from(paths: list[Path], trust_pickle: bool = False, all_ranks: bo
 def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
     """The aftermath's rules; what none explains is said as such, with the evidence."""
     world = max(job.world_size, 1)
-    diagnoser = Diagnoser(Evidence(traces={}, world_size=world))
-    explanation = explain_leftovers(diagnoser, job)
+    context = Context(Evidence(world_size=world))
+    explanation = explain_leftovers(context, job)
     crashed = explanation is not None and explanation.cause is Cause.RANK_CRASHED
     report = Report(command="doctor", verdict=Verdict.CRASH if crashed else Verdict.HANG, world_size=world)
     if explanation is not None:
-        report.findings = [explanation.finding(diagnoser.catalogue)]
+        report.findings = [explanation.finding(context.catalogue)]
     else:
         report.summary["unexplained"] = (
             "no rule explains what these files show (no ranks behind the others, no disagreement at "
@@ -253,8 +253,8 @@ def diagnose_ranks(
         for state in report.ranks:
             state.state = RankStatus.RUNNING
         return report
-    diagnoser = Diagnoser(Evidence(traces={}, world_size=world, stacks=stacks))
-    explanation = explain_classes(diagnoser, classes, world, [r.rank for r in ranks])
+    context = Context(Evidence(world_size=world, stacks=stacks))
+    explanation = explain_classes(context, classes, world, [r.rank for r in ranks])
     if moved is not None:
         explanation.evidence.append(moved.decided())
     dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
@@ -266,7 +266,7 @@ def diagnose_ranks(
             # The stacks look alike, the Flight Recorder shows the sequences differ.
             group, by_op = parted
             sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
-            explanation = diagnoser.explanation(
+            explanation = context.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
                 f"the ranks wait alike, but their Flight Recorders show different collectives at the "
                 f"same position on group {group}: "
@@ -283,7 +283,7 @@ def diagnose_ranks(
     if idle is not None and explanation.cause in (Cause.TRANSPORT_HANG, Cause.STRAGGLER):
         # The stacks look alike (every rank at the same .item(), say); the GPUs do not.
         quiet, spinning = idle
-        explanation = diagnoser.explanation(
+        explanation = context.explanation(
             Cause.COLLECTIVE_ORDER_MISMATCH,
             f"the ranks' stacks wait alike, but their GPUs do not: {devices.verdict() if devices else ''}. "
             "The ranks are a collective apart: one was skipped or added on some ranks before this point",
@@ -302,7 +302,7 @@ def diagnose_ranks(
             "loop or a skipped step came before, preflight the script, or run the job with "
             "TORCH_FR_BUFFER_SIZE=2000 so that doctor can compare the ranks' sequence numbers"
         )
-    report.findings = [explanation.finding(diagnoser.catalogue)]
+    report.findings = [explanation.finding(context.catalogue)]
     return report
 
 

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ncclcheck.causes import Cause
 from ncclcheck.commands.startup import (
@@ -18,10 +19,10 @@ from ncclcheck.commands.startup import (
     refuse_what_cpu_could_not_map,
 )
 from ncclcheck.errors import InputError, UsageError
+from ncclcheck.evidence.replayed import load_replay
 from ncclcheck.evidence.traces import TRACE_GLOB, RankTrace, load_traces
-from ncclcheck.explain import lines
-from ncclcheck.explain.diagnose import Diagnoser, Evidence, relative
-from ncclcheck.explain.rules.branch import is_certain
+from ncclcheck.explain.context import Evidence
+from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, own_starter
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
@@ -47,6 +48,7 @@ from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.record.launched import ACCELERATE, AUTO, DEEPSPEED, LEGACY_LAUNCH, SLURM, SPAWN, TORCHRUN
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
+from ncclcheck.wording import relative
 
 
 @dataclass
@@ -236,12 +238,13 @@ def report_from(folder: Path, launch: LaunchResult | None) -> Report:
 
 @dataclass
 class Diagnosis:
-    """A run's evidence, the diagnoser that read it and its report."""
+    """A run's evidence, its report, and the replay that would decide its first finding
+    where the source alone did not (explain/lines.py's plan), if any."""
 
     evidence: Evidence
-    diagnoser: Diagnoser
     report: Report
     launch: LaunchResult | None
+    replay_plan: dict[str, Any] | None
 
     @classmethod
     def of(
@@ -253,8 +256,7 @@ class Diagnosis:
 
     @classmethod
     def read(cls, evidence: Evidence, launch: LaunchResult | None) -> Diagnosis:
-        diagnoser = Diagnoser(evidence)
-        report = diagnoser.report()
+        report, replay_plan = diagnose(evidence)
         if launch is not None and launch.probe_failed:
             report.findings.insert(0, _probe_finding(evidence.traces, evidence.world_size))
             report.verdict = Verdict.CRASH
@@ -265,7 +267,7 @@ class Diagnosis:
                 "on its call chains traced"
                 + (f"; it did not run as the first run did: {replay.mismatch}" if replay.mismatch else "")
             )
-        return cls(evidence, diagnoser, report, launch)
+        return cls(evidence, report, launch, replay_plan)
 
 
 SMALL_WORLD = 16  # worlds up to this size run every rank
@@ -439,12 +441,9 @@ def _with_line_evidence(
     launch = first.launch
     if launch is None or launch.interrupted or not _may_replay(torchrun, settings):
         return first
-    if not first.diagnoser.forks:
+    plan = first.replay_plan
+    if plan is None:
         return first
-    fork, explanation = first.diagnoser.forks[0]
-    if is_certain(explanation):
-        return first
-    plan = lines.plan_of(fork)
     stops = {int(rank): int(n) for rank, n in plan["stop"].items()}
     folder = private_trace_dir()
     try:
@@ -454,7 +453,7 @@ def _with_line_evidence(
         replay_settings = replace(settings, lines_plan=str(plan_path), probe_timeout=0.0)
         started = time.monotonic()
         run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module, warm)
-        replay = lines.load_replay(folder / "replay", first.evidence.traces, stops)
+        replay = load_replay(folder / "replay", first.evidence.traces, stops)
         replay.seconds = time.monotonic() - started
     finally:
         shutil.rmtree(folder, ignore_errors=True)

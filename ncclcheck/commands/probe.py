@@ -22,11 +22,11 @@ from typing import Any
 
 from ncclcheck.causes import Cause
 from ncclcheck.errors import UsageError
-from ncclcheck.explain.diagnose import who
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.torchrun import TorchrunOptions, parse_torchrun_failures, start_torchrun
 from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Verdict
 from ncclcheck.runtime.probe_worker import BUS_FACTOR, CHECKIN_FAILED_EXIT, ENV_CONFIG, ENV_OUT
+from ncclcheck.wording import who
 
 # Of the settings the worker collects (probe_worker._SETTINGS_PREFIXES), the one that
 # differs between ranks by design: which GPU each one sees.

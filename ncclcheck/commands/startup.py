@@ -12,11 +12,10 @@ from pathlib import Path
 
 from ncclcheck.errors import InputError
 from ncclcheck.evidence.traces import RankTrace, load_traces
-from ncclcheck.explain.diagnose import relative, split_exit_error
 from ncclcheck.launch.torchrun import LaunchResult
 from ncclcheck.model import Report
 from ncclcheck.record.launched import SPAWN
-from ncclcheck.wording import signal_name, who
+from ncclcheck.wording import relative, signal_name, split_exit_error, who
 
 
 def no_rank_recorded(launch: LaunchResult) -> InputError:

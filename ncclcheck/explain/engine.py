@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ncclcheck.catalogue import Catalogue
 from ncclcheck.causes import Cause
@@ -78,6 +78,9 @@ class Explanation:
     reason: Reason | None = None
     # a fix of the rule's own, said instead of the playbook's (an empty eval shard)
     fix: str | None = None
+    # where the source alone did not say why the ranks parted: what a replay of the dry
+    # run would trace to decide it (explain/lines.py plan_of); preflight runs it
+    replay_plan: dict[str, Any] | None = None
 
     def finding(self, catalogue: Catalogue) -> Finding:
         fix = self.fix

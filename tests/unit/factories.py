@@ -10,7 +10,7 @@ import torch
 
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
 from ncclcheck.evidence.traces import RankTrace
-from ncclcheck.explain.diagnose import Diagnoser, Evidence
+from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.model import CollectiveCall, Frame
 
 # frames of the installed torch, which frames.py tells from the user's own code
@@ -80,5 +80,5 @@ def waiting_in(
     return stack((f"{TORCH}/{torch_file}", 2500, op), *user)
 
 
-def diagnoser(tmp_path: Path, world_size: int = 2, **evidence: object) -> Diagnoser:
-    return Diagnoser(Evidence(traces={}, world_size=world_size, cwd=str(tmp_path), **evidence))  # type: ignore[arg-type]
+def diagnoser(tmp_path: Path, world_size: int = 2, **evidence: object) -> Context:
+    return Context(Evidence(world_size=world_size, cwd=str(tmp_path), **evidence))  # type: ignore[arg-type]

@@ -11,10 +11,15 @@ import pytest
 from ncclcheck.errors import InputError
 from ncclcheck.evidence.align import Mismatch, compare, divergences
 from ncclcheck.evidence.traces import CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
-from ncclcheck.explain.diagnose import Evidence, diagnose
-from ncclcheck.model import CollectiveCall, Frame
+from ncclcheck.explain.context import Evidence
+from ncclcheck.explain.diagnose import diagnose
+from ncclcheck.model import CollectiveCall, Frame, Report
 from ncclcheck.render.lanes import build_lanes
 from ncclcheck.source import reading
+
+
+def diagnose_report(evidence: Evidence) -> Report:
+    return diagnose(evidence).report
 
 
 def call(
@@ -224,7 +229,7 @@ def test_diagnosis_of_a_rank_branch_from_synthetic_traces(tmp_path: Path) -> Non
     )
     rank0 = [call(0, 0, line=4, path=path)]
     rank1 = [call(1, 0, op="barrier", line=5, path=path)]
-    report = diagnose(
+    report = diagnose_report(
         Evidence(
             traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True, cwd=str(tmp_path)
         )
@@ -242,7 +247,9 @@ def test_diagnosis_of_a_rank_branch_from_synthetic_traces(tmp_path: Path) -> Non
 def test_diagnosis_of_an_order_cycle_across_groups() -> None:
     rank0 = [call(0, 0, group="0", line=7)]
     rank1 = [call(1, 0, group="1", line=7)]
-    report = diagnose(Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True))
+    report = diagnose_report(
+        Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True)
+    )
     assert report.findings[0].cause == "collective-order-mismatch"
 
 
@@ -251,13 +258,13 @@ def test_a_dry_run_stopped_before_its_budget_is_incomplete_never_aligned() -> No
     and exit code, and what it did check, never "aligned" (exit 0) for a pipeline to pass."""
     calls = {rank: [call(rank, seq) for seq in range(3)] for rank in (0, 1)}
     why = "the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM)"
-    report = diagnose(
+    report = diagnose_report(
         Evidence(traces={r: trace(r, c) for r, c in calls.items()}, world_size=2, incomplete=why)
     )
     assert (report.verdict.value, report.exit_code, report.findings) == ("incomplete", 4, [])
     assert report.summary["incomplete"].startswith(f"incomplete: {why} before its budget was spent")
     assert "checked 3 collective(s) per rank" in report.summary["incomplete"]
-    whole = diagnose(Evidence(traces={r: trace(r, c) for r, c in calls.items()}, world_size=2))
+    whole = diagnose_report(Evidence(traces={r: trace(r, c) for r, c in calls.items()}, world_size=2))
     assert (whole.verdict.value, whole.exit_code, "incomplete" in whole.summary) == ("aligned", 0, False)
 
 
@@ -266,13 +273,15 @@ def test_a_rank_behind_when_the_run_was_stopped_is_not_absent() -> None:
     divergence (the straggler would have caught up), while a rank that ended is absent."""
     rank0 = [call(0, seq) for seq in range(2)]
     rank1 = [call(1, seq) for seq in range(3)]
-    report = diagnose(
+    report = diagnose_report(
         Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, incomplete="stopped")
     )
     assert (report.verdict.value, report.findings) == ("incomplete", [])
     assert "checked 2 to 3 collective(s) per rank" in report.summary["incomplete"]
     ended = trace(0, rank0, exit_={"how": "returned", "code": 0})
-    report = diagnose(Evidence(traces={0: ended, 1: trace(1, rank1)}, world_size=2, incomplete="stopped"))
+    report = diagnose_report(
+        Evidence(traces={0: ended, 1: trace(1, rank1)}, world_size=2, incomplete="stopped")
+    )
     assert report.verdict.value == "misaligned"
 
 
@@ -280,7 +289,7 @@ def test_an_incomplete_run_that_already_diverged_is_misaligned() -> None:
     """What it saw before the stop stands: the divergence is the verdict, exit 1."""
     rank0 = [call(0, 0), call(0, 1, line=20)]
     rank1 = [call(1, 0), call(1, 1, op="barrier", line=21)]
-    report = diagnose(
+    report = diagnose_report(
         Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, incomplete="stopped")
     )
     assert (report.verdict.value, report.exit_code) == ("misaligned", 1)
@@ -290,7 +299,7 @@ def test_an_incomplete_run_that_already_diverged_is_misaligned() -> None:
 def test_diagnosis_of_a_dead_rank() -> None:
     rank0 = [call(0, 0), call(0, 1, line=30)]
     rank1 = [call(1, 0)]
-    report = diagnose(
+    report = diagnose_report(
         Evidence(
             traces={0: trace(0, rank0), 1: trace(1, rank1)},
             world_size=2,
@@ -314,7 +323,7 @@ def test_a_rank_that_dies_before_any_collective_is_sited_where_its_error_left(tm
         f" at {script}:12 in main"
     )
     ended = {"how": "exception", "code": 1, "error": error, "site": [script, 12, "main"]}
-    report = diagnose(
+    report = diagnose_report(
         Evidence(
             traces={0: trace(0, []), 1: trace(1, [], exit_=ended)},
             world_size=2,

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ncclcheck.causes import Cause
+from ncclcheck.evidence.replayed import RankLines, Replay
 from ncclcheck.explain import lines
 from ncclcheck.explain.engine import ReasonKind
 from ncclcheck.model import CollectiveCall, Frame
@@ -119,12 +120,10 @@ def _fork(path: Path, function: str, line: int, phase: str = "train") -> Any:
     )
 
 
-def _replay(counts: dict[int, dict[tuple[str, int], int]], **extra: Any) -> lines.Replay:
-    replay = lines.Replay()
+def _replay(counts: dict[int, dict[tuple[str, int], int]], **extra: Any) -> Replay:
+    replay = Replay()
     for rank, seen in counts.items():
-        replay.ranks[rank] = lines.RankLines(
-            rank, "stopped", 4, seen, extra.get("values", {}).get(rank, {}), []
-        )
+        replay.ranks[rank] = RankLines(rank, "stopped", 4, seen, extra.get("values", {}).get(rank, {}), [])
     return replay
 
 

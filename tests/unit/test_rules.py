@@ -13,18 +13,23 @@ from ncclcheck.evidence.align import divergences
 from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.evidence.stacks import ProcessStack, blocking
 from ncclcheck.evidence.traces import LoaderPass, RankTrace
-from ncclcheck.explain.diagnose import Evidence, diagnose
+from ncclcheck.explain.context import Evidence, Fork
+from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.explain.engine import Explanation, ReasonKind, first_explanation
 from ncclcheck.explain.rules import branch, divergence, stacks
-from ncclcheck.explain.rules.branch import Fork, explain_fork
+from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.model import CollectiveCall, Severity
+from ncclcheck.model import CollectiveCall, Report, Severity
 
 from ..conftest import PLAYBOOKS
 from .factories import TORCH, call, diagnoser, line_of, script, stack, trace, waiting_in
 
 # -- the engine -------------------------------------------------------------------------
+
+
+def diagnose_report(evidence: Evidence) -> Report:
+    return diagnose(evidence).report
 
 
 def test_the_first_rule_of_a_table_that_explains_wins() -> None:
@@ -283,7 +288,7 @@ def test_no_rank_in_a_collective_is_a_warning_not_a_cause(tmp_path: Path) -> Non
 
 
 def _preflight(tmp_path: Path, traces: dict[int, RankTrace], **evidence: object) -> Explanation:
-    report = diagnose(Evidence(traces=traces, world_size=len(traces), cwd=str(tmp_path), **evidence))  # type: ignore[arg-type]
+    report = diagnose_report(Evidence(traces=traces, world_size=len(traces), cwd=str(tmp_path), **evidence))  # type: ignore[arg-type]
     assert report.findings, report
     finding = report.findings[0]
     return Explanation(

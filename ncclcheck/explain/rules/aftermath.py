@@ -18,7 +18,7 @@ from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import Aftermath, RankAftermath, TimedOutWork
 from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.evidence.stacks import blocking
-from ncclcheck.explain.diagnose import Diagnoser
+from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import format_ranks
@@ -30,7 +30,7 @@ _WAITED = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|col
 
 @dataclass
 class Leftovers:
-    d: Diagnoser
+    d: Context
     job: Aftermath
     evidence: list[str]
 
@@ -63,7 +63,7 @@ class Leftovers:
         )
 
 
-def explain_leftovers(d: Diagnoser, job: Aftermath) -> Explanation | None:
+def explain_leftovers(d: Context, job: Aftermath) -> Explanation | None:
     """The first rule of AFTERMATH_RULES that explains the leftovers, or None: then the
     command says that no rule does, and shows the evidence."""
     return first_explanation(AFTERMATH_RULES, Leftovers(d, job, evidence_lines(job)))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
 from ncclcheck.explain import lines
+from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import (
     REASON_OF_KIND,
     Explanation,
@@ -26,61 +26,6 @@ from ncclcheck.wording import (
     who,
 )
 
-if TYPE_CHECKING:
-    from ncclcheck.explain.diagnose import Diagnoser
-
-
-@dataclass
-class Fork:
-    """Ranks at different calls (or at none) at one point of their histories: a
-    divergence of the traces (preflight) or ranks waiting at different lines (doctor,
-    whose calls are seen on stacks). ``made`` made ``call``; the ``other`` ranks made
-    ``alt`` or nothing, and stand at ``alt_stack``; the first ``common`` frames, outermost
-    first, are the functions both sides share."""
-
-    d: Diagnoser
-    members: list[int]
-    calls: dict[int, CollectiveCall | None]
-    made: list[int]
-    other: list[int]
-    evidence: list[str]
-    call: CollectiveCall
-    alt: CollectiveCall | None
-    stack: list[Frame]
-    alt_stack: list[Frame]
-    common: int
-
-    @classmethod
-    def of(
-        cls,
-        d: Diagnoser,
-        members: list[int],
-        calls: dict[int, CollectiveCall | None],
-        made: list[int],
-        other: list[int],
-        evidence: list[str],
-    ) -> Fork:
-        call = calls[made[0]]
-        assert call is not None
-        alt = next((calls[r] for r in other if calls[r] is not None), None)
-        alt_stack = alt.user_stack if alt else d.current_stack(other[0])
-        stack = call.user_stack
-        common = 0
-        while common < min(len(stack), len(alt_stack)) and (
-            stack[common].file,
-            stack[common].function,
-        ) == (alt_stack[common].file, alt_stack[common].function):
-            common += 1
-        chain = " -> ".join(f"{f.function}() at {d.site(f)}" for f in stack)
-        evidence = [*evidence, f"call chain on rank {made[0]}: {chain}"]
-        replay = d.ev.lines
-        if replay is not None and replay.mismatch is not None:
-            evidence.append(
-                f"line evidence not used: the replay did not run as the first run did ({replay.mismatch}); "
-                "the script does not run the same twice (an unseeded random draw, the clock, a file)"
-            )
-        return cls(d, members, calls, made, other, evidence, call, alt, stack, alt_stack, common)
-
 
 def explain_fork(fork: Fork) -> Explanation:
     """The source's reading of the fork, then what a replay measured, where there is one.
@@ -93,8 +38,10 @@ def explain_fork(fork: Fork) -> Explanation:
     the measurement replaces the source's reading."""
     explanation = first_explanation(FORK_RULES, fork)
     assert explanation is not None, "the last rule always answers"
-    fork.d.forks.append((fork, explanation))
     replay = fork.d.ev.lines
+    if replay is None and fork.d.ev.traces and not is_certain(explanation):
+        # a first run's fork the source was not certain of: a replay would decide it
+        explanation.replay_plan = lines.plan_of(fork)
     found = lines.decided(fork, replay) if replay is not None and replay.usable else None
     if found is None or is_certain(explanation):
         return explanation
@@ -350,7 +297,7 @@ class SkippedPass:
     reason: Reason
 
     @classmethod
-    def of(cls, d: Diagnoser, path: str, guard: reading.Guard) -> SkippedPass:
+    def of(cls, d: Context, path: str, guard: reading.Guard) -> SkippedPass:
         where = d.site(Frame(path, guard.line, ""))
         return cls(
             cause_of_exit(guard.kind),
@@ -473,7 +420,7 @@ FORK_RULES = (
 
 
 def call_finding(
-    d: Diagnoser,
+    d: Context,
     cause: Cause,
     message: str,
     call: CollectiveCall,
@@ -500,7 +447,7 @@ def call_finding(
 
 
 def loop_left(
-    d: Diagnoser,
+    d: Context,
     inside: Frame,
     outside_line: int | None,
     inside_ranks: list[int],
@@ -603,7 +550,7 @@ def _counts_from_the_rank(path: str, loop: ast.For | ast.AsyncFor) -> bool:
 
 
 def _passes_from_the_rank(
-    d: Diagnoser,
+    d: Context,
     inside: Frame,
     loop: ast.For | ast.AsyncFor,
     inside_ranks: list[int],

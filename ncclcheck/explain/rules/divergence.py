@@ -5,12 +5,12 @@ loader, a skipped step, a straggler); the source reasoning is branch.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ncclcheck.causes import Cause
 from ncclcheck.evidence.align import Divergence, Mismatch
+from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, first_explanation
-from ncclcheck.explain.rules.branch import Fork, explain_fork
+from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.model import Frame, Severity
 from ncclcheck.source import reading
 from ncclcheck.wording import (
@@ -22,9 +22,6 @@ from ncclcheck.wording import (
     who,
 )
 
-if TYPE_CHECKING:
-    from ncclcheck.explain.diagnose import Diagnoser
-
 
 @dataclass
 class Parting:
@@ -32,7 +29,7 @@ class Parting:
     that made the call (the majority's) and the others, with each rank's call as
     evidence."""
 
-    d: Diagnoser
+    d: Context
     found: list[Divergence]
     first: Divergence
     made: list[int]
@@ -40,7 +37,7 @@ class Parting:
     evidence: list[str]
 
 
-def explain_divergence(d: Diagnoser, found: list[Divergence]) -> Explanation:
+def explain_divergence(d: Context, found: list[Divergence]) -> Explanation:
     """The first divergence, explained by the first rule of DIVERGENCE_RULES that can."""
     first = found[0]
     made, other = first.majority()
@@ -133,7 +130,7 @@ def the_source_decides(p: Parting) -> Explanation | None:
     return explain_fork(Fork.of(p.d, p.first.members, p.first.calls, p.made, p.other, p.evidence))
 
 
-def mixed_requests(d: Diagnoser, first: Divergence, made: list[int], evidence: list[str]) -> Explanation:
+def mixed_requests(d: Context, first: Divergence, made: list[int], evidence: list[str]) -> Explanation:
     """The ranks' n-th reductions are for values logged under different names (one
     d.log_dict call, other keys per rank): each rank's value is reduced with
     another name's, silently, and a rank with more names than the others hangs."""
@@ -158,7 +155,7 @@ def mixed_requests(d: Diagnoser, first: Divergence, made: list[int], evidence: l
     )
 
 
-def order_mismatch(d: Diagnoser, found: list[Divergence]) -> Explanation | None:
+def order_mismatch(d: Context, found: list[Divergence]) -> Explanation | None:
     """Two groups each waiting on ranks that are waiting in the other: a cycle."""
     # lowest present rank first, so the report does not depend on which call was first
     missing = sorted((d for d in found if d.kind is Mismatch.MISSING), key=lambda d: (d.present[:1], d.group))
@@ -193,7 +190,7 @@ def order_mismatch(d: Diagnoser, found: list[Divergence]) -> Explanation | None:
 
 
 def exited_early(
-    d: Diagnoser, first: Divergence, made: list[int], left: list[int], evidence: list[str]
+    d: Context, first: Divergence, made: list[int], left: list[int], evidence: list[str]
 ) -> Explanation:
     """The absent ranks ended the script (sys.exit) while the others went on to a call."""
     call = first.calls[made[0]]
@@ -215,7 +212,7 @@ def exited_early(
     )
 
 
-def killed_in_call(d: Diagnoser, dead: list[int], first: Divergence) -> Explanation:
+def killed_in_call(d: Context, dead: list[int], first: Divergence) -> Explanation:
     call = first.calls[dead[0]]
     signal = signal_name(d.exit_of(dead[0])[1])
     finding = crashed(d, dead, None)
@@ -228,7 +225,7 @@ def killed_in_call(d: Diagnoser, dead: list[int], first: Divergence) -> Explanat
     return finding
 
 
-def crashed(d: Diagnoser, dead: list[int], divergence: Divergence | None) -> Explanation:
+def crashed(d: Context, dead: list[int], divergence: Divergence | None) -> Explanation:
     evidence = []
     for rank in dead:
         _how, code = d.exit_of(rank)
@@ -291,7 +288,7 @@ def crashed(d: Diagnoser, dead: list[int], divergence: Divergence | None) -> Exp
     return finding
 
 
-def join_without_stand_in(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explanation | None:
+def join_without_stand_in(d: Context, first: Divergence, evidence: list[str]) -> Explanation | None:
     """Ranks that ran out of batches inside DDP's Join, facing a collective of the
     user's own in the others' step: Join stands in for DDP's collectives only."""
     joined = sorted(r for r, c in first.calls.items() if c is not None and c.shadow)
@@ -326,7 +323,7 @@ def join_without_stand_in(d: Diagnoser, first: Divergence, evidence: list[str]) 
     )
 
 
-def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explanation | None:
+def uneven_eval(d: Context, first: Divergence, evidence: list[str]) -> Explanation | None:
     """Some ranks still in an eval loop's per-batch collective, the others past it (a call
     a framework deferred to the epoch's end is past the loop, whatever batch it shows)."""
     inside = sorted(
@@ -393,7 +390,7 @@ def uneven_eval(d: Diagnoser, first: Divergence, evidence: list[str]) -> Explana
 
 
 def skipped_step(
-    d: Diagnoser, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+    d: Context, first: Divergence, made: list[int], other: list[int], evidence: list[str]
 ) -> Explanation:
     """Same op and site, different loader batches: some ranks skipped a step's call."""
     earlier = min(
@@ -460,7 +457,7 @@ def skipped_step(
 
 
 def straggler(
-    d: Diagnoser, first: Divergence, made: list[int], other: list[int], evidence: list[str]
+    d: Context, first: Divergence, made: list[int], other: list[int], evidence: list[str]
 ) -> Explanation | None:
     if not d.ev.stalled or first.kind is not Mismatch.MISSING:
         return None

@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ncclcheck.causes import Cause
 from ncclcheck.evidence.traces import RootedRead
+from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.model import Frame, Severity
 from ncclcheck.source import reading
@@ -15,11 +14,8 @@ from ncclcheck.wording import (
     who,
 )
 
-if TYPE_CHECKING:
-    from ncclcheck.explain.diagnose import Diagnoser
 
-
-def explain_stall_without_divergence(d: Diagnoser) -> Explanation:
+def explain_stall_without_divergence(d: Context) -> Explanation:
     """Every rank agrees on its history so far and nothing moves."""
     lasts = {r: t.calls[-1] for r, t in d.ev.traces.items() if t.calls}
     stacks = d.ev.stacks
@@ -60,7 +56,7 @@ def explain_stall_without_divergence(d: Diagnoser) -> Explanation:
     )
 
 
-def warnings(d: Diagnoser, errors: list[Explanation]) -> list[Explanation]:
+def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
     causes = {f.cause for f in errors}
     found: list[Explanation] = []
     if d.ev.world_size > 1 and Cause.MISSING_DISTRIBUTED_SAMPLER not in causes:
@@ -119,7 +115,7 @@ def warnings(d: Diagnoser, errors: list[Explanation]) -> list[Explanation]:
     return found
 
 
-def rooted_reads(d: Diagnoser) -> list[Explanation]:
+def rooted_reads(d: Context) -> list[Explanation]:
     """A rank read the tensor it gave dist.reduce, which only the dst rank receives
     the result in (record/rooted.py): what it computes from it is its own partial
     value, and a branch on it may part the ranks on another day's data."""
@@ -170,7 +166,7 @@ def rooted_reads(d: Diagnoser) -> list[Explanation]:
     return found
 
 
-def uneven_train_loader(d: Diagnoser) -> Explanation | None:
+def uneven_train_loader(d: Context) -> Explanation | None:
     """A train loader whose len() differs per rank, in a loop with a collective in
     every step (DDP's gradient all_reduce): the ranks with fewer batches leave the
     epoch while the others wait in their next step. The dry run's budget ends each

@@ -14,9 +14,9 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.evidence import device
 from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, state_split
-from ncclcheck.explain.diagnose import Diagnoser
+from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
-from ncclcheck.explain.rules.branch import Fork, SkippedPass, explain_fork, skips_a_pass
+from ncclcheck.explain.rules.branch import SkippedPass, explain_fork, skips_a_pass
 from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.source import loaders, reading
 from ncclcheck.wording import relative, who
@@ -28,7 +28,7 @@ class Standoff:
     for their peers (``waiting``), those elsewhere (``outside``), those the OS froze, and
     those not found on this host (``missing``)."""
 
-    d: Diagnoser
+    d: Context
     classes: list[StackClass]
     world: int
     found: list[int]
@@ -58,7 +58,7 @@ class Standoff:
         return None
 
 
-def explain_classes(d: Diagnoser, classes: list[StackClass], world: int, found: list[int]) -> Explanation:
+def explain_classes(d: Context, classes: list[StackClass], world: int, found: list[int]) -> Explanation:
     """The playbooks' doctor signals, applied to the merged stack classes."""
     evidence = [_seen(c) for c in classes]
     # what to do about a collective library code issued (SyncBatchNorm in training mode)
@@ -316,7 +316,7 @@ STACK_RULES = (
 
 
 def _deferred_finding(
-    waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]
+    waiting: list[StackClass], diagnoser: Context, evidence: list[str]
 ) -> Explanation | None:
     """Ranks waiting in a collective a framework runs later (Lightning's epoch-end sync):
     the stack cannot say which of the user's calls asked for it, so read the user's
@@ -365,7 +365,7 @@ def _verb(ranks: list[int]) -> str:
 
 
 def _left_loop(
-    waiting: list[StackClass], diagnoser: Diagnoser, evidence: list[str]
+    waiting: list[StackClass], diagnoser: Context, evidence: list[str]
 ) -> tuple[Explanation, bool] | None:
     """Some ranks still in a loop's collective, the others past the loop in the same function.
 
@@ -432,7 +432,7 @@ def _loop_finding(
     outside: StackClass,
     frame: Frame,
     loop: ast.stmt,
-    diagnoser: Diagnoser,
+    diagnoser: Context,
     evidence: list[str],
 ) -> Explanation:
     assert inside.site is not None

@@ -1,0 +1,250 @@
+"""What every rule reads: the evidence (a dry run's traces, the stacks of a stalled or
+hung job), the catalogue, the questions rules ask of them (``Context``), and ``Fork``:
+ranks at different calls at one point of their histories, which the source reading
+(rules/branch.py) and the replay's line evidence (lines.py) both explain."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ncclcheck.catalogue import Catalogue, load_catalogue
+from ncclcheck.causes import Cause
+from ncclcheck.evidence.replayed import Replay
+from ncclcheck.evidence.stacks import ProcessStack
+from ncclcheck.evidence.traces import RankTrace
+from ncclcheck.explain.engine import Explanation, Reason, framework_fixes
+from ncclcheck.model import CollectiveCall, Frame
+from ncclcheck.wording import first_line, is_user, op_text, relative, shapes_text, split_exit_error
+
+
+@dataclass
+class Evidence:
+    """What the rules may read of a job of ``world_size`` ranks, all of it optional: a dry
+    run's traces and how its ranks ended (preflight), the stacks of ranks that wait
+    (preflight's stall, doctor's live job), a replay's line evidence."""
+
+    world_size: int
+    traces: dict[int, RankTrace] = field(default_factory=dict)
+    stalled: bool = False
+    stall_seconds: float = 0.0
+    stacks: dict[int, ProcessStack] = field(default_factory=dict)
+    rank_exits: dict[int, int] = field(default_factory=dict)  # from the launcher, by rank
+    first_failure: int | None = None
+    stopped: str | None = None  # why the run ended, in words
+    cwd: str = field(default_factory=os.getcwd)
+    lines: Replay | None = None  # what a replay up to the divergence saw (explain/lines.py)
+    ranks_run: dict[int, str] | None = None  # a virtual world's ranks that ran, with why
+    # why the run ended before its budget was spent (a signal, the time limit), if it did
+    incomplete: str | None = None
+
+
+class Context:
+    """The evidence and the catalogue every rule reads, with the questions rules ask of
+    them (how a rank ended, where it is, how a call is said). Read only: a rule returns
+    what it found and changes nothing here."""
+
+    def __init__(self, evidence: Evidence, catalogue: Catalogue | None = None) -> None:
+        self.ev = evidence
+        self.catalogue = catalogue or load_catalogue()
+
+    # -- small helpers -----------------------------------------------------------------
+
+    def site(self, frame: Frame | None) -> str | None:
+        return f"{relative(frame.file, self.ev.cwd)}:{frame.line}" if frame else None
+
+    def describe_call(self, call: CollectiveCall | None) -> str:
+        if call is None:
+            return "no call"
+        dtype = call.dtypes[0] if call.dtypes else ""
+        shapes = shapes_text(call.shapes)
+        where = self.site(call.site) or "?"
+        function = call.site.function if call.site else "?"
+        step = ""
+        if call.position:
+            step = f", {call.position.get('loader')} batch {call.position.get('batch')}"
+        via = " (DDP gradient bucket)" if call.source == "ddp" else ""
+        if call.shadow:
+            via += " (a stand-in DDP's Join makes for a rank out of batches)"
+        tensors = f" {dtype}{shapes}" if shapes else ""
+        later = ""
+        if call.later is not None:
+            ran_in = call.later.ran_in
+            inside = f", inside {ran_in.function}() at {self.site(ran_in)}" if ran_in else ""
+            later = f"; {call.later.by} ran it later for {call.later.request}{inside}"
+        return f"{op_text(call)}{via}{tensors} at {where} in {function}() ({call.phase}{step}{later})"
+
+    def exit_of(self, rank: int) -> tuple[str, int | None]:
+        """How a rank ended: ("running"|"returned"|"dry-run-complete"|"exception"|"killed", code)."""
+        trace = self.ev.traces.get(rank)
+        if trace is not None and trace.exit is not None:
+            return str(trace.exit.get("how")), int(trace.exit.get("code", 0))
+        code = self.ev.rank_exits.get(rank)
+        if code is not None and code != 0:
+            return "killed", code
+        return "running", None
+
+    def died(self, rank: int) -> bool:
+        how, code = self.exit_of(rank)
+        if how == "exception":
+            return True
+        if how == "killed" and code is not None:
+            # torchrun's own SIGTERM to the survivors of a failure is not a death of its own
+            return not (code == -15 and self.ev.first_failure not in (None, rank))
+        return False
+
+    def stopped_by_launcher(self, rank: int) -> bool:
+        """torchrun's SIGTERM to the other ranks after one failed, before this rank went on."""
+        how, code = self.exit_of(rank)
+        return how == "killed" and code == -15 and self.ev.first_failure not in (None, rank)
+
+    def fix(self, cause: Cause) -> str:
+        return self.catalogue.get(cause).fix.direct if cause in self.catalogue else ""
+
+    def explanation(
+        self,
+        cause: Cause,
+        message: str,
+        *,
+        ranks: list[int],
+        absent_ranks: list[int],
+        op: str | None,
+        site: str | None,
+        evidence: list[str],
+        libraries: Sequence[str] = (),
+        reason: Reason | None = None,
+    ) -> Explanation:
+        """``libraries``: the packages on the call's stack; where the playbook gives its fix
+        in one's own terms (Lightning's self.log, accelerate's gather), that is said too."""
+        return Explanation(
+            cause,
+            message,
+            ranks=ranks,
+            absent_ranks=absent_ranks,
+            op=op,
+            site=site,
+            evidence=[*evidence, *framework_fixes(self.catalogue, cause, libraries)],
+            reason=reason,
+        )
+
+    def frames_text(self, rank: int, depth: int = 6) -> str:
+        """'sleep (x.py:3) <- main (x.py:9)': where a rank's main thread is, innermost first."""
+        stack = self.ev.stacks.get(rank)
+        frames = stack.main.frames[:depth] if stack is not None and stack.main else []
+        return " <- ".join(f"{f.function} ({self.site(f)})" for f in frames)
+
+    # -- how ranks ended, where they are ----------------------------------------------
+
+    def exit_text(self, rank: int) -> str:
+        trace = self.ev.traces.get(rank)
+        how, code = self.exit_of(rank)
+        error = trace.exit.get("error") if trace and trace.exit else None
+        return str(error or f"{how}, exit code {code}")
+
+    def exit_error(self, rank: int) -> tuple[str | None, Frame | None]:
+        """The first line of the error a rank's script ended with (CUDA's run to five
+        lines), and the frame of the user's code it left from."""
+        trace = self.ev.traces.get(rank)
+        error, where = split_exit_error(trace.exit if trace and trace.exit else {})
+        return (first_line(error, 200) or None), where
+
+    def empty_eval_pass(self, rank: int) -> tuple[str, dict[int, int]] | None:
+        """(loader, batches per other rank) when ``rank``'s last loader pass was an eval pass
+        that yielded nothing while the same loader gave the other ranks batches
+        (Lightning-AI/litgpt#2319: more ranks than validation samples)."""
+        trace = self.ev.traces.get(rank)
+        if trace is None or not trace.passes:
+            return None
+        last = trace.passes[-1]
+        if last.role != "eval" or last.batches != 0 or not last.exhausted:
+            return None
+        others: dict[int, int] = {}
+        for other, other_trace in self.ev.traces.items():
+            same = [p for p in other_trace.eval_passes if p.loader == last.loader]
+            if other != rank and same:
+                others[other] = same[-1].batches
+        return (last.loader, others) if any(others.values()) else None
+
+    def eval_samples_overlap(self) -> bool:
+        seen: dict[int, set[int]] = {}
+        for rank, trace in self.ev.traces.items():
+            ids = set()
+            for loader_pass in trace.eval_passes:
+                ids |= set(loader_pass.sample_ids or [])
+            seen[rank] = ids
+        ranks = sorted(seen)
+        return any(seen[a] & seen[b] for i, a in enumerate(ranks) for b in ranks[i + 1 :])
+
+    def busy_where(self, rank: int) -> str:
+        """' (in its DataLoader, at data.py:30 in Shard.__getitem__)': where a late rank is."""
+        stack = self.ev.stacks.get(rank)
+        frames = stack.main.frames if stack is not None and stack.main else []
+        user = next((f for f in frames if is_user(f.file)), None)
+        in_loader = any("torch/utils/data/" in f.file.replace("\\", "/") for f in frames)
+        parts = (["in its DataLoader"] if in_loader else []) + (
+            [f"at {self.site(user)} in {user.function}"] if user else []
+        )
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def current_stack(self, rank: int) -> list[Frame]:
+        """Where a rank is now, outermost first: its py-spy stack, else its last call."""
+        stack = self.ev.stacks.get(rank)
+        if stack is not None and stack.main is not None:
+            return [f for f in reversed(stack.main.frames) if is_user(f.file)]
+        trace = self.ev.traces.get(rank)
+        if trace and trace.calls:
+            return trace.calls[-1].user_stack
+        return []
+
+
+@dataclass
+class Fork:
+    """Ranks at different calls (or at none) at one point of their histories: a
+    divergence of the traces (preflight) or ranks waiting at different lines (doctor,
+    whose calls are seen on stacks). ``made`` made ``call``; the ``other`` ranks made
+    ``alt`` or nothing, and stand at ``alt_stack``; the first ``common`` frames, outermost
+    first, are the functions both sides share."""
+
+    d: Context
+    members: list[int]
+    calls: dict[int, CollectiveCall | None]
+    made: list[int]
+    other: list[int]
+    evidence: list[str]
+    call: CollectiveCall
+    alt: CollectiveCall | None
+    stack: list[Frame]
+    alt_stack: list[Frame]
+    common: int
+
+    @classmethod
+    def of(
+        cls,
+        d: Context,
+        members: list[int],
+        calls: dict[int, CollectiveCall | None],
+        made: list[int],
+        other: list[int],
+        evidence: list[str],
+    ) -> Fork:
+        call = calls[made[0]]
+        assert call is not None
+        alt = next((calls[r] for r in other if calls[r] is not None), None)
+        alt_stack = alt.user_stack if alt else d.current_stack(other[0])
+        stack = call.user_stack
+        common = 0
+        while common < min(len(stack), len(alt_stack)) and (
+            stack[common].file,
+            stack[common].function,
+        ) == (alt_stack[common].file, alt_stack[common].function):
+            common += 1
+        chain = " -> ".join(f"{f.function}() at {d.site(f)}" for f in stack)
+        evidence = [*evidence, f"call chain on rank {made[0]}: {chain}"]
+        replay = d.ev.lines
+        if replay is not None and replay.mismatch is not None:
+            evidence.append(
+                f"line evidence not used: the replay did not run as the first run did ({replay.mismatch}); "
+                "the script does not run the same twice (an unseeded random draw, the clock, a file)"
+            )
+        return cls(d, members, calls, made, other, evidence, call, alt, stack, alt_stack, common)
