@@ -40,14 +40,14 @@ class Evidence:
     incomplete: str | None = None
 
 
+@dataclass(frozen=True)
 class Context:
     """The evidence and the catalogue every rule reads, with the questions rules ask of
-    them (how a rank ended, where it is, how a call is said). Read only: a rule returns
-    what it found and changes nothing here."""
+    them (how a rank ended, where it is, how a call is said). A rule returns what it
+    found and changes nothing here."""
 
-    def __init__(self, evidence: Evidence, catalogue: Catalogue | None = None) -> None:
-        self.ev = evidence
-        self.catalogue = catalogue or load_catalogue()
+    ev: Evidence
+    catalogue: Catalogue = field(default_factory=load_catalogue)
 
     # -- small helpers -----------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ncclcheck.catalogue import Catalogue
+from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.evidence.traces import divergences_of, trace_frame
 from ncclcheck.explain.context import Context, Evidence
@@ -32,7 +32,7 @@ class Diagnosed(NamedTuple):
 
 
 def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Diagnosed:
-    d = Context(evidence, catalogue)
+    d = Context(evidence, catalogue or load_catalogue())
     explanations = _explanations(d)
     findings = [explanation.finding(d.catalogue) for explanation in explanations]
     verdict = _verdict(d, findings)
