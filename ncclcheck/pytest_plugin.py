@@ -240,6 +240,7 @@ def _preflight_or_fail(
     """Run preflight; fail the calling test with the report when it has errors."""
     from ncclcheck.commands.preflight import run_preflight
     from ncclcheck.errors import NcclcheckError
+    from ncclcheck.evidence.traces import eval_calls_without_loader, load_traces
     from ncclcheck.render.console import report_text
 
     try:
@@ -256,8 +257,8 @@ def _preflight_or_fail(
     report = outcome.report
     if not report.has_errors and report.verdict is not Verdict.INCOMPLETE:
         return report
-    if trace_dir is not None and str(report.summary.get("note", "")).startswith("no eval phase"):
-        del report.summary["note"]  # a test function is not a train/eval loop
+    if trace_dir is not None and eval_calls_without_loader(load_traces(trace_dir)) == 0:
+        report.summary.pop("note", None)  # "no eval phase": a test function is not a train/eval loop
     verdict = {
         Verdict.MISALIGNED: "saw the ranks' collectives differ",
         Verdict.HANG: "saw the ranks hang",

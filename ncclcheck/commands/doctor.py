@@ -21,7 +21,7 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder, gpus, movement
-from ncclcheck.evidence.aftermath import Aftermath
+from ncclcheck.evidence.aftermath import Aftermath, FactKind, evidence_lines, rank_facts
 from ncclcheck.evidence.classes import merge_stacks, user_frames, waiting_at
 from ncclcheck.evidence.gpus import GpuReading
 from ncclcheck.evidence.logs import read_leftovers
@@ -29,7 +29,7 @@ from ncclcheck.evidence.movement import Movement
 from ncclcheck.evidence.processes import RankProcess, discover, not_distributed, spawned_ranks
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.context import Context, Evidence
-from ncclcheck.explain.rules.aftermath import evidence_lines, explain_leftovers, rank_facts
+from ncclcheck.explain.rules.aftermath import explain_leftovers
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
 from ncclcheck.wording import relative, who
@@ -184,7 +184,7 @@ def _left_behind(job: Aftermath, rank: int) -> RankState:
     record = job.ranks.get(rank)
     if record is None:
         return RankState(rank=rank, state=RankStatus.EXITED, where="nothing left by this rank")
-    facts = [text for text, _ in rank_facts(record) if not text.startswith("its stack waits")]
+    facts = [fact.text for fact in rank_facts(record) if fact.kind is not FactKind.STACK]  # said below
     if record.stack is not None:
         user = user_frames(record.stack)
         waited = blocking(record.stack).what

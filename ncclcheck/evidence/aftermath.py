@@ -10,10 +10,13 @@ records, so that a 4,096-rank job's log is read in one streamed pass.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, NamedTuple
 
-from ncclcheck.evidence.stacks import ProcessStack
+from ncclcheck.evidence.stacks import ProcessStack, blocking
+from ncclcheck.wording import signal_name, who
 
 
 @dataclass(frozen=True)
@@ -116,3 +119,77 @@ class Aftermath:
         return any(
             r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
         )
+
+
+class FactKind(Enum):
+    """What a fact a rank left is about."""
+
+    TIMEOUT = "timeout"  # a watchdog line: the collective it timed out in
+    PROGRESS = "progress"  # the last enqueued and completed sequence numbers per group
+    FLIGHT_RECORDER = "flight-recorder"  # the recorder's last entry per group
+    STACK = "stack"  # where its dumped stack waits
+    ENDING = "ending"  # how it ended: code, signal, error
+
+
+class Fact(NamedTuple):
+    kind: FactKind
+    text: str
+    source: str  # the file and line it was read from
+
+
+def evidence_lines(job: Aftermath, kinds: Collection[FactKind] = tuple(FactKind)) -> list[str]:
+    """What each rank left (the facts of ``kinds``), ranks that left the same merged
+    (STAT's classes), each line with the file and line it came from."""
+    classes: dict[str, list[tuple[int, str]]] = {}
+    for rank, record in sorted(job.ranks.items()):
+        for fact in rank_facts(record):
+            if fact.kind in kinds:
+                classes.setdefault(fact.text, []).append((rank, fact.source))
+    lines = []
+    for text, seen in classes.items():
+        ranks = [rank for rank, _ in seen]
+        where = seen[0][1] + (f" and {len(seen) - 1} more" if len(seen) > 1 else "")
+        lines.append(f"{who(ranks)}: {text} ({where})")
+    return lines
+
+
+def rank_facts(record: RankAftermath) -> list[Fact]:
+    """What one rank left, each fact with its kind and the file and line it came from."""
+    facts = [
+        Fact(FactKind.TIMEOUT, f"the watchdog timed out {w.describe()}", str(w.source))
+        for w in record.timeouts
+    ]
+    facts += [
+        Fact(
+            FactKind.PROGRESS,
+            f"on group {p.group}, last enqueued #{p.last_enqueued}, last completed #{p.last_completed}",
+            str(p.source),
+        )
+        for p in record.progress.values()
+    ]
+    recorded = record.flight_recorder
+    for call in recorded.get("last", {}).values():
+        last = f"#{call['seq']} {call['op']} ({call['state']})"
+        facts.append(
+            Fact(
+                FactKind.FLIGHT_RECORDER,
+                f"its Flight Recorder's last on group {call['group']} is {last}",
+                str(recorded.get("path")),
+            )
+        )
+    if record.stack is not None and record.stack_source is not None:
+        facts.append(
+            Fact(
+                FactKind.STACK, f"its stack waits in {blocking(record.stack).what}", str(record.stack_source)
+            )
+        )
+    if record.ending is not None:
+        ending = record.ending
+        how = f"exit code {ending.exit_code}" if ending.exit_code is not None else "ended"
+        if ending.signal:
+            how = f"killed by {signal_name(ending.exit_code) or f'signal {ending.signal}'}"
+        text = how + (f": {ending.error}" if ending.error else "")
+        text += f" at {ending.error_site}" if ending.error_site else ""
+        text += " (torchelastic's root cause)" if ending.root_cause else ""
+        facts.append(Fact(FactKind.ENDING, text, str(ending.source)))
+    return facts

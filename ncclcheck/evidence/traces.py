@@ -273,6 +273,15 @@ class Traces(dict[int, RankTrace]):
     divergences: list[Divergence] | None = None
 
 
+def eval_calls_without_loader(traces: Mapping[int, RankTrace]) -> int | None:
+    """How much evaluation the traces show when no rank iterated an eval loader: the most
+    collectives a rank made in eval mode (evaluation from prompts or a fixed batch), 0 for
+    no eval phase at all; None where an eval loader was seen."""
+    if any(t.eval_passes for t in traces.values()):
+        return None
+    return max((t.calls_per_phase().get("eval", 0) for t in traces.values()), default=0)
+
+
 def divergences_of(traces: Mapping[int, RankTrace]) -> list[Divergence]:
     """The first divergence of each group: found while reading (load_traces), or from
     the whole histories (traces built otherwise)."""

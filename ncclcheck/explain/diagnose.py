@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.evidence.align import Divergence, Mismatch
-from ncclcheck.evidence.traces import divergences_of, trace_frame
+from ncclcheck.evidence.traces import divergences_of, eval_calls_without_loader, trace_frame
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.explain.rules.divergence import crashed, explain_divergence
@@ -223,8 +223,8 @@ def _summary(d: Context) -> dict[str, object]:
     not_run = _not_run(d)
     if not_run:
         summary["not_run"] = not_run
-    if not any(t.eval_passes for t in d.ev.traces.values()):
-        eval_calls = max((t.calls_per_phase().get("eval", 0) for t in d.ev.traces.values()), default=0)
+    eval_calls = eval_calls_without_loader(d.ev.traces)
+    if eval_calls is not None:
         if eval_calls:
             # evaluation without a loader (generation from prompts, a fixed batch)
             note = (

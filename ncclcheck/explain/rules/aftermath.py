@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
 from ncclcheck.evidence import flight_recorder
-from ncclcheck.evidence.aftermath import Aftermath, RankAftermath, TimedOutWork
+from ncclcheck.evidence.aftermath import Aftermath, FactKind, RankAftermath, TimedOutWork, evidence_lines
 from ncclcheck.evidence.classes import merge_stacks
-from ncclcheck.evidence.stacks import blocking
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
@@ -67,50 +66,6 @@ def explain_leftovers(d: Context, job: Aftermath) -> Explanation | None:
     """The first rule of AFTERMATH_RULES that explains the leftovers, or None: then the
     command says that no rule does, and shows the evidence."""
     return first_explanation(AFTERMATH_RULES, Leftovers(d, job, evidence_lines(job)))
-
-
-def evidence_lines(job: Aftermath) -> list[str]:
-    """What each rank left, ranks that left the same merged (STAT's classes), each line
-    with the file and line it came from."""
-    classes: dict[str, list[tuple[int, str]]] = {}
-    for rank, record in sorted(job.ranks.items()):
-        for text, source in rank_facts(record):
-            classes.setdefault(text, []).append((rank, source))
-    lines = []
-    for text, seen in classes.items():
-        ranks = [rank for rank, _ in seen]
-        where = seen[0][1] + (f" and {len(seen) - 1} more" if len(seen) > 1 else "")
-        lines.append(f"{who(ranks)}: {text} ({where})")
-    return lines
-
-
-def rank_facts(record: RankAftermath) -> list[tuple[str, str]]:
-    facts = [(f"the watchdog timed out {w.describe()}", str(w.source)) for w in record.timeouts]
-    facts += [
-        (
-            f"on group {p.group}, last enqueued #{p.last_enqueued}, last completed #{p.last_completed}",
-            str(p.source),
-        )
-        for p in record.progress.values()
-    ]
-    recorded = record.flight_recorder
-    for call in recorded.get("last", {}).values():
-        last = f"#{call['seq']} {call['op']} ({call['state']})"
-        facts.append(
-            (f"its Flight Recorder's last on group {call['group']} is {last}", str(recorded.get("path")))
-        )
-    if record.stack is not None and record.stack_source is not None:
-        facts.append((f"its stack waits in {blocking(record.stack).what}", str(record.stack_source)))
-    if record.ending is not None:
-        ending = record.ending
-        how = f"exit code {ending.exit_code}" if ending.exit_code is not None else "ended"
-        if ending.signal:
-            how = f"killed by {signal_name(ending.exit_code) or f'signal {ending.signal}'}"
-        text = how + (f": {ending.error}" if ending.error else "")
-        text += f" at {ending.error_site}" if ending.error_site else ""
-        text += " (torchelastic's root cause)" if ending.root_cause else ""
-        facts.append((text, str(ending.source)))
-    return facts
 
 
 def _really_failed(record: RankAftermath) -> bool:
@@ -313,7 +268,7 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
     classes = merge_stacks({r: st for r, st in stacks.items() if st.threads or st.status == "stopped"})
     explanation = explain_classes(s.d, classes, len(dumped), dumped)
     # where each stack was read: the file, and the line of its dump
-    explanation.evidence += [line for line in s.evidence if "its stack waits" in line]
+    explanation.evidence += evidence_lines(s.job, {FactKind.STACK})
     if explanation.cause is Cause.TRANSPORT_HANG:
         # as the live doctor says: alike stacks do not show on which pass of that line each
         # rank is; a cycle or an extra call earlier looks the same without --locals
