@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 from ncclcheck.communicates import OP_ADVICE, OP_ORIGINS, issuer_of
-from ncclcheck.model import CollectiveCall, Frame, format_ranks
+from ncclcheck.model import CollectiveCall, format_ranks
 
 
 def relative(path: str, cwd: str) -> str:
@@ -44,17 +43,6 @@ def issuer_advice(call: CollectiveCall | None) -> list[str]:
     if issued:
         return [issued[1]] if issued[1] else []
     return [OP_ADVICE[call.op]] if call.op in OP_ADVICE else []
-
-
-def split_exit_error(exit_record: dict[str, Any]) -> tuple[str, Frame | None]:
-    """An exit record's error without the " at file:line in function" it ends with, and
-    that frame: the user's code the exception left from."""
-    error = str(exit_record.get("error") or "")
-    raw_site = exit_record.get("site")
-    if not (isinstance(raw_site, list) and len(raw_site) == 3):
-        return error, None
-    where = Frame(str(raw_site[0]), int(raw_site[1]), str(raw_site[2]))
-    return error.removesuffix(f" at {where.file}:{where.line} in {where.function}"), where
 
 
 def location_of(described: str) -> tuple[str, int] | None:

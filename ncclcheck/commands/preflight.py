@@ -46,6 +46,7 @@ from ncclcheck.launch.virtual import (
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.record.launched import ACCELERATE, AUTO, DEEPSPEED, LEGACY_LAUNCH, SLURM, SPAWN, TORCHRUN
+from ncclcheck.record.tracefile import End
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
 from ncclcheck.wording import relative
@@ -225,10 +226,10 @@ def _own_launcher_exit(folder: Path) -> str | None:
     """A rank that tried to start ranks of its own: the launcher and where, or None. From
     the traces' last lines: the whole traces are read once, by the diagnosis."""
     for ending in exits_written(folder):
-        if ending.get("how") == "own-launcher":
-            site = ending.get("site")
-            where = f" at {relative(str(site[0]), os.getcwd())}:{site[1]}" if isinstance(site, list) else ""
-            return f"{ending.get('error')}{where}"
+        if ending.how is End.OWN_LAUNCHER:
+            site = ending.site
+            where = f" at {relative(site.file, os.getcwd())}:{site.line}" if site is not None else ""
+            return f"{ending.error}{where}"
     return None
 
 
@@ -471,11 +472,11 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
         return f"hang: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")
     if launch.timed_out:
         return "stopped: the dry run reached its total time limit"
-    stops = {str(t.exit.get("stop")) for t in traces.values() if t.exit and t.exit.get("stop")}
+    stops = {t.exit.stop for t in traces.values() if t.exit is not None and t.exit.stop}
     if stops:
         return "; ".join(sorted(stops))
-    hows = {str(t.exit.get("how")) for t in traces.values() if t.exit}
-    if hows == {"returned"}:
+    hows = {t.exit.how.value for t in traces.values() if t.exit is not None}
+    if hows == {End.RETURNED.value}:
         return "the script ran to its end on every rank"
     return "the job ended: " + ", ".join(sorted(hows) or ["no exit recorded"])
 

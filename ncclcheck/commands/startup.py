@@ -15,7 +15,8 @@ from ncclcheck.evidence.traces import RankTrace, load_traces
 from ncclcheck.launch.torchrun import LaunchResult
 from ncclcheck.model import Report
 from ncclcheck.record.launched import SPAWN
-from ncclcheck.wording import relative, signal_name, split_exit_error, who
+from ncclcheck.record.tracefile import End
+from ncclcheck.wording import relative, signal_name, who
 
 
 def no_rank_recorded(launch: LaunchResult) -> InputError:
@@ -85,7 +86,7 @@ def launch_failure(launch: LaunchResult) -> InputError | None:
     return None
 
 
-# Read in the error without its " at file:line" (split_exit_error): a path of the
+# Read in the error without its " at file:line" (RankEnding.message): a path of the
 # user's (~/cuda_experiments/train.py) says nothing about the error.
 _CUDA_ERROR = re.compile(r"cuda|nvidia|nccl|cudnn", re.IGNORECASE)
 
@@ -93,12 +94,9 @@ _CUDA_ERROR = re.compile(r"cuda|nvidia|nccl|cudnn", re.IGNORECASE)
 def refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
     """A rank that failed on a CUDA call --cpu does not map: say so (exit 2), not a crash."""
     for trace in load_traces(folder).values():
-        error = str((trace.exit or {}).get("error") or "")
-        if (
-            trace.exit
-            and trace.exit.get("how") == "exception"
-            and _CUDA_ERROR.search(split_exit_error(trace.exit)[0])
-        ):
+        ending = trace.exit
+        if ending is not None and ending.how is End.EXCEPTION and _CUDA_ERROR.search(ending.message):
+            error = ending.error or ""
             mapped = report.summary.get("cpu") or []
             raise InputError(
                 f"--cpu could not run this script on CPU: rank {trace.rank} failed with {error}",
@@ -113,18 +111,18 @@ def refuse_what_cpu_could_not_map(folder: Path, report: Report) -> None:
 def refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchResult | None) -> None:
     """Scripts that never got as far as a process group, or that start their own ranks:
     exit 2, with what they said."""
-    exits = [t.exit for t in traces.values() if t.exit]
-    refused = next((e for e in exits if e.get("how") == "virtual-refused"), None)
+    exits = [t.exit for t in traces.values() if t.exit is not None]
+    refused = next((e for e in exits if e.how is End.VIRTUAL_REFUSED), None)
     if refused is not None:
         raise InputError(
-            f"--world-size: {refused.get('error')}",
+            f"--world-size: {refused.error}",
             hint="Or run it without --world-size, on real ranks.",
         )
-    own = next((e for e in exits if e.get("how") == "own-launcher"), None)
+    own = next((e for e in exits if e.how is End.OWN_LAUNCHER), None)
     if own is not None:
-        site = own.get("site")
-        where = f" at {relative(str(site[0]), os.getcwd())}:{site[1]}" if isinstance(site, list) else ""
-        launcher = str(own.get("error") or "a launcher of its own")
+        site = own.site
+        where = f" at {relative(site.file, os.getcwd())}:{site.line}" if site is not None else ""
+        launcher = own.error or "a launcher of its own"
         raise InputError(
             f"the script starts its own ranks with {launcher}{where}, and --launcher torchrun runs "
             "each rank through torchrun: the processes the script starts would run unrecorded",
@@ -141,11 +139,12 @@ def refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchRe
     failing = [
         t
         for t in sorted(traces.values(), key=lambda t: t.rank)
-        if t.exit and t.exit.get("how") in ("exception", "sys.exit") and t.exit.get("code")
+        if t.exit is not None and t.exit.how in (End.EXCEPTION, End.SYS_EXIT) and t.exit.code
     ]
     if failing:
-        first = failing[0].exit or {}
-        error = first.get("error") or f"exit code {first.get('code')}"
+        first = failing[0].exit
+        assert first is not None
+        error = first.error or f"exit code {first.code}"
         world = max(t.world_size for t in traces.values())
         if len(failing) < max(world, len(traces)):  # not every rank: say which did what
             raise InputError(
@@ -157,7 +156,7 @@ def refuse_what_cannot_be_checked(traces: dict[int, RankTrace], launch: LaunchRe
             if tail
             else "Does it need arguments? Pass them after the script name."
         )
-        if _CUDA_ERROR.search(split_exit_error(first)[0]):
+        if _CUDA_ERROR.search(first.message):
             hint = (
                 "A script written for NCCL/CUDA, on a machine without them: rerun with --cpu "
                 "(gloo and CPU tensors, mapped for you), or on a GPU node. " + hint
@@ -177,8 +176,9 @@ def _ended_before_init(
     codes = launch.rank_exits if launch else {}
     parts = []
     for trace in failing:
-        exit_ = trace.exit or {}
-        parts.append(f"rank {trace.rank} exited with code {exit_.get('code')} ({exit_.get('error')})")
+        ending = trace.exit
+        assert ending is not None  # failing: ranks that wrote how they ended
+        parts.append(f"rank {trace.rank} exited with code {ending.code} ({ending.error})")
     failed_ranks = {t.rank for t in failing}
     for rank in sorted(set(traces) - failed_ranks):
         code = codes.get(rank)

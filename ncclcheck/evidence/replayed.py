@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ncclcheck.evidence.traces import RankTrace, load_rank_trace
-from ncclcheck.record.lines import LINES_GLOB, REPLAY_STOP
+from ncclcheck.record.lines import LINES_GLOB
+from ncclcheck.record.tracefile import End
 
 Key = tuple[str, int]  # (file, line)
 
@@ -80,7 +81,7 @@ def _mismatch(
             return f"rank {rank} of the replay wrote no trace"
         again = load_rank_trace(path)
         stop = stops.get(rank)
-        if stop is not None and (again.exit or {}).get("how") != REPLAY_STOP:
+        if stop is not None and (again.exit is None or again.exit.how is not End.REPLAY_STOP):
             return f"rank {rank} did not reach its call #{stop} of the first run"
         before = load_rank_trace(first.path).calls
         expected = before[: stop if stop is not None else len(before)]

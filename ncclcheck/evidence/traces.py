@@ -19,6 +19,7 @@ from typing import Any
 from ncclcheck.errors import InputError
 from ncclcheck.evidence.align import Divergence, StreamAligner, divergences
 from ncclcheck.model import CollectiveCall, Deferred, Frame
+from ncclcheck.record.tracefile import End
 
 TRACE_GLOB = "rank-*.jsonl"
 
@@ -60,6 +61,37 @@ class RootedRead:
     dst: int
 
 
+@dataclass(frozen=True)
+class RankEnding:
+    """How a rank ended, from its trace's exit record."""
+
+    how: End
+    code: int
+    error: str | None = None  # as written: an exception's ends with " at FILE:LINE in FUNCTION"
+    site: Frame | None = None  # the user's line an exception or exit left from
+    stack: tuple[Frame, ...] = ()  # where the dry run's budget stopped it, outermost first
+    stop: str | None = None  # why the budget stopped the run, in words
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> RankEnding:
+        site = record.get("site")
+        return cls(
+            how=End(str(record["how"])),
+            code=int(record.get("code", 0)),
+            error=str(record["error"]) if record.get("error") else None,
+            site=trace_frame(site) if isinstance(site, list) and len(site) == 3 else None,
+            stack=tuple(trace_frame(f) for f in record.get("stack") or []),
+            stop=str(record["stop"]) if record.get("stop") else None,
+        )
+
+    @property
+    def message(self) -> str:
+        """The error without the " at FILE:LINE in FUNCTION" it ends with (``site``)."""
+        error = self.error or ""
+        where = self.site
+        return error.removesuffix(f" at {where.file}:{where.line} in {where.function}") if where else error
+
+
 @dataclass
 class RankTrace:
     rank: int
@@ -74,7 +106,7 @@ class RankTrace:
     backend: str | None = None
     calls: Sequence[CollectiveCall] = field(default_factory=list)
     passes: list[LoaderPass] = field(default_factory=list)
-    exit: dict[str, Any] | None = None
+    exit: RankEnding | None = None
     probe: dict[str, Any] | None = None
     cpu_mapped: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --cpu
     perturbed: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --perturb
@@ -489,7 +521,7 @@ def _apply(
     elif kind == "phase":
         trace.phase = str(record["phase"])
     elif kind == "exit":
-        trace.exit = record
+        trace.exit = RankEnding.of(record)
     elif kind == "destroy":
         trace.destroyed = True
     elif kind == "probe":

@@ -16,7 +16,8 @@ from ncclcheck.evidence.stacks import ProcessStack
 from ncclcheck.evidence.traces import RankTrace
 from ncclcheck.explain.engine import Explanation, Reason, framework_fixes
 from ncclcheck.model import CollectiveCall, Frame
-from ncclcheck.wording import first_line, is_user, op_text, relative, shapes_text, split_exit_error
+from ncclcheck.record.tracefile import End
+from ncclcheck.wording import first_line, is_user, op_text, relative, shapes_text
 
 
 @dataclass
@@ -75,21 +76,22 @@ class Context:
             later = f"; {call.later.by} ran it later for {call.later.request}{inside}"
         return f"{op_text(call)}{via}{tensors} at {where} in {function}() ({call.phase}{step}{later})"
 
-    def exit_of(self, rank: int) -> tuple[str, int | None]:
-        """How a rank ended: ("running"|"returned"|"dry-run-complete"|"exception"|"killed", code)."""
+    def exit_of(self, rank: int) -> tuple[End, int | None]:
+        """How a rank ended and its exit code: its trace's exit record, else what the
+        launcher saw (KILLED for a non-zero code, RUNNING for none)."""
         trace = self.ev.traces.get(rank)
         if trace is not None and trace.exit is not None:
-            return str(trace.exit.get("how")), int(trace.exit.get("code", 0))
+            return trace.exit.how, trace.exit.code
         code = self.ev.rank_exits.get(rank)
         if code is not None and code != 0:
-            return "killed", code
-        return "running", None
+            return End.KILLED, code
+        return End.RUNNING, None
 
     def died(self, rank: int) -> bool:
         how, code = self.exit_of(rank)
-        if how == "exception":
+        if how is End.EXCEPTION:
             return True
-        if how == "killed" and code is not None:
+        if how is End.KILLED and code is not None:
             # torchrun's own SIGTERM to the survivors of a failure is not a death of its own
             return not (code == -15 and self.ev.first_failure not in (None, rank))
         return False
@@ -97,7 +99,7 @@ class Context:
     def stopped_by_launcher(self, rank: int) -> bool:
         """torchrun's SIGTERM to the other ranks after one failed, before this rank went on."""
         how, code = self.exit_of(rank)
-        return how == "killed" and code == -15 and self.ev.first_failure not in (None, rank)
+        return how is End.KILLED and code == -15 and self.ev.first_failure not in (None, rank)
 
     def fix(self, cause: Cause) -> str:
         return self.catalogue.get(cause).fix.direct if cause in self.catalogue else ""
@@ -139,15 +141,16 @@ class Context:
     def exit_text(self, rank: int) -> str:
         trace = self.ev.traces.get(rank)
         how, code = self.exit_of(rank)
-        error = trace.exit.get("error") if trace and trace.exit else None
-        return str(error or f"{how}, exit code {code}")
+        error = trace.exit.error if trace and trace.exit else None
+        return error or f"{how.value}, exit code {code}"
 
     def exit_error(self, rank: int) -> tuple[str | None, Frame | None]:
         """The first line of the error a rank's script ended with (CUDA's run to five
         lines), and the frame of the user's code it left from."""
         trace = self.ev.traces.get(rank)
-        error, where = split_exit_error(trace.exit if trace and trace.exit else {})
-        return (first_line(error, 200) or None), where
+        if trace is None or trace.exit is None:
+            return None, None
+        return (first_line(trace.exit.message, 200) or None), trace.exit.site
 
     def empty_eval_pass(self, rank: int) -> tuple[str, dict[int, int]] | None:
         """(loader, batches per other rank) when ``rank``'s last loader pass was an eval pass

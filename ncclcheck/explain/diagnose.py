@@ -13,12 +13,13 @@ from typing import Any, NamedTuple
 
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.evidence.align import Divergence, Mismatch
-from ncclcheck.evidence.traces import divergences_of, eval_calls_without_loader, trace_frame
+from ncclcheck.evidence.traces import divergences_of, eval_calls_without_loader
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.explain.rules.divergence import crashed, explain_divergence
 from ncclcheck.explain.rules.quiet import explain_stall_without_divergence, warnings
 from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Verdict
+from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
 from ncclcheck.wording import is_user, line_ranges, relative, who
 
@@ -91,7 +92,7 @@ def _rank_states(d: Context) -> list[RankState]:
         how, code = d.exit_of(rank)
         stack = d.ev.stacks.get(rank)
         last = trace.calls[-1] if trace.calls else None
-        if how != "running":
+        if how is not End.RUNNING:
             state = RankStatus.EXITED
         elif stack is not None and stack.in_collective:
             state = RankStatus.IN_COLLECTIVE
@@ -113,7 +114,7 @@ def _rank_states(d: Context) -> list[RankState]:
                 rank=rank,
                 host=trace.host,
                 pid=trace.pid,
-                exit_code=code if how != "running" else None,
+                exit_code=code if how is not End.RUNNING else None,
                 phase=trace.phase,
                 collectives=trace.collectives,
                 eval_batches=trace.eval_batches(),
@@ -237,7 +238,7 @@ def _summary(d: Context) -> dict[str, object]:
                 "so only the training loop was checked"
             )
         budget_cut = any(
-            (t.exit and t.exit.get("how") == "dry-run-complete") or any(p.budget_cut for p in t.passes)
+            (t.exit is not None and t.exit.how is End.DRY_RUN_COMPLETE) or any(p.budget_cut for p in t.passes)
             for t in d.ev.traces.values()
         )
         if budget_cut:
@@ -255,17 +256,16 @@ def _not_run(d: Context) -> str | None:
     final evaluation, a save, a barrier at the end): not checked, and said so."""
     stopped = next(
         (
-            t.exit["stack"]
+            t.exit.stack
             for _rank, t in sorted(d.ev.traces.items())
-            if t.exit and t.exit.get("how") == "dry-run-complete" and t.exit.get("stack")
+            if t.exit is not None and t.exit.how is End.DRY_RUN_COMPLETE and t.exit.stack
         ),
         None,
     )
     if not stopped:
         return None
     parts: list[str] = []
-    for raw in stopped:  # outermost first
-        frame = trace_frame(raw)
+    for frame in stopped:  # outermost first
         after, in_loop = reading.statements_after(frame.file, frame.line)
         if after:
             lines = line_ranges([(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in after])
@@ -274,7 +274,7 @@ def _not_run(d: Context) -> str | None:
             break  # deeper frames ran in the loop's earlier passes
     if not parts:
         return None
-    innermost = trace_frame(stopped[-1])
+    innermost = stopped[-1]
     return (
         f"the budget stopped the dry run at {d.site(innermost)} in {innermost.function}(): "
         f"what the script does after that did not run ({'; '.join(parts)}), so a final "

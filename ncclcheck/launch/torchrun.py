@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ncclcheck.evidence.activity import JobActivity
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
-from ncclcheck.evidence.traces import TRACE_GLOB, load_traces
+from ncclcheck.evidence.traces import TRACE_GLOB, RankEnding, load_traces
 from ncclcheck.launch.launchers import free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
@@ -247,10 +247,14 @@ def _tail_records(path: Path, size: int = 4096) -> list[dict[str, object]]:
     return records
 
 
-def exits_written(trace_dir: Path) -> list[dict[str, object]]:
-    """The exit records that end the traces in ``trace_dir``, read from their tails only."""
+def exits_written(trace_dir: Path) -> list[RankEnding]:
+    """How the ranks ended, from the exit records that end the traces in ``trace_dir``,
+    read from their tails only."""
     return [
-        r for path in trace_dir.glob(TRACE_GLOB) for r in _tail_records(path)[-1:] if r.get("t") == "exit"
+        RankEnding.of(r)
+        for path in trace_dir.glob(TRACE_GLOB)
+        for r in _tail_records(path)[-1:]
+        if r.get("t") == "exit"
     ]
 
 

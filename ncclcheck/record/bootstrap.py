@@ -43,6 +43,7 @@ from ncclcheck.record.recorder import (
     OwnLauncher,
     Recorder,
 )
+from ncclcheck.record.tracefile import End
 
 ENV_PROBE_TIMEOUT = "NCCLCHECK_PROBE_TIMEOUT"
 PROBE_FAILED_EXIT = 75  # a rank whose peers never checked in
@@ -337,32 +338,32 @@ def run_guarded(recorder: Recorder, body: Callable[[], Any]) -> None:
     exception (raised on, as without ncclcheck)."""
     try:
         body()
-        recorder.exit("returned", 0)
+        recorder.exit(End.RETURNED, 0)
     except DryRunComplete as complete:
         lines.finish("dry-run-complete", recorder.state.calls)
-        recorder.exit("dry-run-complete", 0, stack=_user_frames_of(complete))
+        recorder.exit(End.DRY_RUN_COMPLETE, 0, stack=_user_frames_of(complete))
         recorder.close()
         # Skip atexit hooks and destructors: they may issue collectives of their own.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
     except virtual.VirtualWorldRefused as exc:
-        recorder.exit("virtual-refused", 2, error=str(exc), site=_describe_exception(exc)[1])
+        recorder.exit(End.VIRTUAL_REFUSED, 2, error=str(exc), site=_describe_exception(exc)[1])
         recorder.close()
         os._exit(2)
     except OwnLauncher as exc:
         _error, site = _describe_exception(exc)
-        recorder.exit("own-launcher", 2, error=str(exc), site=site)  # error: the launcher's name
+        recorder.exit(End.OWN_LAUNCHER, 2, error=str(exc), site=site)  # error: the launcher's name
         recorder.close()
         os._exit(2)  # nothing was started: no collective, no cleanup to run
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         error, site = _describe_exception(exc)  # where it left
-        recorder.exit("sys.exit", code, error=error, site=site)
+        recorder.exit(End.SYS_EXIT, code, error=error, site=site)
         raise
     except BaseException as exc:
         error, site = _describe_exception(exc)
-        recorder.exit("exception", 1, error=error, site=site)
+        recorder.exit(End.EXCEPTION, 1, error=error, site=site)
         raise
     finally:
         lines.finish("exit", recorder.state.calls)

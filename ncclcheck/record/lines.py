@@ -26,9 +26,10 @@ import threading
 from types import CodeType, FrameType
 from typing import Any
 
+from ncclcheck.record.tracefile import End
+
 ENV_LINES = "NCCLCHECK_LINES"  # the path of the plan: targets, values to keep, where to stop
 LINES_GLOB = "lines-rank-*.json"
-REPLAY_STOP = "replay-stop"  # the exit record's "how" of a rank ended at its stop
 _MAX_EXCEPTIONS = 64
 _IGNORED_EXCEPTIONS = (StopIteration, StopAsyncIteration, GeneratorExit)
 
@@ -232,7 +233,7 @@ def install(recorder: Any, plan_path: str, trace_dir: str) -> None:
             if recorder.state.calls >= stop_at:
                 sys.settrace(None)
                 tracer.save("stopped", recorder.state.calls)
-                recorder.exit(REPLAY_STOP, 0)
+                recorder.exit(End.REPLAY_STOP, 0)
                 recorder.close()
                 sys.stdout.flush()
                 sys.stderr.flush()

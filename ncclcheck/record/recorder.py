@@ -60,7 +60,7 @@ from ncclcheck.record.calls import (
 from ncclcheck.record.fastforward import FastForward
 from ncclcheck.record.hotstate import fastcall, new_state
 from ncclcheck.record.loaders import DryRunComplete, TrackedIterator, name_of
-from ncclcheck.record.tracefile import TraceFile
+from ncclcheck.record.tracefile import End, TraceFile
 
 ENV_TRACE_DIR = "NCCLCHECK_TRACE_DIR"
 ENV_TRAIN_STEPS = "NCCLCHECK_TRAIN_STEPS"
@@ -204,7 +204,7 @@ class Recorder:
 
     def exit(
         self,
-        how: str,
+        how: End,
         code: int,
         error: str | None = None,
         site: list[Any] | None = None,
@@ -212,7 +212,7 @@ class Recorder:
     ) -> None:
         record: dict[str, Any] = {
             "t": "exit",
-            "how": how,
+            "how": how.value,
             "code": code,
             "time": time.time(),
             "phase": self.phase,

@@ -21,11 +21,36 @@ import mmap
 import os
 import threading
 import weakref
+from enum import Enum
 from typing import Any
 
 from ncclcheck.record.hotstate import new_state
 
 GROWTH = 1 << 20  # bytes the file is extended by when the data reaches its end
+
+
+class End(str, Enum):
+    """How a rank ended: the ``how`` of its trace's exit record (written by
+    record/bootstrap.py and record/lines.py, read by evidence/traces.py), and the two
+    endings the launcher tells of a rank that wrote none."""
+
+    RETURNED = "returned"  # the script ran to its end
+    DRY_RUN_COMPLETE = "dry-run-complete"  # the dry run's budget stopped it, on every rank alike
+    EXCEPTION = "exception"
+    SYS_EXIT = "sys.exit"
+    VIRTUAL_REFUSED = "virtual-refused"  # a virtual world's rank that cannot run alone
+    OWN_LAUNCHER = "own-launcher"  # a rank that tried to start ranks of its own
+    REPLAY_STOP = "replay-stop"  # a replay's rank stopped at its call of the divergence
+    # written by no rank
+    KILLED = "killed"  # no exit record, and a non-zero code from the launcher
+    RUNNING = "running"  # no exit record, no code: still running when the job was read
+
+    def __str__(self) -> str:  # said as written in the trace, on every Python
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 # Writers of this process, so that a forked child (a DataLoader worker) stops
 # writing: it would share the parent's mapping and write over the parent's lines.

@@ -10,7 +10,14 @@ import pytest
 
 from ncclcheck.errors import InputError
 from ncclcheck.evidence.align import Mismatch, compare, divergences
-from ncclcheck.evidence.traces import CallWindow, RankTrace, divergences_of, load_rank_trace, load_traces
+from ncclcheck.evidence.traces import (
+    CallWindow,
+    RankEnding,
+    RankTrace,
+    divergences_of,
+    load_rank_trace,
+    load_traces,
+)
 from ncclcheck.explain.context import Evidence
 from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.model import CollectiveCall, Frame, Report
@@ -213,7 +220,13 @@ def test_early_exits_and_loops(tmp_path: Path) -> None:
 
 def trace(rank: int, calls: list[CollectiveCall], exit_: dict | None = None) -> RankTrace:  # type: ignore[type-arg]
     return RankTrace(
-        rank=rank, host="node", pid=100 + rank, world_size=2, initialised=True, calls=calls, exit=exit_
+        rank=rank,
+        host="node",
+        pid=100 + rank,
+        world_size=2,
+        initialised=True,
+        calls=calls,
+        exit=RankEnding.of(exit_) if exit_ else None,
     )
 
 

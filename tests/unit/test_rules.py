@@ -12,7 +12,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.evidence.align import divergences
 from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.evidence.stacks import ProcessStack, blocking
-from ncclcheck.evidence.traces import LoaderPass, RankTrace
+from ncclcheck.evidence.traces import LoaderPass, RankEnding, RankTrace
 from ncclcheck.explain.context import Evidence, Fork
 from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.explain.engine import Explanation, ReasonKind, first_explanation
@@ -310,7 +310,7 @@ def test_a_rank_that_left_through_sys_exit_is_an_early_exit(tmp_path: Path) -> N
         0: trace(0, [call(0, path, 2), call(0, path, 3, op="barrier", seq=1)]),
         1: trace(1, [call(1, path, 2)]),
     }
-    traces[1].exit = ended
+    traces[1].exit = RankEnding.of(ended)
     explanation = _preflight(tmp_path, traces)
     assert (explanation.cause, explanation.ranks, explanation.absent_ranks) == (
         Cause.RANK_EARLY_EXIT,

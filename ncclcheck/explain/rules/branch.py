@@ -19,6 +19,7 @@ from ncclcheck.explain.engine import (
     first_explanation,
 )
 from ncclcheck.model import CollectiveCall, Frame
+from ncclcheck.record.tracefile import End
 from ncclcheck.source import loaders, reading
 from ncclcheck.wording import (
     issuer_advice,
@@ -164,7 +165,7 @@ def a_loop_one_side_left(f: Fork) -> Explanation | None:
     """A loop one side left: the break/return that ended it, and its condition. A side
     that ran to the end of the script has left every loop its last call was in."""
     d, evidence = f.d, list(f.evidence)
-    if f.alt is None and f.other and all(d.exit_of(r)[0] == "returned" for r in f.other):
+    if f.alt is None and f.other and all(d.exit_of(r)[0] is End.RETURNED for r in f.other):
         left = loop_left(d, f.stack[-1], None, f.made, f.other, f.call, evidence)
         if left is not None:
             return left

@@ -12,6 +12,7 @@ from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.model import Frame, Severity
+from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
 from ncclcheck.wording import (
     collapse,
@@ -44,7 +45,11 @@ def explain_divergence(d: Context, found: list[Divergence]) -> Explanation:
     calls = first.calls
     evidence = [
         f"rank {r}: {d.describe_call(calls[r])}"
-        + (" (it ran to the end of the script)" if calls[r] is None and d.exit_of(r)[0] == "returned" else "")
+        + (
+            " (it ran to the end of the script)"
+            if calls[r] is None and d.exit_of(r)[0] is End.RETURNED
+            else ""
+        )
         for r in sorted(calls)
     ]
     parting = Parting(d, found, first, made, other, collapse(evidence))
@@ -102,7 +107,7 @@ def rank_killed_in_the_call(p: Parting) -> Explanation | None:
 
 
 def ranks_left_the_script(p: Parting) -> Explanation | None:
-    left = [r for r in p.first.absent if p.d.exit_of(r)[0] == "sys.exit"]
+    left = [r for r in p.first.absent if p.d.exit_of(r)[0] is End.SYS_EXIT]
     if left and len(left) == len(p.first.absent):
         return exited_early(p.d, p.first, p.made, left, p.evidence)
     return None
@@ -195,7 +200,7 @@ def exited_early(
     """The absent ranks ended the script (sys.exit) while the others went on to a call."""
     call = first.calls[made[0]]
     trace = d.ev.traces.get(left[0])
-    ended = str(trace.exit.get("error") or "") if trace and trace.exit else ""
+    ended = (trace.exit.error or "") if trace and trace.exit else ""
     where = location_of(ended)
     evidence = [*evidence, *(f"rank {r} ended: {d.exit_text(r)}" for r in left)]
     return d.explanation(
