@@ -22,7 +22,8 @@ from pathlib import Path
 from preflight_runs import REPO
 
 from ncclcheck.commands.preflight import run_preflight
-from ncclcheck.launch.torchrun import DryRunSettings, TorchrunOptions
+from ncclcheck.launch.torchrun import TorchrunOptions
+from ncclcheck.settings import DryRunSettings
 
 REPROS = ["uneven-eval-batches", "rank-conditional-collective"]
 

@@ -16,6 +16,17 @@ from ncclcheck import __version__
 from ncclcheck.causes import Cause
 
 
+class TextEnum(str, Enum):
+    """An enum whose members are their text: said and compared as written (in a trace,
+    an environment variable, a command line), on every Python version."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
 class Verdict(str, Enum):
     """What a diagnosing command concluded about the job as a whole."""
 

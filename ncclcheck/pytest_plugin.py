@@ -41,11 +41,12 @@ from typing import Any
 
 import pytest
 
-from ncclcheck.launch.torchrun import DryRunSettings, TorchrunOptions
+from ncclcheck.launch.torchrun import TorchrunOptions
 from ncclcheck.launch.virtual import MAX_WORLD_SIZE, VirtualLayout, VirtualWorld
 from ncclcheck.model import Report, Severity, Verdict
 from ncclcheck.record.frameworks import UNLIMITED_STEPS
 from ncclcheck.runtime.pytest_ranks import RUNNER, TestSpec
+from ncclcheck.settings import STALL_TIMEOUT_S, TEST_STALL_TIMEOUT_S, TOTAL_TIMEOUT_S, DryRunSettings
 
 MARKER = "ncclcheck"
 _RANK_ARGUMENTS = ("rank", "world_size", "local_rank")
@@ -56,8 +57,8 @@ _UNLIMITED = UNLIMITED_STEPS
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(nproc=2, stall_timeout=10, timeout=300, backend='gloo', world_size=None, "
-        "nproc_per_node=None, ranks=None, all_ranks=False): run the test on nproc "
+        f"{MARKER}(nproc=2, stall_timeout={TEST_STALL_TIMEOUT_S:g}, timeout=300, backend='gloo', "
+        "world_size=None, nproc_per_node=None, ranks=None, all_ranks=False): run the test on nproc "
         "real ranks and fail with ncclcheck's diagnosis when their collectives differ or they hang",
     )
 
@@ -83,7 +84,7 @@ def local_rank() -> int:
 
 _OPTIONS: dict[str, Any] = {
     "nproc": 2,
-    "stall_timeout": 10.0,
+    "stall_timeout": TEST_STALL_TIMEOUT_S,
     "timeout": 300.0,
     "backend": "gloo",
     "world_size": None,  # a virtual world of this many ranks (preflight --world-size)
@@ -281,8 +282,8 @@ def assert_aligned(
     *,
     train_steps: int = 5,
     eval_passes: int = 1,
-    stall_timeout: float = 15.0,
-    timeout: float = 600.0,
+    stall_timeout: float = STALL_TIMEOUT_S,
+    timeout: float = TOTAL_TIMEOUT_S,
     world_size: int | None = None,
     nproc_per_node: int | None = None,
 ) -> Report:

@@ -25,10 +25,10 @@ from ncclcheck.cli.common import (
 from ncclcheck.commands.preflight import report_from, run_preflight
 from ncclcheck.evidence.traces import load_traces
 from ncclcheck.launch.stop import listen_for_a_stop
-from ncclcheck.launch.torchrun import DEFAULT_EVAL_BATCHES, DryRunSettings, Progress
+from ncclcheck.launch.torchrun import Progress
 from ncclcheck.launch.virtual import VirtualLayout, VirtualWorld
-from ncclcheck.record.launched import ACCELERATE, AUTO, LAUNCHERS
 from ncclcheck.render.lanes import build_lanes
+from ncclcheck.settings import DEFAULT_EVAL_BATCHES, STALL_TIMEOUT_S, DryRunSettings, Launcher
 
 
 class _ProgressLine:
@@ -73,7 +73,7 @@ def preflight_command(
         1, "--eval-passes", min=0, help="Complete eval passes before the dry run stops."
     ),
     launcher: str = typer.Option(
-        AUTO,
+        Launcher.AUTO,
         "--launcher",
         help="Who starts the ranks: torchrun; spawn for a script that starts its own with "
         "torch.multiprocessing.spawn (run once, every rank it starts recorded); slurm for a script "
@@ -98,7 +98,7 @@ def preflight_command(
         "unloaded. 'all' runs every batch.",
     ),
     stall_timeout: float = typer.Option(
-        15.0,
+        STALL_TIMEOUT_S,
         "--stall-timeout",
         min=1.0,
         help="Seconds without progress on any rank (and no CPU use): a hang.",
@@ -181,7 +181,9 @@ def preflight_command(
         perturb=perturb,
         line_evidence=line_evidence,
         eval_batches=_eval_batches(eval_batches),
-        launcher=ACCELERATE if launcher == AUTO and accelerate_config else _launcher(launcher),
+        launcher=Launcher.ACCELERATE
+        if launcher == Launcher.AUTO and accelerate_config
+        else _launcher(launcher),
         accelerate_config=str(accelerate_config) if accelerate_config else None,
     )
     virtual = None
@@ -210,10 +212,12 @@ def preflight_command(
     emit_report(outcome.report, as_json, html_path, outcome.lanes)
 
 
-def _launcher(text: str) -> str:
-    if text not in LAUNCHERS:
-        raise typer.BadParameter(f"{text!r} is not one of {', '.join(LAUNCHERS)}", param_hint="--launcher")
-    return text
+def _launcher(text: str) -> Launcher:
+    if text not in tuple(Launcher):
+        raise typer.BadParameter(
+            f"{text!r} is not one of {', '.join(tuple(Launcher))}", param_hint="--launcher"
+        )
+    return Launcher(text)
 
 
 def _eval_batches(text: str) -> int | None:

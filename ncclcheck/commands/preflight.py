@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,6 @@ from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, own_starter
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
-    DryRunSettings,
     LaunchResult,
     Progress,
     TorchrunOptions,
@@ -45,10 +44,10 @@ from ncclcheck.launch.virtual import (
 )
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
-from ncclcheck.record.launched import ACCELERATE, AUTO, DEEPSPEED, LEGACY_LAUNCH, SLURM, SPAWN, TORCHRUN
 from ncclcheck.record.tracefile import End
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
+from ncclcheck.settings import DryRunSettings, Launcher
 from ncclcheck.wording import relative
 
 
@@ -109,7 +108,7 @@ def run_preflight(
         path = check_script(script)
     asked = settings.launcher
     settings, spawn_site = _resolve_launcher(settings, torchrun, path, virtual)
-    if settings.launcher == SLURM:
+    if settings.launcher == Launcher.SLURM:
         _check_allocation(torchrun)
     own_dir = trace_dir is None
     folder = private_trace_dir() if trace_dir is None else trace_dir
@@ -134,10 +133,10 @@ def run_preflight(
                     script, script_args, torchrun, settings, folder, on_progress, as_module, None, warm.start
                 )
                 spawned_elsewhere = _own_launcher_exit(folder)
-                if asked == AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
+                if asked == Launcher.AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
                     for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
                         stale.unlink(missing_ok=True)
-                    settings, spawn_site = _as_spawned(settings), spawned_elsewhere
+                    settings, spawn_site = settings.started_by(Launcher.SPAWN), spawned_elsewhere
                     launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
                 if launch.stalled or launch.returncode:  # where ranks part, almost always
                     warm.start()
@@ -148,17 +147,17 @@ def run_preflight(
             finally:
                 warm.close()
             report = diagnosis.report
-        if settings.launcher == ACCELERATE:
+        if settings.launcher == Launcher.ACCELERATE:
             report.summary["launcher"] = (
                 f"accelerate launch --config_file {settings.accelerate_config} started the ranks"
             )
-        elif settings.launcher == LEGACY_LAUNCH:
+        elif settings.launcher == Launcher.LEGACY_LAUNCH:
             report.summary["launcher"] = (
                 "python -m torch.distributed.launch started the ranks, each given --local-rank=N"
             )
-        elif settings.launcher == DEEPSPEED:
+        elif settings.launcher == Launcher.DEEPSPEED:
             report.summary["launcher"] = "deepspeed's launcher started the ranks, each given --local_rank=N"
-        elif settings.launcher == SPAWN:
+        elif settings.launcher == Launcher.SPAWN:
             report.summary["launcher"] = (
                 f"the script starts its own ranks ({spawn_site or 'torch.multiprocessing'}): it ran once, "
                 "as a plain process, and each rank it started was recorded"
@@ -180,28 +179,22 @@ def _resolve_launcher(
     found = own_starter(path)
     site = f"{found[0]} at {relative(str(path), os.getcwd())}:{found[1]}" if found else None
     launcher = settings.launcher
-    if launcher == AUTO:
-        launcher = SPAWN if found and virtual is None else TORCHRUN
-    if launcher != TORCHRUN and virtual is not None:
+    if launcher == Launcher.AUTO:
+        launcher = Launcher.SPAWN if found and virtual is None else Launcher.TORCHRUN
+    if launcher != Launcher.TORCHRUN and virtual is not None:
         raise UsageError(
             f"--launcher {launcher} and --world-size: a virtual world's ranks are started by ncclcheck"
         )
-    if settings.accelerate_config and launcher != ACCELERATE:
+    if settings.accelerate_config and launcher != Launcher.ACCELERATE:
         raise UsageError(f"--accelerate-config goes with --launcher accelerate, not --launcher {launcher}")
     wrong = ""
-    if launcher == ACCELERATE:
+    if launcher == Launcher.ACCELERATE:
         wrong = check_accelerate(settings.accelerate_config, torchrun.nnodes)
-    elif launcher == DEEPSPEED:
+    elif launcher == Launcher.DEEPSPEED:
         wrong = check_deepspeed(torchrun.nnodes)
     if wrong:
         raise UsageError(wrong)
-    if launcher == DEEPSPEED:  # no store before rank 0's init: no check-in through one
-        return replace(settings, launcher=launcher, probe_timeout=0.0), None
-    if launcher in (SLURM, ACCELERATE, LEGACY_LAUNCH):
-        return replace(settings, launcher=launcher), None
-    if launcher == SPAWN:
-        return _as_spawned(settings), site
-    return replace(settings, launcher=TORCHRUN), None
+    return settings.started_by(launcher), site if launcher is Launcher.SPAWN else None
 
 
 def _check_allocation(torchrun: TorchrunOptions) -> None:
@@ -214,12 +207,6 @@ def _check_allocation(torchrun: TorchrunOptions) -> None:
             f"--launcher slurm: {asked} ranks asked ({torchrun.nproc_per_node} per node x {nodes}), "
             f"the allocation gives {granted} tasks (SLURM_NTASKS)"
         )
-
-
-def _as_spawned(settings: DryRunSettings) -> DryRunSettings:
-    # no torchrun store to check in through, and the replay for line evidence runs
-    # through torchrun: neither applies to ranks the script starts itself
-    return replace(settings, launcher=SPAWN, probe_timeout=0.0, line_evidence=False)
 
 
 def _own_launcher_exit(folder: Path) -> str | None:
@@ -300,7 +287,7 @@ def _run_virtual_world(
     server; the result as a launch's, and the ranks that ran with why."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     env = {
-        **dry_run_environment(replace(settings, probe_timeout=0.0), folder),
+        **dry_run_environment(settings.without_probe(), folder),
         ENV_VIRTUAL: str(folder / REFERENCE_FILE),
     }
     command = [*(["-m"] if as_module else []), script, *script_args]
@@ -315,7 +302,7 @@ def _run_virtual_world(
 
     # No rank waits on another: a rank quiet this long is busy on its own (a slow write,
     # a wait outside torch.distributed), where the others would wait for it.
-    quiet = max(60.0, 4 * settings.stall_timeout)
+    quiet = settings.lone_rank_quiet_s
     first = run_virtual(command, env, virtual.layout, [0], folder, quiet, jobs, finished)
     if virtual.all_ranks or world <= SMALL_WORLD:
         why = "--all-ranks" if virtual.all_ranks else "every rank of a small world"
@@ -402,7 +389,7 @@ def _may_replay(torchrun: TorchrunOptions, settings: DryRunSettings) -> bool:
     other nodes' ranks are not this preflight's to replay), ranks started by a launcher
     (torchrun, or accelerate, deepspeed, torch.distributed.launch again), not by the
     script itself."""
-    return settings.line_evidence and settings.launcher != SPAWN and torchrun.nnodes in ("1", "1:1")
+    return settings.line_evidence and settings.launcher != Launcher.SPAWN and torchrun.nnodes in ("1", "1:1")
 
 
 class _WarmUp:
@@ -417,7 +404,7 @@ class _WarmUp:
     def start(self) -> None:
         # ranks as torchrun starts them (the server gives its environment): an accelerate,
         # deepspeed or torch.distributed.launch run's replay goes through that launcher again
-        fits = self.settings.launcher in (TORCHRUN, SLURM)
+        fits = self.settings.launcher in (Launcher.TORCHRUN, Launcher.SLURM)
         if self.server is None and fits and _may_replay(self.torchrun, self.settings):
             self.server = WarmReplay.start(self.torchrun.nproc_per_node)
 
@@ -451,7 +438,7 @@ def _with_line_evidence(
         plan_path = folder / "lines-plan.json"
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
-        replay_settings = replace(settings, lines_plan=str(plan_path), probe_timeout=0.0)
+        replay_settings = settings.for_replay(str(plan_path))
         started = time.monotonic()
         run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module, warm)
         replay = load_replay(folder / "replay", first.evidence.traces, stops)

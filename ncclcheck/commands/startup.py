@@ -14,8 +14,8 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence.traces import RankTrace, load_traces
 from ncclcheck.launch.torchrun import LaunchResult
 from ncclcheck.model import Report
-from ncclcheck.record.launched import SPAWN
 from ncclcheck.record.tracefile import End
+from ncclcheck.settings import Launcher
 from ncclcheck.wording import relative, signal_name, who
 
 
@@ -24,7 +24,7 @@ def no_rank_recorded(launch: LaunchResult) -> InputError:
     when the script ran (its ranks may have died before their recorder started)."""
     tail = launch.log_tail(8)
     hint = f"Its last output:\n{tail}" if tail else None
-    starter = "the script" if launch.launcher == SPAWN else launch.launcher
+    starter = "the script" if launch.launcher == Launcher.SPAWN else launch.launcher
     if launch.stalled:
         return InputError(
             f"no rank started within the dry run: {launch.stall_reason or 'nothing ran'} while "
@@ -45,7 +45,7 @@ def no_rank_recorded(launch: LaunchResult) -> InputError:
         )
     code = launch.returncode
     ended = f"exited with code {code}" if code is not None and code >= 0 else "was killed"
-    if launch.launcher == SPAWN:
+    if launch.launcher == Launcher.SPAWN:
         return InputError(f"the script {ended} before it started any rank", hint=hint)
     return InputError(f"no rank started: {launch.launcher} {ended} before running the script", hint=hint)
 

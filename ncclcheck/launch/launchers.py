@@ -14,13 +14,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from ncclcheck.record.launched import (
-    ACCELERATE,
-    BOOTSTRAP,
-    DEEPSPEED,
-    LEGACY_LAUNCH,
-    SPAWN,
-)
+from ncclcheck.record.launched import BOOTSTRAP
+from ncclcheck.settings import Launcher
 
 # the configurations accelerate launch starts through torchrun, one process per rank;
 # MULTI_CPU and NO start a single process (MULTI_CPU needs mpirun for more)
@@ -74,17 +69,17 @@ def free_port() -> int:
 
 
 def launcher_argv(
-    launcher: str, torchrun_args: list[str], target: list[str], accelerate_config: str | None
+    launcher: Launcher, torchrun_args: list[str], target: list[str], accelerate_config: str | None
 ) -> list[str]:
     """The command that starts the dry run's ranks the way ``launcher`` does, each rank
     running the bootstrap in front of ``target`` (the script or -m module, and its
     arguments). ``torchrun_args``: torchrun's options (TorchrunOptions.argv)."""
     python = sys.executable
-    if launcher == SPAWN:  # the script starts its ranks: run it once (record/spawned.py)
+    if launcher == Launcher.SPAWN:  # the script starts its ranks: run it once (record/spawned.py)
         return [python, "-m", "ncclcheck.record.spawned", *target]
     # the dry run's ranks, not a config's: a CI machine is not the cluster
     nproc = next(a.split("=", 1)[1] for a in torchrun_args if a.startswith("--nproc-per-node="))
-    if launcher == ACCELERATE:  # the port: 0, accelerate picks a free one
+    if launcher == Launcher.ACCELERATE:  # the port: 0, accelerate picks a free one
         own = [
             "accelerate.commands.launch",
             "--config_file",
@@ -94,10 +89,10 @@ def launcher_argv(
         ]
         own += ["--num_machines", "1", "--main_process_port", "0"]
         return [python, "-m", *own, "--module", BOOTSTRAP, *target]
-    if launcher == DEEPSPEED:  # deepspeed's runner; on one node it runs deepspeed.launcher.launch
+    if launcher == Launcher.DEEPSPEED:  # deepspeed's runner; on one node it runs deepspeed.launcher.launch
         own = ["deepspeed.launcher.runner", "--num_gpus", nproc, "--master_port", str(free_port())]
         return [python, "-m", *own, "--module", BOOTSTRAP, *target]
-    module = "torch.distributed.launch" if launcher == LEGACY_LAUNCH else "torch.distributed.run"
+    module = "torch.distributed.launch" if launcher == Launcher.LEGACY_LAUNCH else "torch.distributed.run"
     return [python, "-m", module, *torchrun_args, "--module", BOOTSTRAP, *target]
 
 

@@ -29,7 +29,8 @@ from typing import Any
 
 from ncclcheck.launch.launchers import free_port
 from ncclcheck.launch.virtual import VirtualLayout
-from ncclcheck.record.launched import ENV_SLURM_PORT, SLURM
+from ncclcheck.record.launched import ENV_SLURM_PORT
+from ncclcheck.settings import Launcher
 
 
 class WarmReplay:
@@ -67,7 +68,7 @@ class WarmReplay:
             "log": str(log_path),
             "cwd": os.getcwd(),
         }
-        if env.get("NCCLCHECK_LAUNCHER") == SLURM:
+        if env.get("NCCLCHECK_LAUNCHER") == Launcher.SLURM:
             order["env"] = {**env, ENV_SLURM_PORT: str(free_port())}
         assert self.proc.stdin is not None
         self.used = True

@@ -33,7 +33,7 @@ from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S
-from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT, SLURM
+from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT
 from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
@@ -46,6 +46,7 @@ from ncclcheck.record.recorder import (
     ENV_TRAIN_STEPS,
 )
 from ncclcheck.record.tracefile import data_end, seal
+from ncclcheck.settings import DryRunSettings, Launcher
 
 
 @dataclass
@@ -79,34 +80,6 @@ class TorchrunOptions:
         return args
 
 
-DEFAULT_EVAL_BATCHES = 8
-
-
-@dataclass
-class DryRunSettings:
-    train_steps: int = 5
-    eval_passes: int = 1
-    max_train_passes: int = 10
-    stall_timeout: float = 15.0
-    probe_timeout: float = 30.0  # 0 skips the rendezvous check-in
-    total_timeout: float = 600.0
-    cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
-    perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
-    nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
-    # quiet seconds after which records that already disagree are a hang (the full
-    # stall_timeout where they agree or could still pair)
-    disagree_grace: float = 2.0
-    # the last batches of each eval pass run for real, the ones before skipped alike on
-    # every rank (record/fastforward.py); None: every batch
-    eval_batches: int | None = DEFAULT_EVAL_BATCHES
-    # who starts the ranks: "torchrun", or "spawn" for a script that starts its own with
-    # torch.multiprocessing.spawn (record/spawned.py)
-    launcher: str = "auto"  # "auto": spawn where the script's source calls mp.spawn
-    accelerate_config: str | None = None  # --launcher accelerate: accelerate launch's --config_file
-    line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
-    lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
-
-
 @dataclass
 class Progress:
     ranks_up: int = 0
@@ -131,7 +104,7 @@ class LaunchResult:
     rank_exits: dict[int, int] = field(default_factory=dict)  # by rank, from torchrun's summary
     first_failure: int | None = None  # the rank torchrun names as the root cause
     probe_failed: bool = False
-    launcher: str = "torchrun"  # who started the ranks (DryRunSettings.launcher)
+    launcher: Launcher = Launcher.TORCHRUN  # who started the ranks (DryRunSettings.launcher)
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of what the ranks printed, without torchrun's own log lines.
@@ -351,9 +324,9 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
         ENV_LAUNCHER: settings.launcher,
         # a rank that never starts the pass (only rank 0 evaluates) costs this, well inside
         # the stall timeout, so the wait itself is never taken for a hang
-        ENV_AGREE_WAIT: str(min(5.0, settings.stall_timeout / 3)),
+        ENV_AGREE_WAIT: str(settings.eval_agree_wait_s),
         # reading a stream ahead writes a record a second: forgiven like a busy rank's work
-        ENV_READ_S: str(2 * settings.stall_timeout),
+        ENV_READ_S: str(settings.eval_read_ahead_s),
         "PYTHONUNBUFFERED": "1",
     }
     if settings.lines_plan:
@@ -379,7 +352,7 @@ def run_dry(
     log_path = trace_dir / "torchrun.log"
     env = {**os.environ, **dry_run_environment(settings, trace_dir)}
     target = [*(["-m"] if as_module else []), script, *script_args]  # -m: a module, as python -m
-    if settings.launcher == SLURM:
+    if settings.launcher == Launcher.SLURM:
         env[ENV_SLURM_PORT] = str(free_port())
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None, launcher=settings.launcher)
@@ -480,12 +453,12 @@ def _watch(
         if on_quiet is not None and size[1] > 0 and now - last_write > _QUIET_HINT_S:
             on_quiet()  # the first sign of a hang: once
             on_quiet = None
-        quiet = now - last_write > min(settings.stall_timeout, settings.disagree_grace)
+        quiet = now - last_write > settings.disagree_quiet_s
         if quiet and disagreement_read_at != last_write:
             disagreement_read_at = last_write  # once per quiet spell: the files are still
             disagreement = size[1] <= _LIVE_READ_MAX_BYTES and _records_disagree(trace_dir)
         idle = now - last_activity > settings.stall_timeout
-        busy_too_long = now - last_write > 4 * settings.stall_timeout
+        busy_too_long = now - last_write > settings.busy_limit_s
         disagree = quiet and disagreement  # read above for this quiet spell
         if (idle or busy_too_long or disagree) and _all_quiet_ranks_finished(trace_dir):
             # every rank that is still running has left distributed work behind

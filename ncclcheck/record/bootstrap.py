@@ -33,7 +33,7 @@ from ncclcheck.record import (
     starters,
     virtual,
 )
-from ncclcheck.record.launched import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, SLURM, slurm_task_environment
+from ncclcheck.record.launched import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, slurm_task_environment
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -44,6 +44,7 @@ from ncclcheck.record.recorder import (
     Recorder,
 )
 from ncclcheck.record.tracefile import End
+from ncclcheck.settings import Launcher
 
 ENV_PROBE_TIMEOUT = "NCCLCHECK_PROBE_TIMEOUT"
 PROBE_FAILED_EXIT = 75  # a rank whose peers never checked in
@@ -276,7 +277,7 @@ def main() -> None:
     else:
         script = os.path.abspath(sys.argv[1])
     recorder = start_recorder(int(os.environ.get("RANK", "0")), script, module)
-    if os.environ.get(ENV_LAUNCHER) == SLURM:  # the script sees what srun would have set
+    if os.environ.get(ENV_LAUNCHER) == Launcher.SLURM:  # the script sees what srun would have set
         task, gone = slurm_task_environment(dict(os.environ), socket.gethostname())
         for name in gone:
             del os.environ[name]

@@ -43,6 +43,7 @@ from typing import Any
 
 from ncclcheck.record import rendezvous
 from ncclcheck.record.virtual import ENV_VIRTUAL
+from ncclcheck.settings import DryRunSettings
 
 ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unset or "all": every batch
 ENV_AGREE_WAIT = "NCCLCHECK_EVAL_AGREE_S"  # how long a rank waits for the others' lengths
@@ -96,7 +97,9 @@ class FastForward:
         keep = env.get(ENV_EVAL_BATCHES, "all")
         if keep == "all":
             return None
-        read_s, wait_s = float(env.get(ENV_READ_S, "30")), float(env.get(ENV_AGREE_WAIT, "5"))
+        defaults = DryRunSettings()  # a rank started without preflight's environment
+        read_s = float(env.get(ENV_READ_S, defaults.eval_read_ahead_s))
+        wait_s = float(env.get(ENV_AGREE_WAIT, defaults.eval_agree_wait_s))
         if "RANK" not in env or "MASTER_ADDR" not in env:  # the script starts its ranks itself
             return cls(int(keep), wait_s, None, None, read_s)
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])

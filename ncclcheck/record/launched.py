@@ -1,5 +1,5 @@
 """What a rank sees of the launcher that started it, and what its bootstrap makes of it:
-the launcher kinds preflight can emulate, the variables it hands each rank, and the
+the variables preflight hands each rank (the launcher kinds: settings.Launcher), and the
 environment srun would have set for a task that torchrun started (slurm_task_environment).
 Read inside the ranks (record/bootstrap.py) and by the launch code that starts them
 (launch/launchers.py)."""
@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import re
 
-AUTO, TORCHRUN, SPAWN, SLURM = "auto", "torchrun", "spawn", "slurm"
-ACCELERATE, LEGACY_LAUNCH, DEEPSPEED = "accelerate", "torch.distributed.launch", "deepspeed"
-LAUNCHERS = (AUTO, TORCHRUN, SPAWN, SLURM, ACCELERATE, LEGACY_LAUNCH, DEEPSPEED)
 BOOTSTRAP = "ncclcheck.record.bootstrap"
 # what torch.distributed.launch (--local-rank=N) and deepspeed (--local_rank=N) put
 # before the script's own arguments: the rank's bootstrap hands it on to the script

@@ -21,15 +21,15 @@ import mmap
 import os
 import threading
 import weakref
-from enum import Enum
 from typing import Any
 
+from ncclcheck.model import TextEnum
 from ncclcheck.record.hotstate import new_state
 
 GROWTH = 1 << 20  # bytes the file is extended by when the data reaches its end
 
 
-class End(str, Enum):
+class End(TextEnum):
     """How a rank ended: the ``how`` of its trace's exit record (written by
     record/bootstrap.py and record/lines.py, read by evidence/traces.py), and the two
     endings the launcher tells of a rank that wrote none."""
@@ -44,12 +44,6 @@ class End(str, Enum):
     # written by no rank
     KILLED = "killed"  # no exit record, and a non-zero code from the launcher
     RUNNING = "running"  # no exit record, no code: still running when the job was read
-
-    def __str__(self) -> str:  # said as written in the trace, on every Python
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
 
 # Writers of this process, so that a forked child (a DataLoader worker) stops

@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from ncclcheck.launch.replay import WarmReplay
-from ncclcheck.launch.torchrun import DryRunSettings, TorchrunOptions, run_dry
+from ncclcheck.launch.torchrun import TorchrunOptions, run_dry
+from ncclcheck.settings import DryRunSettings
 
 from ..conftest import SCRIPTS
 from .test_preflight import leftover_ranks

@@ -10,15 +10,8 @@ import pytest
 
 from ncclcheck.launch import launchers
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, launcher_argv, own_starter
-from ncclcheck.record.launched import (
-    ACCELERATE,
-    DEEPSPEED,
-    LEGACY_LAUNCH,
-    LOCAL_RANK_ARGUMENT,
-    SPAWN,
-    TORCHRUN,
-    slurm_task_environment,
-)
+from ncclcheck.record.launched import LOCAL_RANK_ARGUMENT, slurm_task_environment
+from ncclcheck.settings import Launcher
 
 
 @pytest.mark.parametrize(
@@ -85,21 +78,21 @@ TORCHRUN_ARGS = ["--nproc-per-node=2", "--nnodes=1", "--standalone"]
 def test_each_launcher_runs_the_bootstrap_in_front_of_the_script() -> None:
     target = ["train.py", "--lr", "0.1"]
     tail = ["--module", "ncclcheck.record.bootstrap", *target]
-    assert launcher_argv(TORCHRUN, TORCHRUN_ARGS, target, None)[1:] == [
+    assert launcher_argv(Launcher.TORCHRUN, TORCHRUN_ARGS, target, None)[1:] == [
         "-m",
         "torch.distributed.run",
         *TORCHRUN_ARGS,
         *tail,
     ]
-    legacy = launcher_argv(LEGACY_LAUNCH, TORCHRUN_ARGS, target, None)
+    legacy = launcher_argv(Launcher.LEGACY_LAUNCH, TORCHRUN_ARGS, target, None)
     assert legacy[1:3] == ["-m", "torch.distributed.launch"]
-    spawned = launcher_argv(SPAWN, TORCHRUN_ARGS, target, None)
+    spawned = launcher_argv(Launcher.SPAWN, TORCHRUN_ARGS, target, None)
     assert spawned[1:] == ["-m", "ncclcheck.record.spawned", *target]
-    accelerate = launcher_argv(ACCELERATE, TORCHRUN_ARGS, target, "cfg.yaml")
+    accelerate = launcher_argv(Launcher.ACCELERATE, TORCHRUN_ARGS, target, "cfg.yaml")
     assert accelerate[1:5] == ["-m", "accelerate.commands.launch", "--config_file", "cfg.yaml"]
     assert accelerate[accelerate.index("--num_processes") + 1] == "2"  # the dry run's, not the config's
     assert accelerate[-len(tail) :] == tail
-    deepspeed = launcher_argv(DEEPSPEED, TORCHRUN_ARGS, target, None)
+    deepspeed = launcher_argv(Launcher.DEEPSPEED, TORCHRUN_ARGS, target, None)
     assert deepspeed[1:5] == ["-m", "deepspeed.launcher.runner", "--num_gpus", "2"]
     assert deepspeed[-len(tail) :] == tail
 

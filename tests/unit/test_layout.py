@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ncclcheck.model",
         "ncclcheck.communicates",
         "ncclcheck.catalogue",
+        "ncclcheck.settings",
         "ncclcheck.frames",
         "ncclcheck.wording",
     ),

@@ -1,0 +1,109 @@
+"""What a dry run is told: each default in one place, and the timeouts derived from
+them (one function each, saying why). The CLI, the pytest plugin and the launch code
+read them from here; the ranks get the derived values through their environment and
+fall back on the same defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ncclcheck.model import TextEnum
+
+STALL_TIMEOUT_S = 15.0  # seconds with no progress on any rank (and no CPU use): a hang
+# inside a pytest test (the ncclcheck marker): the functions are small, a hang ends sooner
+TEST_STALL_TIMEOUT_S = 10.0
+TOTAL_TIMEOUT_S = 600.0  # a dry run's wall-clock limit
+DEFAULT_EVAL_BATCHES = 8  # the last batches of each eval pass run for real
+
+
+class Launcher(TextEnum):
+    """Who starts the script's ranks (--launcher); preflight starts them the same way."""
+
+    AUTO = "auto"  # spawn where the script's source calls mp.spawn, else torchrun
+    TORCHRUN = "torchrun"
+    SPAWN = "spawn"  # the script starts its own ranks with torch.multiprocessing
+    SLURM = "slurm"  # srun's tasks, which know their rank from SLURM_* variables only
+    ACCELERATE = "accelerate"  # accelerate launch with the user's config file
+    LEGACY_LAUNCH = "torch.distributed.launch"
+    DEEPSPEED = "deepspeed"
+
+
+@dataclass(frozen=True)
+class DryRunSettings:
+    """What a dry run is told, resolved once by its command; every timeout derived from
+    the stall timeout is a property below, with why."""
+
+    train_steps: int = 5
+    eval_passes: int = 1
+    max_train_passes: int = 10
+    stall_timeout: float = STALL_TIMEOUT_S
+    probe_timeout: float = 30.0  # 0 skips the rendezvous check-in
+    total_timeout: float = TOTAL_TIMEOUT_S
+    cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
+    perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
+    nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
+    # quiet seconds after which records that already disagree are a hang (the full
+    # stall_timeout where they agree or could still pair)
+    disagree_grace: float = 2.0
+    # the last batches of each eval pass run for real, the ones before skipped alike on
+    # every rank (record/fastforward.py); None: every batch
+    eval_batches: int | None = DEFAULT_EVAL_BATCHES
+    launcher: Launcher = Launcher.AUTO
+    accelerate_config: str | None = None  # --launcher accelerate: accelerate launch's --config_file
+    line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
+    lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
+
+    # -- timeouts derived from the stall timeout -----------------------------------------
+
+    @property
+    def busy_limit_s(self) -> float:
+        """A rank busy without writing a record is forgiven this long: computing forever
+        while the others wait in a collective (a straggler) is still caught."""
+        return 4 * self.stall_timeout
+
+    @property
+    def disagree_quiet_s(self) -> float:
+        """Quiet this long, records that already disagree are read as a hang: nothing a
+        busy rank computes mends a divergence the live alignment holds as final."""
+        return min(self.stall_timeout, self.disagree_grace)
+
+    @property
+    def lone_rank_quiet_s(self) -> float:
+        """A virtual world's rank runs alone and waits on no one: quiet this long, it is
+        busy on its own (a slow write, a wait outside torch.distributed), not hung."""
+        return max(60.0, self.busy_limit_s)
+
+    @property
+    def eval_agree_wait_s(self) -> float:
+        """How long a rank waits for the others' eval loader lengths (record/fastforward.py):
+        a rank that never starts the pass (only rank 0 evaluates) costs this, well inside
+        the stall timeout, so the wait itself is never taken for a hang."""
+        return min(5.0, self.stall_timeout / 3)
+
+    @property
+    def eval_read_ahead_s(self) -> float:
+        """How long a rank reads a loader without a length ahead: it writes a record a
+        second, forgiven like a busy rank's work."""
+        return 2 * self.stall_timeout
+
+    # -- the settings of the runs one preflight makes -------------------------------------
+
+    def without_probe(self) -> DryRunSettings:
+        """No rendezvous check-in: ranks that do not go through torchrun's agent (a
+        virtual world's, a replay's, those a script starts itself)."""
+        return replace(self, probe_timeout=0.0)
+
+    def for_replay(self, plan: str) -> DryRunSettings:
+        """The replay up to a divergence: the plan of explain/lines.py, no check-in."""
+        return replace(self, lines_plan=plan, probe_timeout=0.0)
+
+    def started_by(self, launcher: Launcher) -> DryRunSettings:
+        """The settings for ranks that ``launcher`` starts: no store to check in through
+        before rank 0's init (deepspeed) or at all (ranks a script starts itself), and no
+        replay for line evidence where the replay, run through torchrun, cannot follow
+        (ranks a script starts itself)."""
+        if launcher is Launcher.SPAWN:
+            return replace(self, launcher=launcher, probe_timeout=0.0, line_evidence=False)
+        if launcher is Launcher.DEEPSPEED:
+            return replace(self, launcher=launcher, probe_timeout=0.0)
+        return replace(self, launcher=launcher)
