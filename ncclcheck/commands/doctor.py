@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
-from ncclcheck.evidence import flight_recorder, gpus, movement
+from ncclcheck.evidence import gpus, movement
 from ncclcheck.evidence.aftermath import Aftermath, FactKind, evidence_lines, rank_facts
 from ncclcheck.evidence.classes import merge_stacks, user_frames, waiting_at
 from ncclcheck.evidence.gpus import GpuReading
@@ -30,9 +30,9 @@ from ncclcheck.evidence.processes import RankProcess, discover, not_distributed,
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import explain_leftovers
-from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.explain.rules.corroborate import explain_live_job
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
-from ncclcheck.wording import relative, who
+from ncclcheck.wording import relative
 
 
 def collect(
@@ -254,54 +254,8 @@ def diagnose_ranks(
             state.state = RankStatus.RUNNING
         return report
     context = Context(Evidence(world_size=world, stacks=stacks))
-    explanation = explain_classes(context, classes, world, [r.rank for r in ranks])
-    if moved is not None:
-        explanation.evidence.append(moved.decided())
     dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
-    recorded = flight_recorder.evidence(dumps)
-    if recorded:
-        explanation.evidence += recorded
-        parted = flight_recorder.disagreement(dumps)
-        if parted is not None and explanation.cause in (Cause.TRANSPORT_HANG, Cause.STRAGGLER):
-            # The stacks look alike, the Flight Recorder shows the sequences differ.
-            group, by_op = parted
-            sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
-            explanation = context.explanation(
-                Cause.COLLECTIVE_ORDER_MISMATCH,
-                f"the ranks wait alike, but their Flight Recorders show different collectives at the "
-                f"same position on group {group}: "
-                + "; ".join(f"{who(r)} issued {op}" for op, r in sorted(by_op.items())),
-                ranks=sides[0],
-                absent_ranks=sorted(r for side in sides[1:] for r in side),
-                op=None,
-                site=explanation.site,
-                evidence=explanation.evidence,
-            )
-    idle = devices.odd_ones() if devices is not None else None
-    if devices is not None:
-        explanation.evidence += devices.lines()
-    if idle is not None and explanation.cause in (Cause.TRANSPORT_HANG, Cause.STRAGGLER):
-        # The stacks look alike (every rank at the same .item(), say); the GPUs do not.
-        quiet, spinning = idle
-        explanation = context.explanation(
-            Cause.COLLECTIVE_ORDER_MISMATCH,
-            f"the ranks' stacks wait alike, but their GPUs do not: {devices.verdict() if devices else ''}. "
-            "The ranks are a collective apart: one was skipped or added on some ranks before this point",
-            ranks=spinning,
-            absent_ranks=quiet,
-            op=None,
-            site=explanation.site,
-            evidence=[*explanation.evidence, "decided by the GPUs' utilisation (NVML), not by the stacks"],
-        )
-    if explanation.cause == Cause.TRANSPORT_HANG and not recorded:
-        # What a stack cannot show: on which pass of this line each rank is. An extra or
-        # missing collective earlier (an uneven eval loop) may have paired silently with
-        # one of the same size, leaving the ranks a call apart here.
-        explanation.evidence.append(
-            "the stacks agree but do not show on which pass of this line each rank is: if an eval "
-            "loop or a skipped step came before, preflight the script, or run the job with "
-            "TORCH_FR_BUFFER_SIZE=2000 so that doctor can compare the ranks' sequence numbers"
-        )
+    explanation = explain_live_job(context, classes, [r.rank for r in ranks], moved, dumps, devices)
     report.findings = [explanation.finding(context.catalogue)]
     return report
 

@@ -1,0 +1,107 @@
+"""What doctor sees of a live job besides the stacks, and the rules by which it overrules
+the stacks' reading: ranks whose stacks wait alike (a transport hang, a straggler) are a
+collective apart when their Flight Recorders, or their GPUs, say so. The first rule of
+CORROBORATION_RULES that explains wins; none: the stacks' reading stands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclcheck.causes import Cause
+from ncclcheck.evidence import flight_recorder
+from ncclcheck.evidence.classes import StackClass
+from ncclcheck.evidence.gpus import GpuReading
+from ncclcheck.evidence.movement import Movement
+from ncclcheck.explain.context import Context
+from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.wording import who
+
+# what the stacks say when they cannot tell the ranks apart: what else is seen may
+_ALIKE = (Cause.TRANSPORT_HANG, Cause.STRAGGLER)
+
+
+@dataclass
+class Corroboration:
+    """The stacks' reading, and what else doctor saw of the job."""
+
+    d: Context
+    from_stacks: Explanation
+    flight_recorders: dict[int, dict[str, Any]] = field(default_factory=dict)  # by rank
+    devices: GpuReading | None = None
+
+
+def flight_recorders_disagree(c: Corroboration) -> Explanation | None:
+    """The stacks look alike, the Flight Recorders show different collectives at one position."""
+    parted = flight_recorder.disagreement(c.flight_recorders)
+    if parted is None or c.from_stacks.cause not in _ALIKE:
+        return None
+    group, by_op = parted
+    sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
+    return c.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"the ranks wait alike, but their Flight Recorders show different collectives at the "
+        f"same position on group {group}: "
+        + "; ".join(f"{who(r)} issued {op}" for op, r in sorted(by_op.items())),
+        ranks=sides[0],
+        absent_ranks=sorted(r for side in sides[1:] for r in side),
+        op=None,
+        site=c.from_stacks.site,
+        evidence=c.from_stacks.evidence,
+    )
+
+
+def gpus_disagree(c: Corroboration) -> Explanation | None:
+    """The stacks look alike (every rank at the same .item(), say); the GPUs do not."""
+    idle = c.devices.odd_ones() if c.devices is not None else None
+    if idle is None or c.devices is None or c.from_stacks.cause not in _ALIKE:
+        return None
+    quiet, spinning = idle
+    return c.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"the ranks' stacks wait alike, but their GPUs do not: {c.devices.verdict()}. "
+        "The ranks are a collective apart: one was skipped or added on some ranks before this point",
+        ranks=spinning,
+        absent_ranks=quiet,
+        op=None,
+        site=c.from_stacks.site,
+        evidence=[*c.from_stacks.evidence, "decided by the GPUs' utilisation (NVML), not by the stacks"],
+    )
+
+
+CORROBORATION_RULES = (flight_recorders_disagree, gpus_disagree)
+
+
+def explain_live_job(
+    d: Context,
+    classes: list[StackClass],
+    ranks: list[int],
+    moved: Movement | None,
+    flight_recorders: dict[int, dict[str, Any]],
+    devices: GpuReading | None,
+) -> Explanation:
+    """doctor --pid's explanation: the stacks' classes (STACK_RULES), what the two looks,
+    the Flight Recorders and the GPUs add to them, and the first of CORROBORATION_RULES
+    that overrules them."""
+    from_stacks = explain_classes(d, classes, d.ev.world_size, ranks)
+    evidence = list(from_stacks.evidence)
+    if moved is not None:
+        evidence.append(moved.decided())
+    recorded = flight_recorder.evidence(flight_recorders)
+    evidence += recorded
+    if devices is not None:
+        evidence += devices.lines()
+    from_stacks.evidence = evidence
+    seen = Corroboration(d, from_stacks, flight_recorders, devices)
+    explanation = first_explanation(CORROBORATION_RULES, seen) or from_stacks
+    if explanation.cause is Cause.TRANSPORT_HANG and not recorded:
+        # What a stack cannot show: on which pass of this line each rank is. An extra or
+        # missing collective earlier (an uneven eval loop) may have paired silently with
+        # one of the same size, leaving the ranks a call apart here.
+        explanation.evidence.append(
+            "the stacks agree but do not show on which pass of this line each rank is: if an eval "
+            "loop or a skipped step came before, preflight the script, or run the job with "
+            "TORCH_FR_BUFFER_SIZE=2000 so that doctor can compare the ranks' sequence numbers"
+        )
+    return explanation
