@@ -4,7 +4,6 @@ rule and both commands, so the same thing is always said the same way."""
 from __future__ import annotations
 
 import os
-import re
 
 from ncclcheck.communicates import OP_ADVICE, OP_ORIGINS, issuer_of
 from ncclcheck.model import CollectiveCall, format_ranks
@@ -43,12 +42,6 @@ def issuer_advice(call: CollectiveCall | None) -> list[str]:
     if issued:
         return [issued[1]] if issued[1] else []
     return [OP_ADVICE[call.op]] if call.op in OP_ADVICE else []
-
-
-def location_of(described: str) -> tuple[str, int] | None:
-    """(file, line) from an exit description's ' at FILE:LINE in FUNCTION' ending."""
-    match = re.search(r" at (.+):(\d+) in [^ ]+$", described)
-    return (match.group(1), int(match.group(2))) if match else None
 
 
 def line_ranges(spans: list[tuple[int, int]]) -> str:

@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any, NamedTuple
 
 from ncclcheck.evidence.stacks import ProcessStack, blocking
+from ncclcheck.model import Frame
 from ncclcheck.wording import signal_name, who
 
 
@@ -67,7 +68,7 @@ class Ending:
     host: str | None = None
     root_cause: bool = False  # torchelastic's "Root Cause (first observed failure)"
     error: str | None = None  # the exception's last line
-    error_site: str | None = None  # "file:line in function": the innermost frame of the traceback
+    error_site: Frame | None = None  # the innermost frame of the traceback (the user's, where one is)
     source: Source | None = None
 
     @property
@@ -189,7 +190,8 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
         if ending.signal:
             how = f"killed by {signal_name(ending.exit_code) or f'signal {ending.signal}'}"
         text = how + (f": {ending.error}" if ending.error else "")
-        text += f" at {ending.error_site}" if ending.error_site else ""
+        where = ending.error_site
+        text += f" at {where.file}:{where.line} in {where.function}" if where else ""
         text += " (torchelastic's root cause)" if ending.root_cause else ""
         facts.append(Fact(FactKind.ENDING, text, str(ending.source)))
     return facts

@@ -29,6 +29,7 @@ from ncclcheck.evidence.dumps import (
     looks_like_py_spy_json,
 )
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
+from ncclcheck.model import Frame
 
 _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
@@ -394,7 +395,7 @@ def _ending_from_traceback(text: _TextFile, rank: int | None, stream: _Stream, l
     innermost = (user or frames)[-1] if frames else None
     ending = Ending(
         error=line.strip()[:300],
-        error_site=f"{innermost[0]}:{innermost[1]} in {innermost[2]}" if innermost else None,
+        error_site=Frame(innermost[0], int(innermost[1]), innermost[2]) if innermost else None,
         source=Source(str(text.path), stream.traceback_line),
     )
     stream.traceback = None

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from ncclcheck.catalogue import Catalogue
 from ncclcheck.causes import Cause
-from ncclcheck.model import Finding, Severity
+from ncclcheck.model import Finding, Frame, Severity
 from ncclcheck.source import reading
 
 
@@ -59,7 +59,7 @@ def cause_of_exit(condition_kind: str) -> Cause:
 @dataclass(frozen=True)
 class Reason:
     kind: ReasonKind
-    site: str | None  # "file:line" of the statement that decides
+    site: Frame | None  # the statement that decides (its line; no function)
     text: str  # the statement, as the source has it ("if rank == 0", "break")
 
 

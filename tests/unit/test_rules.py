@@ -20,7 +20,7 @@ from ncclcheck.explain.rules import branch, divergence, stacks
 from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.model import CollectiveCall, Report, Severity
+from ncclcheck.model import CollectiveCall, Frame, Report, Severity
 
 from ..conftest import PLAYBOOKS
 from .factories import TORCH, call, diagnoser, line_of, script, stack, trace, waiting_in
@@ -154,7 +154,7 @@ def test_the_source_reading_names_what_sent_the_ranks_apart(
     assert explanation.cause is cause, explanation
     assert explanation.reason is not None and explanation.reason.kind is reason
     path = str(tmp_path / "train.py")
-    assert explanation.reason.site == f"train.py:{line_of(path, at)}"
+    assert explanation.reason.site == Frame(path, line_of(path, at), "")
     assert test in explanation.reason.text
 
 

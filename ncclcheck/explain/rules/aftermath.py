@@ -104,7 +104,7 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
         ranks=waiting,
         absent_ranks=dead,
         op=None,
-        site=_site(ending.error_site),
+        site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
         evidence=s.evidence,
     )
 
@@ -318,11 +318,6 @@ _FIND_THE_REASON = (
     "rank-conditional-collective, rank-early-exit, uneven-eval-batches, data-dependent-branch and "
     "unsynchronized-decision (`ncclcheck playbooks`)."
 )
-
-
-def _site(error_site: str | None) -> str | None:
-    """ "train.py:12 in main" -> "train.py:12"."""
-    return error_site.rsplit(" in ", 1)[0] if error_site else None
 
 
 # The order is the precedence: a rank that failed of its own explains the others'

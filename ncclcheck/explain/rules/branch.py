@@ -48,7 +48,7 @@ def explain_fork(fork: Fork) -> Explanation:
         return explanation
     measured = what_the_lines_show(fork, found)
     reason = explanation.reason
-    same = reason is not None and reason.site in {
+    same = reason is not None and fork.d.site(reason.site) in {
         fork.d.site(Frame(found.frame.file, n, "")) for n in found.lines
     }
     if same and (measured.cause is explanation.cause or not found.sharpened):
@@ -87,7 +87,7 @@ def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
             f"in {found.frame.function}():",
             *found.evidence,
         ],
-        Reason(found.kind, d.site(found.frame), found.statement),
+        Reason(found.kind, found.frame, found.statement),
     )
 
 
@@ -109,7 +109,8 @@ def rank_test_around_the_call(f: Fork) -> Explanation | None:
         around = _guard_around(side_stack[max(f.common - 1, 0) :], reading.RANK)
         if around is not None:
             frame, guard = around
-            where = d.site(Frame(frame.file, guard.line, ""))
+            deciding = Frame(frame.file, guard.line, "")
+            where = d.site(deciding)
             return call_finding(
                 d,
                 Cause.RANK_CONDITIONAL_COLLECTIVE,
@@ -121,7 +122,7 @@ def rank_test_around_the_call(f: Fork) -> Explanation | None:
                 side_made,
                 side_other,
                 [*f.evidence, f"`if {guard.text}` at {where} sends {who(side_made)} to it"],
-                Reason(ReasonKind.RANK_TEST, where, f"if {guard.text}"),
+                Reason(ReasonKind.RANK_TEST, deciding, f"if {guard.text}"),
             )
     return None
 
@@ -140,7 +141,8 @@ def early_exit_before_the_call(f: Fork) -> Explanation | None:
         ]
         if exits:
             guard = exits[-1]
-            where = d.site(Frame(frame.file, guard.line, ""))
+            deciding = Frame(frame.file, guard.line, "")
+            where = d.site(deciding)
             return call_finding(
                 d,
                 cause_of_exit(guard.kind),
@@ -156,7 +158,7 @@ def early_exit_before_the_call(f: Fork) -> Explanation | None:
                     f"`{guard.statement}` under `if {guard.text}` at {where} leaves "
                     f"{frame.function}() before the call",
                 ],
-                Reason(ReasonKind.EARLY_EXIT, where, f"{guard.statement} under if {guard.text}"),
+                Reason(ReasonKind.EARLY_EXIT, deciding, f"{guard.statement} under if {guard.text}"),
             )
     return None
 
@@ -215,7 +217,8 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
             what = f"a test each rank answers for itself ({reads}, never synchronised)"
             test_is = f"is {reads} each rank makes for itself"
             reason_kind = ReasonKind.LOCAL_TEST
-        where = d.site(Frame(frame.file, guard.line, ""))
+        deciding = Frame(frame.file, guard.line, "")
+        where = d.site(deciding)
         return call_finding(
             d,
             cause,
@@ -228,7 +231,7 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
                 *f.evidence,
                 f"`if {guard.text}` at {where} {test_is}: {who(f.made)} passed it, {who(f.other)} did not",
             ],
-            Reason(reason_kind, where, f"if {guard.text}"),
+            Reason(reason_kind, deciding, f"if {guard.text}"),
         )
     return None
 
@@ -264,7 +267,8 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
             there.file, there.line
         )
         if swallowing is not None and reading.contains(loop, swallowing.lineno):
-            where = d.site(Frame(here.file, swallowing.lineno, ""))
+            deciding = Frame(here.file, swallowing.lineno, "")
+            where = d.site(deciding)
             return call_finding(
                 d,
                 Cause.RANK_EXCEPTION,
@@ -275,7 +279,7 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
                 f.made,
                 f.other,
                 list(f.evidence),
-                Reason(ReasonKind.SWALLOWED_ERROR, where, "try"),
+                Reason(ReasonKind.SWALLOWED_ERROR, deciding, "try"),
             )
         return None
     return None
@@ -299,13 +303,14 @@ class SkippedPass:
 
     @classmethod
     def of(cls, d: Context, path: str, guard: reading.Guard) -> SkippedPass:
-        where = d.site(Frame(path, guard.line, ""))
+        deciding = Frame(path, guard.line, "")
+        where = d.site(deciding)
         return cls(
             cause_of_exit(guard.kind),
             f"`continue` under `if {guard.text}` ({where})",
             f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}",
             Reason(
-                REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST), where, f"if {guard.text}: continue"
+                REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST), deciding, f"if {guard.text}: continue"
             ),
         )
 
@@ -400,11 +405,13 @@ def _candidates(f: Fork) -> list[str]:
             function = reading.enclosing_function(frame.file, frame.line)
             if function is not None:
                 for exit_ in reading.conditional_exits(frame.file, function, before_line=frame.line):
-                    where = f.d.site(Frame(frame.file, exit_.line, ""))
+                    deciding = Frame(frame.file, exit_.line, "")
+                    where = f.d.site(deciding)
                     found[f"`{exit_.statement}` under `if {exit_.text}` at {where}"] = None
             swallowing = reading.swallowing_try(frame.file, frame.line)
             if swallowing is not None:
-                where = f.d.site(Frame(frame.file, swallowing.lineno, ""))
+                deciding = Frame(frame.file, swallowing.lineno, "")
+                where = f.d.site(deciding)
                 found[f"a try at {where} whose handler swallows errors"] = None
     return list(found)[:8]
 
@@ -497,7 +504,8 @@ def loop_left(
         )
     guard = exits[-1]
     cause = cause_of_exit(guard.kind)
-    where = d.site(Frame(inside.file, guard.line, ""))
+    deciding = Frame(inside.file, guard.line, "")
+    where = d.site(deciding)
     # a test on what dist.reduce left on a rank that is not its dst (rooted.py)
     rooted = [
         (rank, read)
@@ -537,7 +545,7 @@ def loop_left(
         op=call.op,
         site=where,
         evidence=evidence,
-        reason=Reason(ReasonKind.LOOP_EXIT, where, f"{guard.statement} under {keyword} {guard.text}"),
+        reason=Reason(ReasonKind.LOOP_EXIT, deciding, f"{guard.statement} under {keyword} {guard.text}"),
     )
 
 
@@ -564,7 +572,8 @@ def _passes_from_the_rank(
     on some ranks, as the source alone shows. Over eval data, uneven-eval-batches; else
     an exit decided by the rank (what a replay's line counts name it too)."""
     header = f"for {ast.unparse(loop.target)} in {ast.unparse(loop.iter)}"
-    where = d.site(Frame(inside.file, loop.lineno, ""))
+    deciding = Frame(inside.file, loop.lineno, "")
+    where = d.site(deciding)
     cause = Cause.UNEVEN_EVAL_BATCHES if call.phase == "eval" else cause_of_exit(reading.RANK)
     return d.explanation(
         cause,
@@ -575,7 +584,7 @@ def _passes_from_the_rank(
         op=call.op,
         site=d.site(call.site),
         evidence=[*evidence, f"the loop's iterable `{ast.unparse(loop.iter)}` is computed from the rank"],
-        reason=Reason(ReasonKind.LOOP_EXIT, where, header),
+        reason=Reason(ReasonKind.LOOP_EXIT, deciding, header),
     )
 
 

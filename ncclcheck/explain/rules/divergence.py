@@ -16,9 +16,7 @@ from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
 from ncclcheck.wording import (
     collapse,
-    location_of,
     op_text,
-    relative,
     signal_name,
     who,
 )
@@ -200,19 +198,18 @@ def exited_early(
     """The absent ranks ended the script (sys.exit) while the others went on to a call."""
     call = first.calls[made[0]]
     trace = d.ev.traces.get(left[0])
-    ended = (trace.exit.error or "") if trace and trace.exit else ""
-    where = location_of(ended)
+    left_at = trace.exit.site if trace and trace.exit else None  # where sys.exit was called
     evidence = [*evidence, *(f"rank {r} ended: {d.exit_text(r)}" for r in left)]
     return d.explanation(
         Cause.RANK_EARLY_EXIT,
         f"{who(left)} left the script early"
-        + (f" (sys.exit at {relative(where[0], d.ev.cwd)}:{where[1]})" if where else "")
+        + (f" (sys.exit at {d.site(left_at)})" if left_at else "")
         + f" while {who(made)} went on to {call.op if call else '?'} at "
         + f"{d.site(call.site if call else None)}",
         ranks=made,
         absent_ranks=left,
         op=call.op if call else None,
-        site=f"{relative(where[0], d.ev.cwd)}:{where[1]}" if where else d.site(call.site if call else None),
+        site=d.site(left_at) if left_at else d.site(call.site if call else None),
         evidence=evidence,
     )
 

@@ -148,7 +148,8 @@ def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
             most = max(passes.values())
             more = sorted(r for r, n in passes.items() if n == most)
             fewer = sorted(r for r, n in passes.items() if n != most)
-            loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
+            loop_frame = Frame(frame.file, loop.lineno, "")
+            loop_site = s.d.site(loop_frame)
             enqueued = device.last_collective_in(frame.file, loop)
             chain = [*only.frames[:depth], *(enqueued.frames if enqueued else [frame])]
             lines = [
@@ -173,7 +174,7 @@ def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
                 op=enqueued.op if enqueued else only.blocking,
                 site=_frame_site(chain[-1]),
                 evidence=evidence,
-                reason=Reason(ReasonKind.LOADER_LENGTH, loop_site, ast.unparse(loop).splitlines()[0]),
+                reason=Reason(ReasonKind.LOADER_LENGTH, loop_frame, ast.unparse(loop).splitlines()[0]),
             )
     return None
 
@@ -341,7 +342,8 @@ def _deferred_finding(
         return None
     others = sorted(r for c in waiting if c is not inside for r in c.ranks)
     first = asked[0]
-    site = f"{relative(located(first).path, os.getcwd())}:{located(first).line}"
+    asked_at = Frame(str(located(first).path), located(first).line, "")
+    site = diagnoser.site(asked_at)
     return diagnoser.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
         f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside {known.what}, while "
@@ -356,7 +358,7 @@ def _deferred_finding(
             *(f"source: {f.site}: {f.message}" for f in asked),
         ],
         libraries=[known.library],
-        reason=Reason(ReasonKind.RANK_TEST, site, first.message),
+        reason=Reason(ReasonKind.RANK_TEST, asked_at, first.message),
     )
 
 
@@ -437,7 +439,8 @@ def _loop_finding(
 ) -> Explanation:
     assert inside.site is not None
     swallowing = reading.swallowing_try(inside.site.file, inside.site.line)
-    loop_site = f"{relative(frame.file, os.getcwd())}:{loop.lineno}"
+    loop_frame = Frame(frame.file, loop.lineno, "")
+    loop_site = diagnoser.site(loop_frame)
     # a `continue` of this loop before the call: one rank skipped a pass (a NaN loss, an
     # empty batch), and from there the ranks were a call apart, to the loop's end
     skipped = skips_a_pass(frame, loop) if swallowing is None else None
@@ -458,15 +461,15 @@ def _loop_finding(
         )
     if swallowing is not None:
         cause = Cause.RANK_EXCEPTION
-        try_site = f"{relative(inside.site.file, os.getcwd())}:{swallowing.lineno}"
-        reason = Reason(ReasonKind.SWALLOWED_ERROR, try_site, "try")
+        try_frame = Frame(inside.site.file, swallowing.lineno, "")
+        reason = Reason(ReasonKind.SWALLOWED_ERROR, try_frame, "try")
         message = (
             f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside a try whose handler "
             f"swallows errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
             f"collectives"
         )
     else:
-        reason = Reason(ReasonKind.LOADER_LENGTH, loop_site, ast.unparse(loop).splitlines()[0])
+        reason = Reason(ReasonKind.LOADER_LENGTH, loop_frame, ast.unparse(loop).splitlines()[0])
         message = (
             f"{who(inside.ranks)} {'is' if len(inside.ranks) == 1 else 'are'} still in the loop at "
             f"{relative(frame.file, os.getcwd())}:{loop.lineno} (in "
