@@ -50,10 +50,11 @@ class TimedOutWork:
 
 @dataclass(frozen=True)
 class Progress:
-    """``Timeout at NCCL work: X, last enqueued NCCL work: Y, last completed NCCL work: Z``."""
+    """``last enqueued NCCL work: Y, last completed NCCL work: Z``, after ``Timeout at NCCL
+    work: X`` or ``detected by watchdog at work: X`` where the line gives it."""
 
     group: str
-    timed_out: int
+    timed_out: int | None
     last_enqueued: int
     last_completed: int
     source: Source
@@ -87,13 +88,24 @@ class RankAftermath:
     flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
     host: str | None = None
     pid: int | None = None
+    # the first line of its own that the files hold (its [rankN]: prefix): its output is
+    # here, so a watchdog line it would have printed would be here too
+    heard: Source | None = None
 
-    def last_enqueued(self, group: str) -> int | None:
-        """The highest sequence number this rank is known to have issued on ``group``."""
+    def issued_at_least(self, group: str) -> int | None:
+        """The highest sequence number this rank is known to have issued on ``group``: a
+        collective that timed out was issued, and so was all a progress line counts."""
         known = [w.seq for w in self.timeouts if w.group == group]
         if group in self.progress:
             known.append(self.progress[group].last_enqueued)
         return max(known) if known else None
+
+    def last_enqueued(self, group: str) -> int | None:
+        """The last sequence number this rank had issued on ``group`` when its watchdog
+        fired, where a progress line says it. A timed-out collective alone does not: the
+        rank may have issued more after it (NCCL's collectives are asynchronous)."""
+        progress = self.progress.get(group)
+        return progress.last_enqueued if progress is not None else None
 
 
 @dataclass
@@ -130,6 +142,7 @@ class FactKind(Enum):
     FLIGHT_RECORDER = "flight-recorder"  # the recorder's last entry per group
     STACK = "stack"  # where its dumped stack waits
     ENDING = "ending"  # how it ended: code, signal, error
+    HEARD = "heard"  # its output is in the files, with no watchdog line of its own
 
 
 class Fact(NamedTuple):
@@ -178,6 +191,8 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
                 str(recorded.get("path")),
             )
         )
+    if record.heard is not None and not record.timeouts and not record.progress:
+        facts.append(Fact(FactKind.HEARD, "its own lines hold no watchdog timeout", str(record.heard)))
     if record.stack is not None and record.stack_source is not None:
         facts.append(
             Fact(

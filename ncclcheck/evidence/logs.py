@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +31,15 @@ from ncclcheck.evidence.dumps import (
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
 from ncclcheck.model import Frame
 
-_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+# a rank's prefix (torchrun's --tee / --role: [rankN]: or [defaultN]:), where a line
+# starts, or after a tag a log collector put in front of it ("host [stderr] [rank3]:")
+_PREFIX = re.compile(r"^(?:[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?\[(?:rank|default)(\d+)\]:\s?")
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
+_NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
 _RANK_SAID = re.compile(r"\bRank (\d+)\]")
 _PROGRESS = re.compile(
-    r"Timeout at NCCL work: (\d+), last enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)"
+    r"(?:\bwork: (\d+), )?last enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)", re.I
 )
 _RUN_ID = re.compile(r"\brun_id\s*[=:]\s*['\"]?([\w.\-]+)")
 _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
@@ -44,6 +47,15 @@ _ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
 # what a line must start with to matter when no stack, traceback or summary is being read
 _MARKER_STARTS = ("Traceback (", "Thread ", "Current thread ", "Process ", "Root Cause", "Failures:")
+
+
+# a line that ends mid-sentence (a word, a colon, a comma), and one that goes on with it
+_CUT = re.compile(r"[a-z:,]\s*$")
+
+
+def _continues(line: str) -> bool:
+    """The rest of a wrapped line: it starts mid-sentence and names no rank of its own."""
+    return bool(line) and (line[0].islower() or line.startswith("WorkNCCL(")) and not _RANK_SAID.search(line)
 
 
 def _may_matter(line: str) -> bool:
@@ -74,7 +86,27 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
             f"these files hold two or more jobs: run ids {', '.join(sorted(found.run_ids))}",
             hint="Give doctor --from the files of one job only.",
         )
+    named = {w.group for r in found.ranks.values() for w in r.timeouts} | {
+        g for r in found.ranks.values() for g in r.progress
+    }
+    named.discard(_NO_GROUP)
+    # the one group the job's lines name, if they name one: older watchdog lines name none
+    only = next(iter(named)) if len(named) == 1 else "0"
+    for record in found.ranks.values():
+        _place_in_groups(record, only)
     return found
+
+
+def _place_in_groups(record: RankAftermath, default: str) -> None:
+    """A watchdog line that names no process group is in the group of the rank's progress
+    line about the same work ("at work: N" on PG 1), else in ``default``."""
+    unnamed = record.progress.pop(_NO_GROUP, None)
+    if unnamed is not None:
+        record.progress.setdefault(default, replace(unnamed, group=default))
+    by_work = {p.timed_out: group for group, p in record.progress.items() if p.timed_out is not None}
+    record.timeouts = [
+        w if w.group != _NO_GROUP else replace(w, group=by_work.get(w.seq, default)) for w in record.timeouts
+    ]
 
 
 def _files(paths: list[Path]) -> Iterator[Path]:
@@ -214,6 +246,8 @@ class _TextFile:
     found: Aftermath
     streams: dict[int | None, _Stream] = field(default_factory=dict)
     said_ranks: set[int] = field(default_factory=set)  # "Rank N]" in unprefixed lines
+    heard: set[int] = field(default_factory=set)  # ranks with a prefixed line in this file
+    cut_rank: int | None = None  # the rank of the line before, when it was cut mid-sentence
     header_rank: int | None = None  # the latest "== rank N ==" header
     header_pid: int | None = None
     elastic_section: str | None = None  # "root" or "failures" inside torchelastic's summary
@@ -235,8 +269,15 @@ def _read_text(path: Path, found: Aftermath) -> None:
 def _line(text: _TextFile, number: int, raw: str) -> None:
     # most lines of a log are the training's own: every test below starts with a cheap
     # substring or prefix check, so that such a line costs one prefix match
-    prefix = _PREFIX.match(raw) if raw.startswith("[") else None
+    prefix = _PREFIX.match(raw) if "]:" in raw[:120] else None
     rank = int(prefix.group(1)) if prefix else None
+    if prefix is None and text.cut_rank is not None and _continues(raw):
+        rank = text.cut_rank  # a line a terminal or a forum wrapped: the rest of the last one
+    text.cut_rank = rank if prefix is not None and _CUT.search(raw) else None
+    if rank is not None and rank not in text.heard:
+        text.heard.add(rank)
+        record = text.found.rank(rank)
+        record.heard = record.heard or Source(str(text.path), number)
     line = raw[prefix.end() :] if prefix else raw
     if (
         rank is None
@@ -296,7 +337,7 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
         text.said_ranks.add(int(said.group(1)))
         rank = int(said.group(1)) if rank is None else rank
     group_match = _GROUP.search(line)
-    group = group_match.group(1) if group_match else "0"
+    group = group_match.group(1) if group_match else _NO_GROUP
     source = Source(str(text.path), number)
     text.kinds.add("NCCL watchdog lines")
     if work := _WORK.search(line):
@@ -315,7 +356,13 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
             text,
             rank,
             "progress",
-            Progress(group, int(progress.group(1)), int(progress.group(2)), int(progress.group(3)), source),
+            Progress(
+                group,
+                int(progress.group(1)) if progress.group(1) else None,
+                int(progress.group(2)),
+                int(progress.group(3)),
+                source,
+            ),
             number,
         )
 

@@ -70,6 +70,37 @@ def test_every_rank_in_the_same_collective_is_the_transport() -> None:
     assert finding.cause is Cause.TRANSPORT_HANG
 
 
+def test_an_excerpt_in_which_every_rank_it_covers_waits_sets_no_rank_apart() -> None:
+    # three of six ranks in the first collective; rank 0 seen only aborted (SIGABRT, as its
+    # own watchdog ends a waiting rank); ranks 2 and 5: not a line
+    report = diagnose("excerpt_first_collective.log")
+    (finding,) = report.findings
+    assert (finding.ranks, finding.absent_ranks) == ([1, 3, 4], [])
+    assert "No rank is set apart by this evidence" in finding.message
+    assert "ranks 0,2,5" in finding.message and "only seen aborted" in finding.message
+    assert "ncclcheck probe" in finding.fix and "watchdog lines or stacks of ranks 0,2,5" in finding.fix
+
+
+def test_the_one_rank_of_which_the_files_hold_nothing_is_the_first_suspect() -> None:
+    # rank 2 had issued up to #7314: a collective that timed out is only a lower bound of
+    # what a rank issued, so ranks 1 and 3 are not "behind" it
+    report = diagnose("one_rank_without_a_line.log")
+    (finding,) = report.findings
+    assert (finding.ranks, finding.absent_ranks) == ([1, 2, 3], [0])
+    assert "first suspect" in finding.message and "its own log" in finding.message
+    assert "not why" in finding.fix  # no one playbook's fix
+
+
+def test_tagged_wrapped_lines_and_unnamed_groups_are_read_as_one_job() -> None:
+    job = read_leftovers([FIXTURES / "tagged_and_wrapped.log"])
+    assert sorted(job.ranks) == [0, 1]
+    assert [(w.group, w.seq, w.op) for w in job.ranks[0].timeouts] == [("2", 412, "REDUCE")]
+    assert [(w.group, w.seq, w.op) for w in job.ranks[1].timeouts] == [("2", 412, "ALLREDUCE")]
+    assert job.ranks[0].last_enqueued("2") == 412 and job.ranks[1].last_enqueued("2") == 419
+    (finding,) = run_doctor_from([FIXTURES / "tagged_and_wrapped.log"]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+
+
 def test_an_unprefixed_log_is_the_rank_it_names() -> None:
     job = read_leftovers([FIXTURES / "older_torch_rank3.txt"])
     assert set(job.ranks) == {3}

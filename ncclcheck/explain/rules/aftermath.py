@@ -20,7 +20,7 @@ from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.model import format_ranks
+from ncclcheck.model import Severity, format_ranks
 from ncclcheck.wording import signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
@@ -41,13 +41,25 @@ class Leftovers:
                 found[rank] = mine
         return found
 
-    @property
-    def silent(self) -> list[int]:
-        """Ranks of the job that left no NCCL watchdog line, while others did."""
+    def _without_watchdog_line(self) -> list[int]:
         nccl = {r for r, rec in self.job.ranks.items() if rec.timeouts or rec.progress}
         if not nccl:
             return []
         return sorted(r for r in range(self.job.world_size) if r not in nccl and not self._failed(r))
+
+    @property
+    def silent(self) -> list[int]:
+        """Ranks that left no NCCL watchdog line while others did, and something else that
+        says where they were (a stack, a Flight Recorder dump, an ending of their own):
+        the evidence sets them apart."""
+        return [r for r in self._without_watchdog_line() if _says_where(self.job.ranks.get(r))]
+
+    @property
+    def unseen(self) -> list[int]:
+        """Ranks of the job the evidence says nothing about: no line of theirs, or only that
+        they were aborted (SIGABRT, as NCCL's watchdog ends a waiting rank; SIGTERM, as the
+        launcher stops the rest). Where they were is unknown: never a suspect on that alone."""
+        return [r for r in self._without_watchdog_line() if not _says_where(self.job.ranks.get(r))]
 
     def _failed(self, rank: int) -> bool:
         record = self.job.ranks.get(rank)
@@ -82,6 +94,16 @@ def _really_failed(record: RankAftermath) -> bool:
     # a signal to a rank that was not the first to fail is the launcher ending the job
     # (torchelastic's SIGKILL after its SIGTERM): the first failure is the one that counts
     return ending.root_cause or ending.exit_code > 0
+
+
+def _says_where(record: RankAftermath | None) -> bool:
+    """Does the evidence say anything of where this rank was, beyond that it was aborted?"""
+    if record is None:
+        return False
+    if record.stack is not None or record.flight_recorder or record.progress or record.heard is not None:
+        return True
+    ending = record.ending
+    return ending is not None and (bool(ending.error) or ending.exit_code not in (None, -6, -15))
 
 
 def a_rank_failed_first(s: Leftovers) -> Explanation | None:
@@ -218,20 +240,27 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
     (the live rules); else it is said that the logs do not."""
     silent = s.silent
     for group in s.groups:
-        last = {r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.last_enqueued(group)) is not None}
+        # a rank is behind only where a progress line says where it stopped issuing and
+        # another rank is known to have issued more: a timeout alone is a lower bound
+        issued = {
+            r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.issued_at_least(group)) is not None
+        }
+        stopped = {
+            r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.last_enqueued(group)) is not None
+        }
         waiting = s.works(group)
-        if len(set(last.values())) >= 2:
-            ahead = max(last.values())
-            behind = sorted(r for r, n in last.items() if n < ahead)
-            made = sorted(r for r, n in last.items() if n == ahead)
-            missed = min(last[r] for r in behind) + 1
+        ahead = max(issued.values(), default=None)
+        behind = sorted(r for r, n in stopped.items() if ahead is not None and n < ahead)
+        if behind and ahead is not None:
+            made = sorted(r for r, n in issued.items() if n == ahead)
+            missed = min(stopped[r] for r in behind) + 1
             how = f"{who(behind)} enqueued up to #{missed - 1} on group {group}, {who(made)} up to #{ahead}"
         elif silent and waiting and len({(w.seq, w.op) for ws in waiting.values() for w in ws}) == 1:
             behind, made = silent, sorted(waiting)
             missed = next(iter(waiting.values()))[0].seq
             how = (
-                f"{who(silent)} left no watchdog line: no NCCL collective was waiting there (or that "
-                "log is not among these files)"
+                f"{who(silent)} left no watchdog line while these files hold other evidence of "
+                f"{'it' if len(silent) == 1 else 'them'}: no NCCL collective was waiting there"
             )
         else:
             continue
@@ -285,12 +314,19 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
 
 
 def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
+    """Every rank the evidence covers timed out in one collective: no rank is set apart.
+    With every rank of the job covered, the code is aligned as far as the logs show and
+    the transport is the suspect; with ranks the evidence says nothing about, two readings
+    fit (they never issued it, or they waited too) and what would decide is said."""
     for group in s.groups:
         works = s.works(group)
         kinds = {(w.seq, w.op, w.numel_in) for ws in works.values() for w in ws}
         last = {rec.last_enqueued(group) for rec in s.job.ranks.values()} - {None}
-        if len(works) >= 2 and len(kinds) == 1 and len(last) <= 1 and not s.silent:
-            seq, op, _ = kinds.pop()
+        if len(works) < 2 or len(kinds) != 1 or len(last) > 1 or s.silent:
+            continue
+        seq, op, _ = kinds.pop()
+        unseen = s.unseen
+        if not unseen:
             return s.d.explanation(
                 Cause.TRANSPORT_HANG,
                 f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} "
@@ -302,6 +338,55 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 site=None,
                 evidence=s.evidence,
             )
+        first = " (the job's first collective on it)" if seq == 1 else ""
+        lone = unseen[0] if len(unseen) == 1 and unseen[0] not in s.job.ranks else None
+        if lone is not None and len(works) == s.job.world_size - 1:
+            # every rank but one timed out here, and of that one the files hold nothing
+            suspect = s.d.explanation(
+                Cause.RANK_CONDITIONAL_COLLECTIVE,
+                f"every rank but rank {lone} timed out in {op} #{seq} of group {group}{first}, and these "
+                f"files hold no line of rank {lone}: it is the first suspect, as far as they show it "
+                "never issued that collective; its own log (a traceback, an exit, a watchdog line of "
+                "its own) decides",
+                ranks=sorted(works),
+                absent_ranks=[lone],
+                op=op,
+                site=None,
+                evidence=s.evidence,
+            )
+            suspect.fix = _FIND_THE_REASON
+            return suspect
+        aborted = [r for r in unseen if r in s.job.ranks]
+        said_of_aborted = (
+            f"; {who(aborted)} {'was' if len(aborted) == 1 else 'were'} only seen aborted, as NCCL's "
+            "watchdog or the launcher ends a rank that waits"
+            if aborted
+            else ""
+        )
+        undecided = s.d.explanation(
+            Cause.STRAGGLER if seq > 1 else Cause.TRANSPORT_HANG,
+            f"{who(sorted(works))} timed out in the same collective, {op} #{seq} of group {group}{first}; "
+            f"these files say nothing of where {who(unseen)} {'was' if len(unseen) == 1 else 'were'}"
+            f"{said_of_aborted}. No rank is set apart by this evidence: either {who(unseen)} never "
+            "reached the collective (still loading, busy elsewhere, or a call skipped there) or every "
+            "rank waited in it (the transport)",
+            ranks=sorted(works),
+            absent_ranks=[],
+            op=op,
+            site=None,
+            evidence=s.evidence,
+        )
+        undecided.severity = Severity.WARNING  # two readings fit: neither is said as found
+        undecided.fix = (
+            f"What decides: the watchdog lines or stacks of {who(unseen)} (their own log files, "
+            "`py-spy dump` while a job hangs), or Flight Recorder dumps (TORCH_FR_BUFFER_SIZE=2000)"
+            + (
+                "; and as it is the first collective, `ncclcheck probe` with the job's launcher options"
+                if seq == 1
+                else ""
+            )
+        )
+        return undecided
     return None
 
 
