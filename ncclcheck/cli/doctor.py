@@ -52,8 +52,16 @@ def doctor_command(
     ),
     as_json: bool = JSON_OPTION,
     html_path: Path = REPORT_OPTION,
+    more_paths: list[Path] | None = typer.Argument(
+        None,
+        help="More paths for --from (a shell glob after it: --from logs/*.txt).",
+        show_default=False,
+    ),
 ) -> None:
     """Dump and merge the stacks of every rank of a stuck job and name the cause."""
+    if more_paths and not from_paths:
+        raise UsageError(f"{more_paths[0]}: paths go after --from (doctor --from PATH...)")
+    from_paths = [*from_paths, *(more_paths or [])]
     if from_paths:
         if pid or dump_dir is not None:
             raise UsageError("--from reads what a job left: give it without --pid and --dump-to")

@@ -94,7 +94,8 @@ def second_look(
         list(pids.values()), timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
     )
     again = {rank: by_pid[pid] for rank, pid in pids.items()}
-    return movement.compare(stacks, again, interval, cpu_before, cpu_after, os.getcwd())
+    without_gpu = frozenset(rank for rank, pid in pids.items() if not gpus.maps_cuda(pid))
+    return movement.compare(stacks, again, interval, cpu_before, cpu_after, os.getcwd(), without_gpu)
 
 
 # -- several hosts: each dumps its ranks, one reads them all ----------------------------

@@ -4,8 +4,10 @@ One stack dump cannot tell a hung job from one that trains: a rank of a healthy
 job is inside a collective much of the time. So doctor looks twice and compares,
 per rank, the main thread's frames and the values of the user's local variables
 (a loop counter that went on, a line that changed). A hang needs ranks that did
-not move. CPU time is measured and shown, but decides nothing: a rank that waits
-on gloo sleeps, one that waits on NCCL spins its CPU at 100%.
+not move. CPU time decides only where the backend is known: a rank that waits on
+gloo sleeps, one that waits on NCCL spins its CPU at 100%; a process with neither
+CUDA nor NCCL loaded cannot be on NCCL, so a rank of it that used the CPU computed
+(DDP's backward at one line, a forward too long for two looks), it did not wait.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import psutil
 
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
 from ncclcheck.wording import relative, who
+
+# A rank blocked in a gloo wait sleeps in the kernel: a few hundredths of a core at
+# most (the watchdog, a logger thread). A fifth of a core is work, even on a machine
+# another job loads.
+COMPUTING_CORES = 0.2
 
 
 @dataclass
@@ -39,7 +46,8 @@ class Movement:
             low, high = min(self.cores.values()), max(self.cores.values())
             said.append(
                 f"CPU over the {self.interval:g} s: {low:.2f}-{high:.2f} of a core per rank (a rank "
-                "waiting on gloo sleeps, one waiting on NCCL spins at 100%: CPU alone decides nothing)"
+                "waiting on gloo sleeps, one waiting on NCCL spins at 100%: CPU decides only for a "
+                "process with no CUDA or NCCL loaded)"
             )
         return said
 
@@ -48,7 +56,8 @@ class Movement:
         if self.everyone_moved:
             return (
                 f"every rank moved between two looks {self.interval:g} s apart (its stack or a "
-                "local value changed): the job is making progress, not hung"
+                "local value changed, or it computed with no GPU library loaded): the job is "
+                "making progress, not hung"
             )
         if self.moved:
             return (
@@ -77,16 +86,25 @@ def compare(
     cpu_before: dict[int, float],
     cpu_after: dict[int, float],
     cwd: str,
+    without_gpu: frozenset[int] = frozenset(),
 ) -> Movement:
+    """``without_gpu``: ranks whose process loaded neither CUDA nor NCCL (gloo's waits
+    sleep there, so their CPU use is work)."""
     movement = Movement(interval)
     for rank in sorted(first):
+        if rank in cpu_before and rank in cpu_after and interval > 0:
+            movement.cores[rank] = max(0.0, cpu_after[rank] - cpu_before[rank]) / interval
         what = _what_moved(first[rank], second.get(rank), cwd)
+        cores = movement.cores.get(rank, 0.0)
+        if what is None and rank in without_gpu and cores >= COMPUTING_CORES:
+            what = (
+                f"same frames, but it used {cores:.2f} of a core with no CUDA or NCCL loaded: a rank "
+                "waiting on gloo sleeps, this one computed"
+            )
         if what is None:
             movement.still.append(rank)
         else:
             movement.moved[rank] = what
-        if rank in cpu_before and rank in cpu_after and interval > 0:
-            movement.cores[rank] = max(0.0, cpu_after[rank] - cpu_before[rank]) / interval
     return movement
 
 

@@ -111,6 +111,41 @@ def test_a_job_that_still_trains_is_progressing_not_hung(tmp_path: Path, runner:
     assert len(report["summary"]["movement"]) == 3  # each rank's change, and the CPU it used
 
 
+def test_a_ddp_job_in_a_long_backward_is_progressing_not_hung(tmp_path: Path) -> None:
+    # steps longer than the two looks: both may catch each rank in one backward, same
+    # line, same locals; on gloo with no CUDA loaded, the CPU it used says it computes
+    log = tmp_path / "job.log"
+    script = SCRIPTS / "ddp_long_backward.py"
+    with log.open("w") as out:
+        shell = subprocess.Popen(
+            [
+                "/bin/sh",
+                "-c",
+                f"OMP_NUM_THREADS=1 WIDTH=2560 RUN_S=90 {sys.executable} -m torch.distributed.run "
+                f"--standalone --nproc-per-node=2 {script}",
+            ],
+            cwd=REPO,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "step 1:" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert "step 1:" in log.read_text(), log.read_text()[-2000:]
+        agent = next(
+            p
+            for p in psutil.Process(shell.pid).children(recursive=True)
+            if "torch.distributed.run" in " ".join(p.cmdline())
+        )
+        code, report = doctor(agent.pid)
+    finally:
+        kill_tree(shell.pid)
+        shell.wait(timeout=30)
+    assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
+
+
 @pytest.mark.parametrize("runner", ["", NCCL_TIMING], ids=["gloo", "nccl-timing"])
 def test_a_step_skipped_with_continue_is_a_data_dependent_branch(runner: str) -> None:
     """The loop's bound is the same on every rank: one collective fewer is a skipped pass,

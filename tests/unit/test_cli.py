@@ -127,3 +127,17 @@ def test_a_reader_that_leaves_early_does_not_change_the_exit_code(argv: list[str
     assert done.returncode == code, done.stderr
     assert "error" not in done.stderr.replace("1 error,", ""), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_doctor_from_takes_every_path_a_shell_glob_gives_it() -> None:
+    from ..conftest import REPO
+
+    logs = REPO / "tests" / "fixtures" / "aftermath"
+    done = invoke(
+        "doctor", "--json", "--from", str(logs / "py_spy_dumps.txt"), str(logs / "faulthandler_rank1.txt")
+    )
+    assert done.exit_code == 1, done.output
+    read = json.loads(done.stdout)["summary"]["read"]
+    assert len(read) == 2 and "py_spy_dumps.txt" in read[0] and "faulthandler_rank1.txt" in read[1]
+    stray = invoke("doctor", str(logs / "stopped_early.log"))
+    assert stray.exit_code == 2 and "paths go after --from" in stray.output

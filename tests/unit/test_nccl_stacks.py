@@ -243,7 +243,19 @@ def test_two_looks_tell_a_moving_job_from_a_stuck_one() -> None:
     )
     assert (stuck.moved, stuck.still, stuck.cores) == ({}, [0, 1], {0: 1.0})
     assert stuck.decided().startswith("no rank moved between two looks 1 s apart")
-    assert any("CPU alone decides nothing" in line for line in stuck.lines())
+    assert any("CPU decides only for a process with no CUDA or NCCL loaded" in line for line in stuck.lines())
+
+
+def test_a_rank_on_cpu_that_used_the_cpu_computed_where_its_stack_did_not_move() -> None:
+    # DDP's backward at one line, both looks: on gloo a waiting rank sleeps, so 0.7 of a
+    # core is work; the same CPU where CUDA is loaded decides nothing (NCCL spins)
+    same = {0: _looked("41", 20), 1: _looked("41", 20)}
+    cpu_before, cpu_after = {0: 5.0, 1: 5.0}, {0: 5.7, 1: 5.01}
+    on_cpu = movement.compare(same, same, 1.0, cpu_before, cpu_after, "/job", frozenset({0, 1}))
+    assert list(on_cpu.moved) == [0] and on_cpu.still == [1]
+    assert "0.70 of a core with no CUDA or NCCL loaded" in on_cpu.moved[0]
+    on_gpu = movement.compare(same, same, 1.0, cpu_before, cpu_after, "/job", frozenset())
+    assert on_gpu.moved == {} and on_gpu.still == [0, 1]
 
 
 class _Nvml:
