@@ -74,37 +74,36 @@ def test_the_emulation_returns_at_once_and_waits_at_the_read(tmp_path: Path) -> 
     assert "the read timed out" in done.output, done.output
 
 
-@pytest.mark.parametrize("runner", ["", NCCL_TIMING], ids=["gloo", "nccl-timing"])
-def test_a_job_that_still_trains_is_progressing_not_hung(tmp_path: Path, runner: str) -> None:
+def _doctor_while_it_trains(tmp_path: Path, job: str, trained: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    """doctor on a healthy job started from a shell (``job``: its command line), once its
+    log shows ``trained``; the job is reaped whatever happens."""
     log = tmp_path / "job.log"
-    script = SCRIPTS / "training_still_running.py"
     with log.open("w") as out:
         shell = subprocess.Popen(
-            [
-                "/bin/sh",
-                "-c",
-                f"RUN_S=60 {sys.executable} -m torch.distributed.run --standalone "
-                f"--nproc-per-node=2 {runner} {script}",
-            ],
-            cwd=REPO,
-            start_new_session=True,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            ["/bin/sh", "-c", job], cwd=REPO, start_new_session=True, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        deadline = time.monotonic() + 60
-        while "step 50:" not in log.read_text() and time.monotonic() < deadline:
+        deadline = time.monotonic() + 90
+        while trained not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert "step 50:" in log.read_text(), log.read_text()[-2000:]
+        assert trained in log.read_text(), log.read_text()[-2000:]
         agent = next(
             p
             for p in psutil.Process(shell.pid).children(recursive=True)
             if "torch.distributed.run" in " ".join(p.cmdline())
         )
-        code, report = doctor(agent.pid)
+        return doctor(agent.pid)
     finally:
         kill_tree(shell.pid)
         shell.wait(timeout=30)
+
+
+@pytest.mark.parametrize("runner", ["", NCCL_TIMING], ids=["gloo", "nccl-timing"])
+def test_a_job_that_still_trains_is_progressing_not_hung(tmp_path: Path, runner: str) -> None:
+    script = SCRIPTS / "training_still_running.py"
+    job = f"RUN_S=60 {sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2 {runner}"
+    job += f" {script}"
+    code, report = _doctor_while_it_trains(tmp_path, job, "step 50:")
     assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
     assert {r["state"] for r in report["ranks"]} == {"running"}
     assert report["summary"]["decided_by"].startswith("every rank moved between two looks")
@@ -114,35 +113,12 @@ def test_a_job_that_still_trains_is_progressing_not_hung(tmp_path: Path, runner:
 def test_a_ddp_job_in_a_long_backward_is_progressing_not_hung(tmp_path: Path) -> None:
     # steps longer than the two looks: both may catch each rank in one backward, same
     # line, same locals; on gloo with no CUDA loaded, the CPU it used says it computes
-    log = tmp_path / "job.log"
     script = SCRIPTS / "ddp_long_backward.py"
-    with log.open("w") as out:
-        shell = subprocess.Popen(
-            [
-                "/bin/sh",
-                "-c",
-                f"OMP_NUM_THREADS=1 WIDTH=2560 RUN_S=90 {sys.executable} -m torch.distributed.run "
-                f"--standalone --nproc-per-node=2 {script}",
-            ],
-            cwd=REPO,
-            start_new_session=True,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 90
-        while "step 1:" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert "step 1:" in log.read_text(), log.read_text()[-2000:]
-        agent = next(
-            p
-            for p in psutil.Process(shell.pid).children(recursive=True)
-            if "torch.distributed.run" in " ".join(p.cmdline())
-        )
-        code, report = doctor(agent.pid)
-    finally:
-        kill_tree(shell.pid)
-        shell.wait(timeout=30)
+    job = (
+        f"OMP_NUM_THREADS=1 WIDTH=2560 RUN_S=90 {sys.executable} -m torch.distributed.run "
+        f"--standalone --nproc-per-node=2 {script}"
+    )
+    code, report = _doctor_while_it_trains(tmp_path, job, "step 1:")
     assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
 
 
