@@ -22,7 +22,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import gpus, movement
 from ncclcheck.evidence.aftermath import Aftermath, FactKind, evidence_lines, rank_facts
-from ncclcheck.evidence.classes import merge_stacks, user_frames, waiting_at
+from ncclcheck.evidence.classes import merge_stacks, unplaced_classes, user_frames, waiting_at
 from ncclcheck.evidence.gpus import GpuReading
 from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
@@ -157,13 +157,24 @@ def run_doctor_from(paths: list[Path], trust_pickle: bool = False, all_ranks: bo
 
 def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
     """The aftermath's rules; what none explains is said as such, with the evidence."""
-    world = max(job.world_size, 1)
-    context = Context(Evidence(world_size=world))
+    world = job.world_size  # 0: the files name no rank (stack dumps of no known rank)
+    context = Context(Evidence(world_size=max(world, 1)))
     explanation = explain_leftovers(context, job)
     crashed = explanation is not None and explanation.cause is Cause.RANK_CRASHED
     report = Report(command="doctor", verdict=Verdict.CRASH if crashed else Verdict.HANG, world_size=world)
+    if job.unplaced:
+        report.summary["stacks_of_no_known_rank"] = unplaced_classes(
+            [(u.label, u.stack) for u in job.unplaced]
+        )
     if explanation is not None:
         report.findings = [explanation.finding(context.catalogue)]
+    elif job.unplaced and not any(r.timeouts or r.progress or r.stack for r in job.ranks.values()):
+        report.summary["unexplained"] = (
+            "these stack dumps name no rank (stacks_of_no_known_rank): they show where each process "
+            "waits, not which ranks are set apart, so no rule can name a cause from them. What decides: "
+            "the dumps of every rank with their ranks (`ncclcheck doctor --pid` on each host, or "
+            "--dump-to), the NCCL watchdog lines of the job's log, or Flight Recorder dumps"
+        )
     else:
         report.summary["unexplained"] = (
             "no rule explains what these files show (no ranks behind the others, no disagreement at "

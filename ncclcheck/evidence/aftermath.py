@@ -108,6 +108,16 @@ class RankAftermath:
         return progress.last_enqueued if progress is not None else None
 
 
+@dataclass(frozen=True)
+class UnplacedStack:
+    """A stack dump whose rank nothing says (a py-spy dump of one process posted alone):
+    read, described, never counted as a rank."""
+
+    label: str  # what names it: its file, and its pid where the dump gives one
+    stack: ProcessStack
+    source: Source
+
+
 @dataclass
 class Aftermath:
     """The whole job, as far as its leftovers show it."""
@@ -119,6 +129,7 @@ class Aftermath:
     run_ids: set[str] = field(default_factory=set)
     # doctor's own dumps: each rank's process as its host saw it (RankProcess's fields)
     doctor_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)
@@ -129,7 +140,7 @@ class Aftermath:
 
     @property
     def usable(self) -> bool:
-        return any(
+        return bool(self.unplaced) or any(
             r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
         )
 

@@ -201,3 +201,20 @@ def state_split(cls: StackClass) -> tuple[list[list[int]], list[str]] | None:
         for values, ranks in groups.items()
     ]
     return parts, lines
+
+
+def unplaced_classes(stacks: list[tuple[str, ProcessStack]]) -> list[str]:
+    """Stacks of no known rank ((label, stack)), merged into classes and said: where each
+    class waits (at a device sync point, the collective enqueued before it, where the
+    source shows one) and which dumps it holds. No rank numbers: none is known."""
+    by_index = {index: stack for index, (_, stack) in enumerate(stacks)}
+    waits = {index: waiting_at(stack) for index, stack in by_index.items()}
+    said = []
+    for found in merge_stacks(by_index, waits):
+        labels = ", ".join(stacks[i][0] for i in found.ranks)
+        site = found.site
+        where = f" at {relative(site.file, os.getcwd())}:{site.line} in {site.function}" if site else ""
+        waits_in = found.blocking + (f" (waits at a device sync point: {found.sync})" if found.sync else "")
+        count = f"{len(found.ranks)} dump{'s' if len(found.ranks) > 1 else ''}"
+        said.append(f"{count} ({labels}): {waits_in}{where}")
+    return said

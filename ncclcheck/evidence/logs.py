@@ -19,7 +19,15 @@ from typing import Any
 
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder
-from ncclcheck.evidence.aftermath import Aftermath, Ending, Progress, RankAftermath, Source, TimedOutWork
+from ncclcheck.evidence.aftermath import (
+    Aftermath,
+    Ending,
+    Progress,
+    RankAftermath,
+    Source,
+    TimedOutWork,
+    UnplacedStack,
+)
 from ncclcheck.evidence.dumps import (
     HEADER,
     PROCESS,
@@ -220,8 +228,11 @@ def _read_pickled_flight_recorder(path: Path, found: Aftermath, trust_pickle: bo
 
 
 def _rank_from_name(path: Path) -> int | None:
-    match = re.search(r"rank[_\-]?(\d+)", path.name, re.IGNORECASE) or re.search(
-        r"(\d+)(?=\.\w+$)", path.name
+    """A rank the file's name gives: "rank3.txt", "rank_3.log", or a name that is only
+    the number ("3.json"). Other numbers in a name (a pid, a thread id, a node) are not
+    ranks."""
+    match = re.search(r"(?<![a-z])rank[_\-]?(\d+)(?!\d)", path.name, re.IGNORECASE) or re.fullmatch(
+        r"(\d+)\.\w+", path.name
     )
     return int(match.group(1)) if match else None
 
@@ -493,7 +504,9 @@ def _finish(text: _TextFile) -> None:
         if owner is None:
             owner = only
         if owner is None:
-            text.found.skipped.append(f"{text.path}:{number}: a stack dump of no known rank")
+            label = text.path.name + (f" (pid {stack.pid})" if stack.pid else "")
+            text.found.unplaced.append(UnplacedStack(label, stack, Source(str(text.path), number)))
+            text.kinds.add("stack dumps of no known rank")
             continue
         record = text.found.rank(owner)
         record.stack, record.stack_source = stack, Source(str(text.path), number)

@@ -104,7 +104,8 @@ def print_report(report: Report, out: Console | None = None) -> None:
     out = out or _console()
     style = _VERDICT_STYLE[report.verdict]
     out.print(
-        f"[bold]ncclcheck {report.command}[/]: [{style}]{report.verdict.value}[/] ({report.world_size} ranks)"
+        f"[bold]ncclcheck {report.command}[/]: [{style}]{report.verdict.value}[/] "
+        + (f"({report.world_size} ranks)" if report.world_size else "(ranks unknown)")
     )
     if report.ranks:
         table = Table(show_edge=False, pad_edge=False)
@@ -166,6 +167,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("read", "read"),
         ("skipped", "not read"),
         ("movement", "two looks at every rank"),
+        ("stacks_of_no_known_rank", "stack dumps that name no rank, merged into classes"),
         ("gpus", "the ranks' GPUs (NVML)"),
         ("virtual", "virtual ranks that ran, and why"),
         ("eval_fast_forward", "eval passes fast-forwarded (--eval-batches)"),

@@ -264,3 +264,17 @@ def test_stacks_and_flight_recorders_together_name_the_playbooks_cause(catalogue
     assert finding.cause == cause, (finding.message, finding.evidence)
     expected = set(playbook.repro.ranks + playbook.repro.absent_ranks)
     assert set(finding.ranks + finding.absent_ranks) <= expected
+
+
+def test_a_stack_dump_of_no_known_rank_is_read_as_such(tmp_path: Path) -> None:
+    # a pid or a thread id in a file's name is not a rank: the dump is read, described,
+    # and sets no rank apart
+    for name in ("hung_pid4884.txt", "hung_pid4886.txt"):
+        shutil.copy(FIXTURES / "faulthandler_rank1.txt", tmp_path / name)
+    job = read_leftovers(sorted(tmp_path.iterdir()))
+    assert job.ranks == {} and [u.label for u in job.unplaced] == ["hung_pid4884.txt", "hung_pid4886.txt"]
+    report = run_doctor_from(sorted(tmp_path.iterdir()))
+    assert report.findings == [] and report.ranks == [] and report.world_size == 0
+    (merged,) = report.summary["stacks_of_no_known_rank"]
+    assert merged.startswith("2 dumps (hung_pid4884.txt, hung_pid4886.txt): ")
+    assert "name no rank" in report.summary["unexplained"]
