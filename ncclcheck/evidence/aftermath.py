@@ -108,6 +108,37 @@ class RankAftermath:
         return progress.last_enqueued if progress is not None else None
 
 
+# what a block's header says the analyser found
+MISSING, MISMATCH, SIZES = "missing ranks", "mismatch", "input/output sizes"
+
+
+@dataclass
+class FrTraceVerdict:
+    """One collective torch's Flight Recorder analyser (fr_trace) found wrong, as far as
+    the text shows it (evidence/fr_trace.py reads it)."""
+
+    kind: str  # MISSING, MISMATCH or SIZES
+    seq: int
+    source: Source
+    group: str | None = None
+    op: str | None = None  # "all_reduce" of "nccl:all_reduce"
+    missing: list[int] = field(default_factory=list)
+    expected: list[int] = field(default_factory=list)
+    input_sizes: str | None = None
+    world_size: int | None = None  # of the group
+    culprits: dict[int, str] = field(default_factory=dict)  # rank -> error type (SIZE_OR_SYNTAX_MISMATCH...)
+    frames: list[Frame] = field(default_factory=list)  # the collective's stack, innermost first
+
+    @property
+    def issued_by(self) -> list[int]:
+        """The ranks the analyser saw issue it: the expected ones (all of the group where
+        the printed set was cut short) but the missing."""
+        expected = set(self.expected)
+        if self.world_size is not None and len(expected) < self.world_size:
+            expected = set(range(self.world_size))
+        return sorted(expected - set(self.missing))
+
+
 @dataclass(frozen=True)
 class UnplacedStack:
     """A stack dump whose rank nothing says (a py-spy dump of one process posted alone):
@@ -130,6 +161,7 @@ class Aftermath:
     # doctor's own dumps: each rank's process as its host saw it (RankProcess's fields)
     doctor_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
+    fr_trace: list[FrTraceVerdict] = field(default_factory=list)  # the Flight Recorder analyser's verdicts
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)
@@ -140,7 +172,7 @@ class Aftermath:
 
     @property
     def usable(self) -> bool:
-        return bool(self.unplaced) or any(
+        return bool(self.unplaced or self.fr_trace) or any(
             r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
         )
 

@@ -36,6 +36,7 @@ from ncclcheck.evidence.dumps import (
     is_user_path,
     looks_like_py_spy_json,
 )
+from ncclcheck.evidence.fr_trace import looks_like_fr_trace, read_fr_trace
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
 from ncclcheck.model import Frame
 
@@ -153,6 +154,13 @@ def _read_file(path: Path, found: Aftermath, trust_pickle: bool) -> None:
             return
         if head.lstrip()[:1] == b"{" and b"\n" not in head.strip():
             found.skipped.append(f"{path}: not a doctor dump, nor JSON of any kind doctor reads (cut short?)")
+            return
+    if looks_like_fr_trace(head.decode("utf-8", errors="replace")):
+        verdicts = read_fr_trace(str(path), path.read_text(encoding="utf-8", errors="replace"))
+        if verdicts:
+            found.fr_trace.extend(verdicts)
+            found.world_size = max([found.world_size, *(v.world_size or 0 for v in verdicts)])
+            found.read.append(f"{path}: the Flight Recorder analyser's output (fr_trace)")
             return
     _read_text(path, found)
 

@@ -278,3 +278,27 @@ def test_a_stack_dump_of_no_known_rank_is_read_as_such(tmp_path: Path) -> None:
     (merged,) = report.summary["stacks_of_no_known_rank"]
     assert merged.startswith("2 dumps (hung_pid4884.txt, hung_pid4886.txt): ")
     assert "name no rank" in report.summary["unexplained"]
+
+
+def test_the_flight_recorder_analysers_missing_ranks_are_named_at_the_users_line() -> None:
+    (finding,) = diagnose("fr_trace_missing.txt").findings
+    assert finding.cause is Cause.RANK_CONDITIONAL_COLLECTIVE
+    assert (finding.ranks, finding.absent_ranks) == ([0, 2, 3], [1])
+    assert finding.site == "/home/me/project/retrieval/loss.py:88"  # the first frame not torch's
+    assert "all_gather_into_tensor #2207 of group default_pg" in finding.message
+    assert "not why" in finding.fix
+
+
+def test_the_flight_recorder_analysers_size_mismatch_is_a_shape_mismatch() -> None:
+    (finding,) = diagnose("fr_trace_sizes.txt").findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert "SIZE_OR_SYNTAX_MISMATCH" in finding.message and "names rank 1" in finding.message
+    assert (finding.ranks, finding.absent_ranks) == ([], [])  # its culprit is a hint, not a verdict
+
+
+def test_an_analyser_verdict_cut_before_its_error_message_is_said_as_undecided(tmp_path: Path) -> None:
+    lines = (FIXTURES / "fr_trace_sizes.txt").read_text().splitlines()
+    (tmp_path / "fr.txt").write_text("\n".join(line for line in lines if not line.startswith("error msg")))
+    (finding,) = run_doctor_from([tmp_path / "fr.txt"]).findings
+    assert finding.severity.value == "warning" and "error message is not in these files" in finding.message
+    assert "error msg" in finding.fix

@@ -15,13 +15,21 @@ from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
 from ncclcheck.evidence import flight_recorder
-from ncclcheck.evidence.aftermath import Aftermath, FactKind, RankAftermath, TimedOutWork, evidence_lines
+from ncclcheck.evidence.aftermath import (
+    MISSING,
+    SIZES,
+    Aftermath,
+    FactKind,
+    RankAftermath,
+    TimedOutWork,
+    evidence_lines,
+)
 from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Severity, format_ranks
-from ncclcheck.wording import signal_name, who
+from ncclcheck.wording import relative, signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
 _WAITED = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|collective operation", re.I)
@@ -223,6 +231,82 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
     return disagree
 
 
+# the analyser's error types, as the causes they are
+_FR_TRACE_CAUSES = {
+    "SIZE_OR_SYNTAX_MISMATCH": Cause.COLLECTIVE_SHAPE_MISMATCH,
+    "COLLECTIVE_DTYPE_MISMATCH": Cause.COLLECTIVE_SHAPE_MISMATCH,
+    "COLLECTIVE_TYPE_MISMATCH": Cause.COLLECTIVE_ORDER_MISMATCH,
+}
+
+
+def the_flight_recorder_analyser_says(s: Leftovers) -> Explanation | None:
+    """torch's own analyser (fr_trace) compared every rank's Flight Recorder: its first
+    verdict, read as it is, with what it does not say said too."""
+    if not s.job.fr_trace:
+        return None
+    verdict = s.job.fr_trace[0]
+    op = verdict.op or "a collective"
+    named = f"{op} #{verdict.seq}" + (f" of group {verdict.group}" if verdict.group else "")
+    user = next((f for f in verdict.frames if "/torch/" not in f.file.replace("\\", "/")), None)
+    site = f"{relative(user.file, s.d.ev.cwd)}:{user.line}" if user else None
+    at = f" (called from {user.function}() at {site})" if user else ""
+    said = f"the Flight Recorder analyser (fr_trace, {verdict.source})"
+    if verdict.kind == MISSING and verdict.missing:
+        issued = verdict.issued_by
+        why = f"{said}: {who(verdict.missing)} never joined {named}{at}, which {who(issued)} issued"
+        return _never_issued(
+            s,
+            f"{who(issued)} issued {named}{at} and waited; {who(verdict.missing)} never joined it, as "
+            "torch's Flight Recorder analyser found. What sent them elsewhere, it does not show: their "
+            "own last entries or stacks do",
+            (issued, verdict.missing),
+            op,
+            site,
+            why,
+        )
+    kinds = sorted(set(verdict.culprits.values()))
+    cause = next((_FR_TRACE_CAUSES[k] for k in kinds if k in _FR_TRACE_CAUSES), None)
+    if verdict.kind == SIZES:
+        cause = Cause.COLLECTIVE_SHAPE_MISMATCH
+    if cause is not None:
+        culprits = sorted(verdict.culprits)
+        return s.d.explanation(
+            cause,
+            f"the ranks' Flight Recorders disagree at {named}{at}: "
+            + (", ".join(kinds) if kinds else "input and output sizes do not add up")
+            + (
+                f"; the analyser names {who(culprits)} (it may name a rank that only saw another's error)"
+                if culprits
+                else ""
+            ),
+            ranks=[],
+            absent_ranks=[],
+            op=op,
+            site=site,
+            evidence=[*s.evidence, f"{said}: {named}, input sizes {verdict.input_sizes or '?'}"],
+        )
+    undecided = s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"torch's Flight Recorder analyser found the ranks' records disagree at {named}{at}, but its "
+        "error message is not in these files: a different op, size, dtype or state at one sequence "
+        "number (two different collectives paired by their number, where one rank issued another)",
+        ranks=[],
+        absent_ranks=[],
+        op=op,
+        site=site,
+        evidence=[
+            *s.evidence,
+            f"{said}: {named}, input sizes {verdict.input_sizes or '?'} on the first rank",
+        ],
+    )
+    undecided.severity = Severity.WARNING
+    undecided.fix = (
+        "What decides: the analyser's `error msg:` line for this collective (rerun fr_trace on the "
+        "dumps), or every rank's Flight Recorder dump given to doctor --from"
+    )
+    return undecided
+
+
 def _stacks_say_why(s: Leftovers, said: str) -> Explanation | None:
     """The stacks' explanation, where they give a reason (a rank test, an exit...) for a
     parting the numbers located: the numbers become its evidence."""
@@ -268,25 +352,44 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
             (w for r in made for w in s.job.ranks[r].timeouts if w.group == group and w.seq == missed), None
         )
         named = work.describe() if work is not None else f"#{missed} on group {group}"
-        said = f"{how}: {who(behind)} never issued {named}"
-        from_stacks = _stacks_say_why(s, said)
-        if from_stacks is not None:
-            return from_stacks
-        unexplained = s.d.explanation(
-            Cause.RANK_CONDITIONAL_COLLECTIVE,
+        return _never_issued(
+            s,
             f"{who(made)} issued {named} and waited; {who(behind)} never issued it. What sent "
             f"{who(behind)} elsewhere, the logs do not show: dump the ranks' stacks (py-spy) "
             "with the logs, or run `ncclcheck preflight` on the script",
-            ranks=made,
-            absent_ranks=behind,
-            op=work.op if work is not None else None,
-            site=None,
-            evidence=[*s.evidence, said],
+            (made, behind),
+            work.op if work is not None else None,
+            None,
+            f"{how}: {who(behind)} never issued {named}",
         )
-        # no reason known: not one playbook's fix, but how to find the reason
-        unexplained.fix = _FIND_THE_REASON
-        return unexplained
     return None
+
+
+def _never_issued(
+    s: Leftovers,
+    message: str,
+    sides: tuple[list[int], list[int]],
+    op: str | None,
+    site: str | None,
+    said: str,
+) -> Explanation:
+    """Ranks that issued a collective and ranks that never did (``sides``), located by the
+    numbers: the stacks, where dumped, say why; else it is said that nothing here does."""
+    from_stacks = _stacks_say_why(s, said)
+    if from_stacks is not None:
+        return from_stacks
+    unexplained = s.d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        message,
+        ranks=sides[0],
+        absent_ranks=sides[1],
+        op=op,
+        site=site,
+        evidence=[*s.evidence, said],
+    )
+    # no reason known: not one playbook's fix, but how to find the reason
+    unexplained.fix = _FIND_THE_REASON
+    return unexplained
 
 
 def stacks_decide(s: Leftovers) -> Explanation | None:
@@ -412,6 +515,7 @@ AFTERMATH_RULES = (
     a_rank_failed_first,
     ops_differ_at_one_position,
     sizes_differ_at_one_position,
+    the_flight_recorder_analyser_says,
     flight_recorders_disagree,
     some_ranks_never_issued_it,
     stacks_decide,
