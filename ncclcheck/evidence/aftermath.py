@@ -140,6 +140,18 @@ class FrTraceVerdict:
 
 
 @dataclass(frozen=True)
+class DesyncVerdict:
+    """A line of NCCL's desync report (TORCH_NCCL_DESYNC_DEBUG=1): "[7] finished collective
+    #182, but didn't join collective #183", or "[0, 1, ...] joined but didn't finish
+    collective #730"."""
+
+    ranks: tuple[int, ...]
+    seq: int  # the collective they did not join, or did not finish
+    joined: bool  # True: they joined it and it never finished; False: they never joined it
+    source: Source
+
+
+@dataclass(frozen=True)
 class UnplacedStack:
     """A stack dump whose rank nothing says (a py-spy dump of one process posted alone):
     read, described, never counted as a rank."""
@@ -162,6 +174,7 @@ class Aftermath:
     doctor_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
     fr_trace: list[FrTraceVerdict] = field(default_factory=list)  # the Flight Recorder analyser's verdicts
+    desync: list[DesyncVerdict] = field(default_factory=list)  # NCCL's desync report
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)
@@ -172,7 +185,7 @@ class Aftermath:
 
     @property
     def usable(self) -> bool:
-        return bool(self.unplaced or self.fr_trace) or any(
+        return bool(self.unplaced or self.fr_trace or self.desync) or any(
             r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
         )
 

@@ -21,6 +21,7 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
     Aftermath,
+    DesyncVerdict,
     Ending,
     Progress,
     RankAftermath,
@@ -67,11 +68,30 @@ def _continues(line: str) -> bool:
     return bool(line) and (line[0].islower() or line.startswith("WorkNCCL(")) and not _RANK_SAID.search(line)
 
 
+# NCCL's desync report: who lagged, and who joined a collective that never finished
+_NOT_JOINED = re.compile(r"\[([\d, ]+)\] finished collective #(\d+), but didn't join collective #(\d+)")
+_NOT_FINISHED = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
+_SNAPSHOT = re.compile(r"^\s*\[([\d, ]+)\] (?:started|finished) \w+")  # its ranks' latest states
+
+
+def _desync_snapshot(text: _TextFile, line: str) -> bool:
+    """A line of the desync report's snapshot of the ranks' states: which ranks the job has."""
+    snapshot = _SNAPSHOT.match(line)
+    if snapshot is None:
+        return False
+    ranks = [int(r) for r in re.findall(r"\d+", snapshot.group(1))]
+    text.found.world_size = max(text.found.world_size, max(ranks) + 1)
+    return True
+
+
 def _may_matter(line: str) -> bool:
     """A cheap test for the lines of a log that are not the training's own: plain
     substring tests are many times faster than one regular expression of alternatives."""
     return (
         "NCCL" in line
+        or "collective #" in line
+        or "] started " in line
+        or "] finished " in line
         or "run_id" in line
         or "orld_size" in line
         or "WORLD_SIZE" in line
@@ -324,6 +344,16 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         text.found.world_size = max(text.found.world_size, int(world.group(1) or world.group(2)))
     if "NCCL work" in line or "WorkNCCL(" in line:
         _nccl_line(text, rank, line, number)
+        return
+    if "collective #" in line and (desync := _NOT_JOINED.search(line) or _NOT_FINISHED.search(line)):
+        ranks = tuple(int(r) for r in re.findall(r"\d+", desync.group(1)))
+        joined = desync.re is _NOT_FINISHED
+        seq = int(desync.group(2) if joined else desync.group(3))
+        text.found.desync.append(DesyncVerdict(ranks, seq, joined, Source(str(text.path), number)))
+        text.found.world_size = max(text.found.world_size, max(ranks) + 1)
+        text.kinds.add("NCCL's desync report")
+        return
+    if ("] started " in line or "] finished " in line) and _desync_snapshot(text, line):
         return
     if (text.elastic_section is not None or line.startswith(("Root Cause", "Failures:"))) and _elastic_line(
         text, line, number

@@ -302,3 +302,15 @@ def test_an_analyser_verdict_cut_before_its_error_message_is_said_as_undecided(t
     (finding,) = run_doctor_from([tmp_path / "fr.txt"]).findings
     assert finding.severity.value == "warning" and "error message is not in these files" in finding.message
     assert "error msg" in finding.fix
+
+
+def test_the_rank_nccls_desync_report_says_never_joined_is_set_apart() -> None:
+    (finding,) = diagnose("desync_lagging.log").findings
+    assert (finding.ranks, finding.absent_ranks) == ([0, 1, 3], [2])
+    assert "never joined collective #88" in finding.message and "not why" in finding.fix
+
+
+def test_every_rank_joined_and_none_finished_is_the_transport() -> None:
+    (finding,) = diagnose("desync_all_joined.log").findings
+    assert finding.cause is Cause.TRANSPORT_HANG
+    assert (finding.ranks, finding.absent_ranks) == ([0, 1, 2, 3], [])

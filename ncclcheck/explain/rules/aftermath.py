@@ -19,6 +19,7 @@ from ncclcheck.evidence.aftermath import (
     MISSING,
     SIZES,
     Aftermath,
+    DesyncVerdict,
     FactKind,
     RankAftermath,
     TimedOutWork,
@@ -229,6 +230,46 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
     )
     disagree.fix = _WHERE_NOT_WHY
     return disagree
+
+
+def the_desync_report_says(s: Leftovers) -> Explanation | None:
+    """NCCL's desync report (TORCH_NCCL_DESYNC_DEBUG=1) compared the ranks through the
+    store: ranks that never joined a collective are set apart by it; every rank of the
+    job joined and none finished is the transport."""
+    lagging = next((v for v in s.job.desync if not v.joined), None)
+    said = [f"NCCL's desync report ({v.source}): " + _desync_text(v) for v in s.job.desync]
+    if lagging is not None:
+        others = sorted(set(range(s.job.world_size)) - set(lagging.ranks))
+        return _never_issued(
+            s,
+            f"{who(list(lagging.ranks))} never joined collective #{lagging.seq} (count from 1), as NCCL's "
+            f"desync report found; {who(others)} went on. What kept {who(list(lagging.ranks))} from it, "
+            "the report does not show: their own logs or stacks do",
+            (others, list(lagging.ranks)),
+            None,
+            None,
+            "; ".join(said),
+        )
+    stuck = next((v for v in s.job.desync if v.joined), None)
+    if stuck is None or set(stuck.ranks) != set(range(s.job.world_size)):
+        return None
+    return s.d.explanation(
+        Cause.TRANSPORT_HANG,
+        f"every rank ({who(list(stuck.ranks))}) joined collective #{stuck.seq} and none finished, as NCCL's "
+        "desync report found: no rank is behind or mismatched, the collective itself made no progress; "
+        "run `ncclcheck probe` with the job's launcher options",
+        ranks=list(stuck.ranks),
+        absent_ranks=[],
+        op=None,
+        site=None,
+        evidence=[*s.evidence, *said],
+    )
+
+
+def _desync_text(verdict: DesyncVerdict) -> str:
+    if verdict.joined:
+        return f"{who(list(verdict.ranks))} joined but did not finish collective #{verdict.seq}"
+    return f"{who(list(verdict.ranks))} did not join collective #{verdict.seq}"
 
 
 # the analyser's error types, as the causes they are
@@ -513,6 +554,7 @@ _FIND_THE_REASON = (
 # numbers alone; then ranks behind the others; then the stacks; then alike everywhere.
 AFTERMATH_RULES = (
     a_rank_failed_first,
+    the_desync_report_says,
     ops_differ_at_one_position,
     sizes_differ_at_one_position,
     the_flight_recorder_analyser_says,
