@@ -175,6 +175,10 @@ class Aftermath:
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
     fr_trace: list[FrTraceVerdict] = field(default_factory=list)  # the Flight Recorder analyser's verdicts
     desync: list[DesyncVerdict] = field(default_factory=list)  # NCCL's desync report
+    # gloo's monitored_barrier: rank -> (timeout in ms, where said), for ranks it says did
+    # not pass; and the ranks it says reached it
+    barrier_late: dict[int, tuple[int, Source]] = field(default_factory=dict)
+    barrier_reached: set[int] = field(default_factory=set)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)
@@ -185,7 +189,7 @@ class Aftermath:
 
     @property
     def usable(self) -> bool:
-        return bool(self.unplaced or self.fr_trace or self.desync) or any(
+        return bool(self.unplaced or self.fr_trace or self.desync or self.barrier_late) or any(
             r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
         )
 

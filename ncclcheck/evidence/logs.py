@@ -71,7 +71,23 @@ def _continues(line: str) -> bool:
 # NCCL's desync report: who lagged, and who joined a collective that never finished
 _NOT_JOINED = re.compile(r"\[([\d, ]+)\] finished collective #(\d+), but didn't join collective #(\d+)")
 _NOT_FINISHED = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #(\d+)")
+# gloo's monitored_barrier, as rank 0 and the others say it
+_BARRIER_LATE = re.compile(r"Rank (\d+) failed to pass monitoredBarrier in (\d+) ms")
+_BARRIER_REACHED = re.compile(r"Rank (\d+) successfully reached monitoredBarrier")
 _SNAPSHOT = re.compile(r"^\s*\[([\d, ]+)\] (?:started|finished) \w+")  # its ranks' latest states
+
+
+def _monitored_barrier(text: _TextFile, line: str, number: int) -> None:
+    found = text.found
+    for late in _BARRIER_LATE.finditer(line):
+        rank = int(late.group(1))
+        found.barrier_late.setdefault(rank, (int(late.group(2)), Source(str(text.path), number)))
+        found.world_size = max(found.world_size, rank + 1)
+    for reached in _BARRIER_REACHED.finditer(line):
+        found.barrier_reached.add(int(reached.group(1)))
+        found.world_size = max(found.world_size, int(reached.group(1)) + 1)
+    if found.barrier_late or found.barrier_reached:
+        text.kinds.add("gloo's monitored_barrier")
 
 
 def _desync_snapshot(text: _TextFile, line: str) -> bool:
@@ -89,6 +105,7 @@ def _may_matter(line: str) -> bool:
     substring tests are many times faster than one regular expression of alternatives."""
     return (
         "NCCL" in line
+        or "monitoredBarrier" in line
         or "collective #" in line
         or "] started " in line
         or "] finished " in line
@@ -344,6 +361,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         text.found.world_size = max(text.found.world_size, int(world.group(1) or world.group(2)))
     if "NCCL work" in line or "WorkNCCL(" in line:
         _nccl_line(text, rank, line, number)
+        return
+    if "monitoredBarrier" in line:
+        _monitored_barrier(text, line, number)
         return
     if "collective #" in line and (desync := _NOT_JOINED.search(line) or _NOT_FINISHED.search(line)):
         ranks = tuple(int(r) for r in re.findall(r"\d+", desync.group(1)))

@@ -314,3 +314,10 @@ def test_every_rank_joined_and_none_finished_is_the_transport() -> None:
     (finding,) = diagnose("desync_all_joined.log").findings
     assert finding.cause is Cause.TRANSPORT_HANG
     assert (finding.ranks, finding.absent_ranks) == ([0, 1, 2, 3], [])
+
+
+def test_the_rank_a_monitored_barrier_says_did_not_pass_is_set_apart() -> None:
+    (finding,) = diagnose("monitored_barrier.log").findings
+    assert finding.cause is Cause.STRAGGLER and finding.op == "monitored_barrier"
+    assert (finding.ranks, finding.absent_ranks) == ([0, 2], [1])
+    assert "within 60 s" in finding.message and "never calls it" in finding.message

@@ -266,6 +266,32 @@ def the_desync_report_says(s: Leftovers) -> Explanation | None:
     )
 
 
+def a_monitored_barrier_names_the_late_rank(s: Leftovers) -> Explanation | None:
+    """gloo's monitored_barrier is the one wait that names who did not arrive: its rank 0
+    says which ranks failed to pass in time (the others only that rank 0 went quiet)."""
+    if not s.job.barrier_late:
+        return None
+    late = sorted(s.job.barrier_late)
+    timeout_ms, source = s.job.barrier_late[late[0]]
+    arrived = sorted(set(range(s.job.world_size)) - set(late))
+    reached = sorted(s.job.barrier_reached)
+    return s.d.explanation(
+        Cause.STRAGGLER,
+        f"{who(late)} did not reach gloo's monitored_barrier within {timeout_ms / 1000:g} s, while "
+        f"{who(arrived)} did: {who(late)} was late (still busy elsewhere) or never calls it there; what "
+        f"{who(late)} was doing, its own log or stack shows",
+        ranks=arrived,
+        absent_ranks=late,
+        op="monitored_barrier",
+        site=None,
+        evidence=[
+            *s.evidence,
+            f"gloo's monitored_barrier ({source}): {who(late)} failed to pass it in {timeout_ms} ms"
+            + (f"; {who(reached)} said they reached it" if reached else ""),
+        ],
+    )
+
+
 def _desync_text(verdict: DesyncVerdict) -> str:
     if verdict.joined:
         return f"{who(list(verdict.ranks))} joined but did not finish collective #{verdict.seq}"
@@ -555,6 +581,7 @@ _FIND_THE_REASON = (
 AFTERMATH_RULES = (
     a_rank_failed_first,
     the_desync_report_says,
+    a_monitored_barrier_names_the_late_rank,
     ops_differ_at_one_position,
     sizes_differ_at_one_position,
     the_flight_recorder_analyser_says,
