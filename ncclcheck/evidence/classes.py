@@ -116,7 +116,9 @@ def waiting_at(stack: ProcessStack) -> Waiting:
     at = f"{where.sync} at {relative(frames[-1].file, os.getcwd())}:{frames[-1].line}"
     enqueued = device.enqueued_before(frames)
     if enqueued is None:
-        return Waiting(where, where.what, frames, f"{at}, with no collective before it in the source")
+        read = os.path.isfile(frames[-1].file)
+        said = "with no collective before it in the source" if read else "its source not on this host"
+        return Waiting(where, where.what, frames, f"{at}, {said}")
     return Waiting(where, enqueued.op, enqueued.frames, f"{at}, after {enqueued.what}")
 
 

@@ -59,6 +59,25 @@ def sync_point(file: str, line: int) -> str | None:
     return None
 
 
+def sync_point_in(code: str) -> str | None:
+    """The device synchronisation point in one line of source as a dump printed it, where
+    the file itself is not on this host; None when the line holds none or does not parse
+    alone (the first line of a call that goes on)."""
+    try:
+        tree = ast.parse(code.strip())
+    except SyntaxError:
+        return None
+    calls = sorted(
+        (n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda c: c.end_col_offset or 0
+    )
+    for call in calls:
+        if isinstance(call.func, ast.Attribute) and call.func.attr in DEVICE_SYNC_METHODS:
+            return DEVICE_SYNC_METHODS[call.func.attr]
+        if isinstance(call.func, ast.Attribute) and call.func.attr == DEVICE_SYNC_CALL:
+            return f"{ast.unparse(call.func)}()"
+    return None
+
+
 def _reads_a_value(call: ast.Call) -> bool:
     """``float(loss)``, ``print(f"{loss}")``: an argument that may be a tensor (a name,
     attribute, subscript, arithmetic, or a formatted value), not ``float(len(x))``."""

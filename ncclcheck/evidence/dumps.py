@@ -28,14 +28,25 @@ _FAULT_THREAD = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*)\])? \(most recent call first\):"
 )
 _FAULT_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+?)\s*$')
+# gdb's py-bt ("Traceback (most recent call first):", innermost first) and a stack a
+# signal handler printed with traceback.print_stack ("-- Thread ID: N ---", outermost
+# first): frames as `File "x.py", line 3, in f`, each followed by its source line
+_GDB_THREAD = re.compile(r"^\s*Traceback \(most recent call first\):\s*$")
+_PRINTED_THREAD = re.compile(r"^\s*-+ ?Thread ID: (\d+) ?-*\s*$")
+_FILE_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+?)\s*$')
 # headers between the dumps of one file: "== rank 3 ==", "=== pid 123 ===", "rank 3:"
 HEADER = re.compile(r"^\s*(?:=+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:=+\s*|:\s*)$", re.IGNORECASE)
 PROCESS = re.compile(r"^Process (\d+): (.*)$")
 
 
 def is_stack_line(line: str) -> bool:
-    """Whether a line opens a thread of a py-spy or faulthandler dump."""
-    return bool(_PY_SPY_THREAD.match(line) or _FAULT_THREAD.match(line))
+    """Whether a line opens a thread of a py-spy, faulthandler, gdb py-bt or printed dump."""
+    return bool(
+        _PY_SPY_THREAD.match(line)
+        or _FAULT_THREAD.match(line)
+        or _GDB_THREAD.match(line)
+        or _PRINTED_THREAD.match(line)
+    )
 
 
 @dataclass
@@ -45,9 +56,11 @@ class StackReader:
     threads: list[ThreadStack] = field(default_factory=list)
     pid: int | None = None
     command: str = ""  # py-spy's "Process N: <command line>"
-    _faulthandler: bool = False
+    _faulthandler: bool = False  # threads named by no dump: the main one found by its frames
     _current: int | None = None  # faulthandler's "Current thread", by index
     _in_locals: bool = False
+    _outermost_first: set[int] = field(default_factory=set)  # printed stacks, by thread index
+    _source_line_next: bool = False  # a printed or py-bt frame is followed by its source line
 
     def feed(self, line: str) -> bool:
         """Take a line; False when it is no part of a stack dump."""
@@ -67,11 +80,30 @@ class StackReader:
                 self._current = len(self.threads)
             self.threads.append(ThreadStack(int(match.group(2), 16), match.group(3), []))
             return True
+        printed = _PRINTED_THREAD.match(line)
+        if printed is not None or _GDB_THREAD.match(line):
+            self._faulthandler = True
+            if printed is not None:
+                self._outermost_first.add(len(self.threads))
+            self.threads.append(ThreadStack(int(printed.group(1)) if printed else len(self.threads), "", []))
+            self._source_line_next = False
+            return True
         if line.startswith("Python v") or not line.strip():
             return True  # py-spy's header, and the blank lines between threads
         if not self.threads:
             return False
         thread = self.threads[-1]
+        if self._faulthandler and (match := _FILE_FRAME.match(line)):
+            thread.frames.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
+            thread.code.extend([""] * (len(thread.frames) - 1 - len(thread.code)))
+            self._source_line_next = True
+            return True
+        if self._source_line_next:
+            self._source_line_next = False  # the frame's source line, kept for the sync point
+            thread.code.append(line.strip())
+            return True
+        if self._faulthandler and line.lstrip().startswith("<built-in"):
+            return True  # py-bt's native call
         if self._faulthandler and (match := _FAULT_FRAME.match(line)):
             thread.frames.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
             return True
@@ -89,6 +121,12 @@ class StackReader:
         return False
 
     def stack(self) -> ProcessStack | None:
+        for index in self._outermost_first:
+            thread = self.threads[index]
+            thread.code.extend([""] * (len(thread.frames) - len(thread.code)))
+            thread.frames.reverse()  # innermost first, as every other format
+            thread.code.reverse()
+        self._outermost_first = set()
         threads = [t for t in self.threads if t.frames]
         if not threads:
             return None

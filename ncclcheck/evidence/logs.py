@@ -56,7 +56,16 @@ _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
 _ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\s*(.*)$")
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
 # what a line must start with to matter when no stack, traceback or summary is being read
-_MARKER_STARTS = ("Traceback (", "Thread ", "Current thread ", "Process ", "Root Cause", "Failures:")
+_MARKER_STARTS = (
+    "Traceback (",
+    "Thread ",
+    "Current thread ",
+    "Process ",
+    "Root Cause",
+    "Failures:",
+    "-- Thread ID",
+    "--- Thread ID",
+)
 
 
 # a line that ends mid-sentence (a word, a colon, a comma), and one that goes on with it
@@ -382,7 +391,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if stream is None:
         stream = text.streams[rank] = _Stream()
     if stream.stack is not None or (
-        line.startswith(("Thread ", "Current thread ", "Process "))
+        line.startswith(("Thread ", "Current thread ", "Process ", "Traceback (most recent call first)", "-"))
         and (is_stack_line(line) or PROCESS.match(line))
     ):
         if stream.stack is None:

@@ -42,6 +42,9 @@ class ThreadStack:
     # per frame: the user's own code? Decided on the host that dumped the stack, whose
     # library paths (site-packages) may differ from those of the host that reads it.
     user: list[bool] = field(default_factory=list)
+    # per frame, where the dump printed it (gdb's py-bt, a printed traceback): the frame's
+    # source line, read when the file is not on this host
+    code: list[str] = field(default_factory=list)
 
     def is_user(self, index: int) -> bool:
         return self.user[index] if index < len(self.user) else is_user_file(self.frames[index].file)
@@ -214,8 +217,10 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
     """A wait for the device: the innermost Python frame's line holds a synchronisation
     point, or native frames (py-spy --native) show one."""
     native = device.native_wait([f.function for f in main.frames])
-    python = [f for f in main.frames if f.file.endswith(".py")]
-    sync = device.sync_point(python[0].file, python[0].line) if python else None
+    python = [i for i, f in enumerate(main.frames) if f.file.endswith(".py")]
+    sync = device.sync_point(main.frames[python[0]].file, main.frames[python[0]].line) if python else None
+    if sync is None and python and python[0] < len(main.code) and main.code[python[0]]:
+        sync = device.sync_point_in(main.code[python[0]])  # the dump's own copy of the line
     if sync is not None:
         return Blocking(f"a device sync point ({sync})", True, sync=sync, native=native)
     if native is not None:

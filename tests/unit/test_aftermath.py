@@ -321,3 +321,17 @@ def test_the_rank_a_monitored_barrier_says_did_not_pass_is_set_apart() -> None:
     assert finding.cause is Cause.STRAGGLER and finding.op == "monitored_barrier"
     assert (finding.ranks, finding.absent_ranks) == ([0, 2], [1])
     assert "within 60 s" in finding.message and "never calls it" in finding.message
+
+
+def test_gdb_py_bt_and_a_printed_stack_are_read_with_their_source_lines() -> None:
+    job = read_leftovers([FIXTURES / "gdb_py_bt.txt", FIXTURES / "printed_stack_item.txt"])
+    by_label = {u.label: u.stack.main for u in job.unplaced}
+    py_bt, printed = by_label["gdb_py_bt.txt"], by_label["printed_stack_item.txt"]
+    assert py_bt is not None and printed is not None
+    assert [f.function for f in py_bt.frames] == ["all_reduce", "mean_over_ranks", "validate", "<module>"]
+    assert [f.function for f in printed.frames] == ["log_loss", "main", "<module>"]  # innermost first
+    assert printed.code[0] == 'print(f"loss {loss.item():.4f}")'
+    report = run_doctor_from([FIXTURES / "gdb_py_bt.txt", FIXTURES / "printed_stack_item.txt"])
+    said = " ".join(report.summary["stacks_of_no_known_rank"])
+    assert "all_reduce" in said and "a device sync point (.item())" in said
+    assert "its source not on this host" in said  # no claim about source it could not read
