@@ -312,6 +312,7 @@ DEVICE_SYNC_BUILTINS = {
 DEVICE_SYNC_CALL = "synchronize"
 # native frames (py-spy --native) of a host thread waiting for the device or inside NCCL
 NATIVE_DEVICE_WAITS = (
+    "_local_scalar_dense",  # what .item() runs on a CUDA tensor: a copy to the host
     "cudaStreamSynchronize",
     "cudaDeviceSynchronize",
     "cudaEventSynchronize",

@@ -215,7 +215,11 @@ def unplaced_classes(stacks: list[tuple[str, ProcessStack]]) -> list[str]:
     for found in merge_stacks(by_index, waits):
         labels = ", ".join(stacks[i][0] for i in found.ranks)
         site = found.site
-        where = f" at {relative(site.file, os.getcwd())}:{site.line} in {site.function}" if site else ""
+        where = (
+            f" at {relative(site.file, os.getcwd())}:{site.line} in {site.function}"
+            if site and site.line
+            else ""
+        )
         waits_in = found.blocking + (f" (waits at a device sync point: {found.sync})" if found.sync else "")
         count = f"{len(found.ranks)} dump{'s' if len(found.ranks) > 1 else ''}"
         said.append(f"{count} ({labels}): {waits_in}{where}")

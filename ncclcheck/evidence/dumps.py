@@ -33,6 +33,10 @@ _FAULT_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+?)\s*$')
 # first): frames as `File "x.py", line 3, in f`, each followed by its source line
 _GDB_THREAD = re.compile(r"^\s*Traceback \(most recent call first\):\s*$")
 _PRINTED_THREAD = re.compile(r"^\s*-+ ?Thread ID: (\d+) ?-*\s*$")
+# gdb's native backtrace (`bt`): "#3  0x00007f.. in cudaMemcpyAsync () from /lib/libcudart.so"
+_GDB_NATIVE_FRAME = re.compile(
+    r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.+?) \(.*?\)(?:.*? (?:from|at) (\S+))?\s*$"
+)
 _FILE_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+?)\s*$')
 # headers between the dumps of one file: "== rank 3 ==", "=== pid 123 ===", "rank 3:"
 HEADER = re.compile(r"^\s*(?:=+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:=+\s*|:\s*)$", re.IGNORECASE)
@@ -46,6 +50,7 @@ def is_stack_line(line: str) -> bool:
         or _FAULT_THREAD.match(line)
         or _GDB_THREAD.match(line)
         or _PRINTED_THREAD.match(line)
+        or (line.startswith("#0 ") and _GDB_NATIVE_FRAME.match(line))
     )
 
 
@@ -79,6 +84,14 @@ class StackReader:
             if match.group(1) == "Current thread":
                 self._current = len(self.threads)
             self.threads.append(ThreadStack(int(match.group(2), 16), match.group(3), []))
+            return True
+        native = _GDB_NATIVE_FRAME.match(line) if line.startswith("#") else None
+        if native is not None:
+            if native.group(1) == "0" or not self.threads:  # a new thread's backtrace
+                self._faulthandler = True
+                self.threads.append(ThreadStack(len(self.threads), "", []))
+            where = native.group(3) or "?"
+            self.threads[-1].frames.append(Frame(where, 0, native.group(2).strip()))
             return True
         printed = _PRINTED_THREAD.match(line)
         if printed is not None or _GDB_THREAD.match(line):
@@ -136,6 +149,8 @@ class StackReader:
             main = next((t for t in threads if t.frames[-1].function == "<module>"), None)
             if main is None and self._current is not None and self.threads[self._current].frames:
                 main = self.threads[self._current]
+            if main is None and len(threads) == 1:
+                main = threads[0]  # one thread dumped (a gdb bt of the thread that hangs): that one
             for thread in threads:  # innermost first already, as py-spy prints them
                 thread.name = "MainThread" if thread is main else (thread.name or "Thread")
         for thread in threads:

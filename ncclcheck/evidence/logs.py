@@ -65,6 +65,7 @@ _MARKER_STARTS = (
     "Failures:",
     "-- Thread ID",
     "--- Thread ID",
+    "#0 ",
 )
 
 
@@ -391,7 +392,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if stream is None:
         stream = text.streams[rank] = _Stream()
     if stream.stack is not None or (
-        line.startswith(("Thread ", "Current thread ", "Process ", "Traceback (most recent call first)", "-"))
+        line.startswith(
+            ("Thread ", "Current thread ", "Process ", "Traceback (most recent call first)", "-", "#0 ")
+        )
         and (is_stack_line(line) or PROCESS.match(line))
     ):
         if stream.stack is None:

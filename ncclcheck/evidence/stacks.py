@@ -224,7 +224,7 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
     if sync is not None:
         return Blocking(f"a device sync point ({sync})", True, sync=sync, native=native)
     if native is not None:
-        return Blocking(f"a device wait ({native})", True, native=native)
+        return Blocking(f"a device sync point ({native}, in native frames)", True, native=native)
     return None
 
 

@@ -335,3 +335,9 @@ def test_gdb_py_bt_and_a_printed_stack_are_read_with_their_source_lines() -> Non
     said = " ".join(report.summary["stacks_of_no_known_rank"])
     assert "all_reduce" in said and "a device sync point (.item())" in said
     assert "its source not on this host" in said  # no claim about source it could not read
+
+
+def test_a_gdb_native_backtrace_says_the_thread_waits_on_the_device() -> None:
+    report = run_doctor_from([FIXTURES / "gdb_native_bt.txt"])
+    (said,) = report.summary["stacks_of_no_known_rank"]
+    assert said == "1 dump (gdb_native_bt.txt): a device sync point (cudaStreamSynchronize, in native frames)"

@@ -139,7 +139,7 @@ def test_native_frames_confirm_the_device_wait(tmp_path: Path) -> None:
         ("/opt/conda/lib/libcudart.so.12", 0, "cudaStreamSynchronize"),
         ("/opt/conda/lib/python3.10/site-packages/transformers/trainer_pt_utils.py", 140, "nested_numpify"),
     )
-    assert blocking(unreadable).what == "a device wait (cudaStreamSynchronize)"
+    assert blocking(unreadable).what == "a device sync point (cudaStreamSynchronize, in native frames)"
 
 
 ZERO3_TRAIN = """
