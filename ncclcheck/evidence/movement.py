@@ -68,14 +68,24 @@ class Movement:
 
 
 def cpu_seconds(pids: dict[int, int]) -> dict[int, float]:
-    """rank -> user + system CPU seconds of its process, for the ranks still there."""
+    """rank -> user + system CPU seconds of its process and of the processes it started
+    (its DataLoader workers: a rank waiting for batches they make is working), for the
+    ranks still there."""
     used: dict[int, float] = {}
     for rank, pid in pids.items():
         try:
-            times = psutil.Process(pid).cpu_times()
+            process = psutil.Process(pid)
+            family = [process, *process.children(recursive=True)]
         except psutil.Error:
             continue
-        used[rank] = times.user + times.system
+        total = 0.0
+        for member in family:
+            try:
+                times = member.cpu_times()
+            except psutil.Error:  # a worker that ended between the two calls
+                continue
+            total += times.user + times.system
+        used[rank] = total
     return used
 
 
@@ -98,8 +108,8 @@ def compare(
         cores = movement.cores.get(rank, 0.0)
         if what is None and rank in without_gpu and cores >= COMPUTING_CORES:
             what = (
-                f"same frames, but it used {cores:.2f} of a core with no CUDA or NCCL loaded: a rank "
-                "waiting on gloo sleeps, this one computed"
+                f"same frames, but it and the processes it started (DataLoader workers) used {cores:.2f} "
+                "of a core with no CUDA or NCCL loaded: a rank waiting on gloo sleeps, this one works"
             )
         if what is None:
             movement.still.append(rank)

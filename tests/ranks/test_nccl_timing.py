@@ -122,6 +122,14 @@ def test_a_ddp_job_in_a_long_backward_is_progressing_not_hung(tmp_path: Path) ->
     assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
 
 
+def test_a_job_bound_by_its_dataloader_is_progressing_not_hung(tmp_path: Path) -> None:
+    # the ranks wait in the loader's next() at both looks; their workers compute the batch
+    script = SCRIPTS / "loader_bound.py"
+    job = f"OMP_NUM_THREADS=1 RUN_S=90 {sys.executable} -m torch.distributed.run --standalone"
+    code, report = _doctor_while_it_trains(tmp_path, f"{job} --nproc-per-node=2 {script}", "step 1:")
+    assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
+
+
 @pytest.mark.parametrize("runner", ["", NCCL_TIMING], ids=["gloo", "nccl-timing"])
 def test_a_step_skipped_with_continue_is_a_data_dependent_branch(runner: str) -> None:
     """The loop's bound is the same on every rank: one collective fewer is a skipped pass,
