@@ -47,7 +47,6 @@ def main() -> None:
             total += references.numel()
         accelerator.print(f"epoch {epoch}: accuracy {correct / total:.3f}")
         accelerator.wait_for_everyone()
-    # destroys the process group: a gloo rank that exits with it alive can abort at exit
     accelerator.end_training()
 
 
