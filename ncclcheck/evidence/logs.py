@@ -69,8 +69,11 @@ _MARKER_STARTS = (
 )
 
 
-# a line that ends mid-sentence (a word, a colon, a comma), and one that goes on with it
-_CUT = re.compile(r"[a-z:,]\s*$")
+def _ends_mid_sentence(line: str) -> bool:
+    """A line cut where a terminal or a forum wrapped it: it ends on a word, a colon or a
+    comma. One look at its last character: this runs on every prefixed line of a log."""
+    last = line.rstrip()[-1:]
+    return last.islower() or last in (":", ",")
 
 
 def _continues(line: str) -> bool:
@@ -339,7 +342,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     rank = int(prefix.group(1)) if prefix else None
     if prefix is None and text.cut_rank is not None and _continues(raw):
         rank = text.cut_rank  # a line a terminal or a forum wrapped: the rest of the last one
-    text.cut_rank = rank if prefix is not None and _CUT.search(raw) else None
+    text.cut_rank = rank if prefix is not None and _ends_mid_sentence(raw) else None
     if rank is not None and rank not in text.heard:
         text.heard.add(rank)
         record = text.found.rank(rank)
