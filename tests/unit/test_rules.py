@@ -21,9 +21,10 @@ from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import CollectiveCall, Frame, Report, Severity
+from ncclcheck.record.tracefile import End
 
 from ..conftest import PLAYBOOKS
-from .factories import TORCH, call, diagnoser, line_of, script, stack, trace, waiting_in
+from .factories import TORCH, call, diagnoser, line_of, script, stack, thread, trace, waiting_in
 
 # -- the engine -------------------------------------------------------------------------
 
@@ -357,6 +358,23 @@ def test_a_rank_busy_outside_any_collective_while_the_others_wait_is_the_straggl
     stacks = {0: waiting_in("all_reduce", (path, 2, "main")), 1: stack((path, 3, "main"), status="running")}
     explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
     assert (explanation.cause, explanation.ranks, explanation.absent_ranks) == (Cause.STRAGGLER, [0], [1])
+
+
+def test_a_rank_that_ran_to_its_end_is_not_a_straggler_whatever_its_process_still_does(
+    tmp_path: Path,
+) -> None:
+    """CI saw it: a rank that made fewer calls ran to the end of the script and sat in the
+    interpreter's teardown (a stack with no Python frame) while the other waited; calling
+    it busy elsewhere sent the reader to the wrong rank and the wrong fix."""
+    path = script(tmp_path, NOTHING)
+    ended = trace(1, [])
+    ended.exit = RankEnding(End.RETURNED, 0)
+    traces = {0: trace(0, [call(0, path, 2)]), 1: ended}
+    for late in (stack((path, 3, "main"), status="running"), ProcessStack(pid=1001, threads=[thread()])):
+        stacks = {0: waiting_in("all_reduce", (path, 2, "main")), 1: late}
+        explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
+        assert explanation.cause is not Cause.STRAGGLER, explanation
+        assert "outside any collective" not in explanation.message
 
 
 def test_every_rank_in_the_same_last_call_and_nothing_moving_is_the_transport(tmp_path: Path) -> None:

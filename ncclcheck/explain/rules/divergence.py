@@ -463,8 +463,16 @@ def straggler(
 ) -> Explanation | None:
     if not d.ev.stalled or first.kind is not Mismatch.MISSING:
         return None
+    # A rank is late only while its script still runs with frames to show where: one that
+    # ran to its end (and sits in the interpreter's teardown, no Python frame) is no
+    # evidence of work elsewhere, whatever its process is doing.
     late = [
-        r for r in other if r in d.ev.stacks and not d.ev.stacks[r].in_collective and d.ev.stacks[r].threads
+        r
+        for r in other
+        if r in d.ev.stacks
+        and not d.ev.stacks[r].in_collective
+        and d.exit_of(r)[0] is End.RUNNING
+        and d.frames_text(r)
     ]
     if not late or len(late) != len(other):
         return None
