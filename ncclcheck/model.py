@@ -56,6 +56,7 @@ class RankStatus(str, Enum):
     RUNNING = "running"
     IN_COLLECTIVE = "in-collective"
     STUCK = "stuck"
+    UNSEEN = "unseen"  # doctor --from: the files hold nothing of this rank, so nothing is said of it
 
 
 @dataclass(frozen=True)

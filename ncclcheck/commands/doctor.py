@@ -30,7 +30,7 @@ from ncclcheck.evidence.processes import RankProcess, discover, not_distributed,
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import explain_leftovers
-from ncclcheck.explain.rules.corroborate import explain_live_job
+from ncclcheck.explain.rules.corroborate import explain_live_job, waiting_on_ranks_that_work
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
 from ncclcheck.wording import relative
 
@@ -195,7 +195,8 @@ _RANK_TABLE_LIMIT = 64  # above it, ranks are shown as ranges in the findings (-
 def _left_behind(job: Aftermath, rank: int) -> RankState:
     record = job.ranks.get(rank)
     if record is None:
-        return RankState(rank=rank, state=RankStatus.EXITED, where="nothing left by this rank")
+        # no evidence of it is no evidence that it ended: say nothing of where it was
+        return RankState(rank=rank, state=RankStatus.UNSEEN, where="nothing of this rank in these files")
     facts = [fact.text for fact in rank_facts(record) if fact.kind is not FactKind.STACK]  # said below
     if record.stack is not None:
         user = user_frames(record.stack)
@@ -266,6 +267,14 @@ def diagnose_ranks(
             state.state = RankStatus.RUNNING
         return report
     context = Context(Evidence(world_size=world, stacks=stacks))
+    in_progress = waiting_on_ranks_that_work(context, classes, moved)
+    if in_progress is not None and moved is not None:
+        report.verdict = Verdict.PROGRESSING
+        for state in report.ranks:
+            if state.rank in moved.working:
+                state.state = RankStatus.RUNNING
+        report.findings = [in_progress.finding(context.catalogue)]
+        return report
     dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
     explanation = explain_live_job(context, classes, [r.rank for r in ranks], moved, dumps, devices)
     report.findings = [explanation.finding(context.catalogue)]

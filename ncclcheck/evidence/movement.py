@@ -33,6 +33,12 @@ class Movement:
     moved: dict[int, str] = field(default_factory=dict)  # rank -> what moved
     still: list[int] = field(default_factory=list)
     cores: dict[int, float] = field(default_factory=dict)  # rank -> CPU used, in cores
+    gone: list[int] = field(default_factory=list)  # moved only by vanishing: no work seen
+
+    @property
+    def working(self) -> list[int]:
+        """The ranks seen doing something between the looks (not merely gone)."""
+        return sorted(r for r in self.moved if r not in self.gone)
 
     @property
     def everyone_moved(self) -> bool:
@@ -115,6 +121,8 @@ def compare(
             movement.still.append(rank)
         else:
             movement.moved[rank] = what
+            if second.get(rank) is None or not second[rank].threads:
+                movement.gone.append(rank)
     return movement
 
 

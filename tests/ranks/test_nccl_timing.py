@@ -130,6 +130,35 @@ def test_a_job_bound_by_its_dataloader_is_progressing_not_hung(tmp_path: Path) -
     assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
 
 
+def test_a_job_in_a_long_evaluation_is_progressing_not_hung(tmp_path: Path) -> None:
+    # every rank decodes its shard sample by sample for ~10 s with no collective
+    script = SCRIPTS / "long_evaluation.py"
+    job = f"OMP_NUM_THREADS=1 RUN_S=60 {sys.executable} -m torch.distributed.run --standalone"
+    code, report = _doctor_while_it_trains(tmp_path, f"{job} --nproc-per-node=2 {script}", "eval started")
+    assert (code, report["verdict"], report["findings"]) == (0, "progressing", []), report
+
+
+def test_ranks_waiting_for_a_long_save_are_progressing_with_the_saver_named(
+    tmp_path: Path,
+) -> None:
+    # rank 0 saves for ~5 s while rank 1 waits in the barrier after the save: rank 1 does
+    # not move, rank 0 does; whichever moment the looks catch, no hang
+    script = SCRIPTS / "long_checkpoint_save.py"
+    job = f"OMP_NUM_THREADS=1 RUN_S=60 {sys.executable} -m torch.distributed.run --standalone"
+    code, report = _doctor_while_it_trains(tmp_path, f"{job} --nproc-per-node=2 {script}", "saving")
+    assert (code, report["verdict"]) == (0, "progressing"), report
+    for finding in report["findings"]:
+        assert (finding["cause"], finding["severity"], finding["absent_ranks"]) == (
+            "straggler",
+            "warning",
+            [0],
+        )
+        assert (
+            "seen working between the looks: rank 0 (at tests/scripts/long_checkpoint_save.py:"
+            in (finding["message"])
+        ), finding
+
+
 @pytest.mark.parametrize("runner", ["", NCCL_TIMING], ids=["gloo", "nccl-timing"])
 def test_a_step_skipped_with_continue_is_a_data_dependent_branch(runner: str) -> None:
     """The loop's bound is the same on every rank: one collective fewer is a skipped pass,

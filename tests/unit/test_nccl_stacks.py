@@ -357,3 +357,63 @@ def test_an_async_checkpoint_thread_waiting_in_its_collective_is_what_the_rank_w
         "gather_object (torch.distributed.checkpoint coordinating a save or load across the ranks) "
         "(on AsyncCheckpointExecutor_0)"
     )
+
+
+SAVE_ON_RANK_0 = """
+    import torch
+    import torch.distributed as dist
+
+
+    def save(state, path):
+        for copy in range(12):
+            torch.save(state, path)
+
+
+    def main(state, path):
+        if dist.get_rank() == 0:
+            save(state, path)
+        dist.barrier()
+    """
+
+
+def test_ranks_waiting_on_a_rank_that_works_are_a_job_in_progress_not_a_hang(tmp_path: Path) -> None:
+    """Rank 0 saves a checkpoint (its stack moves between the looks) while rank 1 waits in
+    the barrier after it: progressing, with rank 0 named as the one waited for and what it
+    does; a hang only if the still rank is not in a collective or the mover merely vanished."""
+    path = script(tmp_path, SAVE_ON_RANK_0)
+    barrier = (path, line_of(path, "dist.barrier()"), "main")
+    called = line_of(path, "        save(state, path)")
+    writes = line_of(path, "torch.save(")
+    saving = [stack((path, line, "save"), (path, called, "main")) for line in (writes, writes - 1)]
+    waiting = waiting_in("barrier", barrier)
+    ranks = [RankProcess(5000 + r, r, 2) for r in range(2)]
+    first, second = {0: saving[0], 1: waiting}, {0: saving[1], 1: waiting}
+    moved = movement.compare(first, second, 1.0, {}, {}, str(tmp_path))
+    assert moved.working == [0] and moved.still == [1]
+    report = diagnose_ranks(ranks, first, moved)
+    assert (report.verdict.value, report.exit_code) == ("progressing", 0)
+    finding = report.findings[0]
+    assert (finding.cause, finding.severity.value, finding.ranks, finding.absent_ranks) == (
+        "straggler",
+        "warning",
+        [1],
+        [0],
+    )
+    assert "rank 1 waits in barrier at " in finding.message, finding.message
+    assert "seen working between the looks: rank 0 (at " in finding.message, finding.message
+    assert "in save). The job is progressing" in finding.message, finding.message
+    assert "run doctor again in a few minutes" in finding.message
+    assert [r.state.value for r in report.ranks] == ["running", "in-collective"]
+
+    # the saving rank stopped moving (a frozen file system): no one works, it is a hang
+    frozen = diagnose_ranks(ranks, first, movement.compare(first, first, 1.0, {}, {}, str(tmp_path)))
+    assert frozen.verdict.value == "hang"
+    # the mover only vanished between the looks: nothing was seen working
+    vanished = movement.compare(first, {1: waiting}, 1.0, {}, {}, str(tmp_path))
+    assert vanished.gone == [0] and vanished.working == []
+    assert diagnose_ranks(ranks, first, vanished).verdict.value == "hang"
+    # a still rank outside any collective is stuck itself, whatever the others do
+    sleeping = stack((path, writes, "save"), (path, called, "main"))
+    still_outside = {0: saving[0], 1: sleeping}
+    moved_again = movement.compare(still_outside, {0: saving[1], 1: sleeping}, 1.0, {}, {}, str(tmp_path))
+    assert diagnose_ranks(ranks, still_outside, moved_again).verdict.value == "hang"

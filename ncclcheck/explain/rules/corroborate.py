@@ -16,6 +16,7 @@ from ncclcheck.evidence.movement import Movement
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.model import Severity
 from ncclcheck.wording import who
 
 # what the stacks say when they cannot tell the ranks apart: what else is seen may
@@ -71,6 +72,44 @@ def gpus_disagree(c: Corroboration) -> Explanation | None:
 
 
 CORROBORATION_RULES = (flight_recorders_disagree, gpus_disagree)
+
+
+def waiting_on_ranks_that_work(
+    d: Context, classes: list[StackClass], moved: Movement | None
+) -> Explanation | None:
+    """Some ranks wait in a collective and did not move between the looks; the others
+    moved (their stacks, a local value or their CPU): the waiting ranks wait on ranks that
+    work. That is a job in progress, a long checkpoint save on rank 0 or an evaluation one
+    rank runs longer, not a hang; it hangs only if the working ranks never reach the
+    collective (an endless loop, work longer than the process group's timeout). Two looks
+    cannot tell which: say who waits for whom, doing what, and what would decide."""
+    if moved is None or not moved.working or not moved.still:
+        return None
+    waiting = {r: c for c in classes if c.in_collective for r in c.ranks}
+    if any(rank not in waiting for rank in moved.still):
+        return None  # a rank that neither moved nor waits for the others: stuck itself
+    working = moved.working
+    outside = [r for r in working if r not in waiting]
+    where = waiting[moved.still[0]]
+    site = where.frames[-1] if where.frames else None
+    doing = "; ".join(f"rank {r}{d.busy_where(r) or ' outside any collective'}" for r in outside)
+    waits = "waits" if len(moved.still) == 1 else "wait"
+    return Explanation(
+        Cause.STRAGGLER,
+        f"{who(moved.still)} {waits} in {where.blocking}"
+        + (f" at {d.site(site)}" if site else "")
+        + f" for {who(working)}, seen working between the looks"
+        + (f": {doing}" if doing else "")
+        + ". The job is progressing. It hangs only if the waited-for ranks never reach that "
+        "collective: run doctor again in a few minutes; the same ranks at the same places then "
+        "are a straggler past its time (work longer than the process group's timeout fails the job)",
+        ranks=list(moved.still),
+        absent_ranks=outside,
+        op=where.blocking,
+        site=d.site(site) if site else None,
+        evidence=[moved.decided(), *moved.lines()],
+        severity=Severity.WARNING,
+    )
 
 
 def explain_live_job(
