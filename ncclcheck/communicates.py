@@ -160,6 +160,12 @@ _FSDP_ADVICE = (
 # Library layers between the issuer and torch.distributed, passed through when naming it.
 COMM_LAYERS = ("torch/distributed/", "deepspeed/comm/")
 
+# The collectives a library issues as a loader's pass begins: a rank waiting in one has
+# run out of its batches of the pass before, while ranks in another collective at the same
+# position are still stepping through theirs.
+_PASS_START = ("accelerate.utils.random", "synchronize_rng_state")
+PASS_STARTS = frozenset({_PASS_START})
+
 ISSUERS = {
     # PyTorch's SyncBatchNorm, and preflight --cpu's stand-in for it (record/cpu_syncbn.py)
     **{
@@ -264,6 +270,17 @@ ISSUERS = {
         )
     },
     ("accelerate.utils.operations", "*"): ("accelerate gathering or padding tensors across processes", ""),
+    # accelerate's prepared DataLoader broadcasts the main process's RNG state each time its
+    # iterator starts (rng_types): a new epoch, a new evaluation pass
+    _PASS_START: (
+        "accelerate synchronising the RNG state as a prepared DataLoader starts a new pass "
+        "(an epoch or an evaluation)",
+        "a prepared DataLoader broadcasts the RNG state as each pass begins, so every rank must "
+        "run the same number of batches per pass: a rank that starts the next pass while the "
+        "others still step had fewer batches (a dataset split unevenly by hand, even_batches=False, "
+        "a `break` or `continue` of its own). Shard with a DistributedSampler (drop_last=True for "
+        "training) or accelerate's prepare(), and leave the loop on every rank at once",
+    ),
     # the playbooks give torchmetrics' fix in its own terms (fix.frameworks): no advice here
     ("torchmetrics.utilities.distributed", "gather_all_tensors"): (
         "torchmetrics' gather of every rank's metric state, in compute()",
@@ -373,8 +390,18 @@ def issuer_of(module: str, function: str) -> tuple[str, str] | None:
 
 def issued_at(file: str, function: str) -> tuple[str, str] | None:
     """The same, for a frame of a stack dump (a path; py-spy's "Class.method" name)."""
+    key = _issuer_key(file, function)
+    return ISSUERS[key] if key is not None else None
+
+
+def starts_a_pass(file: str, function: str) -> bool:
+    """Whether this frame is a library's collective as a loader's pass begins (PASS_STARTS)."""
+    return _issuer_key(file, function) in PASS_STARTS
+
+
+def _issuer_key(file: str, function: str) -> tuple[str, str] | None:
     path = file.replace("\\", "/")
-    for (module, name), issued in ISSUERS.items():
+    for module, name in ISSUERS:
         if path.endswith(module.replace(".", "/") + ".py") and name in ("*", function.rpartition(".")[2]):
-            return issued
+            return module, name
     return None

@@ -71,6 +71,7 @@ class Ending:
     error: str | None = None  # the exception's last line
     error_site: Frame | None = None  # the innermost frame of the traceback (the user's, where one is)
     source: Source | None = None
+    frames: tuple[Frame, ...] = ()  # the traceback's frames as printed, outermost first
 
     @property
     def signal(self) -> int | None:

@@ -43,7 +43,7 @@ from ncclcheck.model import Frame
 
 # a rank's prefix (torchrun's --tee / --role: [rankN]: or [defaultN]:), where a line
 # starts, or after a tag a log collector put in front of it ("host [stderr] [rank3]:")
-_PREFIX = re.compile(r"^(?:[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?\[(?:rank|default)(\d+)\]:\s?")
+_PREFIX = re.compile(r"^[ \t]*(?:[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?\[(?:rank|default)(\d+)\]:\s?")
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
@@ -126,6 +126,8 @@ def _may_matter(line: str) -> bool:
         or "orld_size" in line
         or "WORLD_SIZE" in line
         or line.startswith(_MARKER_STARTS)
+        # a traceback's frame with its header cut off, as excerpts are posted
+        or line.lstrip().startswith('File "')
     )
 
 
@@ -408,6 +410,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if line.startswith("Traceback (most recent call last):"):
         stream.traceback, stream.traceback_line = [], number
         return
+    if stream.traceback is None and _TRACEBACK_FRAME.match(line):
+        # the rest of a traceback whose header the excerpt cut: read it as one
+        stream.traceback, stream.traceback_line = [], number
     if stream.traceback is not None:
         if frame := _TRACEBACK_FRAME.match(line):
             stream.traceback.append((frame.group(1), int(frame.group(2)), frame.group(3).strip()))
@@ -528,6 +533,7 @@ def _ending_from_traceback(text: _TextFile, rank: int | None, stream: _Stream, l
         error=line.strip()[:300],
         error_site=Frame(innermost[0], int(innermost[1]), innermost[2]) if innermost else None,
         source=Source(str(text.path), stream.traceback_line),
+        frames=tuple(Frame(file, int(number_), function) for file, number_, function in frames),
     )
     stream.traceback = None
     text.kinds.add("Python tracebacks")
@@ -546,6 +552,7 @@ def _merge_ending(record: RankAftermath, ending: Ending) -> None:
     mine.root_cause = mine.root_cause or ending.root_cause
     if ending.error and (not mine.error or ending.error_site):
         mine.error, mine.error_site = ending.error, ending.error_site or mine.error_site
+        mine.frames = ending.frames or mine.frames
     mine.source = mine.source or ending.source
 
 

@@ -79,6 +79,51 @@ def test_an_excerpt_in_which_every_rank_it_covers_waits_sets_no_rank_apart() -> 
     assert "No rank is set apart by this evidence" in finding.message
     assert "ranks 0,2,5" in finding.message and "only seen aborted" in finding.message
     assert "ncclcheck probe" in finding.fix and "watchdog lines or stacks of ranks 0,2,5" in finding.fix
+    # ranks of which the files hold nothing are unseen, not "exited": nothing says they ended
+    states = {state.rank: state.state.value for state in report.ranks}
+    assert (states[2], states[5]) == ("unseen", "unseen"), states
+
+
+def test_ranks_in_a_prepared_loaders_rng_broadcast_had_begun_the_next_pass() -> None:
+    """Two ops at one position; the ranks in the BROADCAST show, in the tracebacks their
+    waits ended in (one cut above its first frame, lines indented as pasted into a list),
+    accelerate's RNG sync as a prepared loader's pass starts: they ran out of batches."""
+    report = diagnose("epoch_start_broadcast.log")
+    (finding,) = report.findings
+    assert finding.cause is Cause.UNEVEN_EVAL_BATCHES, finding
+    # rank 3's traceback shows the same RNG sync, but no line of its places it at #20417:
+    # it is not counted on either side
+    assert (finding.ranks, finding.absent_ranks, finding.op) == ([0, 1], [2], "BROADCAST")
+    assert "accelerate synchronising the RNG state as a prepared DataLoader starts a new pass" in (
+        finding.message
+    )
+    assert "ranks 0-1 issued ALLREDUCE, a collective of the pass before" in finding.message, finding.message
+    assert "the same number of batches per pass" in finding.fix
+    # the traceback whose header was cut is still rank 3's, frames and all
+    job = read_leftovers([FIXTURES / "epoch_start_broadcast.log"])
+    ending = job.ranks[3].ending
+    assert (
+        ending is not None
+        and ending.error == "torch.distributed.DistBackendError: NCCL communicator was aborted on rank 3."
+    )
+    assert [f.function for f in ending.frames] == ["synchronize_rng_state"]
+    assert [f.function for f in job.ranks[2].ending.frames][-2:] == [
+        "synchronize_rng_states",
+        "synchronize_rng_state",
+    ]
+
+
+def test_a_new_pass_on_both_sides_tells_nothing_and_the_disagreement_stands(tmp_path: Path) -> None:
+    text = (FIXTURES / "epoch_start_broadcast.log").read_text()
+    # rank 0 too shows the RNG sync: no side stands apart by it
+    text += (
+        '  [rank0]:  File "/opt/conda/lib/python3.11/site-packages/accelerate/utils/random.py", line 118, '
+        "in synchronize_rng_state\n  [rank0]:RuntimeError: NCCL communicator was aborted on rank 0.\n"
+    )
+    both = tmp_path / "both.log"
+    both.write_text(text)
+    (finding,) = run_doctor_from([both]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH, finding
 
 
 def test_the_one_rank_of_which_the_files_hold_nothing_is_the_first_suspect() -> None:

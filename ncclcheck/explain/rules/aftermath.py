@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import issued_at, starts_a_pass
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
     MISSING,
@@ -29,7 +30,7 @@ from ncclcheck.evidence.classes import merge_stacks
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.model import Severity, format_ranks
+from ncclcheck.model import Frame, Severity, format_ranks
 from ncclcheck.wording import relative, signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
@@ -164,6 +165,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             from_stacks = _stacks_say_why(s, said)
             if from_stacks is not None:
                 return from_stacks
+            new_pass = _a_side_began_a_new_pass(s, group, seq, by_op)
+            if new_pass is not None:
+                return new_pass
             sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
             parted = s.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
@@ -182,6 +186,52 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             parted.fix = _WHERE_NOT_WHY
             return parted
     return None
+
+
+def _pass_start(record: RankAftermath) -> Frame | None:
+    """The frame, in this rank's stack or traceback, of a collective a library issues as a
+    loader's pass begins (communicates.PASS_STARTS)."""
+    frames = [*(record.stack.main.frames if record.stack and record.stack.main else [])]
+    frames += record.ending.frames if record.ending else ()
+    return next((f for f in frames if starts_a_pass(f.file, f.function)), None)
+
+
+def _a_side_began_a_new_pass(
+    s: Leftovers, group: str, seq: int, by_op: dict[str, list[int]]
+) -> Explanation | None:
+    """Two ops at one position, and the frames of one side (its stack, or the traceback its
+    wait ended in) show the collective a prepared loader issues as a pass begins: those
+    ranks ran out of batches and began the next pass, the others are still stepping through
+    the last one. Their loaders gave different numbers of batches."""
+    began = {
+        op: {r: frame for r in ranks if (frame := _pass_start(s.job.ranks[r])) is not None}
+        for op, ranks in by_op.items()
+    }
+    sides = [op for op, frames in began.items() if frames]
+    if len(sides) != 1:
+        return None  # none, or both sides at a pass's start: the frames do not tell them apart
+    op = sides[0]
+    rank, frame = next(iter(began[op].items()))
+    what, advice = issued_at(frame.file, frame.function) or ("a new pass of a loader", "")
+    early = sorted(by_op[op])
+    stepping = sorted(r for other, ranks in by_op.items() if other != op for r in ranks)
+    others = "; ".join(
+        f"{who(ranks)} issued {other}" for other, ranks in sorted(by_op.items()) if other != op
+    )
+    explanation = s.d.explanation(
+        Cause.UNEVEN_EVAL_BATCHES,
+        f"the ranks disagree on collective #{seq} of group {group}: {who(early)} issued {op} in "
+        f"{what} (rank {rank}'s frames: {frame.function} at {relative(frame.file, s.d.ev.cwd)}:"
+        f"{frame.line}), so {'it' if len(early) == 1 else 'they'} had begun a new pass; {others}, "
+        "a collective of the pass before. The ranks' loaders gave them different numbers of batches",
+        ranks=stepping,
+        absent_ranks=early,
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+    explanation.fix = advice or None
+    return explanation
 
 
 def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
