@@ -155,7 +155,7 @@ def _statements_before(path: str, line: int) -> Iterator[ast.stmt]:
     for depth in range(len(inside) - 1, -1, -1):
         node = inside[depth]
         parent = inside[depth - 1] if depth > 0 else (chain[scope] if scope >= 0 else tree)
-        for block in _blocks(parent):
+        for block in reading.blocks(parent):
             if any(child is node for child in block):
                 index = next(i for i, child in enumerate(block) if child is node)
                 yield from reversed(block[:index])
@@ -163,17 +163,6 @@ def _statements_before(path: str, line: int) -> Iterator[ast.stmt]:
                     loops.append((parent, block[index + 1 :]))
     for _loop, rest in loops:
         yield from reversed(rest)
-
-
-def _blocks(parent: ast.AST) -> list[list[ast.stmt]]:
-    blocks = [
-        getattr(parent, name)
-        for name in ("body", "orelse", "finalbody")
-        if isinstance(getattr(parent, name, None), list)
-    ]
-    if isinstance(parent, ast.Try):
-        blocks += [handler.body for handler in parent.handlers]
-    return blocks
 
 
 def _last_collective(

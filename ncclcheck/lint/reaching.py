@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 
-from ncclcheck.source.reading import RANK, bound_names, contains, kind_of, names_read, paired
+from ncclcheck.source.reading import RANK, blocks, bound_names, contains, kind_of, names_read, paired
 
 # a binding that leaves the name the same on every rank: a collective it was passed to
 _SYNCED = ast.Constant(value=None)
@@ -23,14 +23,12 @@ _SYNCED = ast.Constant(value=None)
 def _blocks(scope: ast.AST) -> list[tuple[int, int]]:
     """The line spans of the statement lists in ``scope`` below its top level: each branch
     of an if, a loop's body, a try's body and handlers, a with's body."""
-    spans = []
-    for node in ast.walk(scope):
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            block = getattr(node, field, None)
-            if node is scope or not isinstance(block, list) or not block:
-                continue
-            spans.append((block[0].lineno, max(getattr(s, "end_lineno", None) or s.lineno for s in block)))
-    return spans
+    return [
+        (block[0].lineno, max(s.end_lineno or s.lineno for s in block))
+        for node in ast.walk(scope)
+        if node is not scope
+        for block in blocks(node)
+    ]
 
 
 def reaching_rank_names(

@@ -520,16 +520,22 @@ def statements_after(path: str, line: int) -> tuple[list[ast.stmt], bool]:
     return [stmt for stmt in after if not _harmless(stmt)], bool(loops)
 
 
+def blocks(node: ast.AST, with_finally: bool = True) -> list[list[ast.stmt]]:
+    """The statement lists right inside ``node``: a body, an ``else``, each ``except``'s
+    body, a ``finally`` (unless ``with_finally`` is False: a stop unwinding through a try
+    runs it, so it is no sibling that did not run)."""
+    names = ("body", "orelse", "finalbody") if with_finally else ("body", "orelse")
+    found = [block for name in names if isinstance(block := getattr(node, name, None), list) and block]
+    for handler in getattr(node, "handlers", ()):  # a try's (and a try/except*'s) excepts
+        found.append(handler.body)
+    return found  # the node's own lists, not copies: callers ask `block is loop.body`
+
+
 def _blocks(parent: ast.AST | None, path: str) -> list[list[ast.stmt]]:
     if parent is None:
         tree = parse(path)
         return [list(tree.body)] if tree is not None else []
-    blocks = [
-        getattr(parent, name) for name in ("body", "orelse") if isinstance(getattr(parent, name, None), list)
-    ]
-    if isinstance(parent, ast.Try):
-        blocks += [handler.body for handler in parent.handlers]
-    return [list(block) for block in blocks]
+    return blocks(parent, with_finally=False)
 
 
 def _harmless(stmt: ast.stmt) -> bool:
