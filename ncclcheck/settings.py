@@ -19,7 +19,7 @@ DEFAULT_EVAL_BATCHES = 8  # the last batches of each eval pass run for real
 class Launcher(TextEnum):
     """Who starts the script's ranks (--launcher); preflight starts them the same way."""
 
-    AUTO = "auto"  # spawn where the script's source calls mp.spawn, else torchrun
+    AUTO = "auto"  # spawn where the script calls mp.spawn outside any test of its options, else torchrun
     TORCHRUN = "torchrun"
     SPAWN = "spawn"  # the script starts its own ranks with torch.multiprocessing
     SLURM = "slurm"  # srun's tasks, which know their rank from SLURM_* variables only

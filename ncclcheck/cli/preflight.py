@@ -80,8 +80,8 @@ def preflight_command(
         "that reads SLURM_PROCID/SLURM_NTASKS as under srun; accelerate (accelerate launch with "
         "--accelerate-config); torch.distributed.launch (the legacy launcher: --local-rank=N); deepspeed "
         "(deepspeed's own launcher: --local_rank=N); auto: "
-        "accelerate when --accelerate-config is given, spawn where the script's source calls it, else "
-        "torchrun.",
+        "accelerate when --accelerate-config is given, spawn where the script calls it outside any test "
+        "of its options, else torchrun (and spawn after all if a rank starts ranks of its own).",
     ),
     accelerate_config: Path = typer.Option(
         None,

@@ -23,7 +23,7 @@ from ncclcheck.evidence.replayed import load_replay
 from ncclcheck.evidence.traces import TRACE_GLOB, RankTrace, load_traces
 from ncclcheck.explain.context import Evidence
 from ncclcheck.explain.diagnose import diagnose
-from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, own_starter
+from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, guard_of, own_starter
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
     LaunchResult,
@@ -180,7 +180,11 @@ def _resolve_launcher(
     site = f"{found[0]} at {relative(str(path), os.getcwd())}:{found[1]}" if found else None
     launcher = settings.launcher
     if launcher == Launcher.AUTO:
-        launcher = Launcher.SPAWN if found and virtual is None else Launcher.TORCHRUN
+        # spawn only where the script starts its ranks whatever its options: under a test
+        # of them (`if args.multiprocessing_distributed:`), torchrun first; a rank that
+        # turns out to start ranks of its own makes preflight run it again with spawn
+        certain = found is not None and guard_of(path, found[1]) is None
+        launcher = Launcher.SPAWN if certain and virtual is None else Launcher.TORCHRUN
     if launcher != Launcher.TORCHRUN and virtual is not None:
         raise UsageError(
             f"--launcher {launcher} and --world-size: a virtual world's ranks are started by ncclcheck"

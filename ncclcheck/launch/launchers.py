@@ -59,6 +59,26 @@ def own_starter(path: Path) -> tuple[str, int] | None:
     return None
 
 
+def guard_of(path: Path, line: int) -> str | None:
+    """The test of the ``if`` the call at ``line`` sits under, other than ``if __name__ ==
+    "__main__"``: a script that spawns its ranks only under an option
+    (``if args.multiprocessing_distributed:``) may not on the path its defaults take."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    for node in ast.walk(tree):
+        if (
+            not isinstance(node, ast.If)
+            or ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+        ):
+            continue
+        for branch in (node.body, node.orelse):
+            if any(stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) for stmt in branch):
+                return ast.unparse(node.test)
+    return None
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, for a store the ranks will make."""
     import socket

@@ -268,3 +268,22 @@ def test_a_launcher_that_is_not_installed_is_one_line_and_exit_2() -> None:
     assert proc.returncode == 2
     assert "--launcher deepspeed: deepspeed is not installed here (pip install deepspeed)" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_spawn_under_an_option_off_by_default_runs_under_torchrun_and_spawns_when_asked() -> None:
+    """pytorch/examples' ImageNet shape: mp.spawn only under --multiprocessing-distributed.
+    By default the script is one rank per process, as torchrun starts it; with the option,
+    its ranks start their own, and preflight runs it again with the spawn launcher."""
+    script = SCRIPTS / "spawn_under_option.py"
+    proc, report = preflight("--nproc-per-node=2", str(script), cwd=REPO)
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-3000:]
+    assert "launcher" not in report["summary"], report["summary"]
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+
+    proc, report = preflight(str(script), "--multiprocessing-distributed", "--port", free_port(), cwd=REPO)
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-3000:]
+    site = (
+        f"torch.multiprocessing.spawn at tests/scripts/spawn_under_option.py:{line_in(script, 'mp.spawn(')}"
+    )
+    assert site in report["summary"]["launcher"], report["summary"]["launcher"]
+    assert not leftover_ranks(str(script))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ncclcheck.launch import launchers
-from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, launcher_argv, own_starter
+from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, guard_of, launcher_argv, own_starter
 from ncclcheck.record.launched import LOCAL_RANK_ARGUMENT, slurm_task_environment
 from ncclcheck.settings import Launcher
 
@@ -38,6 +38,39 @@ def test_a_script_that_starts_its_own_ranks_is_told_from_its_source(
     script = tmp_path / "train.py"
     script.write_text(source)
     assert own_starter(script) == found
+
+
+@pytest.mark.parametrize(
+    ("source", "guard"),
+    [
+        # pytorch/examples' ImageNet: spawn only under an option, off by default
+        (
+            "import torch.multiprocessing as mp\n"
+            "def main(args):\n"
+            "    if args.multiprocessing_distributed:\n"
+            "        mp.spawn(worker, nprocs=4)\n"
+            "    else:\n"
+            "        worker(0)\n",
+            "args.multiprocessing_distributed",
+        ),
+        # whatever its options: the `__main__` test is no option
+        (
+            "import torch.multiprocessing as mp\n"
+            "if __name__ == '__main__':\n"
+            "    mp.spawn(worker, nprocs=2)\n",
+            None,
+        ),
+        ("import torch.multiprocessing as mp\ndef main():\n    mp.spawn(worker, nprocs=2)\n", None),
+    ],
+)
+def test_a_spawn_under_a_test_of_the_options_is_told_from_one_that_always_runs(
+    tmp_path: Path, source: str, guard: str | None
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    found = own_starter(script)
+    assert found is not None
+    assert guard_of(script, found[1]) == guard
 
 
 def test_an_srun_task_gets_srun_variables_and_loses_torchruns() -> None:
