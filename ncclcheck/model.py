@@ -39,9 +39,13 @@ class Verdict(str, Enum):
     # preflight: stopped (a signal, its time limit) before its budget was spent with
     # nothing found in what it ran: not a pass, so never "aligned"
     INCOMPLETE = "incomplete"
+    # preflight: nothing wrong in what ran, but parts of the script that reach collectives
+    # did not run (a periodic action that never fired): not "aligned" for what did not run
+    PARTIAL = "partial"
 
 
 INCOMPLETE_EXIT = 4  # docs/contract.md: ran, found nothing, but did not finish
+PARTIAL_EXIT = 5  # docs/contract.md: ran to its budget, found nothing, but did not run all
 
 
 class Severity(str, Enum):
@@ -313,7 +317,9 @@ class Report:
     def exit_code(self) -> int:
         if self.has_errors:
             return 1
-        return INCOMPLETE_EXIT if self.verdict is Verdict.INCOMPLETE else 0
+        if self.verdict is Verdict.INCOMPLETE:
+            return INCOMPLETE_EXIT
+        return PARTIAL_EXIT if self.verdict is Verdict.PARTIAL else 0
 
     def to_dict(self) -> dict[str, Any]:
         return {

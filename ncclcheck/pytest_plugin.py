@@ -256,7 +256,7 @@ def _preflight_or_fail(
     except NcclcheckError as error:
         pytest.fail(f"ncclcheck could not run {what}: {error}", pytrace=False)
     report = outcome.report
-    if not report.has_errors and report.verdict is not Verdict.INCOMPLETE:
+    if not report.has_errors and report.verdict not in (Verdict.INCOMPLETE, Verdict.PARTIAL):
         return report
     if trace_dir is not None and eval_calls_without_loader(load_traces(trace_dir)) == 0:
         report.summary.pop("note", None)  # "no eval phase": a test function is not a train/eval loop
@@ -265,6 +265,7 @@ def _preflight_or_fail(
         Verdict.HANG: "saw the ranks hang",
         Verdict.CRASH: "saw a rank fail",
         Verdict.INCOMPLETE: "did not finish its dry run",
+        Verdict.PARTIAL: "did not run every part that reaches a collective",
     }.get(report.verdict, f"ended with {report.verdict.value}")
     first_error = next((f for f in report.findings if f.severity is Severity.ERROR), None)
     headline = f"found {first_error.cause}" if first_error is not None else verdict

@@ -15,13 +15,13 @@ from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.evidence.traces import divergences_of, eval_calls_without_loader
 from ncclcheck.explain.context import Context, Evidence
+from ncclcheck.explain.coverage import Coverage, coverage
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.explain.rules.divergence import crashed, explain_divergence
 from ncclcheck.explain.rules.quiet import explain_stall_without_divergence, warnings
 from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Verdict
 from ncclcheck.record.tracefile import End
-from ncclcheck.source import reading
-from ncclcheck.wording import is_user, line_ranges, relative, who
+from ncclcheck.wording import is_user, who
 
 
 class Diagnosed(NamedTuple):
@@ -35,9 +35,16 @@ class Diagnosed(NamedTuple):
 def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Diagnosed:
     d = Context(evidence, catalogue or load_catalogue())
     explanations = _explanations(d)
+    covered = coverage(d) if d.ev.traces and not d.ev.incomplete else Coverage()
     findings = [explanation.finding(d.catalogue) for explanation in explanations]
     verdict = _verdict(d, findings)
     summary = _summary(d)
+    if covered.ran:
+        summary["covered"] = covered.ran
+    if covered.not_run:
+        summary["not_run"] = [gap.text for gap in covered.not_run]
+        if verdict is Verdict.ALIGNED and any(gap.communicates for gap in covered.not_run):
+            verdict = Verdict.PARTIAL  # nothing wrong in what ran; collectives that did not run
     if verdict is Verdict.INCOMPLETE and d.ev.incomplete:
         summary["incomplete"] = _what_was_checked(d, d.ev.incomplete)
     elif d.ev.incomplete:
@@ -221,9 +228,6 @@ def _summary(d: Context) -> dict[str, object]:
     fast_forward = _fast_forward(d)
     if fast_forward:
         summary["eval_fast_forward"] = fast_forward
-    not_run = _not_run(d)
-    if not_run:
-        summary["not_run"] = not_run
     eval_calls = eval_calls_without_loader(d.ev.traces)
     if eval_calls is not None:
         if eval_calls:
@@ -249,35 +253,3 @@ def _summary(d: Context) -> dict[str, object]:
             )
         summary["note"] = note
     return summary
-
-
-def _not_run(d: Context) -> str | None:
-    """What the script does after the point where the budget stopped the dry run (a
-    final evaluation, a save, a barrier at the end): not checked, and said so."""
-    stopped = next(
-        (
-            t.exit.stack
-            for _rank, t in sorted(d.ev.traces.items())
-            if t.exit is not None and t.exit.how is End.DRY_RUN_COMPLETE and t.exit.stack
-        ),
-        None,
-    )
-    if not stopped:
-        return None
-    parts: list[str] = []
-    for frame in stopped:  # outermost first
-        after, in_loop = reading.statements_after(frame.file, frame.line)
-        if after:
-            lines = line_ranges([(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in after])
-            parts.append(f"{lines} of {frame.function}() in {relative(frame.file, d.ev.cwd)}")
-        if in_loop:
-            break  # deeper frames ran in the loop's earlier passes
-    if not parts:
-        return None
-    innermost = stopped[-1]
-    return (
-        f"the budget stopped the dry run at {d.site(innermost)} in {innermost.function}(): "
-        f"what the script does after that did not run ({'; '.join(parts)}), so a final "
-        "evaluation, save or barrier there is not checked: run the script for one epoch "
-        "(its own option) to check it too"
-    )

@@ -22,6 +22,7 @@ _VERDICT_STYLE = {
     Verdict.CRASH: "bold red",
     Verdict.ERROR: "bold yellow",
     Verdict.INCOMPLETE: "bold yellow",
+    Verdict.PARTIAL: "bold yellow",
 }
 
 
@@ -171,6 +172,8 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("gpus", "the ranks' GPUs (NVML)"),
         ("virtual", "virtual ranks that ran, and why"),
         ("eval_fast_forward", "eval passes fast-forwarded (--eval-batches)"),
+        ("not_run", "not run, so not checked"),
+        ("covered", "what ran of the train loops and their periodic actions"),
     ):
         noted = report.summary.get(key)
         if isinstance(noted, list) and noted:
@@ -179,7 +182,6 @@ def print_report(report: Report, out: Console | None = None) -> None:
                 out.print(f"  {escape(str(line))}")
     for key in (
         "stopped",
-        "not_run",
         "note",
         "partial",
         "virtual_note",

@@ -100,8 +100,12 @@ def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
     # The straggler's simulated slow write lasts 1.2x the process-group timeout,
     # in the background once fixed: a short timeout keeps it under the stall timeout.
+    # A budget past the script's own end: aligned is said only of what ran, and a fix's
+    # barrier after its epochs (unsynchronized-decision) runs only at the end
     proc, report = preflight(
         f"--nproc-per-node={playbook.repro.nproc}",
+        "--train-steps=100000",
+        "--eval-passes=1000",
         str(playbook.fixed_path),
         env={"REPRO_TIMEOUT_S": "3"},
     )
@@ -393,17 +397,19 @@ def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     assert -6 in exited.values()  # gloo's abort: SIGABRT
 
 
-def test_train_shards_of_different_lengths_are_a_warning_though_the_budget_hides_the_hang() -> None:
+def test_train_shards_of_different_lengths_are_an_error_though_the_budget_cut_the_passes_first() -> None:
+    # the dry run never reaches the end of a pass, where the ranks part; the lengths the
+    # loaders told as the pass began decide: never "aligned" with a warning
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "uneven_train_shards.py"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert report["verdict"] == "aligned"
-    (warning,) = report["findings"]
-    assert (warning["cause"], warning["severity"]) == ("uneven-eval-batches", "warning")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["verdict"] == "misaligned"
+    (finding,) = report["findings"]
+    assert (finding["cause"], finding["severity"]) == ("uneven-eval-batches", "error")
     assert (
         "train loader loader yields different numbers of batches per rank (rank 0: 6, rank 1: 5)"
-        in (warning["message"])
+        in (finding["message"])
     )
-    assert "(the dry run's budget ended each epoch sooner)" in warning["message"]
+    assert "(the dry run stopped each pass before its end; the lengths" in finding["message"]
 
 
 def test_uneven_train_shards_under_ddp_join_pair_with_joins_stand_ins() -> None:
@@ -468,11 +474,14 @@ def test_code_after_the_point_where_the_budget_stopped_is_said_not_checked(tmp_p
     script = SCRIPTS / "final_barrier.py"
     env = {"CKPT_DIR": str(tmp_path)}
     proc, report = preflight("--nproc-per-node=2", str(script), env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert report["verdict"] == "aligned", report["findings"]
+    # nothing wrong in what ran; the barrier after the loop did not run: partial, not aligned
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    assert report["verdict"] == "partial", report["findings"]
     stop_line = line_in(script, "for (x,) in train_loader:")
     if_line, barrier_line = line_in(script, "if rank == 0:"), line_in(script, "dist.barrier()")
-    assert report["summary"]["not_run"].startswith(
+    (not_run,) = report["summary"]["not_run"]
+    assert f"and it reaches dist.barrier at tests/scripts/final_barrier.py:{barrier_line}" in not_run, not_run
+    assert not_run.startswith(
         f"the budget stopped the dry run at tests/scripts/final_barrier.py:{stop_line} in <module>(): "
         f"what the script does after that did not run (lines {if_line}-{barrier_line} of <module>() "
         "in tests/scripts/final_barrier.py)"
@@ -584,8 +593,14 @@ def test_no_eval_phase_is_said_not_failed() -> None:
 def test_evaluation_past_the_step_budget_is_pointed_out_then_reached() -> None:
     script = SCRIPTS / "step_eval.py"
     proc, report = preflight("--nproc-per-node=2", str(script))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    # nothing wrong in what ran, but the evaluation every 20 steps never fired: not aligned
+    assert (proc.returncode, report["verdict"]) == (5, "partial"), proc.stderr[-2000:]
     assert "rerun with --train-steps above N" in report["summary"]["note"]
+    if_line = line_in(script, "if step % EVAL_EVERY == 0:")
+    assert any(
+        gap.startswith(f"`if step % EVAL_EVERY == 0` at tests/scripts/step_eval.py:{if_line} never fired")
+        for gap in report["summary"]["not_run"]
+    ), report["summary"]["not_run"]
     proc, report = preflight("--nproc-per-node=2", "--train-steps=21", str(script))
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]

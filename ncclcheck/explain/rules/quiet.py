@@ -170,7 +170,8 @@ def uneven_train_loader(d: Context) -> Explanation | None:
     """A train loader whose len() differs per rank, in a loop with a collective in
     every step (DDP's gradient all_reduce): the ranks with fewer batches leave the
     epoch while the others wait in their next step. The dry run's budget ends each
-    epoch early, so the run itself stays aligned: said as a warning."""
+    epoch early, so the run itself stays aligned; the lengths the loaders told as the
+    pass began decide it all the same: an error, never an aligned run with a warning."""
     lengths: dict[str, dict[int, int]] = {}
     cut = any(p.budget_cut for t in d.ev.traces.values() for p in t.passes if p.role == "train")
     for rank, trace in d.ev.traces.items():
@@ -189,13 +190,18 @@ def uneven_train_loader(d: Context) -> Explanation | None:
             continue  # the ranks with fewer batches joined: DDP's Join stood in for them
         return Explanation(
             cause=Cause.UNEVEN_EVAL_BATCHES,
-            severity=Severity.WARNING,
+            severity=Severity.ERROR,
             message=(
                 f"train loader {loader} yields different numbers of batches per rank ("
                 + ", ".join(f"rank {r}: {n}" for r, n in sorted(per_rank.items()))
                 + "), and every step makes a collective: at the end of each epoch the ranks "
                 "with fewer batches move on while the others wait in their next step"
-                + (" (the dry run's budget ended each epoch sooner)" if cut else "")
+                + (
+                    " (the dry run stopped each pass before its end; the lengths the loaders "
+                    "told as the pass began decide)"
+                    if cut
+                    else ""
+                )
                 + ". Shard with DistributedSampler, drop the remainder, or wrap the loop in "
                 "DDP's join()"
             ),

@@ -1,0 +1,178 @@
+"""What a dry run covered of the script, and what it did not: preflight calls aligned only
+what ran.
+
+A dry run is short: a few train steps a pass, a few eval batches. Two parts of a real
+run that hang often lie past it, and both are read here after the run:
+
+- **the end of a train pass** the budget cut: the ranks' loaders told their lengths as
+  each pass began, so whether the passes end at the same step on every rank is known
+  without running to the end (where they do not, rules/quiet.uneven_train_loader says
+  so). Where a length is unknown (an IterableDataset), it was not checked.
+- **a periodic action** (``if step % N == 0:`` in a loop, lint/periodic.py) whose body
+  reaches a collective and which never fired: no recorded collective has its body on
+  its call chain. Whether every rank takes it together (a barrier inside ``try/except``
+  one rank takes, a save only rank 0 finishes) was not checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ncclcheck.evidence.traces import LoaderPass
+from ncclcheck.explain.context import Context
+from ncclcheck.lint.periodic import PeriodicAction, periodic_actions
+from ncclcheck.lint.project import Linter
+from ncclcheck.lint.syntax import calls_in
+from ncclcheck.record.tracefile import End
+from ncclcheck.source import reading
+from ncclcheck.wording import is_user, line_ranges, relative
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A part of the script the dry run did not run."""
+
+    text: str
+    communicates: bool  # it reaches a collective: what ran cannot vouch for it
+
+
+@dataclass
+class Coverage:
+    ran: list[str] = field(default_factory=list)  # what the run covered, in words
+    not_run: list[Gap] = field(default_factory=list)
+
+
+def coverage(d: Context) -> Coverage:
+    found = Coverage()
+    linter = Linter()
+    after = _after_the_stop(d, linter)
+    if after is not None:
+        found.not_run.append(after)
+    _train_pass_ends(d, found)
+    _periodic_actions(d, found, linter)
+    return found
+
+
+def _after_the_stop(d: Context, linter: Linter) -> Gap | None:
+    """What the script does after the point where the budget stopped the dry run (a final
+    evaluation, a save, a barrier after the epochs): not checked, and said so."""
+    stopped = next(
+        (
+            t.exit.stack
+            for _rank, t in sorted(d.ev.traces.items())
+            if t.exit is not None and t.exit.how is End.DRY_RUN_COMPLETE and t.exit.stack
+        ),
+        None,
+    )
+    if not stopped:
+        return None
+    parts: list[str] = []
+    reaches: list[str] = []
+    for frame in stopped:  # outermost first
+        after, in_loop = reading.statements_after(frame.file, frame.line)
+        if after:
+            lines = line_ranges([(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in after])
+            parts.append(f"{lines} of {frame.function}() in {relative(frame.file, d.ev.cwd)}")
+            reaches += _collectives_in(linter, frame.file, after)
+        if in_loop:
+            break  # deeper frames ran in the loop's earlier passes
+    if not parts:
+        return None
+    innermost = stopped[-1]
+    return Gap(
+        f"the budget stopped the dry run at {d.site(innermost)} in {innermost.function}(): "
+        f"what the script does after that did not run ({'; '.join(parts)})"
+        + (f" and it reaches {reaches[0]}" if reaches else "")
+        + ", so a final evaluation, save or barrier there is not checked: run the script for "
+        "one epoch (its own option) to check it too",
+        bool(reaches),
+    )
+
+
+def _collectives_in(linter: Linter, path: str, statements: list[ast.stmt]) -> list[str]:
+    """The collectives these statements of ``path`` reach, as lint labels them."""
+    module = linter.load(Path(path))
+    if module is None:
+        return []
+    found = []
+    for statement in statements:
+        for call in calls_in(statement):
+            reached = linter.collective_of_call(call, module, None, module.ddp_names)
+            if reached is not None and reached.certain:
+                found.append(" -> ".join(reached.chain))
+                break
+    return found
+
+
+def _train_pass_ends(d: Context, found: Coverage) -> None:
+    first: dict[str, dict[int, LoaderPass]] = {}  # loader -> rank -> its first train pass
+    for rank, trace in sorted(d.ev.traces.items()):
+        for loader_pass in trace.passes:
+            if loader_pass.role == "train":
+                first.setdefault(loader_pass.loader, {}).setdefault(rank, loader_pass)
+    train_calls = any(call.phase == "train" for t in d.ev.traces.values() for call in t.calls)
+    for loader, by_rank in first.items():
+        if not any(p.budget_cut for p in by_rank.values()):
+            continue  # the passes ran to their ends: the run itself shows them
+        ran = max(p.batches for p in by_rank.values())
+        lengths = {r: p.length for r, p in by_rank.items()}
+        known = {n for n in lengths.values() if n is not None}
+        if None in lengths.values():
+            if train_calls:
+                found.not_run.append(
+                    Gap(
+                        f"the end of a pass over train loader {loader}: the dry run stopped it after "
+                        f"{ran} batches and its length is unknown (an IterableDataset), so whether "
+                        "every rank's pass ends at the same step was not checked",
+                        True,
+                    )
+                )
+            continue
+        if len(known) == 1:
+            found.ran.append(
+                f"train loader {loader}: {ran} of {known.pop()} batches a pass ran; the same length "
+                "on every rank, so every rank's pass ends at the same step"
+            )
+        # lengths that differ: rules/quiet.uneven_train_loader says so, an error
+
+
+def _user_files(d: Context) -> list[str]:
+    """The script and the user's files its recorded collectives were called through."""
+    files = {t.script for t in d.ev.traces.values() if t.script}
+    for trace in d.ev.traces.values():
+        for call in trace.calls:
+            files.update(f.file for f in call.user_stack if is_user(f.file))
+    return sorted(f for f in files if f.endswith(".py") and os.path.isfile(f))
+
+
+def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
+    actions: list[PeriodicAction] = []
+    for path in _user_files(d):
+        actions += periodic_actions(linter, Path(path))
+    if not actions:
+        return
+    reached: set[tuple[str, int]] = set()
+    for trace in d.ev.traces.values():
+        for call in trace.calls:
+            reached.update((os.path.realpath(f.file), f.line) for f in call.user_stack)
+            if call.site is not None:
+                reached.add((os.path.realpath(call.site.file), call.site.line))
+    for action in actions:
+        path = os.path.realpath(action.path)
+        first, last = action.body
+        where = f"{relative(str(action.path), d.ev.cwd)}:{action.line}"
+        if any(p == path and first <= line <= last for p, line in reached):
+            found.ran.append(f"`if {action.test}` at {where} fired: its collectives ran")
+            continue
+        chain = " -> ".join(action.collective.chain)
+        found.not_run.append(
+            Gap(
+                f"`if {action.test}` at {where} never fired in the dry run: it reaches "
+                f"{action.collective.label} ({chain}); whether every rank takes it together was "
+                "not checked (run with a larger --train-steps, or make it fire early to check it)",
+                action.collective.certain,
+            )
+        )
