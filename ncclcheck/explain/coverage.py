@@ -23,9 +23,11 @@ from pathlib import Path
 
 from ncclcheck.evidence.traces import LoaderPass
 from ncclcheck.explain.context import Context
+from ncclcheck.lint.findings import located
 from ncclcheck.lint.periodic import PeriodicAction, periodic_actions
 from ncclcheck.lint.project import Linter
 from ncclcheck.lint.syntax import calls_in
+from ncclcheck.model import Finding, Severity
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
 from ncclcheck.wording import is_user, line_ranges, relative
@@ -43,6 +45,9 @@ class Gap:
 class Coverage:
     ran: list[str] = field(default_factory=list)  # what the run covered, in words
     not_run: list[Gap] = field(default_factory=list)
+    # what the source alone decides of a part that did not run (lint's errors in a
+    # periodic action that never fired: a rank-0-only evaluation every N steps)
+    found_in_source: list[Finding] = field(default_factory=list)
 
 
 def coverage(d: Context) -> Coverage:
@@ -139,6 +144,23 @@ def _train_pass_ends(d: Context, found: Coverage) -> None:
         # lengths that differ: rules/quiet.uneven_train_loader says so, an error
 
 
+def _lint_errors_in(linter: Linter, action: PeriodicAction) -> list[Finding]:
+    """lint's errors decided by this action's test or reached through a call in its body."""
+    module = linter.load(action.path)
+    if module is None:
+        return []
+    first, last = action.body
+    here = action.path.resolve()
+    errors = []
+    for finding in linter.check(module):
+        where = located(finding)
+        if finding.severity is not Severity.ERROR or Path(where.checked_path).resolve() != here:
+            continue
+        if where.condition_line == action.line or (where.call_line and first <= where.call_line <= last):
+            errors.append(finding)
+    return errors
+
+
 def _user_files(d: Context) -> list[str]:
     """The script and the user's files its recorded collectives were called through."""
     files = {t.script for t in d.ev.traces.values() if t.script}
@@ -168,6 +190,14 @@ def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
             found.ran.append(f"`if {action.test}` at {where} fired: its collectives ran")
             continue
         chain = " -> ".join(action.collective.chain)
+        for finding in _lint_errors_in(linter, action):
+            if not finding.fix and finding.cause in d.catalogue:
+                finding.fix = d.catalogue.get(finding.cause).fix.direct
+            finding.evidence = [
+                *finding.evidence,
+                f"the dry run never ran it (`if {action.test}` at {where} never fired): the source decides",
+            ]
+            found.found_in_source.append(finding)
         found.not_run.append(
             Gap(
                 f"`if {action.test}` at {where} never fired in the dry run: it reaches "

@@ -37,6 +37,7 @@ def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Diagnose
     explanations = _explanations(d)
     covered = coverage(d) if d.ev.traces and not d.ev.incomplete else Coverage()
     findings = [explanation.finding(d.catalogue) for explanation in explanations]
+    findings += covered.found_in_source
     verdict = _verdict(d, findings)
     summary = _summary(d)
     if covered.ran:

@@ -167,3 +167,39 @@ def test_a_train_pass_of_unknown_length_cut_by_the_budget_is_not_vouched_for(tmp
     assert report.verdict is Verdict.PARTIAL
     (gap,) = report.summary["not_run"]
     assert "its length is unknown (an IterableDataset)" in gap
+
+
+RANK_ZERO_EVAL_EVERY_N = """
+    import torch.distributed as dist
+
+
+    def evaluate(model, loader):
+        total = model.zeros()
+        dist.all_reduce(total)
+        return total
+
+
+    def fit(model, loader, rank):
+        for step, batch in enumerate(loader):
+            dist.all_reduce(batch)
+            if step % 500 == 0 and rank == 0:
+                evaluate(model, loader)
+    """
+
+
+def test_a_periodic_action_that_never_fired_is_still_an_error_where_the_source_decides(
+    tmp_path: Path,
+) -> None:
+    """Only rank 0 evaluates every 500 steps and the evaluation all-reduces: the dry run
+    never got there, but the rank test decides without running it."""
+    path = script(tmp_path, RANK_ZERO_EVAL_EVERY_N)
+    report = diagnose(
+        Evidence(world_size=2, traces=_traces(path, {0: 400, 1: 400}), cwd=str(tmp_path))
+    ).report
+    assert (report.verdict, report.exit_code) == (Verdict.MISALIGNED, 1)
+    (finding,) = report.findings
+    assert finding.cause is Cause.RANK_CONDITIONAL_COLLECTIVE
+    assert finding.site.endswith(f"train.py:{line_of(path, 'dist.all_reduce(total)')}")
+    assert finding.fix  # the playbook's, as preflight gives every finding
+    assert finding.evidence[-1].startswith("the dry run never ran it (`if step % 500 == 0 and rank == 0` at ")
+    assert report.summary["not_run"][0].startswith("`if step % 500 == 0 and rank == 0`")
