@@ -144,17 +144,14 @@ def _train_pass_ends(d: Context, found: Coverage) -> None:
         # lengths that differ: rules/quiet.uneven_train_loader says so, an error
 
 
-def _lint_errors_in(linter: Linter, action: PeriodicAction) -> list[Finding]:
-    """lint's errors decided by this action's test or reached through a call in its body."""
-    module = linter.load(action.path)
-    if module is None:
-        return []
+def _lint_errors_in(action: PeriodicAction, checked: list[Finding]) -> list[Finding]:
+    """Of lint's findings on the action's file, the errors its test decides or a call in
+    its body reaches."""
     first, last = action.body
-    here = action.path.resolve()
     errors = []
-    for finding in linter.check(module):
+    for finding in checked:
         where = located(finding)
-        if finding.severity is not Severity.ERROR or Path(where.checked_path).resolve() != here:
+        if finding.severity is not Severity.ERROR:
             continue
         if where.condition_line == action.line or (where.call_line and first <= where.call_line <= last):
             errors.append(finding)
@@ -182,6 +179,7 @@ def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
             reached.update((os.path.realpath(f.file), f.line) for f in call.user_stack)
             if call.site is not None:
                 reached.add((os.path.realpath(call.site.file), call.site.line))
+    checked: dict[Path, list[Finding]] = {}  # lint's findings per file, read once
     for action in actions:
         path = os.path.realpath(action.path)
         first, last = action.body
@@ -190,7 +188,12 @@ def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
             found.ran.append(f"`if {action.test}` at {where} fired: its collectives ran")
             continue
         chain = " -> ".join(action.collective.chain)
-        for finding in _lint_errors_in(linter, action):
+        if action.path not in checked:
+            module = linter.load(action.path)
+            checked[action.path] = linter.check(module) if module is not None else []
+        for finding in _lint_errors_in(action, checked[action.path]):
+            if any(finding is said for said in found.found_in_source):
+                continue  # two actions around one call: said once
             if not finding.fix and finding.cause in d.catalogue:
                 finding.fix = d.catalogue.get(finding.cause).fix.direct
             finding.evidence = [
