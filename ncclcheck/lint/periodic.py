@@ -42,7 +42,12 @@ def is_periodic(test: ast.expr) -> bool:
 
 
 def _remainder(node: ast.expr) -> bool:
-    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod)
+    """``a % b`` as arithmetic, not ``"%d" % step`` (printf-style formatting)."""
+    return (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Mod)
+        and not (isinstance(node.left, ast.Constant) and isinstance(node.left.value, str | bytes))
+    )
 
 
 def periodic_actions(linter: Linter, path: Path) -> list[PeriodicAction]:

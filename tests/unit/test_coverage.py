@@ -64,6 +64,7 @@ TRAINER = """
         ("step % 100 != 0", False),  # fires on every step but one in N: not what a short run misses
         ("step == 100", False),
         ("loss > 3", False),
+        ('"step-%d" % step == name', False),  # formatting, not a period
     ],
 )
 def test_a_periodic_test_is_a_remainder_compared_for_equality(test: str, periodic: bool) -> None:
