@@ -11,14 +11,13 @@ import pytest
 
 from ncclcheck.catalogue import load_catalogue
 
-from ..conftest import PLAYBOOKS, run_bounded, torchrun_argv
+from ..conftest import PLAYBOOKS, run_bounded, run_to_its_end, torchrun_argv
 
 PG_TIMEOUT_S = 6
 REPRO_BOUND_S = 40
 FIXED_BOUND_S = 90
 PLAYBOOK_IDS = load_catalogue(PLAYBOOKS).ids
 GLOO_TIMEOUT = "Timed out waiting"
-GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 pytestmark = pytest.mark.ranks
 
@@ -47,12 +46,5 @@ def test_fixed_completes(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
     argv = torchrun_argv(playbook.fixed_path, playbook.repro.nproc)
     env = {"REPRO_TIMEOUT_S": str(PG_TIMEOUT_S)}
-    result = run_bounded(argv, FIXED_BOUND_S, env=env)
-    for _retry in range(2):
-        if result.returncode == 0 or GLOO_TEARDOWN_ABORT not in result.output:
-            break
-        # gloo can abort a rank while tearing down at exit, after the script is done
-        # (seen about once in 40 runs on a loaded 2-core machine, twice in a row once
-        # in a full suite): run it again, up to three runs in all.
-        result = run_bounded(argv, FIXED_BOUND_S, env=env)
+    result = run_to_its_end(argv, FIXED_BOUND_S, env=env)
     assert result.returncode == 0, result.output[-3000:]
