@@ -86,6 +86,7 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
         "layout": settings.layout,
     }
     env = {**os.environ, ENV_OUT: str(out), ENV_CONFIG: json.dumps(config), "PYTHONUNBUFFERED": "1"}
+    env["TMPDIR"] = str(out)  # torchrun's agent leaves a log folder in TMPDIR: removed with ours
     argv = [
         sys.executable,
         "-m",

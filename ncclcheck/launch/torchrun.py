@@ -33,7 +33,7 @@ from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S
-from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT
+from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT, launcher_tmpdir
 from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
 from ncclcheck.record.perturb import ENV_PERTURB
@@ -361,6 +361,10 @@ def run_dry(
         proc = warm.launch(target, ranks_env, torchrun.nproc_per_node, log_path)
     else:
         argv = launcher_argv(settings.launcher, torchrun.argv(), target, settings.accelerate_config)
+        if settings.launcher != Launcher.SPAWN:  # the script itself, not an agent, starts the ranks
+            launcher_tmp = trace_dir / "launcher-tmp"
+            launcher_tmp.mkdir(mode=0o700, exist_ok=True)
+            launcher_tmpdir(env, str(launcher_tmp))
         proc = start_torchrun(argv, env, log_path)
     interrupted = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -33,7 +33,12 @@ from ncclcheck.record import (
     starters,
     virtual,
 )
-from ncclcheck.record.launched import ENV_LAUNCHER, LOCAL_RANK_ARGUMENT, slurm_task_environment
+from ncclcheck.record.launched import (
+    ENV_LAUNCHER,
+    LOCAL_RANK_ARGUMENT,
+    give_back_user_tmpdir,
+    slurm_task_environment,
+)
 from ncclcheck.record.loaders import DryRunComplete
 from ncclcheck.record.recorder import (
     ENV_EVAL_PASSES,
@@ -262,6 +267,7 @@ def check_in(recorder: Recorder, timeout_s: float) -> None:
 
 
 def main() -> None:
+    give_back_user_tmpdir()
     # torch.distributed.launch's --local-rank=N, put before the script: the script's, first
     legacy: list[str] = []
     if len(sys.argv) > 1 and LOCAL_RANK_ARGUMENT.match(sys.argv[1]):

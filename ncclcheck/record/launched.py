@@ -6,7 +6,10 @@ Read inside the ranks (record/bootstrap.py) and by the launch code that starts t
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+from collections.abc import MutableMapping
 
 BOOTSTRAP = "ncclcheck.record.bootstrap"
 # what torch.distributed.launch (--local-rank=N) and deepspeed (--local_rank=N) put
@@ -16,6 +19,11 @@ ENV_LAUNCHER = "NCCLCHECK_LAUNCHER"  # what each rank's bootstrap is to look lik
 # srun starts no store: rank 0's init_process_group makes one on MASTER_PORT, which
 # torchrun's agent holds; preflight picks a free port for it, the same for every rank
 ENV_SLURM_PORT = "NCCLCHECK_SLURM_MASTER_PORT"
+# torchrun's agent makes a log folder in TMPDIR at every start and never removes it: the
+# launcher gets a TMPDIR inside the dry run's own folder (removed with it), and each rank
+# gets the user's back from here ("" when TMPDIR was unset), so the script's own
+# temporary files go where they would without ncclcheck
+ENV_USER_TMPDIR = "NCCLCHECK_USER_TMPDIR"
 # what torchrun tells a rank and srun does not: a script that branches on "RANK in
 # os.environ" (or Lightning's TorchElasticEnvironment) must take its srun path
 _TORCHRUN_ONLY = (
@@ -61,3 +69,21 @@ def slurm_task_environment(env: dict[str, str], host: str) -> tuple[dict[str, st
         task["MASTER_PORT"] = env[ENV_SLURM_PORT]
     gone = [name for name in env if name in _TORCHRUN_ONLY or name.startswith("TORCHELASTIC_")]
     return task, gone
+
+
+def launcher_tmpdir(env: dict[str, str], folder: str) -> None:
+    """Point the launcher's TMPDIR at ``folder`` in ``env``, keeping the user's for the ranks."""
+    env[ENV_USER_TMPDIR] = env.get("TMPDIR", "")
+    env["TMPDIR"] = folder
+
+
+def give_back_user_tmpdir(environ: MutableMapping[str, str] = os.environ) -> None:
+    """In a rank, before the script runs: the TMPDIR the user had (launcher_tmpdir)."""
+    if ENV_USER_TMPDIR not in environ:
+        return
+    user = environ.pop(ENV_USER_TMPDIR)
+    if user:
+        environ["TMPDIR"] = user
+    else:
+        environ.pop("TMPDIR", None)
+    tempfile.tempdir = None  # gettempdir() reads the environment again

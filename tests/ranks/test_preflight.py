@@ -718,11 +718,34 @@ def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
         "transport-hang/repro.py",
     ],
 )
-def test_no_process_outlives_preflight(script: str) -> None:
+def test_no_process_outlives_preflight_and_no_file_is_left_in_tmp(script: str, tmp_path: Path) -> None:
     path = PLAYBOOKS / script
-    proc, _report = preflight("--nproc-per-node=2", str(path))
+    # torchrun's agent makes a torchelastic_* folder in TMPDIR at each start, and leaves it
+    user_tmp = tmp_path / "tmp"
+    user_tmp.mkdir()
+    proc, _report = preflight("--nproc-per-node=2", str(path), env={"TMPDIR": str(user_tmp)})
     assert proc.returncode in (0, 1)
     assert not leftover_ranks(str(path))
+    # what a plain torchrun run of the script leaves too: torch's compile cache, reused by design
+    assert [p.name for p in user_tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+def test_the_script_gets_the_users_tmpdir(tmp_path: Path) -> None:
+    user_tmp = tmp_path / "tmp"
+    user_tmp.mkdir()
+    script = tmp_path / "writes_a_temp_file.py"
+    script.write_text(
+        "import os, tempfile\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "fd, _ = tempfile.mkstemp(prefix=f'rank{dist.get_rank()}-', dir=None)\n"
+        "os.close(fd)\n"
+        "dist.barrier()\n"
+        "dist.destroy_process_group()\n"
+    )
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"TMPDIR": str(user_tmp)})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), proc.stderr[-2000:]
+    assert sorted(p.name.split("-")[0] for p in user_tmp.iterdir()) == ["rank0", "rank1"]
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 
@@ -22,6 +24,7 @@ def probe(
     *args: str, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict, float]:  # type: ignore[type-arg]
     mark = uuid.uuid4().hex
+    user_tmp = tempfile.mkdtemp(prefix="user-tmp-")  # the probe must leave nothing there
     start = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "ncclcheck", "probe", "--json", *args],
@@ -29,12 +32,15 @@ def probe(
         text=True,
         timeout=240,
         cwd=REPO,
-        env={**os.environ, "NCCLCHECK_TEST_MARK": mark, **(env or {})},
+        env={**os.environ, "NCCLCHECK_TEST_MARK": mark, "TMPDIR": user_tmp, **(env or {})},
         check=False,
     )
     elapsed = time.monotonic() - start
     left = processes_marked(mark)
     assert left == [], f"processes outlived the probe: {left}"
+    left_files = os.listdir(user_tmp)
+    shutil.rmtree(user_tmp, ignore_errors=True)
+    assert left_files == [], f"files the probe left in TMPDIR: {left_files}"
     return done, json.loads(done.stdout) if done.stdout.strip() else {}, elapsed
 
 

@@ -10,7 +10,12 @@ import pytest
 
 from ncclcheck.launch import launchers
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, guard_of, launcher_argv, own_starter
-from ncclcheck.record.launched import LOCAL_RANK_ARGUMENT, slurm_task_environment
+from ncclcheck.record.launched import (
+    LOCAL_RANK_ARGUMENT,
+    give_back_user_tmpdir,
+    launcher_tmpdir,
+    slurm_task_environment,
+)
 from ncclcheck.settings import Launcher
 
 
@@ -152,3 +157,15 @@ def test_accelerate_on_several_nodes_is_refused(tmp_path: Path) -> None:
     config.write_text("distributed_type: MULTI_GPU\n")
     assert check_accelerate(str(config), "2").startswith("--launcher accelerate runs the ranks of one node")
     assert check_accelerate(str(config), "1") == ""
+
+
+@pytest.mark.parametrize("user_tmpdir", ["/scratch/me/tmp", None])
+def test_the_launcher_gets_a_tmpdir_of_its_own_and_each_rank_the_users_back(user_tmpdir: str | None) -> None:
+    launcher_env = {} if user_tmpdir is None else {"TMPDIR": user_tmpdir}
+    launcher_tmpdir(launcher_env, "/dry-run/launcher-tmp")
+    assert launcher_env["TMPDIR"] == "/dry-run/launcher-tmp"
+    rank_env = dict(launcher_env)  # what a rank inherits
+    give_back_user_tmpdir(rank_env)
+    assert rank_env == ({} if user_tmpdir is None else {"TMPDIR": user_tmpdir})
+    give_back_user_tmpdir(rank_env)  # a rank started without ncclcheck's launcher: left alone
+    assert rank_env == ({} if user_tmpdir is None else {"TMPDIR": user_tmpdir})
