@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from ..conftest import REPO, SCRIPTS, line_in, ncclcheck, run_bounded, torchrun_argv
+from ..conftest import REPO, SCRIPTS, line_in, ncclcheck, run_bounded, run_to_its_end, torchrun_argv
 
 SCRIPT = SCRIPTS / "gpu_style.py"
 pytestmark = pytest.mark.ranks
@@ -80,7 +80,7 @@ def test_syncbatchnorm_on_cpu_matches_batchnorm_over_every_rank_batch() -> None:
     samples (and once an empty batch): outputs, running statistics and gradients equal
     BatchNorm's over the batches put together, in float64."""
     script = SCRIPTS / "cpu_syncbn_numerics.py"
-    result = run_bounded(torchrun_argv(script, 3), 150, cwd=REPO)
+    result = run_to_its_end(torchrun_argv(script, 3), 150, cwd=REPO)
     assert result.returncode == 0, result.output
     assert "numerics ok" in result.output
 
