@@ -126,14 +126,16 @@ def test_a_new_pass_on_both_sides_tells_nothing_and_the_disagreement_stands(tmp_
     assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH, finding
 
 
-def test_the_one_rank_of_which_the_files_hold_nothing_is_the_first_suspect() -> None:
+def test_the_one_rank_that_never_timed_out_with_the_others_was_in_no_collective() -> None:
     # rank 2 had issued up to #7314: a collective that timed out is only a lower bound of
-    # what a rank issued, so ranks 1 and 3 are not "behind" it
+    # what a rank issued, so ranks 1 and 3 are not "behind" it. Rank 0 left no timeout of
+    # its own: had it taken another path at a collective, it would wait in one and time out
+    # too; it had raised or died (or was busy all along), and its own output decides.
     report = diagnose("one_rank_without_a_line.log")
     (finding,) = report.findings
-    assert (finding.ranks, finding.absent_ranks) == ([1, 2, 3], [0])
-    assert "first suspect" in finding.message and "its own log" in finding.message
-    assert "not why" in finding.fix  # no one playbook's fix
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_CRASHED, [1, 2, 3], [0])
+    assert "not even a timeout of its own" in finding.message and "straggler" in finding.message
+    assert finding.fix.startswith("Read rank 0's own output")  # how to decide, not one playbook's fix
 
 
 def test_tagged_wrapped_lines_and_unnamed_groups_are_read_as_one_job() -> None:
@@ -143,7 +145,8 @@ def test_tagged_wrapped_lines_and_unnamed_groups_are_read_as_one_job() -> None:
     assert [(w.group, w.seq, w.op) for w in job.ranks[1].timeouts] == [("2", 412, "ALLREDUCE")]
     assert job.ranks[0].last_enqueued("2") == 412 and job.ranks[1].last_enqueued("2") == 419
     (finding,) = run_doctor_from([FIXTURES / "tagged_and_wrapped.log"]).findings
-    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    # parted at #412, REDUCE against ALLREDUCE: a value reduced two ways at one point, no branch
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.COLLECTIVE_ORDER_MISMATCH, [0], [1])
 
 
 def test_an_unprefixed_log_is_the_rank_it_names() -> None:
@@ -386,3 +389,42 @@ def test_a_gdb_native_backtrace_says_the_thread_waits_on_the_device() -> None:
     report = run_doctor_from([FIXTURES / "gdb_native_bt.txt"])
     (said,) = report.summary["stacks_of_no_known_rank"]
     assert said == "1 dump (gdb_native_bt.txt): a device sync point (cudaStreamSynchronize, in native frames)"
+
+
+def _watchdog_log(tmp_path: Path, ops: dict[int, str], seq: int = 88) -> Path:
+    lines = [
+        f"[rank{r}]:[E1202 00:00:00.1 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+        f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn=1, "
+        "NumelOut=1, Timeout(ms)=600000) ran for 600001 milliseconds before timing out."
+        for r, op in ops.items()
+    ]
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(lines) + "\n")
+    return log
+
+
+def test_a_side_at_a_reduce_to_one_rank_parted_on_a_decision_taken_from_its_result(tmp_path: Path) -> None:
+    log = _watchdog_log(tmp_path, {0: "BROADCAST", 1: "BROADCAST", 2: "REDUCE", 3: "REDUCE"})
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.UNSYNCHRONIZED_DECISION,
+        [2, 3],
+        [0, 1],
+    )
+    assert "its destination only" in finding.message and "not a proof" in finding.message
+
+
+@pytest.mark.parametrize(
+    "ops",
+    [
+        {0: "ALLREDUCE", 1: "BROADCAST"},  # no reduce to one rank: the numbers say where, not why
+        {0: "_REDUCE_SCATTER_BASE", 1: "_ALLGATHER_BASE"},  # a reduce-scatter is every rank's
+        {0: "REDUCE", 1: "REDUCE", 2: "ALLREDUCE", 3: "ALLREDUCE"},  # one value, reduced two ways
+    ],
+)
+def test_ops_that_differ_without_a_reduce_to_one_rank_stay_unexplained(
+    tmp_path: Path, ops: dict[int, str]
+) -> None:
+    (finding,) = run_doctor_from([_watchdog_log(tmp_path, ops)]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert "Find the line of each side's call" in finding.fix

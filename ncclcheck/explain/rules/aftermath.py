@@ -168,6 +168,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             new_pass = _a_side_began_a_new_pass(s, group, seq, by_op)
             if new_pass is not None:
                 return new_pass
+            decided_apart = _one_side_reduces_to_a_root(s, group, seq, by_op)
+            if decided_apart is not None:
+                return decided_apart
             sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
             parted = s.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
@@ -186,6 +189,47 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             parted.fix = _WHERE_NOT_WHY
             return parted
     return None
+
+
+def _op_name(op: str) -> str:
+    """A watchdog's or Flight Recorder's name of an op, plain: REDUCE, nccl:reduce -> reduce;
+    ALLREDUCE, nccl:all_reduce -> allreduce."""
+    return op.rsplit(":", 1)[-1].strip("_").lower().replace("_", "")
+
+
+def _one_side_reduces_to_a_root(
+    s: Leftovers, group: str, seq: int, by_op: dict[str, list[int]]
+) -> Explanation | None:
+    """Two ops at one position, and one side's is a reduce to one rank. Training code rarely
+    calls dist.reduce but for a metric (DDP and FSDP all-reduce, reduce-scatter and
+    all-gather); its result is defined on the destination only, the other ranks keep a
+    partial sum. A branch every rank takes on that value (save when the loss improved, stop
+    early) splits the ranks: the side still at its next reduce did not take it, the other
+    side's op is the first of the branch. Where the other side all-reduces instead, both
+    sides reduce a value at the same point, each its own way (another version of the code
+    on one node, a branch on the local rank): an order of calls that differs, not a branch."""
+    reducing = [op for op in by_op if _op_name(op) == "reduce"]
+    if len(reducing) != 1 or len(by_op) != 2:
+        return None
+    (other,) = [op for op in by_op if op != reducing[0]]
+    if _op_name(other) == "allreduce":
+        return None
+    reducers, others = sorted(by_op[reducing[0]]), sorted(by_op[other])
+    explanation = s.d.explanation(
+        Cause.UNSYNCHRONIZED_DECISION,
+        f"the ranks disagree on collective #{seq} of group {group}: {who(reducers)} issued "
+        f"{reducing[0]}, a reduce to one rank, where {who(others)} issued {other}. A reduce leaves "
+        "its result on its destination only (the other ranks keep a partial sum): a decision every "
+        "rank takes from a reduced value (save when the loss improved, stop early) differs "
+        f"between them, and the ranks part at the first call of the branch. The most likely "
+        f"reading, not a proof: the line where each side is (their stacks) decides",
+        ranks=reducers,
+        absent_ranks=others,
+        op=reducing[0],
+        site=None,
+        evidence=s.evidence,
+    )
+    return explanation
 
 
 def _pass_start(record: RankAftermath) -> Frame | None:
@@ -561,20 +605,32 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         first = " (the job's first collective on it)" if seq == 1 else ""
         lone = unseen[0] if len(unseen) == 1 and unseen[0] not in s.job.ranks else None
         if lone is not None and len(works) == s.job.world_size - 1:
-            # every rank but one timed out here, and of that one the files hold nothing
+            # Every rank but one timed out here, and of that one the files hold nothing. A rank
+            # that took another path at a collective of this group (a call of its own, or one
+            # skipped) would then issue one here too, wait, and time out with the others: its
+            # silence says it was in no collective of this group at all. It had died or raised
+            # and not yet exited, or it was busy outside collectives for the whole timeout.
             suspect = s.d.explanation(
-                Cause.RANK_CONDITIONAL_COLLECTIVE,
+                Cause.RANK_CRASHED,
                 f"every rank but rank {lone} timed out in {op} #{seq} of group {group}{first}, and these "
-                f"files hold no line of rank {lone}: it is the first suspect, as far as they show it "
-                "never issued that collective; its own log (a traceback, an exit, a watchdog line of "
-                "its own) decides",
+                f"files hold no line of rank {lone}, not even a timeout of its own: it never issued "
+                "that collective and was waiting in no other, as a rank that took another path at a "
+                "collective would be. Most likely it raised or died and had not exited (a traceback "
+                "or an exit code of its own decides); else it was busy outside any collective for "
+                "the whole timeout (a rank-0-only evaluation or save: straggler)",
                 ranks=sorted(works),
                 absent_ranks=[lone],
                 op=op,
                 site=None,
                 evidence=s.evidence,
             )
-            suspect.fix = _FIND_THE_REASON
+            suspect.fix = (
+                f"Read rank {lone}'s own output for the moment the others last progressed: a traceback "
+                "(rank-exception: an error in code only it runs, a save or a log, often at an epoch's "
+                "end), an exit code or signal (rank-crashed: the OOM killer, a segfault), or, if it "
+                "was alive and busy, its stack (`py-spy dump` while it hangs; straggler). Run "
+                "`ncclcheck preflight` on the script to find which."
+            )
             return suspect
         aborted = [r for r in unseen if r in s.job.ranks]
         said_of_aborted = (
