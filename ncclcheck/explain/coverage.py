@@ -26,7 +26,7 @@ from ncclcheck.explain.context import Context
 from ncclcheck.lint.findings import located
 from ncclcheck.lint.periodic import PeriodicAction, periodic_actions
 from ncclcheck.lint.project import Linter
-from ncclcheck.lint.syntax import calls_in
+from ncclcheck.lint.syntax import reaching_nodes_in
 from ncclcheck.model import Finding, Severity
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
@@ -104,8 +104,8 @@ def _collectives_in(linter: Linter, path: str, statements: list[ast.stmt]) -> li
         return []
     found = []
     for statement in statements:
-        for call in calls_in(statement):
-            reached = linter.collective_of_call(call, module, None, module.ddp_names)
+        for node in reaching_nodes_in(statement):
+            reached = linter.collective_of_node(node, module, None, module.ddp_names)
             if reached is not None and reached.certain:
                 found.append(" -> ".join(reached.chain))
                 break

@@ -121,6 +121,9 @@ class ProjectIndex(Protocol):
     def collective_of_call(
         self, call: ast.Call, module: ParsedModule, function: Function | None, ddp_names: set[str]
     ) -> Collective | None: ...
+    def collective_of_node(
+        self, node: ast.expr, module: ParsedModule, function: Function | None, ddp_names: set[str]
+    ) -> Collective | None: ...
     def variable_size_names(
         self, scope: ast.AST, module: ParsedModule, function: Function | None
     ) -> set[str]: ...

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ncclcheck.lint.findings import Collective, Function, ParsedModule
 from ncclcheck.lint.project import Linter
-from ncclcheck.lint.syntax import calls_in
+from ncclcheck.lint.syntax import reaching_nodes_in
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -106,8 +106,8 @@ def _first_collective(
 ) -> Collective | None:
     uncertain = None
     for statement in body:
-        for call in calls_in(statement):
-            reached = linter.collective_of_call(call, module, function, ddp_names)
+        for node in reaching_nodes_in(statement):
+            reached = linter.collective_of_node(node, module, function, ddp_names)
             if reached is not None and reached.certain:
                 return reached
             uncertain = uncertain or reached

@@ -27,15 +27,17 @@ from ncclcheck.lint.samplers import eval_loaders_without_sampler
 from ncclcheck.lint.scope import ScopeChecker
 from ncclcheck.lint.syntax import (
     called_names,
-    calls_in,
     constructed,
     ddp_parameters_of,
     ddp_wrapped_names,
     dist_label,
+    formatted_arguments,
     ignore_comments,
+    is_property,
     is_rank_zero_only,
     keyword_true,
     nodes_under,
+    reaching_nodes_in,
     returns_cat,
     walk_scope,
 )
@@ -67,6 +69,7 @@ class Linter:
         self._mentions: dict[int, bool] = {}
         self._synced: dict[int, dict[str, list[int]]] = {}
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
+        self._properties: tuple[int, frozenset[str]] = (-1, frozenset())  # (modules read, their properties)
         self.files_checked = 0
         self.lines_checked = 0
 
@@ -290,6 +293,77 @@ class Linter:
             inner.certain,
         )
 
+    def collective_of_node(
+        self, node: ast.expr, module: ParsedModule, function: Function | None, ddp_names: set[str]
+    ) -> Collective | None:
+        """What a node reaches: a call, as collective_of_call; and what runs without a call in
+        the source (syntax.IMPLICIT_NODES): a property read, an f-string field's __format__,
+        __str__ or __repr__, an argument print() or a logger turns into text."""
+        if isinstance(node, ast.Call):
+            found = self.collective_of_call(node, module, function, ddp_names)
+            if found is not None:
+                return found
+            for argument in formatted_arguments(node):
+                found = self._dunder_collective(argument, ("__str__",), module, function, node)
+                if found is not None:
+                    return found
+            return None
+        if isinstance(node, ast.FormattedValue):
+            dunders = ("__repr__",) if node.conversion == ord("r") else ("__format__", "__str__")
+            return self._dunder_collective(node.value, dunders, module, function, node)
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            if node.attr not in self._property_names():
+                return None  # most attribute reads: not one of the project's properties
+            getter = self._resolve_attribute_call(node, module, function)
+            if getter is None or not is_property(getter.node):
+                return None
+            return self._implicitly(getter, f"property {getter.name} read", module, node)
+        return None
+
+    def _property_names(self) -> frozenset[str]:
+        """The names of the properties of every module read so far."""
+        if self._properties[0] != len(self.modules):
+            names = frozenset(
+                name
+                for module in self.modules.values()
+                for (_cls, name), method in module.methods.items()
+                if is_property(method.node)
+            )
+            self._properties = (len(self.modules), names)
+        return self._properties[1]
+
+    def _dunder_collective(
+        self,
+        value: ast.expr,
+        dunders: tuple[str, ...],
+        module: ParsedModule,
+        function: Function | None,
+        at: ast.expr,
+    ) -> Collective | None:
+        """The collective the first of ``dunders`` the class of ``value`` defines reaches."""
+        owner = self._class_of(value, module, function)
+        if owner is None:
+            return None
+        owner_module, class_name = owner
+        for dunder in dunders:
+            method = owner_module.methods.get((class_name, dunder))
+            if method is not None:
+                return self._implicitly(
+                    method, f"{class_name}.{dunder}() formatting `{ast.unparse(value)}`", module, at
+                )
+        return None
+
+    def _implicitly(
+        self, target: Function, what: str, module: ParsedModule, at: ast.expr
+    ) -> Collective | None:
+        inner = self.collective_of_function(target)
+        if inner is None:
+            return None
+        here = f"{relative_path(module.path)}:{at.lineno}"
+        return Collective(
+            inner.label, [f"{what} at {here}", *inner.chain], inner.path, inner.line, inner.col, inner.certain
+        )
+
     def _direct_label(self, call: ast.Call, module: ParsedModule, ddp_names: set[str]) -> str | None:
         """What a call communicates by itself (torch.distributed, a library), or None."""
         func = call.func
@@ -434,8 +508,8 @@ class Linter:
         self._in_progress.add(key)
         found: Collective | None = None
         ddp_names = self.ddp_names_of(function.node) | ddp_parameters
-        for call in calls_in(function.node):
-            this = self.collective_of_call(call, function.module, function, ddp_names)
+        for node in reaching_nodes_in(function.node):
+            this = self.collective_of_node(node, function.module, function, ddp_names)
             if this is not None and (found is None or this.certain):
                 found = this  # the first collective; a certain one over a DDP forward
             if found is not None and found.certain:

@@ -22,11 +22,13 @@ from ncclcheck.lint.rank_sets import negates, same_on_every_rank
 from ncclcheck.lint.reaching import reaching_names, reaching_rank_names
 from ncclcheck.lint.statements import VISITORS, is_exit, visit_exit
 from ncclcheck.lint.syntax import (
+    REACHING_NODES,
     called_names,
     calls_in,
     exit_word,
     has_exit,
     names_tested_for_value,
+    reaching_nodes_in,
     reads_shape,
     tests_membership,
     walk_scope,
@@ -68,7 +70,7 @@ class ScopeChecker:
         self.reported_exits: set[int] = set()  # one finding per exit: the first call it skips
         scope = function.node if function is not None else module.tree
         self.scope = scope
-        self._scope_collectives: list[tuple[ast.Call, Collective]] | None = None
+        self._scope_collectives: list[tuple[ast.expr, Collective]] | None = None
         self.complementary: set[int] = set()  # ifs balanced by a sibling with the negated test
         self._filled_lines: dict[str, list[int]] = {}  # container -> lines of its rank-dependent filling
         # computed on first use: most scopes never need them
@@ -236,8 +238,12 @@ class ScopeChecker:
                     )
                     return
 
-    def check_shapes(self, call: ast.Call, collective: Collective) -> None:
-        if not collective.label.startswith("dist.") or len(collective.chain) != 1:
+    def check_shapes(self, call: ast.expr, collective: Collective) -> None:
+        if (
+            not isinstance(call, ast.Call)
+            or not collective.label.startswith("dist.")
+            or len(collective.chain) != 1
+        ):
             return
         if collective.label.split(".")[-1] not in SIZE_SENSITIVE or not self.variable_size:
             return
@@ -298,20 +304,20 @@ class ScopeChecker:
         return kind
 
     @property
-    def scope_collectives(self) -> list[tuple[ast.Call, Collective]]:
+    def scope_collectives(self) -> list[tuple[ast.expr, Collective]]:
         """Every call of this scope that communicates, found in one pass (most scopes: none)."""
         if self._scope_collectives is None:
             found = [
                 (node, collective)
                 for node in self.linter.nodes(self.scope)
-                if isinstance(node, ast.Call)
-                and (collective := self.linter.collective_of_call(node, self.module, self.function, self.ddp))
+                if isinstance(node, REACHING_NODES)
+                and (collective := self.linter.collective_of_node(node, self.module, self.function, self.ddp))
                 is not None
             ]
             self._scope_collectives = sorted(found, key=lambda pair: (pair[0].lineno, pair[0].col_offset))
         return self._scope_collectives
 
-    def collectives_within(self, node: ast.AST) -> list[tuple[ast.Call, Collective]]:
+    def collectives_within(self, node: ast.AST) -> list[tuple[ast.expr, Collective]]:
         start = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
         end = (getattr(node, "end_lineno", 0) or 0, getattr(node, "end_col_offset", 0) or 0)
         return [
@@ -321,7 +327,7 @@ class ScopeChecker:
             and (call.end_lineno or 0, call.end_col_offset or 0) <= end
         ]
 
-    def collectives(self, statements: list[ast.stmt]) -> list[tuple[ast.Call, Collective]]:
+    def collectives(self, statements: list[ast.stmt]) -> list[tuple[ast.expr, Collective]]:
         if not self.scope_collectives:
             return []
         found = []
@@ -368,8 +374,8 @@ class ScopeChecker:
         if self.rank_ordered:
             for call in calls_in(node):
                 self.check_passed_containers(call)
-        for call, collective in self.collectives_within(node) if self.scope_collectives else []:
-            self.check_shapes(call, collective)
+        for reached, collective in self.collectives_within(node) if self.scope_collectives else []:
+            self.check_shapes(reached, collective)
             if (
                 collective.label.endswith("generate() without synced_gpus=True")
                 and len(collective.chain) == 1
@@ -377,7 +383,7 @@ class ScopeChecker:
                 self.add(
                     Cause.DATA_DEPENDENT_BRANCH,
                     "warning",
-                    call,
+                    reached,
                     f"{collective.label}: generation runs one forward per new token and, with FSDP "
                     f"or ZeRO-3, every forward all-gathers sharded parameters; ranks whose sequences "
                     f"end sooner stop gathering and the others wait. Pass synced_gpus=True",
@@ -385,20 +391,27 @@ class ScopeChecker:
                 )
             for guard, exit_node, _loop in self.pending_exits:
                 if not isinstance(exit_node, (ast.Break, ast.Continue)):
-                    self.report_exit(guard, exit_node, call, collective)
+                    self.report_exit(guard, exit_node, reached, collective)
             diverging = [
                 g
                 for g in guards
-                if g.kind != "other" and not g.balanced and not self.members_of_its_group(g, call, collective)
+                if g.kind != "other"
+                and not g.balanced
+                and not self.members_of_its_group(g, reached, collective)
             ]
             if diverging:
-                self.report_branch(diverging[-1], call, collective)
+                self.report_branch(diverging[-1], reached, collective)
 
-    def members_of_its_group(self, guard: Guard, call: ast.Call, collective: Collective) -> bool:
+    def members_of_its_group(self, guard: Guard, call: ast.expr, collective: Collective) -> bool:
         """``if rank in ranks: dist.all_reduce(x, group=group)`` where ``group =
         dist.new_group(ranks)``, or a test on ``get_process_group_ranks(group)`` or
         ``get_rank(group)``: only the group's members call it, and they are all its ranks."""
-        if guard.kind != RANK or guard.test is None or len(collective.chain) != 1:
+        if (
+            guard.kind != RANK
+            or guard.test is None
+            or len(collective.chain) != 1
+            or not isinstance(call, ast.Call)
+        ):
             return False
         group = next((k.value for k in call.keywords if k.arg == "group"), None)
         position = GROUP_POSITION.get(collective.label.rpartition(".")[2])
@@ -436,7 +449,7 @@ class ScopeChecker:
         """A line of the checked file, named so that it reads right next to the finding's site."""
         return f"line {line}" if collective.path == self.path else f"{self.path}:{line}"
 
-    def report_branch(self, guard: Guard, call: ast.Call, collective: Collective) -> None:
+    def report_branch(self, guard: Guard, call: ast.expr, collective: Collective) -> None:
         if guard.kind == RANK:
             cause, severity, why = Cause.RANK_CONDITIONAL_COLLECTIVE, "error", "rank-dependent"
         elif guard.kind == DATA:
@@ -492,7 +505,7 @@ class ScopeChecker:
             guard,
         )
 
-    def report_exit(self, guard: Guard, exit_node: ast.stmt, call: ast.Call, collective: Collective) -> None:
+    def report_exit(self, guard: Guard, exit_node: ast.stmt, call: ast.expr, collective: Collective) -> None:
         if id(exit_node) in self.reported_exits:
             return  # one finding per exit: the first call it skips
         self.reported_exits.add(id(exit_node))
@@ -532,8 +545,8 @@ class ScopeChecker:
 
     def decorated_rank_zero(self) -> None:
         assert self.function is not None
-        for call in calls_in(self.function.node):
-            collective = self.linter.collective_of_call(call, self.module, self.function, self.ddp)
+        for call in reaching_nodes_in(self.function.node):
+            collective = self.linter.collective_of_node(call, self.module, self.function, self.ddp)
             if collective is not None:
                 self.add(
                     Cause.RANK_CONDITIONAL_COLLECTIVE,
@@ -548,7 +561,7 @@ class ScopeChecker:
         self,
         cause: Cause,
         severity: str,
-        call: ast.Call,
+        call: ast.expr,
         message: str,
         collective: Collective,
         guard: Guard | None = None,

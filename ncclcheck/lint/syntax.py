@@ -90,6 +90,50 @@ def calls_in(root: ast.AST) -> Iterator[ast.Call]:
         stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
 
+# What runs a method of the value's class without a call in the source: a property read
+# (an attribute load), an f-string's field (__format__, __str__ or __repr__), and what
+# print, str, repr, format and a logger's methods do with their arguments (__str__).
+IMPLICIT_NODES = (ast.Attribute, ast.FormattedValue)
+REACHING_NODES = (ast.Call, *IMPLICIT_NODES)  # what may run a function
+FORMATTING_CALLS = frozenset({"print", "str", "repr", "format"})
+LOGGING_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "critical", "exception", "log"})
+
+
+def reaching_nodes_in(root: ast.AST) -> Iterator[ast.expr]:
+    """As calls_in, with the nodes that call a method implicitly (IMPLICIT_NODES)."""
+    stack: list[ast.AST] = [root]
+    while stack:
+        node = stack.pop()
+        if node is not root and isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+        ):
+            continue
+        if isinstance(node, REACHING_NODES):
+            yield node
+        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def formatted_arguments(call: ast.Call) -> list[ast.expr]:
+    """The arguments a call turns into text with their __str__: print(x), str(x),
+    logger.info("%s", x); [] for any other call."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+    if name in FORMATTING_CALLS and isinstance(func, ast.Name):
+        return list(call.args)
+    if name in LOGGING_METHODS and isinstance(func, ast.Attribute):
+        return list(call.args[1:] if name != "log" else call.args[2:])
+    return []
+
+
+def is_property(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Decorated @property or @functools.cached_property: read as an attribute, run as a call."""
+    for decorator in function.decorator_list:
+        name = decorator.id if isinstance(decorator, ast.Name) else getattr(decorator, "attr", "")
+        if name in ("property", "cached_property"):
+            return True
+    return False
+
+
 def returns_cat(expr: ast.expr) -> bool:
     return isinstance(expr, ast.Call) and ast.unparse(expr.func) in ("torch.cat", "cat", "torch.concat")
 

@@ -1239,3 +1239,77 @@ def test_a_collective_reached_through_a_call_names_that_call_too(tmp_path: Path)
     (related,) = result["relatedLocations"]
     assert related["physicalLocation"]["region"] == {"startLine": test_line + 1}
     assert related["physicalLocation"]["artifactLocation"]["uri"].endswith("train.py")
+
+
+# -- collectives reached without a call in the source ------------------------------------
+
+_METER = """
+    import logging
+    import torch
+    import torch.distributed as dist
+
+    log = logging.getLogger(__name__)
+
+
+    class Meter:
+        def __init__(self):
+            self.total = torch.zeros(2)
+
+        @property
+        def global_avg(self):
+            t = self.total.clone()
+            dist.all_reduce(t)
+            return (t[0] / t[1]).item()
+
+        @property
+        def local_avg(self):
+            return (self.total[0] / self.total[1]).item()
+
+        def __str__(self):
+            return f"{self.global_avg:.4f}"
+
+        def __repr__(self):
+            return f"Meter({self.local_avg})"
+
+
+    def train(rank):
+        meter = Meter()
+        for step in range(100):
+            if rank == 0:
+                {use}
+"""
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        'print(f"step {step}: loss {meter}")',  # __format__ -> __str__ -> global_avg
+        "print(meter)",  # __str__
+        'log.info("loss %s", meter)',  # a logger formats its arguments with __str__
+        "value = meter.global_avg",  # a property read
+    ],
+)
+def test_a_collective_reached_through_formatting_or_a_property_under_a_rank_test_is_found(
+    tmp_path: Path, use: str
+) -> None:
+    found = lint_source(tmp_path, _METER.replace("{use}", use))
+    assert found == [("rank-conditional-collective", 16, "error")], found  # the all_reduce in global_avg
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        'print(f"step {step}: loss {meter!r}")',  # __repr__ reads local_avg: no collective
+        "value = meter.local_avg",  # a property that does not communicate
+        'print(f"step {step}: loss {step}")',  # nothing of the meter
+    ],
+)
+def test_formatting_or_properties_that_do_not_communicate_are_not_found(tmp_path: Path, use: str) -> None:
+    assert lint_source(tmp_path, _METER.replace("{use}", use)) == []
+
+
+def test_formatting_a_meter_on_every_rank_is_aligned(tmp_path: Path) -> None:
+    source = _METER.replace(
+        "            if rank == 0:\n                {use}", '            print(f"{meter}")'
+    )
+    assert lint_source(tmp_path, source) == []
