@@ -78,6 +78,12 @@ def ddp_wrapped_names(nodes: Iterable[ast.AST], forward_communicates: bool = Tru
 def calls_in(root: ast.AST) -> Iterator[ast.Call]:
     """Calls in ``root`` and below it, in source order, without entering nested functions,
     lambdas or classes (their bodies run when they are called, not here)."""
+    yield from _run_here(root, ast.Call)  # type: ignore[misc]
+
+
+def _run_here(root: ast.AST, kinds: type | tuple[type, ...]) -> Iterator[ast.AST]:
+    """The nodes of these kinds in ``root`` and below it that run when ``root`` does, in
+    source order: nested functions, lambdas and classes are not entered."""
     stack: list[ast.AST] = [root]
     while stack:
         node = stack.pop()
@@ -85,7 +91,7 @@ def calls_in(root: ast.AST) -> Iterator[ast.Call]:
             node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
         ):
             continue
-        if isinstance(node, ast.Call):
+        if isinstance(node, kinds):
             yield node
         stack.extend(reversed(list(ast.iter_child_nodes(node))))
 
@@ -101,16 +107,7 @@ LOGGING_METHODS = frozenset({"debug", "info", "warning", "warn", "error", "criti
 
 def reaching_nodes_in(root: ast.AST) -> Iterator[ast.expr]:
     """As calls_in, with the nodes that call a method implicitly (IMPLICIT_NODES)."""
-    stack: list[ast.AST] = [root]
-    while stack:
-        node = stack.pop()
-        if node is not root and isinstance(
-            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-        ):
-            continue
-        if isinstance(node, REACHING_NODES):
-            yield node
-        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+    yield from _run_here(root, REACHING_NODES)  # type: ignore[misc]
 
 
 def formatted_arguments(call: ast.Call) -> list[ast.expr]:
