@@ -33,6 +33,8 @@ class StackClass:
     # NCCL's shape: the ranks wait at a device sync point (".item() at train.py:45"), and
     # ``frames`` end at the collective enqueued before it (evidence/device.py)
     sync: str | None = None
+    # the collectives other threads of these ranks wait in at the same time (Blocking.concurrent)
+    concurrent: tuple[str, ...] = ()
 
     @property
     def site(self) -> Frame | None:
@@ -74,7 +76,8 @@ def merge_stacks(
         waiting = waits[rank] if waits is not None and rank in waits else waiting_at(stack)
         what, in_collective, frames = waiting.what, waiting.blocking.waits_for_peers, waiting.frames
         deferred = _deferred_in(stack) if in_collective else None
-        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred, waiting.sync)
+        concurrent = waiting.blocking.concurrent
+        key = (what, tuple((f.file, f.line, f.function) for f in frames), deferred, waiting.sync, concurrent)
         if key not in classes:
             classes[key] = StackClass(
                 [],
@@ -85,6 +88,7 @@ def merge_stacks(
                 libraries=_libraries(stack),
                 advice=issuer_advice(stack),
                 sync=waiting.sync,
+                concurrent=concurrent,
             )
         classes[key].ranks.append(rank)
         if in_collective:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -124,6 +124,10 @@ class Blocking:
     # the thread that waits, when not the main thread (an autograd hook's, a checkpoint's)
     thread: str | None = None
     native: str | None = None  # the native frame that confirms a device wait (--native)
+    # the collectives other threads of the rank wait in at the same time ("all_gather_object
+    # (torch.distributed.checkpoint) on AsyncCheckpointExecutor_0"): two threads that issue
+    # collectives at once need not issue them in the same order on every rank
+    concurrent: tuple[str, ...] = ()
 
 
 def _issued_by_library(callers: list[Frame]) -> tuple[str, str] | None:
@@ -199,18 +203,32 @@ def _in_collective(thread: ThreadStack) -> Blocking | None:
     return None
 
 
-def _on_another_thread(stack: ProcessStack, main: ThreadStack) -> Blocking | None:
-    """A collective another thread of the rank waits in: an autograd hook's (ZeRO-3's
-    parameter gather, FSDP's unshard, on the autograd engine's threads), an async
-    checkpoint's. Every thread counts: on NCCL the main thread may be anywhere."""
+def _on_other_threads(stack: ProcessStack, main: ThreadStack) -> list[tuple[str, Blocking]]:
+    """The collectives other threads of the rank wait in, with each thread's name: an
+    autograd hook's (ZeRO-3's parameter gather, FSDP's unshard, on the autograd engine's
+    threads), an async checkpoint's. Every thread counts: on NCCL the main thread may be
+    anywhere."""
+    found = []
     for thread in stack.threads:
         if thread is main or not thread.frames:
             continue
-        found = _in_collective(thread)
-        if found is not None:
-            name = thread.name or f"thread {thread.thread_id}"
-            return Blocking(f"{found.what} (on {name})", True, thread=name)
-    return None
+        waits = _in_collective(thread)
+        if waits is not None:
+            found.append((thread.name or f"thread {thread.thread_id}", waits))
+    return found
+
+
+def _in_collectives(stack: ProcessStack, main: ThreadStack) -> Blocking | None:
+    """The collective the main thread waits in, else one another thread does; with the
+    collectives any further threads wait in at the same time."""
+    here = _in_collective(main)
+    elsewhere = _on_other_threads(stack, main)
+    if here is None and elsewhere:
+        name, first = elsewhere.pop(0)
+        here = Blocking(f"{first.what} (on {name})", True, thread=name)
+    if here is None or not elsewhere:
+        return here
+    return replace(here, concurrent=tuple(f"{waits.what} on {name}" for name, waits in elsewhere))
 
 
 def _device_sync(main: ThreadStack) -> Blocking | None:
@@ -234,7 +252,7 @@ def blocking(stack: ProcessStack) -> Blocking:
     main = stack.main
     if main is None:
         return Blocking("stopped (SIGSTOP)" if stack.status == "stopped" else "unknown", False)
-    found = _in_collective(main) or _on_another_thread(stack, main)
+    found = _in_collectives(stack, main)
     if found is not None:
         return found
     if any(frame.function == "_engine_run_backward" for frame in main.frames):

@@ -428,3 +428,52 @@ def test_ops_that_differ_without_a_reduce_to_one_rank_stay_unexplained(
     (finding,) = run_doctor_from([_watchdog_log(tmp_path, ops)]).findings
     assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
     assert "Find the line of each side's call" in finding.fix
+
+
+_BACKGROUND_THREAD = """Thread 0x7F0000000{r}00 (idle): "saver"
+    all_gather_object (torch/distributed/distributed_c10d.py:3020)
+    wrapper (torch/distributed/c10d_logger.py:81)
+    plan (trainer/ckpt.py:40)
+    run (threading.py:982)
+    _bootstrap_inner (threading.py:1045)
+    _bootstrap (threading.py:1002)
+"""
+
+
+def _two_thread_dumps(tmp_path: Path, background: str) -> list[Path]:
+    paths = []
+    for rank in (0, 1, 2):
+        text = (
+            f"Process {900 + rank}: python trainer/main.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+            f'Thread 0x7F0000000{rank}11 (idle): "MainThread"\n'
+            "    barrier (torch/distributed/distributed_c10d.py:4159)\n"
+            "    wrapper (torch/distributed/c10d_logger.py:81)\n"
+            "    fit (trainer/main.py:77)\n"
+            "    <module> (trainer/main.py:90)\n" + background.format(r=rank)
+        )
+        path = tmp_path / f"rank{rank}.txt"
+        path.write_text(text)
+        paths.append(path)
+    return paths
+
+
+def test_two_threads_waiting_in_collectives_at_once_is_an_order_the_ranks_need_not_share(
+    tmp_path: Path,
+) -> None:
+    (finding,) = run_doctor_from(_two_thread_dumps(tmp_path, _BACKGROUND_THREAD)).findings
+    assert (finding.cause, finding.ranks) == (Cause.COLLECTIVE_ORDER_MISMATCH, [0, 1, 2]), finding
+    assert "two threads wait in collectives at once" in finding.message
+    assert "all_gather_object on saver" in finding.message and "different process groups" in finding.message
+    assert "its own process group" in finding.fix
+
+
+def test_a_background_thread_outside_any_collective_leaves_the_main_threads_wait_alone(
+    tmp_path: Path,
+) -> None:
+    idle = _BACKGROUND_THREAD.replace(
+        "    all_gather_object (torch/distributed/distributed_c10d.py:3020)\n"
+        "    wrapper (torch/distributed/c10d_logger.py:81)\n",
+        "    wait (threading.py:324)\n",
+    )
+    (finding,) = run_doctor_from(_two_thread_dumps(tmp_path, idle)).findings
+    assert finding.cause is Cause.TRANSPORT_HANG  # every rank in one barrier, nothing else in a collective

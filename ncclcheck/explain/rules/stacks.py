@@ -201,6 +201,42 @@ def same_line_different_points(s: Standoff) -> Explanation | None:
     )
 
 
+def threads_issue_collectives_at_once(s: Standoff) -> Explanation | None:
+    """Ranks on which two threads wait in collectives at the same time (a checkpoint saved
+    on a background thread while the main thread reaches a barrier). A process group
+    matches collectives by the order each rank issues them; two threads issuing on one
+    group interleave in whatever order each rank's scheduler gives, so the ranks can pair
+    one thread's call with the other thread's. Stacks do not show the groups: on two
+    different groups the calls are independent, which is what decides."""
+    both = [c for c in s.waiting if c.concurrent]
+    if not both:
+        return None
+    ranks = sorted(r for c in both for r in c.ranks)
+    first = both[0]
+    others = "; ".join(dict.fromkeys(what for c in both for what in c.concurrent))
+    explanation = s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"on {who(ranks)}, two threads wait in collectives at once: {first.blocking} at "
+        f"{_site(first)}, and {others}. A process group pairs the "
+        "collectives of the ranks in the order each rank issues them, and two threads issue theirs "
+        "in whatever order the rank's scheduler gives: one rank's barrier can meet another's "
+        "all-gather, and both wait. Unless the two threads use different process groups, this "
+        "is the hang",
+        ranks=ranks,
+        absent_ranks=[],
+        op=first.blocking,
+        site=_site(first),
+        evidence=s.evidence,
+    )
+    explanation.fix = (
+        "Keep one thread's collectives off the other's group, or out of its time: give the "
+        'background work its own process group (`dist.new_group(backend="gloo")` for a '
+        "checkpoint's planning or the barrier after it), or wait for it before the main thread's "
+        "next collective (`future.result()` of `dcp.async_save` before `dist.barrier()`)."
+    )
+    return explanation
+
+
 def every_rank_in_one_call(s: Standoff) -> Explanation | None:
     only, frozen = s.one_call, s.frozen
     if only is None:
@@ -307,6 +343,7 @@ STACK_RULES = (
     group_names_differ,
     a_loop_ran_unequal_passes,
     same_line_different_points,
+    threads_issue_collectives_at_once,
     every_rank_in_one_call,
     some_ranks_outside_any_collective,
     a_framework_call_asked_by_some_ranks,
