@@ -41,6 +41,7 @@ class TimedOutWork:
     numel_in: int | None
     numel_out: int | None
     source: Source
+    timeout_ms: int | None = None  # the group's timeout: one per process group
 
     def describe(self) -> str:
         unit = "element" if self.numel_in == 1 else "elements"

@@ -45,6 +45,7 @@ from ncclcheck.model import Frame
 # starts, or after a tag a log collector put in front of it ("host [stderr] [rank3]:")
 _PREFIX = re.compile(r"^[ \t]*(?:[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?\[(?:rank|default)(\d+)\]:\s?")
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
+_WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
 _RANK_SAID = re.compile(r"\bRank (\d+)\]")
@@ -153,7 +154,16 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     named.discard(_NO_GROUP)
     # the one group the job's lines name, if they name one: older watchdog lines name none
     only = next(iter(named)) if len(named) == 1 else "0"
+    # Older lines name no group, but each group has one timeout: works that name none and
+    # differ in it are on different groups (an all-gather group of 30 min, the default of 10)
+    limits = {w.timeout_ms for r in found.ranks.values() for w in r.timeouts if w.group == _NO_GROUP}
+    by_limit = len(limits) > 1 and None not in limits
     for record in found.ranks.values():
+        if by_limit:
+            record.timeouts = [
+                replace(w, group=f"(timeout {(w.timeout_ms or 0) / 1000:g} s)") if w.group == _NO_GROUP else w
+                for w in record.timeouts
+            ]
         _place_in_groups(record, only)
     return found
 
@@ -438,6 +448,7 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
             int(numel_in) if numel_in else None,
             int(numel_out) if numel_out else None,
             source,
+            int(limit.group(1)) if (limit := _WORK_TIMEOUT.search(line)) else None,
         )
         _own(text, rank, "timeout", timed_out, number)
     if progress := _PROGRESS.search(line):

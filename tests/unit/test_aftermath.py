@@ -477,3 +477,54 @@ def test_a_background_thread_outside_any_collective_leaves_the_main_threads_wait
     )
     (finding,) = run_doctor_from(_two_thread_dumps(tmp_path, idle)).findings
     assert finding.cause is Cause.TRANSPORT_HANG  # every rank in one barrier, nothing else in a collective
+
+
+def _old_watchdog_line(rank: int, seq: int, op: str, numel: int, timeout_ms: int) -> str:
+    # torch 2.1's: no process group named
+    return (
+        f"[rank{rank}]:[E ProcessGroupNCCL.cpp:523] [Rank {rank}] Watchdog caught collective operation "
+        f"timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel * 4}, "
+        f"Timeout(ms)={timeout_ms}) ran for {timeout_ms + 700} milliseconds before timing out."
+    )
+
+
+def test_lines_that_name_no_group_are_told_apart_by_their_groups_timeouts(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "\n".join(
+            [
+                _old_watchdog_line(3, 812, "ALLGATHER", 640, 3_600_000),
+                _old_watchdog_line(3, 97, "ALLREDUCE", 1, 600_000),
+                _old_watchdog_line(2, 812, "ALLGATHER", 640, 3_600_000),
+            ]
+        )
+        + "\n"
+    )
+    job = read_leftovers([log])
+    assert sorted((w.group, w.seq) for w in job.ranks[3].timeouts) == [
+        ("(timeout 3600 s)", 812),
+        ("(timeout 600 s)", 97),
+    ]
+
+
+def test_the_rank_left_behind_at_an_earlier_call_of_a_size_mismatch_is_the_first_to_part(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    lines = [_old_watchdog_line(r, 301, "ALLGATHER", 96 + r, 1_800_000) for r in (0, 1, 3)]
+    lines.append(_old_watchdog_line(2, 300, "ALLGATHER", 12, 1_800_000))
+    log.write_text("\n".join(lines) + "\n")
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([2], [0, 1, 3])
+    assert "rank 2 is stuck earlier, in ALLGATHER #300 with 12 elements" in finding.message
+
+
+def test_a_rank_stuck_earlier_in_another_op_is_not_taken_for_the_first_to_part(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    lines = [_old_watchdog_line(r, 301, "ALLGATHER", 96 + r, 1_800_000) for r in (0, 1)]
+    lines.append(_old_watchdog_line(2, 300, "BROADCAST", 12, 1_800_000))
+    log.write_text("\n".join(lines) + "\n")
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([0, 1], [])

@@ -286,17 +286,41 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
         if len(by_size) > 1 and None not in by_size and len({w.op for w in works.values()}) == 1:
             op = next(iter(works.values())).op
             sides = sorted(by_size.items(), key=lambda item: (len(item[1]), item[1][0]))
+            message = f"the ranks call {op} #{seq} of group {group} with different sizes: " + "; ".join(
+                f"{who(ranks)} with {size} elements" for size, ranks in sides
+            )
+            first, earlier = _stuck_before(s, group, seq, op)
+            if first:
+                # the others completed that earlier call and went on: its own size parted it
+                sizes = ", ".join(f"{s.works(group)[r][0].numel_in}" for r in first)
+                message += (
+                    f"; {who(first)} {'is' if len(first) == 1 else 'are'} stuck earlier, in {op} #{earlier} "
+                    f"with {sizes} elements, which {who(sorted(works))} completed: the first to part, "
+                    "with a size of its own there"
+                )
             return s.d.explanation(
                 Cause.COLLECTIVE_SHAPE_MISMATCH,
-                f"the ranks call {op} #{seq} of group {group} with different sizes: "
-                + "; ".join(f"{who(ranks)} with {size} elements" for size, ranks in sides),
-                ranks=sorted(works),
-                absent_ranks=[],
+                message,
+                ranks=first or sorted(works),
+                absent_ranks=sorted(works) if first else [],
                 op=op,
                 site=None,
                 evidence=s.evidence,
             )
     return None
+
+
+def _stuck_before(s: Leftovers, group: str, seq: int, op: str) -> tuple[list[int], int | None]:
+    """The ranks of ``group`` whose one timed-out call is the same op at an earlier number
+    than ``seq``, all at the same one: ranks the others left behind."""
+    behind = {
+        rank: works[0].seq
+        for rank, works in s.works(group).items()
+        if len(works) == 1 and works[0].seq < seq and works[0].op == op and works[0].numel_in is not None
+    }
+    if not behind or len(set(behind.values())) != 1:
+        return [], None
+    return sorted(behind), next(iter(behind.values()))
 
 
 def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
