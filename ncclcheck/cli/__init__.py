@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 from ncclcheck import __version__
-from ncclcheck.cli import doctor, lint, playbooks, preflight, probe
+from ncclcheck.cli import doctor, lint, playbooks, preflight, probe, watch
 from ncclcheck.cli.common import STATE
 from ncclcheck.errors import InternalError, NcclcheckError
 from ncclcheck.render.console import silence_stdout
@@ -88,7 +88,7 @@ def _root(
     STATE.debug = debug
 
 
-for module in (preflight, doctor, lint, probe, playbooks):
+for module in (preflight, doctor, watch, lint, probe, playbooks):
     module.register(app)
 
 

@@ -25,6 +25,8 @@ def main() -> None:
         if step % 50 == 0 and rank == 0:
             print(f"step {step}: loss {loss.item():.3f}", flush=True)
         step += 1
+    if rank == 0:
+        print(f"steps done: {step}", flush=True)  # what benchmarks/bench_watch.py compares
     dist.destroy_process_group()
 
 

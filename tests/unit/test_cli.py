@@ -26,7 +26,7 @@ def test_version() -> None:
 def test_help_lists_every_command_of_the_contract() -> None:
     result = invoke("--help")
     assert result.exit_code == 0
-    for command in ("preflight", "doctor", "lint", "probe", "playbooks"):
+    for command in ("preflight", "doctor", "watch", "lint", "probe", "playbooks"):
         assert command in result.stdout
 
 
@@ -141,3 +141,20 @@ def test_doctor_from_takes_every_path_a_shell_glob_gives_it() -> None:
     assert len(read) == 2 and "py_spy_dumps.txt" in read[0] and "faulthandler_rank1.txt" in read[1]
     stray = invoke("doctor", str(logs / "stopped_early.log"))
     assert stray.exit_code == 2 and "paths go after --from" in stray.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give the training script"),
+        (["no/such/train.py"], "no/such/train.py: no such file"),
+        (["--pid", "1", "train.py"], "not both"),
+        (["--pid", "1", "--stop-on-hang"], "--stop-on-hang ends a job watch started"),
+        (["--pid", "999999999"], "no process with pid 999999999"),
+    ],
+)
+def test_watch_refuses_bad_input_in_one_line_with_exit_2(args: list[str], message: str) -> None:
+    result = invoke("watch", *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output

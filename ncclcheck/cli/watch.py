@@ -1,0 +1,112 @@
+"""``ncclcheck watch [torchrun options] SCRIPT [ARGS]`` or ``ncclcheck watch --pid PID``:
+the whole run supervised, its hang diagnosed when it happens."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from ncclcheck.cli.common import (
+    JSON_OPTION,
+    MASTER_ADDR_OPTION,
+    MASTER_PORT_OPTION,
+    NNODES_OPTION,
+    NODE_RANK_OPTION,
+    NPROC_OPTION,
+    RDZV_BACKEND_OPTION,
+    RDZV_ENDPOINT_OPTION,
+    RDZV_ID_OPTION,
+    reader_may_leave,
+    torchrun_options,
+)
+from ncclcheck.commands.watch import JobOutput, WatchSettings, end_job, start_job, watch
+from ncclcheck.errors import UsageError
+from ncclcheck.render import console
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def watch_command(
+    script: str = typer.Argument(None, help="The training script, as you would pass it to torchrun."),
+    script_args: list[str] = typer.Argument(None, help="The script's own arguments, unchanged."),
+    pid: list[int] = typer.Option(
+        [], "--pid", help="Watch a job already running: a rank, torchrun agent or launcher pid on this host."
+    ),
+    nproc_per_node: int = NPROC_OPTION,
+    nnodes: str = NNODES_OPTION,
+    node_rank: int = NODE_RANK_OPTION,
+    rdzv_backend: str = RDZV_BACKEND_OPTION,
+    rdzv_endpoint: str = RDZV_ENDPOINT_OPTION,
+    rdzv_id: str = RDZV_ID_OPTION,
+    master_addr: str = MASTER_ADDR_OPTION,
+    master_port: int = MASTER_PORT_OPTION,
+    after: float = typer.Option(
+        120.0,
+        "--after",
+        min=1.0,
+        help="Seconds in which no rank moved (stack, local values, CPU with no GPU library) while one "
+        "waits in a collective: a hang. Keep it well under the process group's timeout (NCCL: 600 s).",
+    ),
+    every: float = typer.Option(10.0, "--every", min=0.2, help="Seconds between two looks at the ranks."),
+    out: Path = typer.Option(
+        Path("ncclcheck-watch"), "--out", help="Where each hang's folder is written (hang-<time>/)."
+    ),
+    stop_on_hang: bool = typer.Option(
+        False,
+        "--stop-on-hang",
+        help="End the job watch started once its hang is written down, instead of leaving it to the "
+        "process group's timeout.",
+    ),
+    native: bool = typer.Option(False, "--native", help="Native (C/C++) frames in the captured stacks."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run (or attach to) a job and diagnose its hang the moment no rank moves."""
+    settings = WatchSettings(after=after, every=every, folder=out, stop_on_hang=stop_on_hang, native=native)
+    if pid and script:
+        raise UsageError("give a script to start, or --pid of a running job, not both")
+    if not pid and not script:
+        raise UsageError("give the training script (watch [torchrun options] train.py) or --pid PID")
+    if pid and stop_on_hang:
+        raise UsageError("--stop-on-hang ends a job watch started: not one given by --pid")
+    if pid:
+        outcome = watch(pid, settings, say=_say)
+    else:
+        torchrun = torchrun_options(
+            nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
+        )
+        job = start_job(torchrun, script, script_args or [])
+        assert job.stdout is not None
+        # the job's output goes on where it would, stderr under --json (stdout is the report's)
+        sink = sys.stderr if as_json else sys.stdout
+
+        def copy(line: str) -> None:
+            sink.write(line)
+            sink.flush()
+
+        output = JobOutput(job.stdout, copy)
+        try:
+            outcome = watch([job.pid], settings, job, output, say=_say)
+        finally:
+            if job.poll() is None:
+                end_job(job)
+            output.join(5)
+    with reader_may_leave():
+        if outcome.report is not None:
+            _say(f"ncclcheck watch: the hang's stacks, report and job output are in {outcome.capture}")
+            if as_json:
+                typer.echo(outcome.report.to_json())
+            else:
+                console.print_report(outcome.report)
+        elif outcome.job_exit not in (None, 0):
+            _say(f"ncclcheck watch: the job failed (exit {outcome.job_exit}) and no hang was seen")
+        else:
+            _say(f"ncclcheck watch: the job ended, no hang seen in {outcome.looks} looks")
+    raise typer.Exit(outcome.exit_code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("watch", context_settings={"allow_interspersed_args": False})(watch_command)

@@ -1,0 +1,207 @@
+"""watch: supervise a job while it runs and diagnose its hang the moment it happens.
+
+Cheap while the job is healthy: every ``every`` seconds one look at each rank, a
+py-spy dump that does not pause it (``--nonblocking``) and its CPU time; nothing in
+the ranks, no change to the user's code. The hang is decided with doctor's picture of
+the ranks (evidence/movement.py): a rank moved when its frames or its local values
+changed between two looks, or, with no GPU library loaded, when it used the CPU (a
+gloo wait sleeps). No rank moved for ``after`` seconds while one or more waits in a
+collective: watch then captures every rank's stacks (paused, with locals) into a
+folder of its own, runs doctor on the ranks as they are (two looks, its rules), and
+writes the report beside the dumps, with the tail of the job's output when watch
+started it. Where doctor finds the job progressing after all, watch goes on.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from ncclcheck.commands.doctor import collect, dump_to, run_doctor
+from ncclcheck.errors import InputError
+from ncclcheck.evidence import gpus, movement
+from ncclcheck.evidence.stacks import ProcessStack, blocking
+from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.torchrun import TorchrunOptions
+from ncclcheck.model import Report, Verdict
+
+# The job ended with an error and no hang was seen (docs/contract.md).
+JOB_FAILED_EXIT = 6
+TAIL_LINES = 200  # of the job's output, kept for the capture folder
+
+
+@dataclass(frozen=True)
+class WatchSettings:
+    after: float = 120.0  # no rank moved for this long, one in a collective: a hang
+    every: float = 10.0  # seconds between two looks
+    folder: Path = Path("ncclcheck-watch")  # one sub-folder per hang captured
+    stop_on_hang: bool = False  # end the job watch started once its hang is written down
+    native: bool = False  # native frames in the capture (py-spy --native)
+    look_timeout: float = 10.0  # one py-spy dump's bound
+
+
+@dataclass
+class WatchOutcome:
+    report: Report | None = None  # the hang's diagnosis; None when no hang was seen
+    capture: Path | None = None  # its folder
+    job_exit: int | None = None  # the job's exit code, when watch saw it end
+    looks: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        if self.report is not None:
+            return 1
+        if self.job_exit not in (None, 0):
+            return JOB_FAILED_EXIT
+        return 0
+
+
+class JobOutput:
+    """The job's output, copied to watch's own as it comes, its last lines kept."""
+
+    def __init__(self, stream: IO[str], sink: Callable[[str], None]) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._thread = threading.Thread(target=self._copy, args=(stream, sink), daemon=True)
+        self._thread.start()
+
+    def _copy(self, stream: IO[str], sink: Callable[[str], None]) -> None:
+        for line in stream:
+            self.tail.append(line)
+            sink(line)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def start_job(torchrun: TorchrunOptions, script: str, script_args: list[str]) -> subprocess.Popen[str]:
+    """The job as torchrun would run it, its output piped to watch. The Flight Recorder
+    is switched on (its ring buffer costs little) unless the user set its size."""
+    if not Path(script).is_file():
+        raise InputError(f"{script}: no such file")
+    env = dict(os.environ)
+    env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    argv = [sys.executable, "-m", "torch.distributed.run", *torchrun.argv(), script, *script_args]
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,  # its whole tree can be ended at once
+    )
+
+
+def watch(
+    pids: list[int],
+    settings: WatchSettings,
+    job: subprocess.Popen[str] | None = None,
+    output: JobOutput | None = None,
+    say: Callable[[str], None] = lambda _line: None,
+) -> WatchOutcome:
+    """Watch the ranks reachable from ``pids`` until the job ends (or, with
+    ``stop_on_hang``, until its hang is written down). ``job``: the job watch started."""
+    outcome = WatchOutcome()
+    previous: tuple[dict[int, ProcessStack], dict[int, float], float] | None = None
+    last_moved = time.monotonic()
+    cwd = os.getcwd()
+    while True:
+        if job is not None and job.poll() is not None:
+            outcome.job_exit = job.returncode
+            return outcome
+        try:
+            ranks, stacks = collect(pids, nonblocking=True, timeout=settings.look_timeout)
+        except InputError:
+            if job is None and outcome.looks == 0:
+                raise  # --pid of no process, or of one that is not a job: say so at once
+            if job is None and not _alive(pids):
+                outcome.notes.append("the job ended")
+                return outcome
+            previous = None  # the ranks are starting, or restarting: look again
+            last_moved = time.monotonic()
+            _pause(job, settings.every)
+            continue
+        now = time.monotonic()
+        pid_of = {r.rank: r.pid for r in ranks}
+        cpu = movement.cpu_seconds(pid_of)
+        outcome.looks += 1
+        if previous is not None and set(previous[0]) == set(stacks):
+            without_gpu = frozenset(rank for rank, pid in pid_of.items() if not gpus.maps_cuda(pid))
+            moved = movement.compare(
+                previous[0], stacks, now - previous[2], previous[1], cpu, cwd, without_gpu
+            )
+            if moved.working:
+                last_moved = now
+        else:
+            last_moved = now  # other ranks than at the last look: a (re)start
+        waiting = any(blocking(stack).waits_for_peers for stack in stacks.values())
+        if waiting and now - last_moved >= settings.after:
+            say(f"ncclcheck watch: no rank moved for {now - last_moved:.0f} s: capturing every rank")
+            report, capture = _capture(pids, settings, output)
+            if report.verdict != Verdict.PROGRESSING:
+                outcome.report, outcome.capture = report, capture
+                if settings.stop_on_hang or job is None:
+                    return outcome
+                outcome.job_exit = job.wait()  # the job's own timeout ends it
+                return outcome
+            say("ncclcheck watch: doctor saw the ranks progress after all: watching on")
+            last_moved = time.monotonic()
+        previous = (stacks, cpu, now)
+        _pause(job, settings.every)
+
+
+def _capture(pids: list[int], settings: WatchSettings, output: JobOutput | None) -> tuple[Report, Path]:
+    """Every rank's stacks (paused, with locals) into a new folder, doctor's diagnosis of
+    the ranks as they are now, and the job's last lines; the folder is doctor --from's."""
+    folder = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
+    dump_to(folder, pids, native=settings.native, timeout=settings.look_timeout)
+    report = run_doctor(pids, native=settings.native, timeout=settings.look_timeout, interval=1.0)
+    (folder / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
+    if output is not None:
+        (folder / "job-output.log").write_text("".join(output.tail), encoding="utf-8")
+    return report, folder
+
+
+def _pause(job: subprocess.Popen[str] | None, seconds: float) -> None:
+    """Wait until the next look, or until the job ends."""
+    if job is None:
+        time.sleep(seconds)
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.wait(timeout=seconds)
+
+
+def _alive(pids: list[int]) -> bool:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        except PermissionError:
+            return True
+        return True
+    return False
+
+
+def end_job(job: subprocess.Popen[str]) -> None:
+    """End the job watch started, its whole tree (torchrun's ranks are in it)."""
+    if job.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            job.wait(timeout=10)
+    kill_tree(job.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.wait(timeout=10)
