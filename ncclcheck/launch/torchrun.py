@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -307,6 +308,9 @@ def start_torchrun(argv: list[str], env: dict[str, str], log_path: Path) -> subp
         )
 
 
+LAUNCHER_TMP = "launcher-tmp"  # the launcher's TMPDIR, inside the dry run's folder (launched.py)
+
+
 def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, str]:
     """What every dry-run rank reads (record/bootstrap.py), whoever starts it."""
     env = {
@@ -362,7 +366,7 @@ def run_dry(
     else:
         argv = launcher_argv(settings.launcher, torchrun.argv(), target, settings.accelerate_config)
         if settings.launcher != Launcher.SPAWN:  # the script itself, not an agent, starts the ranks
-            launcher_tmp = trace_dir / "launcher-tmp"
+            launcher_tmp = trace_dir / LAUNCHER_TMP
             launcher_tmp.mkdir(mode=0o700, exist_ok=True)
             launcher_tmpdir(env, str(launcher_tmp))
         proc = start_torchrun(argv, env, log_path)
@@ -385,6 +389,9 @@ def run_dry(
             kill_tree(pid)
         for path in trace_dir.glob(TRACE_GLOB):
             seal(str(path))  # a rank killed or aborted left its file grown past its records
+        # the agent's scratch (its log folder), of no use once it ended: a kept --trace-dir
+        # holds the traces and torchrun.log only
+        shutil.rmtree(trace_dir / LAUNCHER_TMP, ignore_errors=True)
         if on_main_thread:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
