@@ -66,10 +66,11 @@ doctor: $(STAMP) ## Diagnose the stuck job with PID=...
 	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
 	$(BIN)/ncclcheck doctor --pid $(PID)
 
-bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict (before/now), eval fast-forward, doctor at 4-64 ranks, doctor on healthy jobs, lint speed, probe, guard, scale, doctor --from at 256-4096 ranks
+bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict (before/now), eval fast-forward, doctor at 4-64 ranks, doctor on healthy jobs, watch's cost, lint speed, probe, guard, scale, doctor --from at 256-4096 ranks
 	$(BIN)/python benchmarks/bench_preflight.py
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_healthy.py
+	$(BIN)/python benchmarks/bench_watch.py
 	$(BIN)/python benchmarks/bench_lint.py
 	$(BIN)/python benchmarks/bench_probe.py
 	$(BIN)/python benchmarks/bench_guard.py
