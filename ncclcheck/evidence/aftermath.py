@@ -154,6 +154,28 @@ class DesyncVerdict:
 
 
 @dataclass(frozen=True)
+class Fingerprint:
+    """What one rank was running, as TORCH_DISTRIBUTED_DEBUG=DETAIL's check prints it:
+    ``CollectiveFingerPrint(SequenceNumber=N, OpType=X, TensorShape=[...], TensorDtypes=Y)``."""
+
+    rank: int
+    seq: int | None
+    op: str
+    shape: str | None  # "[20, 10]"; None where the line gives none
+    dtype: str | None
+
+
+@dataclass(frozen=True)
+class FingerprintMismatch:
+    """ "Detected mismatch between collectives on ranks. Rank A is running collective: ...,
+    but Rank B is running collective: ...": what the check found before the collective."""
+
+    running: Fingerprint  # the rank that printed it
+    other: Fingerprint | None  # the rank it compared with (older torch names none)
+    source: Source
+
+
+@dataclass(frozen=True)
 class UnplacedStack:
     """A stack dump whose rank nothing says (a py-spy dump of one process posted alone):
     read, described, never counted as a rank."""
@@ -177,6 +199,8 @@ class Aftermath:
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
     fr_trace: list[FrTraceVerdict] = field(default_factory=list)  # the Flight Recorder analyser's verdicts
     desync: list[DesyncVerdict] = field(default_factory=list)  # NCCL's desync report
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL's "Detected mismatch between collectives on ranks"
+    mismatches: list[FingerprintMismatch] = field(default_factory=list)
     # gloo's monitored_barrier: rank -> (timeout in ms, where said), for ranks it says did
     # not pass; and the ranks it says reached it
     barrier_late: dict[int, tuple[int, Source]] = field(default_factory=dict)
@@ -191,7 +215,9 @@ class Aftermath:
 
     @property
     def usable(self) -> bool:
-        return bool(self.unplaced or self.fr_trace or self.desync or self.barrier_late) or any(
+        return bool(
+            self.unplaced or self.fr_trace or self.desync or self.barrier_late or self.mismatches
+        ) or any(
             r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
         )
 

@@ -23,6 +23,8 @@ from ncclcheck.evidence.aftermath import (
     Aftermath,
     DesyncVerdict,
     Ending,
+    Fingerprint,
+    FingerprintMismatch,
     Progress,
     RankAftermath,
     Source,
@@ -114,6 +116,47 @@ def _desync_snapshot(text: _TextFile, line: str) -> bool:
     return True
 
 
+# TORCH_DISTRIBUTED_DEBUG=DETAIL's check, before each collective: "Rank 1 is running
+# collective: CollectiveFingerPrint(SequenceNumber=485, OpType=ALLREDUCE, TensorShape=[25],
+# TensorDtypes=Float, ...), but Rank 0 is running collective: CollectiveFingerPrint(...)";
+# older torch: "Rank 0 is running inconsistent collective: CollectiveFingerPrint(OpType=...)"
+_RUNNING = re.compile(r"Rank (\d+) is running (?:inconsistent )?collective: CollectiveFingerPrint\(")
+_FINGERPRINT_FIELD = re.compile(
+    r"(SequenceNumber|OpType|TensorShape|TensorDtypes)=(\[[^\]]*\]|[A-Za-z0-9_]+?)(?=[,)]|OpType|$)"
+)
+
+
+def _fingerprint(rank: str, body: str) -> Fingerprint:
+    fields = dict(_FINGERPRINT_FIELD.findall(body))
+    seq = fields.get("SequenceNumber")
+    return Fingerprint(
+        int(rank),
+        int(seq) if seq and seq.isdigit() else None,
+        fields.get("OpType", "?"),
+        fields.get("TensorShape"),
+        fields.get("TensorDtypes"),
+    )
+
+
+def _fingerprint_mismatch(text: _TextFile, line: str, number: int) -> None:
+    starts = list(_RUNNING.finditer(line))
+    # each rank's fingerprint: from its "CollectiveFingerPrint(" to the next rank's
+    bodies = [
+        line[m.end() : starts[i + 1].start() if i + 1 < len(starts) else len(line)]
+        for i, m in enumerate(starts)
+    ]
+    found = [_fingerprint(m.group(1), body) for m, body in zip(starts, bodies, strict=True)]
+    if not found:
+        return
+    mismatch = FingerprintMismatch(
+        found[0], found[1] if len(found) > 1 else None, Source(str(text.path), number)
+    )
+    text.found.mismatches.append(mismatch)
+    for seen in found:
+        text.found.rank(seen.rank)
+    text.kinds.add("TORCH_DISTRIBUTED_DEBUG=DETAIL's collective mismatch check")
+
+
 def _may_matter(line: str) -> bool:
     """A cheap test for the lines of a log that are not the training's own: plain
     substring tests are many times faster than one regular expression of alternatives."""
@@ -121,6 +164,7 @@ def _may_matter(line: str) -> bool:
         "NCCL" in line
         or "monitoredBarrier" in line
         or "collective #" in line
+        or "Detected mismatch between collectives" in line
         or "] started " in line
         or "] finished " in line
         or "run_id" in line
@@ -390,6 +434,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if "monitoredBarrier" in line:
         _monitored_barrier(text, line, number)
         return
+    if "Detected mismatch between collectives" in line:
+        _fingerprint_mismatch(text, line, number)  # and on: it may end a rank's traceback
     if "collective #" in line and (desync := _NOT_JOINED.search(line) or _NOT_FINISHED.search(line)):
         ranks = tuple(int(r) for r in re.findall(r"\d+", desync.group(1)))
         joined = desync.re is _NOT_FINISHED

@@ -528,3 +528,47 @@ def test_a_rank_stuck_earlier_in_another_op_is_not_taken_for_the_first_to_part(t
     finding = run_doctor_from([log]).findings[0]
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
     assert (finding.ranks, finding.absent_ranks) == ([0, 1], [])
+
+
+_OPTIONS = "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda, memory_format=(nullopt))"
+
+
+def _detail_line(rank: int, mine: str, other: int, theirs: str) -> str:
+    return (
+        f"[rank{rank}]: RuntimeError: Detected mismatch between collectives on ranks. Rank {rank} is running "
+        f"collective: CollectiveFingerPrint({mine}, {_OPTIONS}), but Rank {other} is running collective: "
+        f"CollectiveFingerPrint({theirs}, {_OPTIONS}).Collectives differ in the following aspects:"
+    )
+
+
+def test_the_debug_checks_op_mismatch_names_both_calls_and_where_the_raising_rank_was(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/srv/exp/fit.py", line 12, in <module>\n'
+        "[rank1]:     run()\n"
+        '[rank1]:   File "/srv/exp/fit.py", line 9, in run\n'
+        "[rank1]:     dist.all_reduce(total)\n"
+        + _detail_line(
+            1,
+            "SequenceNumber=40, OpType=ALLREDUCE, TensorShape=[3], TensorDtypes=Float",
+            0,
+            "SequenceNumber=40, OpType=BARRIER, TensorShape=[1], TensorDtypes=Float",
+        )
+        + "\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert "rank 1 runs ALLREDUCE #40; rank 0 runs BARRIER #40" in finding.message
+    assert any(line.endswith("as its traceback ends: /srv/exp/fit.py:9") for line in finding.evidence)
+
+
+def test_the_debug_check_sets_apart_the_one_rank_whose_tensor_differs(tmp_path: Path) -> None:
+    ours = "SequenceNumber=7, OpType=ALLGATHER, TensorShape=[16, 8], TensorDtypes=BFloat16"
+    odd = "SequenceNumber=7, OpType=ALLGATHER, TensorShape=[15, 8], TensorDtypes=BFloat16"
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(_detail_line(r, ours, 2, odd) for r in (0, 1, 3)) + "\n")
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([2], [0, 1, 3])
+    assert "rank 2 with [15, 8], BFloat16" in finding.message

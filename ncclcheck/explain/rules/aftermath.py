@@ -22,6 +22,7 @@ from ncclcheck.evidence.aftermath import (
     Aftermath,
     DesyncVerdict,
     FactKind,
+    Fingerprint,
     RankAftermath,
     TimedOutWork,
     evidence_lines,
@@ -114,6 +115,83 @@ def _says_where(record: RankAftermath | None) -> bool:
         return True
     ending = record.ending
     return ending is not None and (bool(ending.error) or ending.exit_code not in (None, -6, -15))
+
+
+def _fingerprint_text(f: Fingerprint) -> str:
+    seq = f" #{f.seq}" if f.seq is not None else ""
+    sizes = ", ".join(x for x in (f.shape and f"shape {f.shape}", f.dtype) if x)
+    return f"{f.op}{seq}" + (f" ({sizes})" if sizes else "")
+
+
+def the_debug_check_says(s: Leftovers) -> Explanation | None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL compares every rank's next collective (its number,
+    op, shapes and dtypes) before running it, and raises on a rank that sees another rank
+    differ: a direct statement of where the ranks parted, before any wait. Its error ends
+    the rank, so it comes before the rule for a rank that failed of its own."""
+    pairs = [m for m in s.job.mismatches if m.other is not None]
+    if not pairs:
+        return None
+    seen: dict[int, Fingerprint] = {}
+    for mismatch in pairs:
+        for fingerprint in (mismatch.running, mismatch.other):
+            assert fingerprint is not None
+            seen.setdefault(fingerprint.rank, fingerprint)
+    said = [
+        f"TORCH_DISTRIBUTED_DEBUG=DETAIL's check ({m.source}): rank {m.running.rank} runs "
+        f"{_fingerprint_text(m.running)}, rank {m.other.rank} runs {_fingerprint_text(m.other)}"
+        for m in pairs
+        if m.other is not None
+    ]
+    for rank in sorted(seen):  # the check raised in the rank's call: its traceback shows where
+        ending = s.job.ranks[rank].ending if rank in s.job.ranks else None
+        if ending is not None and ending.error_site is not None:
+            site = ending.error_site
+            said.append(f"rank {rank}'s call, as its traceback ends: {site.file}:{site.line}")
+    by_call: dict[tuple[int | None, str], list[int]] = {}
+    for rank, fingerprint in seen.items():
+        by_call.setdefault((fingerprint.seq, fingerprint.op), []).append(rank)
+    if len(by_call) == 1:  # one call everywhere: its sizes or dtypes differ
+        (seq, op), _ranks = next(iter(by_call.items()))
+        by_size: dict[tuple[str | None, str | None], list[int]] = {}
+        for rank, fingerprint in seen.items():
+            by_size.setdefault((fingerprint.shape, fingerprint.dtype), []).append(rank)
+        sides = sorted(by_size.items(), key=lambda item: (len(item[1]), sorted(item[1])[0]))
+        odd = sorted(sides[0][1]) if len(sides) > 1 and len(sides[0][1]) < len(sides[1][1]) else []
+        return s.d.explanation(
+            Cause.COLLECTIVE_SHAPE_MISMATCH,
+            f"the ranks call {op}" + (f" #{seq}" if seq is not None else "") + " with different tensors, "
+            "as TORCH_DISTRIBUTED_DEBUG=DETAIL's check found before running it: "
+            + "; ".join(
+                f"{who(sorted(ranks))} with {', '.join(x for x in size if x)}" for size, ranks in sides
+            ),
+            ranks=odd or sorted(seen),
+            absent_ranks=sorted(set(seen) - set(odd)) if odd else [],
+            op=op,
+            site=None,
+            evidence=[*s.evidence, *said],
+        )
+    text = "; ".join(
+        f"{who(sorted(ranks))} {'runs' if len(ranks) == 1 else 'run'} {op}"
+        + (f" #{seq}" if seq is not None else "")
+        for (seq, op), ranks in sorted(by_call.items(), key=str)
+    )
+    from_stacks = _stacks_say_why(s, "; ".join(said))
+    if from_stacks is not None:
+        return from_stacks
+    call_sides = sorted(by_call.values(), key=lambda ranks: (len(ranks), sorted(ranks)[0]))
+    parted = s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"the ranks are not at the same collective, as TORCH_DISTRIBUTED_DEBUG=DETAIL's check found "
+        f"before running it: {text}. Each side waits for a call the others make at another point "
+        "(or never: a collective under a rank test pairs with the next one of the others)",
+        ranks=sorted(call_sides[0]),
+        absent_ranks=sorted(r for side in call_sides[1:] for r in side),
+        op=None,
+        site=None,
+        evidence=[*s.evidence, *said],
+    )
+    parted.fix = _WHERE_NOT_WHY
+    return parted
 
 
 def a_rank_failed_first(s: Leftovers) -> Explanation | None:
@@ -709,6 +787,7 @@ _FIND_THE_REASON = (
 # waits; ranks that disagree on one position (op, then size) are proven wrong by the
 # numbers alone; then ranks behind the others; then the stacks; then alike everywhere.
 AFTERMATH_RULES = (
+    the_debug_check_says,
     a_rank_failed_first,
     the_desync_report_says,
     a_monitored_barrier_names_the_late_rank,
