@@ -191,6 +191,10 @@ class Aftermath:
 
     ranks: dict[int, RankAftermath] = field(default_factory=dict)
     world_size: int = 0  # the largest WORLD_SIZE or rank + 1 seen
+    # the world size a line states (WORLD_SIZE=, a dump's or fr_trace's world size, the desync
+    # report's list of every rank, an all-gather's NumelOut / NumelIn on the default group),
+    # as against one inferred from the largest rank seen: 0 when nothing states it
+    world_said: int = 0
     read: list[str] = field(default_factory=list)  # "path: kind", for the report
     skipped: list[str] = field(default_factory=list)  # "path: why", said and left out
     run_ids: set[str] = field(default_factory=set)

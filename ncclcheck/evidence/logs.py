@@ -113,6 +113,7 @@ def _desync_snapshot(text: _TextFile, line: str) -> bool:
         return False
     ranks = [int(r) for r in re.findall(r"\d+", snapshot.group(1))]
     text.found.world_size = max(text.found.world_size, max(ranks) + 1)
+    text.found.world_said = max(text.found.world_said, max(ranks) + 1)
     return True
 
 
@@ -202,6 +203,7 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     # differ in it are on different groups (an all-gather group of 30 min, the default of 10)
     limits = {w.timeout_ms for r in found.ranks.values() for w in r.timeouts if w.group == _NO_GROUP}
     by_limit = len(limits) > 1 and None not in limits
+    found.world_said = max(found.world_said, _world_of_gathers(found))
     for record in found.ranks.values():
         if by_limit:
             record.timeouts = [
@@ -210,6 +212,23 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
             ]
         _place_in_groups(record, only)
     return found
+
+
+def _world_of_gathers(found: Aftermath) -> int:
+    """The world size an all-gather or a reduce-scatter of the default group states: its
+    output is every rank's input put together (NumelOut = world x NumelIn)."""
+    sizes = set()
+    for record in found.ranks.values():
+        for work in record.timeouts:
+            if work.group not in ("0", _NO_GROUP) or not work.numel_in or not work.numel_out:
+                continue
+            name = work.op.strip("_").upper()
+            big, small = (
+                (work.numel_out, work.numel_in) if "ALLGATHER" in name else (work.numel_in, work.numel_out)
+            )
+            if ("ALLGATHER" in name or "REDUCE_SCATTER" in name) and big % small == 0:
+                sizes.add(big // small)
+    return max(sizes) if len(sizes) == 1 else 0
 
 
 def _place_in_groups(record: RankAftermath, default: str) -> None:
@@ -266,6 +285,7 @@ def _read_file(path: Path, found: Aftermath, trust_pickle: bool) -> None:
         if verdicts:
             found.fr_trace.extend(verdicts)
             found.world_size = max([found.world_size, *(v.world_size or 0 for v in verdicts)])
+            found.world_said = max([found.world_said, *(v.world_size or 0 for v in verdicts)])
             found.read.append(f"{path}: the Flight Recorder analyser's output (fr_trace)")
             return
     _read_text(path, found)
@@ -310,6 +330,7 @@ def _read_doctor_dump(path: Path, document: dict[str, Any], found: Aftermath) ->
             record.flight_recorder = entry.get("flight_recorder") or {}
             found.doctor_ranks[rank] = {k: v for k, v in entry.items() if k != "stack"}
             found.world_size = max(found.world_size, int(entry.get("world_size", 0)))
+            found.world_said = max(found.world_said, int(entry.get("world_size", 0)))
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{path}: malformed doctor dump ({exc})") from None
     found.read.append(f"{path}: doctor dump")
@@ -428,6 +449,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         text.found.run_ids.add(run.group(1))
     if ("WORLD_SIZE" in line or "world_size" in line) and (world := _WORLD.search(line)):
         text.found.world_size = max(text.found.world_size, int(world.group(1) or world.group(2)))
+        text.found.world_said = max(text.found.world_said, int(world.group(1) or world.group(2)))
     if "NCCL work" in line or "WorkNCCL(" in line:
         _nccl_line(text, rank, line, number)
         return

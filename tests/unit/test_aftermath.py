@@ -572,3 +572,23 @@ def test_the_debug_check_sets_apart_the_one_rank_whose_tensor_differs(tmp_path: 
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
     assert (finding.ranks, finding.absent_ranks) == ([2], [0, 1, 3])
     assert "rank 2 with [15, 8], BFloat16" in finding.message
+
+
+def test_a_rank_missing_between_those_an_excerpt_holds_is_not_accused_without_the_world_size(
+    tmp_path: Path,
+) -> None:
+    # ranks 0 and 2 timed out in an all-reduce (no world size in it); nothing says the job had
+    # 3 ranks rather than 8, so rank 1 is not set apart for being absent from the excerpt
+    log = tmp_path / "job.log"
+    log.write_text(
+        "\n".join(
+            f"[{80700 + r}] [rank{r}]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=1580, OpType=ALLREDUCE, NumelIn=466, "
+            "NumelOut=466, Timeout(ms)=600000) ran for 600060 milliseconds before timing out."
+            for r in (0, 2)
+        )
+        + "\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.severity.value == "warning" and finding.absent_ranks == []
+    assert "No rank is set apart by this evidence" in finding.message

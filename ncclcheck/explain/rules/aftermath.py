@@ -706,7 +706,9 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
             )
         first = " (the job's first collective on it)" if seq == 1 else ""
         lone = unseen[0] if len(unseen) == 1 and unseen[0] not in s.job.ranks else None
-        if lone is not None and len(works) == s.job.world_size - 1:
+        # the world size stated, not inferred from the largest rank seen: an excerpt of a
+        # larger job's log would otherwise show one rank "missing" between those it holds
+        if lone is not None and len(works) == s.job.world_size - 1 and s.job.world_said == s.job.world_size:
             # Every rank but one timed out here, and of that one the files hold nothing. A rank
             # that took another path at a collective of this group (a call of its own, or one
             # skipped) would then issue one here too, wait, and time out with the others: its
