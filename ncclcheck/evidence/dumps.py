@@ -1,7 +1,8 @@
 """Stack dumps as cluster tooling leaves them, read back into ProcessStacks: py-spy's
 text (``Thread N (idle): "MainThread"`` then ``func (file:line)``) and its JSON, and
 faulthandler's (``Thread 0x... (most recent call first):`` then ``File "f", line N in
-func``), which trainers print on a hang and which a log may hold between other lines.
+func``), which trainers print on a hang and which a log may hold between other lines;
+gdb's py-bt and bt, a stack a signal handler printed, and pystack's.
 
 A ``StackReader`` is fed one line at a time, so a log's interleaved ranks each get
 their own, and a file of several dumps is cut at its ``== rank N ==`` (or ``== pid N
@@ -33,11 +34,17 @@ _FAULT_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+?)\s*$')
 # first): frames as `File "x.py", line 3, in f`, each followed by its source line
 _GDB_THREAD = re.compile(r"^\s*Traceback \(most recent call first\):\s*$")
 _PRINTED_THREAD = re.compile(r"^\s*-+ ?Thread ID: (\d+) ?-*\s*$")
+# pystack's (`pystack remote PID`, `pystack core FILE`), outermost first: "Traceback for
+# thread 112 (python3) [Has the GIL] (most recent call last):", then `(Python) File "x.py",
+# line 3, in f` frames (`(C) File ...` native ones with --native), each with its source line
+_PYSTACK_THREAD = re.compile(
+    r"^\s*Traceback for thread (\d+) \(([^)]*)\)(?: \[[^\]]*\])? \(most recent call last\):"
+)
 # gdb's native backtrace (`bt`): "#3  0x00007f.. in cudaMemcpyAsync () from /lib/libcudart.so"
 _GDB_NATIVE_FRAME = re.compile(
     r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.+?) \(.*?\)(?:.*? (?:from|at) (\S+))?\s*$"
 )
-_FILE_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+?)\s*$')
+_FILE_FRAME = re.compile(r'^\s*(?:\((?:Python|C)\) )?File "(.+)", line (\d+), in (.+?)\s*$')
 # headers between the dumps of one file: "== rank 3 ==", "=== pid 123 ===", "rank 3:"
 HEADER = re.compile(r"^\s*(?:=+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:=+\s*|:\s*)$", re.IGNORECASE)
 PROCESS = re.compile(r"^Process (\d+): (.*)$")
@@ -50,6 +57,7 @@ def is_stack_line(line: str) -> bool:
         or _FAULT_THREAD.match(line)
         or _GDB_THREAD.match(line)
         or _PRINTED_THREAD.match(line)
+        or _PYSTACK_THREAD.match(line)
         or (line.startswith("#0 ") and _GDB_NATIVE_FRAME.match(line))
     )
 
@@ -92,6 +100,12 @@ class StackReader:
                 self.threads.append(ThreadStack(len(self.threads), "", []))
             where = native.group(3) or "?"
             self.threads[-1].frames.append(Frame(where, 0, native.group(2).strip()))
+            return True
+        if match := _PYSTACK_THREAD.match(line):
+            self._faulthandler = True
+            self._outermost_first.add(len(self.threads))
+            self.threads.append(ThreadStack(int(match.group(1)), "", []))
+            self._source_line_next = False
             return True
         printed = _PRINTED_THREAD.match(line)
         if printed is not None or _GDB_THREAD.match(line):

@@ -69,6 +69,7 @@ _MARKER_STARTS = (
     "-- Thread ID",
     "--- Thread ID",
     "#0 ",
+    "Traceback for thread ",  # pystack's
 )
 
 
@@ -476,7 +477,15 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         stream = text.streams[rank] = _Stream()
     if stream.stack is not None or (
         line.startswith(
-            ("Thread ", "Current thread ", "Process ", "Traceback (most recent call first)", "-", "#0 ")
+            (
+                "Thread ",
+                "Current thread ",
+                "Process ",
+                "Traceback (most recent call first)",
+                "Traceback for thread ",
+                "-",
+                "#0 ",
+            )
         )
         and (is_stack_line(line) or PROCESS.match(line))
     ):

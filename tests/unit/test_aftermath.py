@@ -18,7 +18,7 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.model import Report, Verdict
 
-from ..conftest import REPO, run_bounded
+from ..conftest import REPO, line_in, run_bounded
 
 FIXTURES = REPO / "tests" / "fixtures" / "aftermath"
 
@@ -592,3 +592,26 @@ def test_a_rank_missing_between_those_an_excerpt_holds_is_not_accused_without_th
     (finding,) = run_doctor_from([log]).findings
     assert finding.severity.value == "warning" and finding.absent_ranks == []
     assert "No rank is set apart by this evidence" in finding.message
+
+
+def test_pystack_dumps_are_read_outermost_first_and_go_through_the_stack_rules(tmp_path: Path) -> None:
+    repro = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
+    torch_dir = "/opt/venv/lib/python3.11/site-packages/torch/distributed"
+
+    def dump(thread: int, frames: list[tuple[str, int, str]]) -> str:
+        lines = [f"Traceback for thread {thread} (python3) [Has the GIL] (most recent call last):"]
+        for path, line, function in frames:
+            lines += [f'    (Python) File "{path}", line {line}, in {function}', "        pass"]
+        return "\n".join(lines) + "\n"
+
+    call_line = line_in(repro, "dist.all_reduce(")
+    barrier_line = line_in(repro, "dist.barrier()")
+    waits = (f"{torch_dir}/c10d_logger.py", 81, "wrapper")
+    waiting_in = {0: (call_line, "evaluate", 2806, "all_reduce"), 1: (barrier_line, "main", 4159, "barrier")}
+    for rank, (line, function, torch_line, op) in waiting_in.items():
+        frames = [(str(repro), line, function), waits, (f"{torch_dir}/distributed_c10d.py", torch_line, op)]
+        (tmp_path / f"rank{rank}.txt").write_text(dump(500 + rank, frames))
+    report = run_doctor_from([tmp_path / "rank0.txt", tmp_path / "rank1.txt"])
+    (finding,) = report.findings
+    assert finding.cause is Cause.RANK_CONDITIONAL_COLLECTIVE, finding
+    assert finding.site is not None and finding.site.endswith(f"repro.py:{call_line}")
