@@ -3,10 +3,14 @@ the whole run supervised, its hang diagnosed when it happens."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from ncclcheck.cli.common import (
     JSON_OPTION,
@@ -23,6 +27,7 @@ from ncclcheck.cli.common import (
 )
 from ncclcheck.commands.watch import JobOutput, WatchSettings, end_job, start_job, watch
 from ncclcheck.errors import UsageError
+from ncclcheck.model import Report
 from ncclcheck.render import console
 
 
@@ -55,25 +60,36 @@ def watch_command(
     out: Path = typer.Option(
         Path("ncclcheck-watch"), "--out", help="Where each hang's folder is written (hang-<time>/)."
     ),
-    stop_on_hang: bool = typer.Option(
-        False,
-        "--stop-on-hang",
-        help="End the job watch started once its hang is written down, instead of leaving it to the "
-        "process group's timeout.",
+    on_hang: str = typer.Option(
+        "report",
+        "--on-hang",
+        help="Once a hang is written down: report (leave the job to its process group's timeout), "
+        "kill (end the job watch started, its whole tree), or a command, run with the report's path "
+        "as its last argument (a notification, a requeue).",
     ),
     native: bool = typer.Option(False, "--native", help="Native (C/C++) frames in the captured stacks."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run (or attach to) a job and diagnose its hang the moment no rank moves."""
-    settings = WatchSettings(after=after, every=every, folder=out, stop_on_hang=stop_on_hang, native=native)
+    settings = WatchSettings(after=after, every=every, folder=out, on_hang=on_hang, native=native)
     if pid and script:
         raise UsageError("give a script to start, or --pid of a running job, not both")
     if not pid and not script:
         raise UsageError("give the training script (watch [torchrun options] train.py) or --pid PID")
-    if pid and stop_on_hang:
-        raise UsageError("--stop-on-hang ends a job watch started: not one given by --pid")
+    if pid and on_hang == "kill":
+        raise UsageError("--on-hang kill ends a job watch started: not one given by --pid")
+    command = [] if on_hang in ("report", "kill") else shlex.split(on_hang)
+    if on_hang not in ("report", "kill") and (not command or shutil.which(command[0]) is None):
+        raise UsageError(f"--on-hang {on_hang}: not report, kill, or a command found on PATH")
+
+    def captured(report: Report, folder: Path) -> None:
+        _write_beside(report, folder)
+        if command:
+            ran = subprocess.run([*command, str(folder / "report.json")], check=False, timeout=300)
+            _say(f"ncclcheck watch: {' '.join(command)} ran on the report, exit {ran.returncode}")
+
     if pid:
-        outcome = watch(pid, settings, say=_say)
+        outcome = watch(pid, settings, say=_say, captured=captured)
     else:
         torchrun = torchrun_options(
             nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
@@ -89,7 +105,7 @@ def watch_command(
 
         output = JobOutput(job.stdout, copy)
         try:
-            outcome = watch([job.pid], settings, job, output, say=_say)
+            outcome = watch([job.pid], settings, job, output, say=_say, captured=captured)
         finally:
             if job.poll() is None:
                 end_job(job)
@@ -106,6 +122,15 @@ def watch_command(
         else:
             _say(f"ncclcheck watch: the job ended, no hang seen in {outcome.looks} looks")
     raise typer.Exit(outcome.exit_code)
+
+
+def _write_beside(report: Report, folder: Path) -> None:
+    """The report as the console shows it and as one HTML page, beside its evidence."""
+    from ncclcheck.render.html import report_html
+
+    with (folder / "report.txt").open("w", encoding="utf-8") as handle:
+        console.print_report(report, Console(file=handle, width=160, color_system=None))
+    (folder / "report.html").write_text(report_html(report), encoding="utf-8")
 
 
 def register(app: typer.Typer) -> None:

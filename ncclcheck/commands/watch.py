@@ -45,7 +45,9 @@ class WatchSettings:
     after: float = 120.0  # no rank moved for this long, one in a collective: a hang
     every: float = 10.0  # seconds between two looks
     folder: Path = Path("ncclcheck-watch")  # one sub-folder per hang captured
-    stop_on_hang: bool = False  # end the job watch started once its hang is written down
+    # what to do once a hang is written down: "report" (leave the job to its own timeout),
+    # "kill" (end the job watch started), or a command, run with the report's path
+    on_hang: str = "report"
     native: bool = False  # native frames in the capture (py-spy --native)
     look_timeout: float = 10.0  # one py-spy dump's bound
 
@@ -110,9 +112,11 @@ def watch(
     job: subprocess.Popen[str] | None = None,
     output: JobOutput | None = None,
     say: Callable[[str], None] = lambda _line: None,
+    captured: Callable[[Report, Path], None] = lambda _report, _folder: None,
 ) -> WatchOutcome:
-    """Watch the ranks reachable from ``pids`` until the job ends (or, with
-    ``stop_on_hang``, until its hang is written down). ``job``: the job watch started."""
+    """Watch the ranks reachable from ``pids`` until the job ends (with ``on_hang`` "kill",
+    or a job watch did not start, until its hang is written down). ``job``: the job watch
+    started. ``captured``: called with the report and its folder as soon as both exist."""
     outcome = WatchOutcome()
     previous: tuple[dict[int, ProcessStack], dict[int, float], float] | None = None
     last_moved = time.monotonic()
@@ -152,7 +156,8 @@ def watch(
             report, capture = _capture(pids, settings, output)
             if report.verdict != Verdict.PROGRESSING:
                 outcome.report, outcome.capture = report, capture
-                if settings.stop_on_hang or job is None:
+                captured(report, capture)
+                if settings.on_hang == "kill" or job is None:
                     return outcome
                 outcome.job_exit = job.wait()  # the job's own timeout ends it
                 return outcome

@@ -49,7 +49,7 @@ def _no_process_of_this_test_left() -> bool:
 def test_a_hang_is_captured_diagnosed_and_the_job_ended(tmp_path: Path) -> None:
     out = tmp_path / "watch"
     code, report, err = watch_cli(
-        *QUICK, "--stop-on-hang", "--out", str(out), "--nproc-per-node", "2", str(REPRO),
+        *QUICK, "--on-hang", "kill", "--out", str(out), "--nproc-per-node", "2", str(REPRO),
         env={"REPRO_TIMEOUT_S": "120"},
     )  # fmt: skip
     assert code == 1, err[-3000:]
@@ -58,7 +58,9 @@ def test_a_hang_is_captured_diagnosed_and_the_job_ended(tmp_path: Path) -> None:
     assert finding["site"].endswith(f"repro.py:{line_in(REPRO, 'dist.all_reduce(')}")
     (capture,) = out.iterdir()
     names = sorted(p.name for p in capture.iterdir())
-    assert names[:2] == ["job-output.log", "report.json"] and names[2].endswith("-node0.json"), names
+    assert names[:4] == ["job-output.log", "report.html", "report.json", "report.txt"], names
+    assert names[4].endswith("-node0.json"), names
+    assert "error rank-conditional-collective" in (capture / "report.txt").read_text()
     assert json.loads((capture / "report.json").read_text())["findings"][0]["cause"] == finding["cause"]
     # the folder is doctor --from's: the same cause from the dumps alone
     again, from_capture = ncclcheck("doctor", "--json", "--from", str(capture))

@@ -149,7 +149,8 @@ def test_doctor_from_takes_every_path_a_shell_glob_gives_it() -> None:
         ([], "give the training script"),
         (["no/such/train.py"], "no/such/train.py: no such file"),
         (["--pid", "1", "train.py"], "not both"),
-        (["--pid", "1", "--stop-on-hang"], "--stop-on-hang ends a job watch started"),
+        (["--pid", "1", "--on-hang", "kill"], "--on-hang kill ends a job watch started"),
+        (["--on-hang", "no-such-notifier", "train.py"], "not report, kill, or a command found on PATH"),
         (["--pid", "999999999"], "no process with pid 999999999"),
     ],
 )
