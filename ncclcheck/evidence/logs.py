@@ -205,6 +205,7 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     limits = {w.timeout_ms for r in found.ranks.values() for w in r.timeouts if w.group == _NO_GROUP}
     by_limit = len(limits) > 1 and None not in limits
     found.world_said = max(found.world_said, _world_of_gathers(found))
+    found.world_size = max(found.world_size, found.world_said)  # the highest ranks may say nothing
     for record in found.ranks.values():
         if by_limit:
             record.timeouts = [

@@ -615,3 +615,20 @@ def test_pystack_dumps_are_read_outermost_first_and_go_through_the_stack_rules(t
     (finding,) = report.findings
     assert finding.cause is Cause.RANK_CONDITIONAL_COLLECTIVE, finding
     assert finding.site is not None and finding.site.endswith(f"repro.py:{call_line}")
+
+
+def test_the_world_an_all_gather_states_counts_a_silent_last_rank(tmp_path: Path) -> None:
+    # ranks 0-2 timed out in an all-gather whose output is 4 inputs: a 4-rank job whose
+    # rank 3, the highest, left nothing
+    log = tmp_path / "job.log"
+    log.write_text(
+        "\n".join(
+            f"[rank{r}]:[E1130 10:00:00.1 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=31, OpType=_ALLGATHER_BASE, "
+            "NumelIn=10, NumelOut=40, Timeout(ms)=600000) ran for 600001 milliseconds before timing out."
+            for r in (0, 1, 2)
+        )
+        + "\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_CRASHED, [0, 1, 2], [3])
