@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -58,7 +58,6 @@ class WatchOutcome:
     capture: Path | None = None  # its folder
     job_exit: int | None = None  # the job's exit code, when watch saw it end
     looks: int = 0
-    notes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
@@ -131,8 +130,7 @@ def watch(
             if job is None and outcome.looks == 0:
                 raise  # --pid of no process, or of one that is not a job: say so at once
             if job is None and not _alive(pids):
-                outcome.notes.append("the job ended")
-                return outcome
+                return outcome  # the job watched by --pid ended
             previous = None  # the ranks are starting, or restarting: look again
             last_moved = time.monotonic()
             _pause(job, settings.every)
