@@ -460,7 +460,7 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
         return "interrupted: preflight got a signal (Ctrl-C, SIGTERM) and stopped the dry run"
     if launch.stalled:
         why = launch.stall_reason or f"no rank made progress for {launch.stall_seconds:.0f} s"
-        return f"hang: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")
+        return f"stalled: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")
     if launch.timed_out:
         return "stopped: the dry run reached its total time limit"
     stops = {t.exit.stop for t in traces.values() if t.exit is not None and t.exit.stop}

@@ -48,6 +48,9 @@ def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Diagnose
             verdict = Verdict.PARTIAL  # nothing wrong in what ran; collectives that did not run
     if verdict is Verdict.INCOMPLETE and d.ev.incomplete:
         summary["incomplete"] = _what_was_checked(d, d.ev.incomplete)
+    elif verdict is Verdict.INCOMPLETE and d.ev.stalled:
+        why = f"it stopped ranks {d.ev.stall_seconds:.0f} s quiet outside any collective"
+        summary["incomplete"] = _what_was_checked(d, why)
     elif d.ev.incomplete:
         summary["incomplete"] = f"{d.ev.incomplete}: the findings are what it saw until then"
     report = Report(
@@ -78,13 +81,16 @@ def _explanations(d: Context) -> list[Explanation]:
 
 
 def _verdict(d: Context, findings: list[Finding]) -> Verdict:
-    if d.ev.stalled:
+    errors = any(f.severity is Severity.ERROR for f in findings)
+    if d.ev.stalled and errors:
         return Verdict.HANG
     if any(d.died(rank) for rank in d.ev.traces):
         return Verdict.CRASH
-    if any(f.severity is Severity.ERROR for f in findings):
+    if errors:
         return Verdict.MISALIGNED
-    if d.ev.incomplete:  # nothing wrong in what ran, but not all of it ran
+    # nothing wrong in what ran, but not all of it ran; or it stopped ranks that were
+    # quiet with none of them in a collective: nothing waited on a peer, no hang seen
+    if d.ev.incomplete or d.ev.stalled:
         return Verdict.INCOMPLETE
     return Verdict.ALIGNED
 

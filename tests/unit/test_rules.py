@@ -20,7 +20,7 @@ from ncclcheck.explain.rules import branch, divergence, stacks
 from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
-from ncclcheck.model import CollectiveCall, Frame, Report, Severity
+from ncclcheck.model import CollectiveCall, Frame, Report, Severity, Verdict
 from ncclcheck.record.tracefile import End
 
 from ..conftest import PLAYBOOKS
@@ -383,6 +383,40 @@ def test_every_rank_in_the_same_last_call_and_nothing_moving_is_the_transport(tm
     stacks = {r: waiting_in("all_reduce", (path, 2, "main")) for r in (0, 1)}
     explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
     assert explanation.cause is Cause.TRANSPORT_HANG
+
+
+def test_a_quiet_rank_after_the_others_ended_is_no_hang_and_no_cause_is_named(tmp_path: Path) -> None:
+    """A stall with every history alike, one rank ended and the other waiting outside any
+    collective (joining a checkpoint writer): nobody waits on a peer. Calling it a
+    straggler named the ended rank as waiting; it is said as undecided, with what decides."""
+    path = script(tmp_path, NOTHING)
+    ended = trace(1, [call(1, path, 2)])
+    ended.exit = RankEnding(End.RETURNED, 0)
+    traces = {0: trace(0, [call(0, path, 2)]), 1: ended}
+    stacks = {0: stack((path, 3, "main"), status="sleeping"), 1: ProcessStack(pid=1001, threads=[thread()])}
+    report = diagnose_report(
+        Evidence(
+            traces=traces, world_size=2, cwd=str(tmp_path), stalled=True, stall_seconds=16, stacks=stacks
+        )
+    )
+    assert report.verdict is Verdict.INCOMPLETE and not report.has_errors, report
+    (finding,) = report.findings
+    assert finding.severity is Severity.WARNING and not finding.ranks and not finding.absent_ranks
+    assert "rank 0 outside any collective" in finding.message and "after rank 1 ended" in finding.message
+    assert finding.fix.startswith("What decides")
+    assert "16 s quiet outside any collective" in report.summary["incomplete"]
+
+
+def test_ranks_all_quiet_outside_any_collective_are_not_the_transport(tmp_path: Path) -> None:
+    # every rank in a lock or a DataLoader worker's queue: no collective is pending
+    path = script(tmp_path, NOTHING)
+    traces = {r: trace(r, [call(r, path, 2)]) for r in (0, 1)}
+    stacks = {r: stack((path, 3, "main")) for r in (0, 1)}
+    evidence = Evidence(traces=traces, world_size=2, cwd=str(tmp_path), stalled=True, stacks=stacks)
+    report = diagnose_report(evidence)
+    assert report.verdict is Verdict.INCOMPLETE, report
+    assert [f.cause for f in report.findings] != [Cause.TRANSPORT_HANG]
+    assert all(f.severity is Severity.WARNING for f in report.findings)
 
 
 def test_when_nothing_in_the_source_explains_the_fork_it_says_so_and_gives_no_fix(tmp_path: Path) -> None:

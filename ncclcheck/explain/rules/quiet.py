@@ -9,6 +9,7 @@ from ncclcheck.evidence.traces import RootedRead
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.model import Frame, Severity
+from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
 from ncclcheck.wording import (
     who,
@@ -19,9 +20,11 @@ def explain_stall_without_divergence(d: Context) -> Explanation:
     """Every rank agrees on its history so far and nothing moves."""
     lasts = {r: t.calls[-1] for r, t in d.ev.traces.items() if t.calls}
     stacks = d.ev.stacks
-    late = [r for r, s in stacks.items() if s.threads and not s.in_collective]
-    if late and len(late) < len(stacks):
-        waiting = sorted(r for r in stacks if r not in late)
+    # a rank that returned, raised or destroyed its process group waits on no peer
+    ended = sorted(r for r, t in d.ev.traces.items() if t.destroyed or d.exit_of(r)[0] is not End.RUNNING)
+    waiting = sorted(r for r, s in stacks.items() if s.in_collective and r not in ended)
+    late = sorted(r for r, s in stacks.items() if s.threads and not s.in_collective and r not in ended)
+    if late and waiting:
         call = lasts.get(waiting[0])
         return Explanation(
             cause=Cause.STRAGGLER,
@@ -34,6 +37,8 @@ def explain_stall_without_divergence(d: Context) -> Explanation:
             evidence=[f"rank {r}: {d.frames_text(r)}" for r in late],
             fix=d.fix(Cause.STRAGGLER),
         )
+    if late or ended:
+        return _no_rank_waits(d, late, ended)
     call = next(iter(lasts.values()), None)
     frozen = [r for r, s in stacks.items() if s.status in ("stopped", "tracing-stop", "disk-sleep")]
     evidence = [f"every rank's last call: {d.describe_call(call)}"]
@@ -209,3 +214,39 @@ def uneven_train_loader(d: Context) -> Explanation | None:
             fix=d.fix(Cause.UNEVEN_EVAL_BATCHES),
         )
     return None
+
+
+def _no_rank_waits(d: Context, late: list[int], ended: list[int]) -> Explanation:
+    """Quiet, and no rank inside a collective: nothing waits on a peer, so this is no
+    collective hang (NCCL would time nothing out). The ranks still running may call a
+    collective later that the ended ones will never join, or may end too: the dry run
+    stopped them before that was seen, and says so rather than naming a cause."""
+    running = [r for r in sorted(d.ev.traces) if r not in ended]
+    evidence = [f"rank {r}: {d.frames_text(r)}" for r in late]
+    evidence += [f"rank {r} ended: {d.exit_text(r)}" for r in ended]
+    where = f"{who(late)} outside any collective{d.busy_where(late[0])}" if late else who(running)
+    after = f" after {who(ended)} ended" if ended and running else ""
+    message = (
+        f"no rank was inside a collective when the dry run stopped them: {where}{after}, "
+        f"{d.ev.stall_seconds:.0f} s without progress; nothing waited on a peer"
+    )
+    if ended and running:
+        decides = (
+            f"What decides: whether a collective follows this point on {who(running)}: "
+            f"{who(ended)} will not join it (rank-early-exit); a slow write or sleep before "
+            "the script's own end is no hang. Let the step finish (a shorter wait in the "
+            "script) and rerun, or supervise the real job with ncclcheck watch."
+        )
+    else:
+        decides = (
+            "What decides: what the stacks wait on outside torch.distributed (a DataLoader "
+            "worker, a lock, a file, a subprocess); no collective is pending, so no "
+            "collective timeout would fire."
+        )
+    return Explanation(
+        cause=Cause.RANK_EARLY_EXIT if ended and running else Cause.STRAGGLER,
+        severity=Severity.WARNING,
+        message=message,  # names the ranks: none of them did anything to the others
+        evidence=evidence,
+        fix=decides,
+    )
