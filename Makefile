@@ -12,8 +12,9 @@ NPROC ?= 2
 SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 # pytest-xdist workers for the whole suite: a rank test spends much of its time waiting
-# on its ranks, so two workers on two cores finish it in about two thirds of the time
-TEST_WORKERS ?= 2
+# on its ranks (a stall spell, a rendezvous, a stack capture), so on two cores four
+# workers keep the CPUs busy: 19 min for the suite where two workers took 32
+TEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
 .PHONY: help install upgrade-pins browser test test-fast demo lint preflight probe doctor bench gpu-check clean

@@ -348,6 +348,13 @@ def _check_summary(ranks: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     return list(by_op.values())
 
 
+def _significant(value: float, digits: int = 4) -> float:
+    """Rounded to significant digits, not decimal places: small payloads on a loaded CPU
+    give 0.0002 GB/s, where four decimals keep one digit and busbw no longer reads as
+    algbw times the bus factor."""
+    return float(f"{value:.{digits}g}")
+
+
 def _bandwidth(ranks: dict[int, dict[str, Any]], world: int) -> list[dict[str, Any]]:
     """Per op and size: time of the slowest rank, algbw and busbw in GB/s (nccl-tests)."""
     cells: dict[tuple[str, int], dict[int, float]] = {}
@@ -366,8 +373,8 @@ def _bandwidth(ranks: dict[int, dict[str, Any]], world: int) -> list[dict[str, A
                 "op": op,
                 "bytes": size,
                 "time_us": round(seconds * 1e6, 1),
-                "algbw_GBps": round(algbw, 4),
-                "busbw_GBps": round(algbw * BUS_FACTOR[op](world), 4),
+                "algbw_GBps": _significant(algbw),
+                "busbw_GBps": _significant(algbw * BUS_FACTOR[op](world)),
                 "slowest_rank": slowest,
                 "slowest_host": ranks[slowest].get("host", "?"),
             }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import os
 import sys
 
@@ -239,8 +240,16 @@ def _print_probe_summary(out: Console, report: Report) -> None:
                 row["op"],
                 str(row["bytes"]),
                 f"{row['time_us']:.1f}",
-                f"{row['algbw_GBps']:.4f}",
-                f"{row['busbw_GBps']:.4f}",
+                _four_digits(row["algbw_GBps"]),
+                _four_digits(row["busbw_GBps"]),
                 f"rank {row['slowest_rank']} ({row['slowest_host']})",
             )
         out.print(table)
+
+
+def _four_digits(value: float) -> str:
+    """Four significant digits without an exponent: a CPU's 0.00006670 GB/s and a
+    fabric's 24.13 GB/s read in one column."""
+    if value <= 0:
+        return "0"
+    return f"{value:.{max(0, 3 - math.floor(math.log10(value)))}f}"
