@@ -48,7 +48,7 @@ from ncclcheck.record.tracefile import End
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
 from ncclcheck.settings import DryRunSettings, Launcher
-from ncclcheck.wording import relative
+from ncclcheck.wording import relative, who
 
 
 @dataclass
@@ -463,13 +463,28 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
         return f"stalled: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")
     if launch.timed_out:
         return "stopped: the dry run reached its total time limit"
+    if launch.after_distributed_s is not None:
+        running = sorted(r for r, t in traces.items() if t.exit is None)
+        return (
+            f"every rank had ended its distributed work (destroy_process_group); "
+            f"{who(running)} still ran {launch.after_distributed_s:.0f} s later, outside "
+            "torch.distributed, and was stopped: nothing it does then can wait on a peer"
+        )
     stops = {t.exit.stop for t in traces.values() if t.exit is not None and t.exit.stop}
     if stops:
         return "; ".join(sorted(stops))
     hows = {t.exit.how.value for t in traces.values() if t.exit is not None}
-    if hows == {End.RETURNED.value}:
+    # a rank with no exit line was ended from outside (torchrun's SIGTERM after another
+    # rank's exit failed, a kill): it did not run to its end, whatever the others did
+    unended = sorted(r for r, t in traces.items() if t.exit is None)
+    if hows == {End.RETURNED.value} and not unended:
         return "the script ran to its end on every rank"
-    return "the job ended: " + ", ".join(sorted(hows) or ["no exit recorded"])
+    said = sorted(hows)
+    if unended:
+        codes = launch.rank_exits
+        ends = ", ".join(f"rank {r}: exit code {codes[r]}" if r in codes else f"rank {r}" for r in unended)
+        said.append(f"ended from outside before its script's end ({ends})")
+    return "the job ended: " + ", ".join(said or ["no exit recorded"])
 
 
 def _probe_finding(traces: dict[int, RankTrace], world: int) -> Finding:

@@ -106,6 +106,9 @@ class LaunchResult:
     first_failure: int | None = None  # the rank torchrun names as the root cause
     probe_failed: bool = False
     launcher: Launcher = Launcher.TORCHRUN  # who started the ranks (DryRunSettings.launcher)
+    # set when the ranks still running had all destroyed their process group and were
+    # stopped after this many quiet seconds: the distributed part had ended
+    after_distributed_s: float | None = None
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of what the ranks printed, without torchrun's own log lines.
@@ -471,9 +474,14 @@ def _watch(
         idle = now - last_activity > settings.stall_timeout
         busy_too_long = now - last_write > settings.busy_limit_s
         disagree = quiet and disagreement  # read above for this quiet spell
-        if (idle or busy_too_long or disagree) and _all_quiet_ranks_finished(trace_dir):
+        if (idle or busy_too_long) and _all_quiet_ranks_finished(trace_dir):
             # every rank that is still running has left distributed work behind
-            # (destroyed its process group): slow, perhaps, but it cannot hang on a peer
+            # (destroyed its process group): slow, perhaps (a final upload, a checkpoint
+            # writer joined), but it cannot hang on a peer, and nothing the dry run checks
+            # is left: stopped now rather than at the dry run's time limit
+            result.after_distributed_s = now - last_write
+            return
+        if disagree and _all_quiet_ranks_finished(trace_dir):
             last_write = last_activity = now
         elif idle or busy_too_long or disagree:
             result.stalled = True

@@ -4,7 +4,8 @@ Cause: straggler.  Run: torchrun --nproc-per-node 2 fixed.py
 
 The state is copied in memory and written by a background thread (what
 torch.distributed.checkpoint.async_save does), so rank 0 reaches the next
-all_reduce on time; the write is awaited once, after the last collective.
+all_reduce on time; a checkpoint due while the last write still runs is skipped,
+and the write is awaited once, after the last collective.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ def main() -> None:
             optimizer.zero_grad()
             F.cross_entropy(model(features), labels).backward()
             optimizer.step()
-        if rank == 0:  # FIX: copy now, write in the background
-            if writer is not None:
-                writer.join()
+        # FIX: copy now, write in the background; while the last write is still going,
+        # skip this one (joining it here would hold rank 0 back from the next epoch's
+        # collectives, the same straggler one epoch later)
+        if rank == 0 and (writer is None or not writer.is_alive()):
             snapshot = {k: v.clone() for k, v in model.module.state_dict().items()}
             writer = threading.Thread(target=write_to_shared_storage, args=(snapshot, checkpoint))
             writer.start()

@@ -436,6 +436,34 @@ def test_uneven_train_shards_under_ddp_join_pair_with_joins_stand_ins() -> None:
     assert any("a stand-in DDP's Join makes" in line for line in finding["evidence"])
 
 
+def test_a_rank_working_on_after_destroying_its_process_group_is_stopped_and_aligned() -> None:
+    # rank 0 uploads for an hour after destroy_process_group: nothing it does can wait on
+    # a peer. Before, the dry run waited for it until its own time limit (10 min).
+    started = time.monotonic()
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "upload_after_training.py"), bound=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert report["verdict"] == "aligned" and not report["findings"], report
+    assert "every rank had ended its distributed work" in report["summary"]["stopped"]
+    assert "rank 0 still ran" in report["summary"]["stopped"]
+    assert time.monotonic() - started < 100
+    assert not leftover_ranks("upload_after_training.py")
+
+
+def test_a_rank_quiet_outside_any_collective_after_the_others_ended_is_incomplete_not_a_straggler() -> None:
+    """The straggler playbook's first fixed twin joined its checkpoint writer at each
+    epoch's end, before its next collectives: run as a user runs it (a 36-minute write),
+    rank 1 had exited and rank 0 waited in that join, and preflight called it a straggler
+    that rank 1 waited for. Nothing waited on a peer: incomplete, with what decides."""
+    script = SCRIPTS / "join_writer_at_epoch_end.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    assert report["verdict"] == "incomplete", report
+    (finding,) = [f for f in report["findings"] if f["severity"] == "warning"]
+    assert "no rank was inside a collective" in finding["message"]
+    assert finding["fix"].startswith("What decides") and not finding["ranks"]
+    assert "quiet outside any collective" in report["summary"]["incomplete"]
+
+
 def test_a_group_created_on_its_members_only_is_named_though_the_job_goes_on() -> None:
     script = SCRIPTS / "new_group_on_members.py"
     proc, report = preflight("--nproc-per-node=3", str(script))
