@@ -278,11 +278,9 @@ def test_a_rank_missing_from_the_host_comes_first(tmp_path: Path) -> None:
 
 def test_no_rank_in_a_collective_is_a_warning_not_a_cause(tmp_path: Path) -> None:
     explanation = _doctor(tmp_path, {r: stack((USER, 5, "compute")) for r in (0, 1)})
-    assert (explanation.cause, explanation.severity, explanation.fix) == (
-        Cause.STRAGGLER,
-        Severity.WARNING,
-        "",
-    )
+    assert (explanation.cause, explanation.severity) == (Cause.STRAGGLER, Severity.WARNING)
+    # no cause's fix: what would decide, with every rank's stack seen
+    assert explanation.fix is not None and explanation.fix.startswith("What decides: what these stacks")
 
 
 # -- the divergence table's other rules, on synthetic traces ------------------------------
@@ -383,6 +381,30 @@ def test_every_rank_in_the_same_last_call_and_nothing_moving_is_the_transport(tm
     stacks = {r: waiting_in("all_reduce", (path, 2, "main")) for r in (0, 1)}
     explanation = _preflight(tmp_path, traces, stalled=True, stacks=stacks)
     assert explanation.cause is Cause.TRANSPORT_HANG
+
+
+def test_no_rank_in_a_collective_gives_what_decides_and_names_a_data_pipeline(tmp_path: Path) -> None:
+    # one rank's dump, in a buffered iterator of a data package (the shape of fairseq's,
+    # written here as a trainer's own): no cause is claimed, and the fix says what decides
+    path = script(tmp_path, NOTHING)
+    feeder = str(tmp_path / "mylib" / "data" / "streaming.py")
+    blocked = stack(
+        ("/usr/lib/python3.11/threading.py", 320, "wait"),
+        ("/usr/lib/python3.11/queue.py", 171, "get"),
+        (feeder, 88, "PrefetchIterator.__next__"),
+        (path, 3, "main"),
+    )
+    explanation = _doctor(tmp_path, {0: blocked}, world=1)
+    assert explanation.severity is Severity.WARNING and explanation.cause is Cause.STRAGGLER
+    assert explanation.fix is not None and explanation.fix.startswith("What decides")
+    assert "data pipeline (rank 0" in explanation.fix
+    # posted alone, with nothing saying how many ranks the job has: the others decide
+    alone = explain_classes(diagnoser(tmp_path, 1), merge_stacks({0: blocked}), 1, [0], world_known=False)
+    assert alone.fix is not None and alone.fix.startswith("What decides: the other ranks' stacks")
+    # a lock is no data pipeline: what decides is said, the loader advice is not
+    locked = stack(("/usr/lib/python3.11/threading.py", 320, "wait"), (path, 3, "main"))
+    explanation = _doctor(tmp_path, {0: locked, 1: locked}, world=2)
+    assert explanation.fix is not None and "data pipeline" not in explanation.fix
 
 
 def test_a_quiet_rank_after_the_others_ended_is_no_hang_and_no_cause_is_named(tmp_path: Path) -> None:

@@ -661,7 +661,7 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
         return None
     dumped = sorted(stacks)
     classes = merge_stacks({r: st for r, st in stacks.items() if st.threads or st.status == "stopped"})
-    explanation = explain_classes(s.d, classes, len(dumped), dumped)
+    explanation = explain_classes(s.d, classes, len(dumped), dumped, s.job.world_said == len(dumped))
     # where each stack was read: the file, and the line of its dump
     explanation.evidence += evidence_lines(s.job, {FactKind.STACK})
     if explanation.cause is Cause.TRANSPORT_HANG:

@@ -33,6 +33,9 @@ class Standoff:
     world: int
     found: list[int]
     evidence: list[str]
+    # False where the evidence does not say how many ranks the job has (one rank's dump
+    # posted alone): ``world`` is then only the ranks seen, and others may exist
+    world_known: bool = True
 
     @property
     def missing(self) -> list[int]:
@@ -58,12 +61,14 @@ class Standoff:
         return None
 
 
-def explain_classes(d: Context, classes: list[StackClass], world: int, found: list[int]) -> Explanation:
+def explain_classes(
+    d: Context, classes: list[StackClass], world: int, found: list[int], world_known: bool = True
+) -> Explanation:
     """The playbooks' doctor signals, applied to the merged stack classes."""
     evidence = [_seen(c) for c in classes]
     # what to do about a collective library code issued (SyncBatchNorm in training mode)
     evidence += dict.fromkeys(c.advice for c in classes if c.advice is not None)
-    explanation = first_explanation(STACK_RULES, Standoff(d, classes, world, found, evidence))
+    explanation = first_explanation(STACK_RULES, Standoff(d, classes, world, found, evidence, world_known))
     assert explanation is not None, "the last rule always answers"
     synchronising = [c for c in classes if c.sync is not None and set(c.ranks) & set(explanation.ranks)]
     if synchronising:
@@ -324,13 +329,44 @@ def the_source_decides(s: Standoff) -> Explanation | None:
 
 
 def no_rank_waits(s: Standoff) -> Explanation:
+    """No stack in a collective: no rule can set a rank apart, since nothing here waits on
+    a peer. Said as a warning, with what would decide rather than a cause's fix."""
+    if s.missing or not s.world_known:
+        decides = (
+            f"What decides: the other ranks' stacks at the same moment. Ranks waiting in a "
+            f"collective while {who(s.found)} {_verb(s.found)} here would set {who(s.found)} apart "
+            "as not arriving (a straggler); every rank outside any collective means the job "
+            "waits on something outside torch.distributed, where no collective timeout fires."
+        )
+    else:
+        decides = (
+            "What decides: what these stacks wait on, outside torch.distributed (every rank's "
+            "stack is here and none is in a collective, so no collective timeout fires)."
+        )
+    in_data = sorted(r for c in s.outside if _in_data_pipeline(c) for r in c.ranks)
+    if in_data:
+        decides += (
+            f" Waiting on a data pipeline ({who(in_data)}: an iterator fed by loader workers or "
+            "a thread): dump those processes too (py-spy dump --pid on each worker); "
+            "a rerun with num_workers=0 tells a worker deadlock from a slow read."
+        )
     return Explanation(
         Cause.STRAGGLER,
         "no rank is inside a collective: the job is slow or stuck outside communication",
         ranks=s.found,
         evidence=s.evidence,
         severity=Severity.WARNING,
-        fix="",
+        fix=decides,
+    )
+
+
+def _in_data_pipeline(cls: StackClass) -> bool:
+    """Waiting for the next batch: in torch's DataLoader, or in the ``__next__`` of an
+    iterator that a data package (``.../data/...``) defines, as fairseq's and most
+    trainers' buffered iterators are."""
+    return cls.blocking == "DataLoader" or any(
+        f.function.rsplit(".", 1)[-1] == "__next__" and "/data/" in f.file.replace("\\", "/")
+        for f in cls.frames
     )
 
 
