@@ -17,6 +17,7 @@ from ncclcheck.evidence.traces import RankTrace
 from ncclcheck.explain.engine import Explanation, Reason, framework_fixes
 from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
+from ncclcheck.source import reading
 from ncclcheck.wording import first_line, is_user, op_text, relative, shapes_text
 
 
@@ -237,10 +238,7 @@ class Fork:
         alt_stack = alt.user_stack if alt else d.current_stack(other[0])
         stack = call.user_stack
         common = 0
-        while common < min(len(stack), len(alt_stack)) and (
-            stack[common].file,
-            stack[common].function,
-        ) == (alt_stack[common].file, alt_stack[common].function):
+        while common < min(len(stack), len(alt_stack)) and _same_function(stack[common], alt_stack[common]):
             common += 1
         chain = " -> ".join(f"{f.function}() at {d.site(f)}" for f in stack)
         evidence = [*evidence, f"call chain on rank {made[0]}: {chain}"]
@@ -251,3 +249,15 @@ class Fork:
                 "the script does not run the same twice (an unseeded random draw, the clock, a file)"
             )
         return cls(d, members, calls, made, other, evidence, call, alt, stack, alt_stack, common)
+
+
+def _same_function(a: Frame, b: Frame) -> bool:
+    """Frames of one function: the same file and name, and the same ``def`` where the
+    source is at hand (a trace names a method without its class: two classes'
+    ``compute`` in one file are two functions)."""
+    if (a.file, a.function) != (b.file, b.function):
+        return False
+    if a.line == b.line:
+        return True
+    mine, theirs = reading.enclosing_function(a.file, a.line), reading.enclosing_function(b.file, b.line)
+    return mine is None or theirs is None or mine.lineno == theirs.lineno

@@ -82,7 +82,10 @@ def _explanations(d: Context) -> list[Explanation]:
 
 def _verdict(d: Context, findings: list[Finding]) -> Verdict:
     errors = any(f.severity is Severity.ERROR for f in findings)
-    if d.ev.stalled and errors:
+    # stopped quiet, but the stacks show no rank inside a collective: nothing waited on a
+    # peer, so no hang was seen (without stacks, the stall itself is the evidence)
+    nobody_waited = bool(d.ev.stacks) and not any(s.in_collective for s in d.ev.stacks.values())
+    if d.ev.stalled and (errors or not nobody_waited):
         return Verdict.HANG
     if any(d.died(rank) for rank in d.ev.traces):
         return Verdict.CRASH

@@ -36,6 +36,7 @@ class ReasonKind(str, Enum):
     LOCAL_TEST = "local-test"  # `if` on a value each rank reads for itself (a clock, a file)
     SWALLOWED_ERROR = "swallowed-error"  # a try whose handler swallows the error
     LOADER_LENGTH = "loader-length"  # a loop over loaders of different lengths
+    LOOP_ORDER = "loop-order"  # one call in a loop reaching other functions per rank (its items' order)
 
 
 # What a test reads (reading.condition_kind), as the reason it gives and the cause an

@@ -441,6 +441,59 @@ def test_ranks_all_quiet_outside_any_collective_are_not_the_transport(tmp_path: 
     assert all(f.severity is Severity.WARNING for f in report.findings)
 
 
+HOOKS = """
+import torch
+import torch.distributed as dist
+
+
+class LossHook:
+    def finish(self):
+        dist.all_reduce(torch.zeros(1))
+
+
+class SampleHook:
+    def finish(self):
+        dist.broadcast(torch.zeros(3), src=0)
+
+
+def end_of_epoch(hooks):
+    for name, hook in hooks.items():
+        hook.finish()
+"""
+
+
+def test_one_call_in_a_loop_reaching_other_methods_per_rank_is_an_order_mismatch(tmp_path: Path) -> None:
+    """Hooks registered in the order each rank met them: the loop's one call reaches
+    LossHook.finish on one rank and SampleHook.finish on the other (both named
+    ``finish``: a trace names no class, so the defs tell them apart)."""
+    path = script(tmp_path, HOOKS)
+    loop_call = line_of(path, "hook.finish()")
+    caller = [Frame(path, loop_call, "end_of_epoch")]
+    traces = {
+        0: trace(0, [call(0, path, line_of(path, "all_reduce"), function="finish", stack=caller)]),
+        1: trace(
+            1, [call(1, path, line_of(path, "broadcast"), op="broadcast", function="finish", stack=caller)]
+        ),
+    }
+    explanation = _preflight(tmp_path, traces, stalled=True)
+    assert explanation.cause is Cause.COLLECTIVE_ORDER_MISMATCH, explanation
+    assert f"in the loop over `hooks.items()` at train.py:{loop_call - 1}" in explanation.message
+
+
+def test_ranks_in_one_function_from_one_loop_call_are_not_a_loop_order(tmp_path: Path) -> None:
+    # the same def on both sides (two calls of one method): no other function was reached
+    path = script(tmp_path, HOOKS)
+    loop_call = line_of(path, "hook.finish()")
+    caller = [Frame(path, loop_call, "end_of_epoch")]
+    reduce_line = line_of(path, "all_reduce")
+    traces = {
+        0: trace(0, [call(0, path, reduce_line, function="finish", stack=caller)]),
+        1: trace(1, [call(1, path, reduce_line, function="finish", stack=caller, shape=5)]),
+    }
+    explanation = _preflight(tmp_path, traces, stalled=True)
+    assert explanation.cause is not Cause.COLLECTIVE_ORDER_MISMATCH or "loop over" not in explanation.message
+
+
 def test_when_nothing_in_the_source_explains_the_fork_it_says_so_and_gives_no_fix(tmp_path: Path) -> None:
     """Ranks at two calls that no test, exit or loop of the source sends apart (a rank that
     took another path through a library, say): the finding says the reason was not found,

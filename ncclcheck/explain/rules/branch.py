@@ -236,6 +236,43 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
     return None
 
 
+def one_call_in_a_loop_reaches_other_functions(f: Fork) -> Explanation | None:
+    """Both sides reached their collectives from the same call of a loop, through different
+    functions (``for name, meter in meters.items(): meter.compute()``): the loop meets its
+    items in another order on each rank (a dict or set filled in the order each rank met
+    its own data), or meets other items. Their collectives pair in a different order."""
+    if f.alt is None or f.common == 0 or f.common >= min(len(f.stack), len(f.alt_stack)):
+        return None
+    caller, alt_caller = f.stack[f.common - 1], f.alt_stack[f.common - 1]
+    if caller.line != alt_caller.line:
+        return None
+    loop = reading.innermost_loop(caller.file, caller.line)
+    if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        return None
+    d = f.d
+    callee, alt_callee = f.stack[f.common], f.alt_stack[f.common]
+    items = ast.unparse(loop.iter)
+    loop_site = Frame(caller.file, loop.lineno, "")
+    return call_finding(
+        d,
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"{who(f.made)} called {op_text(f.call)} at {d.site(f.call.site)} in {callee.function}(), "
+        f"{who(f.other)} {op_text(f.alt)} at {d.site(f.alt.site)} in {alt_callee.function}(), both "
+        f"from the call at {d.site(caller)} in the loop over `{items}` at {d.site(loop_site)}: the "
+        "loop meets its items in a different order on each rank (a dict or set filled in the "
+        "order each rank met its own data), or meets other items",
+        f.call,
+        f.made,
+        f.other,
+        [
+            *f.evidence,
+            f"on every rank, loop over the same items in the same order: `sorted({items})`, or a "
+            "fixed list every rank builds alike, not one filled from the rank's own data",
+        ],
+        Reason(ReasonKind.LOOP_ORDER, loop_site, f"for ... in {items}"),
+    )
+
+
 def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
     """Both sides in one pass of a loop, at different calls: a ``continue`` under a test
     (a NaN loss, an empty batch) let some rank skip the rest of a pass, its collectives
@@ -423,6 +460,7 @@ FORK_RULES = (
     a_function_one_side_returned_from,
     a_pass_one_side_skipped,
     a_test_the_ranks_answered_differently,
+    one_call_in_a_loop_reaches_other_functions,
     nothing_in_the_source,
 )
 
