@@ -356,7 +356,7 @@ def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
                 traces={},
                 world_size=0,
                 stopped=_why_it_stopped(folder, traces, launch),
-                incomplete=_why_unfinished(launch),
+                incomplete=_why_unfinished(launch, traces),
             )
         raise launch_failure(launch) or no_rank_recorded(launch)
     world = max(t.world_size for t in traces.values())
@@ -372,11 +372,11 @@ def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
         rank_exits=launch.rank_exits if launch else {},
         first_failure=launch.first_failure if launch else None,
         stopped=_why_it_stopped(folder, traces, launch),
-        incomplete=_why_unfinished(launch),
+        incomplete=_why_unfinished(launch, traces),
     )
 
 
-def _why_unfinished(launch: LaunchResult | None) -> str | None:
+def _why_unfinished(launch: LaunchResult | None, traces: dict[int, RankTrace]) -> str | None:
     """A dry run stopped from outside before its budget was spent (never a hang: a hang
     is a finding, and the stall watchdog's stop is how it is found)."""
     if launch is None or launch.stalled:
@@ -385,6 +385,15 @@ def _why_unfinished(launch: LaunchResult | None) -> str | None:
         return "the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM)"
     if launch.timed_out:
         return "the dry run reached ncclcheck's time limit for a dry run"
+    cut = sorted(r for r, t in traces.items() if t.exit is None)
+    if cut and launch.after_distributed_s is None:
+        # the launcher ended ranks mid-script after another rank's process failed, here
+        # at its exit (torch 2.13's gloo teardown aborts now and then after the script
+        # returned): what those ranks had left to run was not checked
+        codes = launch.rank_exits
+        failed = [r for r in sorted(codes) if r not in cut and codes[r] != 0]
+        after = f" after {who(failed)}'s process failed (exit code {codes[failed[0]]})" if failed else ""
+        return f"the launcher ended {who(cut)} before the script's end{after}"
     return None
 
 

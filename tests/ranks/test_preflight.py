@@ -458,6 +458,12 @@ def test_a_rank_quiet_outside_any_collective_after_the_others_ended_is_incomplet
     proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 4, proc.stderr[-2000:]
     assert report["verdict"] == "incomplete", report
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report
+    if "the launcher ended rank 0" in report["summary"]["incomplete"]:
+        # torch 2.13's gloo teardown aborted rank 1 after its script returned, and torchrun
+        # then stopped rank 0 in its join before the stall was seen: said as such
+        assert "after rank 1's process failed" in report["summary"]["incomplete"]
+        return
     (finding,) = [f for f in report["findings"] if f["severity"] == "warning"]
     assert "no rank was inside a collective" in finding["message"]
     assert finding["fix"].startswith("What decides") and not finding["ranks"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -159,3 +160,26 @@ def test_watch_refuses_bad_input_in_one_line_with_exit_2(args: list[str], messag
     assert result.exit_code == 2, result.output
     assert message in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_ranks_the_launcher_ended_mid_script_make_the_run_unfinished(tmp_path: Path) -> None:
+    """torchrun stops the other ranks when one rank's process fails, here at its exit
+    after its script returned (torch 2.13's gloo teardown): the rank stopped mid-script
+    did not run to its end, so the run is unfinished, not aligned."""
+    from ncclcheck.commands.preflight import _why_unfinished
+    from ncclcheck.evidence.traces import RankEnding, RankTrace
+    from ncclcheck.launch.torchrun import LaunchResult
+    from ncclcheck.record.tracefile import End
+
+    returned = RankTrace(rank=1, exit=RankEnding(End.RETURNED, 0))
+    traces = {0: RankTrace(rank=0), 1: returned}
+    launch = LaunchResult(tmp_path, tmp_path / "torchrun.log", 1, rank_exits={0: -15, 1: -6})
+    said = _why_unfinished(launch, traces)
+    assert (
+        said
+        == "the launcher ended rank 0 before the script's end after rank 1's process failed (exit code -6)"
+    )
+    # ranks stopped on purpose after their distributed work ended are no unfinished run
+    launch.after_distributed_s = 16.0
+    assert _why_unfinished(launch, traces) is None
+    assert _why_unfinished(launch, {1: returned}) is None

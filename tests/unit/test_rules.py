@@ -350,6 +350,51 @@ def test_the_same_call_for_different_batches_is_a_skipped_step(tmp_path: Path) -
     assert explanation.absent_ranks == [1] and "skipped" in explanation.message
 
 
+def test_a_step_function_returning_early_under_a_data_test_is_the_reason_of_a_skipped_step(
+    tmp_path: Path,
+) -> None:
+    # the loop is the caller's; the helper's early return before the call is what skips it
+    path = script(
+        tmp_path,
+        """
+        import torch.distributed as dist
+
+
+        def update(grads, loss):
+            if loss.isnan().any():
+                return None
+            dist.all_reduce(grads)
+            return grads
+
+
+        def train(batches):
+            for grads, loss in batches:
+                update(grads, loss)
+        """,
+    )
+    reduce_line, caller = line_of(path, "dist.all_reduce"), line_of(path, "        update(grads, loss)")
+
+    def step(rank: int, seq: int, batch: int) -> CollectiveCall:
+        made = call(rank, path, reduce_line, function="update", seq=seq, stack=[Frame(path, caller, "train")])
+        made.position = {"loader": "train_loader", "batch": batch, "role": "train"}
+        return made
+
+    traces = {
+        0: trace(0, [step(0, 0, 0), step(0, 1, 1)]),
+        1: trace(1, [step(1, 0, 0), step(1, 1, 2)]),  # batch 1 skipped
+    }
+    report = diagnose_report(Evidence(traces=traces, world_size=2, cwd=str(tmp_path), stalled=True))
+    finding = report.findings[0]
+    assert (finding.cause, finding.site, finding.absent_ranks) == (
+        Cause.DATA_DEPENDENT_BRANCH,
+        f"train.py:{reduce_line}",
+        [1],
+    )
+    assert f"`return` under `if loss.isnan().any()` at train.py:{reduce_line - 1}" in " ".join(
+        finding.evidence
+    )
+
+
 def test_a_rank_busy_outside_any_collective_while_the_others_wait_is_the_straggler(tmp_path: Path) -> None:
     path = script(tmp_path, NOTHING)
     traces = {0: trace(0, [call(0, path, 2)]), 1: trace(1, [])}

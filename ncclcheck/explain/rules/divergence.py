@@ -418,6 +418,13 @@ def skipped_step(
                 break
         loop = reading.innermost_loop(site.file, site.line)
         exits = reading.conditional_exits(site.file, loop, site.line) if loop else []
+        helper = (
+            reading.enclosing_function(site.file, site.line) if loop is None and swallow is None else None
+        )
+        if helper is not None:
+            # a step function that returns early under a test (`if not torch.isfinite(loss):
+            # return None`) before the call skips it, whatever loop calls the function
+            exits = reading.conditional_exits(site.file, helper, before_line=site.line)
         # the call may sit in a helper (step()): the loop that skipped it is a caller's
         for frame in reversed(earlier.user_stack[:-1]):
             if exits or loop is not None:
