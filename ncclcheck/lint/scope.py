@@ -271,6 +271,10 @@ class ScopeChecker:
             kind = kind_of(test, reaching_rank_names(self.scope, self.derived, test.lineno, synced_at))
         if kind == RANK and same_on_every_rank(test):
             return "other"  # `local_rank != -1`: "is this job distributed", true on every rank
+        if kind != RANK and self.collectives_within(test):
+            # a test that communicates to be answered (`if any_rank(not finite):`, a helper
+            # that all-reduces the flag): every rank gets the same answer
+            return "other"
         if kind == DATA and not (called_names(test) & TENSOR_VALUE_CALLS or reads_shape(test)):
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:

@@ -1313,3 +1313,33 @@ def test_formatting_a_meter_on_every_rank_is_aligned(tmp_path: Path) -> None:
         "            if rank == 0:\n                {use}", '            print(f"{meter}")'
     )
     assert lint_source(tmp_path, source) == []
+
+
+SKIP_ON_NONFINITE = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def every_rank_agrees(flag):
+    t = torch.tensor(float(flag))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def train(net, batches):
+    model = DDP(net)
+    for x in batches:
+        loss = model(x).sum()
+        if {test}:
+            continue
+        loss.backward()
+"""
+
+
+def test_a_skip_whose_test_communicates_is_agreed_on_and_the_same_test_alone_is_not(tmp_path: Path) -> None:
+    # the flag all-reduced inside the test (a helper of the project): the same answer everywhere
+    agreed = "every_rank_agrees(not torch.isfinite(loss).item())"
+    assert lint_source(tmp_path, SKIP_ON_NONFINITE.replace("{test}", agreed)) == []
+    alone = lint_source(tmp_path, SKIP_ON_NONFINITE.replace("{test}", "not torch.isfinite(loss).item()"))
+    assert [cause for cause, _line, _severity in alone] == ["data-dependent-branch"]
