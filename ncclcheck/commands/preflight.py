@@ -385,15 +385,24 @@ def _why_unfinished(launch: LaunchResult | None, traces: dict[int, RankTrace]) -
         return "the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM)"
     if launch.timed_out:
         return "the dry run reached ncclcheck's time limit for a dry run"
-    cut = sorted(r for r, t in traces.items() if t.exit is None)
-    if cut and launch.after_distributed_s is None:
-        # the launcher ended ranks mid-script after another rank's process failed, here
-        # at its exit (torch 2.13's gloo teardown aborts now and then after the script
-        # returned): what those ranks had left to run was not checked
-        codes = launch.rank_exits
-        failed = [r for r in sorted(codes) if r not in cut and codes[r] != 0]
-        after = f" after {who(failed)}'s process failed (exit code {codes[failed[0]]})" if failed else ""
-        return f"the launcher ended {who(cut)} before the script's end{after}"
+    # the launcher ended ranks mid-script, before their distributed work ended, because
+    # another rank's process failed after its script had returned (torch 2.13's gloo
+    # teardown aborts now and then at exit): no rank crashed in the script, but what the
+    # ended ranks had left to run was not checked. A rank that died in its script is a
+    # crash (a finding), not this.
+    codes = launch.rank_exits
+    failed_at_exit = [
+        r
+        for r, t in sorted(traces.items())
+        if t.exit is not None and t.exit.how is End.RETURNED and codes.get(r, 0) != 0
+    ]
+    cut = sorted(r for r, t in traces.items() if t.exit is None and not t.destroyed)
+    if cut and failed_at_exit and launch.after_distributed_s is None:
+        first = failed_at_exit[0]
+        return (
+            f"the launcher ended {who(cut)} before the script's end after {who(failed_at_exit)}'s "
+            f"process failed at its exit (exit code {codes[first]}), its script having returned"
+        )
     return None
 
 
@@ -479,6 +488,16 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
             f"{who(running)} still ran {launch.after_distributed_s:.0f} s later, outside "
             "torch.distributed, and was stopped: nothing it does then can wait on a peer"
         )
+    cut_after_destroy = sorted(r for r, t in traces.items() if t.exit is None and t.destroyed)
+    if cut_after_destroy and all(t.exit is not None or t.destroyed for t in traces.values()):
+        codes = ", ".join(
+            f"exit code {launch.rank_exits[r]}" for r in cut_after_destroy if r in launch.rank_exits
+        )
+        return (
+            f"every rank had ended its distributed work (destroy_process_group); "
+            f"{who(cut_after_destroy)} was then ended by the launcher{f' ({codes})' if codes else ''}, "
+            "outside torch.distributed: nothing it did then could wait on a peer"
+        )
     stops = {t.exit.stop for t in traces.values() if t.exit is not None and t.exit.stop}
     if stops:
         return "; ".join(sorted(stops))
@@ -490,8 +509,8 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
         return "the script ran to its end on every rank"
     said = sorted(hows)
     if unended:
-        codes = launch.rank_exits
-        ends = ", ".join(f"rank {r}: exit code {codes[r]}" if r in codes else f"rank {r}" for r in unended)
+        exits = launch.rank_exits
+        ends = ", ".join(f"rank {r}: exit code {exits[r]}" if r in exits else f"rank {r}" for r in unended)
         said.append(f"ended from outside before its script's end ({ends})")
     return "the job ended: " + ", ".join(said or ["no exit recorded"])
 

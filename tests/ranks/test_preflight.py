@@ -443,8 +443,11 @@ def test_a_rank_working_on_after_destroying_its_process_group_is_stopped_and_ali
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "upload_after_training.py"), bound=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == "aligned" and not report["findings"], report
-    assert "every rank had ended its distributed work" in report["summary"]["stopped"]
-    assert "rank 0 still ran" in report["summary"]["stopped"]
+    # stopped by preflight after the quiet spell, or by torchrun when rank 1's process
+    # aborted at its exit (torch 2.13's gloo teardown, now and then): said alike
+    stopped = report["summary"]["stopped"]
+    assert "every rank had ended its distributed work" in stopped
+    assert "rank 0 still ran" in stopped or "rank 0 was then ended by the launcher" in stopped
     assert time.monotonic() - started < 100
     assert not leftover_ranks("upload_after_training.py")
 

@@ -175,11 +175,15 @@ def test_ranks_the_launcher_ended_mid_script_make_the_run_unfinished(tmp_path: P
     traces = {0: RankTrace(rank=0), 1: returned}
     launch = LaunchResult(tmp_path, tmp_path / "torchrun.log", 1, rank_exits={0: -15, 1: -6})
     said = _why_unfinished(launch, traces)
-    assert (
-        said
-        == "the launcher ended rank 0 before the script's end after rank 1's process failed (exit code -6)"
+    assert said == (
+        "the launcher ended rank 0 before the script's end after rank 1's process failed at its "
+        "exit (exit code -6), its script having returned"
     )
-    # ranks stopped on purpose after their distributed work ended are no unfinished run
+    # a rank that died in its script (no exit line, a signal) is a crash, a finding: not this
+    died = LaunchResult(tmp_path, tmp_path / "torchrun.log", 1, rank_exits={0: -15, 1: -9})
+    assert _why_unfinished(died, {0: RankTrace(rank=0), 1: RankTrace(rank=1)}) is None
+    # ranks ended after their distributed work ended (stopped on purpose, or by the
+    # launcher after destroy_process_group) left nothing unchecked
+    assert _why_unfinished(launch, {0: RankTrace(rank=0, destroyed=True), 1: returned}) is None
     launch.after_distributed_s = 16.0
     assert _why_unfinished(launch, traces) is None
-    assert _why_unfinished(launch, {1: returned}) is None
