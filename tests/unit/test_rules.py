@@ -474,6 +474,21 @@ def test_a_quiet_rank_after_the_others_ended_is_no_hang_and_no_cause_is_named(tm
     assert "16 s quiet outside any collective" in report.summary["incomplete"]
 
 
+def test_a_rank_in_a_collective_no_record_holds_after_the_others_ended_is_left_alone(tmp_path: Path) -> None:
+    # histories alike, rank 1 ended, rank 0's stack in a collective the recorder did not see:
+    # rank 0 waits for a rank that will never come; never "no rank inside a collective"
+    path = script(tmp_path, NOTHING)
+    ended = trace(1, [call(1, path, 2)])
+    ended.exit = RankEnding(End.RETURNED, 0)
+    traces = {0: trace(0, [call(0, path, 2)]), 1: ended}
+    stacks = {0: waiting_in("barrier", (path, 3, "main")), 1: ProcessStack(pid=1001, threads=[thread()])}
+    evidence = Evidence(traces=traces, world_size=2, cwd=str(tmp_path), stalled=True, stacks=stacks)
+    report = diagnose_report(evidence)
+    assert report.verdict is Verdict.HANG
+    (finding,) = [f for f in report.findings if f.severity is Severity.ERROR]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_EARLY_EXIT, [0], [1])
+
+
 def test_ranks_all_quiet_outside_any_collective_are_not_the_transport(tmp_path: Path) -> None:
     # every rank in a lock or a DataLoader worker's queue: no collective is pending
     path = script(tmp_path, NOTHING)

@@ -37,6 +37,25 @@ def explain_stall_without_divergence(d: Context) -> Explanation:
             evidence=[f"rank {r}: {d.frames_text(r)}" for r in late],
             fix=d.fix(Cause.STRAGGLER),
         )
+    if waiting and ended:
+        # a stack in a collective the records do not hold (one the recorder does not see),
+        # while other ranks have ended: they will never join it
+        call = lasts.get(waiting[0])
+        return Explanation(
+            cause=Cause.RANK_EARLY_EXIT,
+            severity=Severity.ERROR,
+            message=f"{who(waiting)} wait in a collective (their stacks) that {who(ended)} will not join: "
+            "they ended",
+            ranks=waiting,
+            absent_ranks=ended,
+            op=call.op if call else None,
+            site=d.site(call.site if call else None),
+            evidence=[
+                *(f"rank {r}: {d.frames_text(r)}" for r in waiting),
+                *(f"rank {r} ended: {d.exit_text(r)}" for r in ended),
+            ],
+            fix=d.fix(Cause.RANK_EARLY_EXIT),
+        )
     if late or ended:
         return _no_rank_waits(d, late, ended)
     call = next(iter(lasts.values()), None)
