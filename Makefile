@@ -13,7 +13,7 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 # pytest-xdist workers for the whole suite: a rank test spends much of its time waiting
 # on its ranks (a stall spell, a rendezvous, a stack capture), so on two cores four
-# workers keep the CPUs busy: 19 min for the suite where two workers took 32
+# workers keep the CPUs busy: 19 min for the suite on a fresh clone where two took 32
 TEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
