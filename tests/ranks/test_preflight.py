@@ -436,6 +436,19 @@ def test_uneven_train_shards_under_ddp_join_pair_with_joins_stand_ins() -> None:
     assert any("a stand-in DDP's Join makes" in line for line in finding["evidence"])
 
 
+def test_one_call_in_a_loop_over_meters_met_in_another_order_per_rank_is_an_order_mismatch() -> None:
+    script = SCRIPTS / "meters_in_the_order_seen.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-order-mismatch", finding
+    loop_line = line_in(script, "for kind, meter in meters.items():")
+    assert (
+        f"in the loop over `meters.items()` at tests/scripts/meters_in_the_order_seen.py:{loop_line}"
+        in (finding["message"])
+    )
+
+
 def test_a_rank_working_on_after_destroying_its_process_group_is_stopped_and_aligned() -> None:
     # rank 0 uploads for an hour after destroy_process_group: nothing it does can wait on
     # a peer. Before, the dry run waited for it until its own time limit (10 min).
