@@ -449,6 +449,21 @@ def test_one_call_in_a_loop_over_meters_met_in_another_order_per_rank_is_an_orde
     )
 
 
+def test_a_step_function_returning_before_its_backward_is_the_reason_of_the_skipped_step() -> None:
+    script = SCRIPTS / "step_returns_on_nonfinite_loss.py"
+    proc, report = preflight("--nproc-per-node=2", "--train-steps=8", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    name = "tests/scripts/step_returns_on_nonfinite_loss.py"
+    assert (finding["cause"], finding["site"], finding["absent_ranks"]) == (
+        "data-dependent-branch",
+        f"{name}:{line_in(script, 'loss.backward()')}",
+        [0],
+    )
+    skip = f"`return` under `if not torch.isfinite(loss)` at {name}:{line_in(script, 'return None')}"
+    assert skip in "\n".join(finding["evidence"])
+
+
 def test_a_rank_working_on_after_destroying_its_process_group_is_stopped_and_aligned() -> None:
     # rank 0 uploads for an hour after destroy_process_group: nothing it does can wait on
     # a peer. Before, the dry run waited for it until its own time limit (10 min).
