@@ -83,19 +83,20 @@ def second_look(
     nonblocking: bool = False,
     timeout: float = 10.0,
 ) -> Movement | None:
-    """The ranks' stacks and CPU time again after ``interval``: what moved."""
+    """The ranks' stacks and counters (CPU, bytes moved, the main thread's run time)
+    again after ``interval``: what moved."""
     if interval <= 0:
         return None
     pids = {r.rank: r.pid for r in ranks}
-    cpu_before = movement.cpu_seconds(pids)
+    before = movement.usage(pids)
     time.sleep(interval)
-    cpu_after = movement.cpu_seconds(pids)
+    after = movement.usage(pids)
     by_pid = dump_stacks(
         list(pids.values()), timeout=timeout, native=native, nonblocking=nonblocking, with_locals=True
     )
     again = {rank: by_pid[pid] for rank, pid in pids.items()}
     without_gpu = frozenset(rank for rank, pid in pids.items() if not gpus.maps_cuda(pid))
-    return movement.compare(stacks, again, interval, cpu_before, cpu_after, os.getcwd(), without_gpu)
+    return movement.compare(stacks, again, interval, before, after, os.getcwd(), without_gpu)
 
 
 # -- several hosts: each dumps its ranks, one reads them all ----------------------------

@@ -117,7 +117,7 @@ def watch(
     or a job watch did not start, until its hang is written down). ``job``: the job watch
     started. ``captured``: called with the report and its folder as soon as both exist."""
     outcome = WatchOutcome()
-    previous: tuple[dict[int, ProcessStack], dict[int, float], float] | None = None
+    previous: tuple[dict[int, ProcessStack], dict[int, movement.Usage], float] | None = None
     last_moved = time.monotonic()
     cwd = os.getcwd()
     while True:
@@ -137,12 +137,12 @@ def watch(
             continue
         now = time.monotonic()
         pid_of = {r.rank: r.pid for r in ranks}
-        cpu = movement.cpu_seconds(pid_of)
+        used = movement.usage(pid_of)
         outcome.looks += 1
         if previous is not None and set(previous[0]) == set(stacks):
             without_gpu = frozenset(rank for rank, pid in pid_of.items() if not gpus.maps_cuda(pid))
             moved = movement.compare(
-                previous[0], stacks, now - previous[2], previous[1], cpu, cwd, without_gpu
+                previous[0], stacks, now - previous[2], previous[1], used, cwd, without_gpu
             )
             if moved.working:
                 last_moved = now
@@ -161,7 +161,7 @@ def watch(
                 return outcome
             say("ncclcheck watch: doctor saw the ranks progress after all: watching on")
             last_moved = time.monotonic()
-        previous = (stacks, cpu, now)
+        previous = (stacks, used, now)
         _pause(job, settings.every)
 
 

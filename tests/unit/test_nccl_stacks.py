@@ -5,12 +5,16 @@ dumps people posted of hung NCCL jobs (pytorch, DeepSpeed and transformers issue
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import ClassVar
 
 from ncclcheck.commands.doctor import diagnose_ranks
 from ncclcheck.evidence import device, gpus, movement
 from ncclcheck.evidence.classes import merge_stacks
+from ncclcheck.evidence.movement import Usage
 from ncclcheck.evidence.processes import RankProcess
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack, blocking
 from ncclcheck.explain.rules.stacks import explain_classes
@@ -239,7 +243,7 @@ def test_two_looks_tell_a_moving_job_from_a_stuck_one() -> None:
         1: "its stack changed (train.py:22 -> train.py:20)",
     }
     stuck = movement.compare(
-        first, {0: _looked("41", 20), 1: _looked("41", 22)}, 1.0, {0: 5.0}, {0: 6.0}, "/"
+        first, {0: _looked("41", 20), 1: _looked("41", 22)}, 1.0, {0: Usage(5.0)}, {0: Usage(6.0)}, "/"
     )
     assert (stuck.moved, stuck.still, stuck.cores) == ({}, [0, 1], {0: 1.0})
     assert stuck.decided().startswith("no rank moved between two looks 1 s apart")
@@ -250,12 +254,62 @@ def test_a_rank_on_cpu_that_used_the_cpu_computed_where_its_stack_did_not_move()
     # DDP's backward at one line, both looks: on gloo a waiting rank sleeps, so 0.7 of a
     # core is work; the same CPU where CUDA is loaded decides nothing (NCCL spins)
     same = {0: _looked("41", 20), 1: _looked("41", 20)}
-    cpu_before, cpu_after = {0: 5.0, 1: 5.0}, {0: 5.7, 1: 5.01}
+    cpu_before, cpu_after = {0: Usage(5.0), 1: Usage(5.0)}, {0: Usage(5.7), 1: Usage(5.01)}
     on_cpu = movement.compare(same, same, 1.0, cpu_before, cpu_after, "/job", frozenset({0, 1}))
     assert list(on_cpu.moved) == [0] and on_cpu.still == [1]
     assert "0.70 of a core with no CUDA or NCCL loaded" in on_cpu.moved[0]
     on_gpu = movement.compare(same, same, 1.0, cpu_before, cpu_after, "/job", frozenset())
     assert on_gpu.moved == {} and on_gpu.still == [0, 1]
+
+
+def test_a_rank_that_moves_bytes_or_waits_for_the_disk_works_on_any_backend() -> None:
+    # rank 0 writes a checkpoint (40 MB through write(2)) where both looks catch one line;
+    # rank 1 sits in fsync (state D); rank 2 waits for them and moves a log line's bytes
+    same = {rank: _looked("41", 20) for rank in range(3)}
+    before = {0: Usage(io_bytes=10_000_000), 1: Usage(), 2: Usage(io_bytes=500)}
+    after = {0: Usage(io_bytes=50_000_000), 1: Usage(main_state="disk-sleep"), 2: Usage(io_bytes=900)}
+    looked = movement.compare(same, same, 1.0, before, after, "/job")  # CUDA loaded: CPU says nothing
+    assert (sorted(looked.moved), looked.still) == ([0, 1], [2])
+    assert "read or wrote 40.0 MB" in looked.moved[0]
+    assert "waiting for the disk at a look (state D)" in looked.moved[1]
+
+
+def test_a_computing_rank_on_a_loaded_machine_is_told_by_its_run_time_not_its_share() -> None:
+    # two cores shared by eight processes: rank 0 computes with 0.1 of a core, its main
+    # thread ready to run the whole second; rank 1 sleeps in gloo's wait
+    same = {0: _looked("41", 20), 1: _looked("41", 20)}
+    before = {0: Usage(5.0, main_runnable_seconds=3.0), 1: Usage(5.0, main_runnable_seconds=2.0)}
+    after = {0: Usage(5.1, main_runnable_seconds=3.97), 1: Usage(5.001, main_runnable_seconds=2.002)}
+    on_cpu = movement.compare(same, same, 1.0, before, after, "/job", frozenset({0, 1}))
+    assert (list(on_cpu.moved), on_cpu.still) == ([0], [1])
+    assert "running or ready to run 97% of the 1 s (it got 0.10 of a core" in on_cpu.moved[0]
+    # where CUDA is loaded, a main thread ready to run may be spinning in NCCL's wait
+    on_gpu = movement.compare(same, same, 1.0, before, after, "/job", frozenset())
+    assert on_gpu.still == [0, 1]
+
+
+def test_the_counters_of_real_processes_tell_a_writer_from_a_sleeper(tmp_path: Path) -> None:
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os\nwhile True:\n    open({str(tmp_path / 'f')!r}, 'wb').write(os.urandom(1 << 20))",
+        ]
+    )
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.5)
+        pids = {0: writer.pid, 1: sleeper.pid}
+        before = movement.usage(pids)
+        time.sleep(1.0)
+        after = movement.usage(pids)
+        still = {0: _looked("41", 20), 1: _looked("41", 20)}
+        looked = movement.compare(still, still, 1.0, before, after, "/job")
+        assert (list(looked.moved), looked.still) == ([0], [1]), looked.moved
+    finally:
+        for process in (writer, sleeper):
+            process.kill()
+            process.wait(timeout=10)
 
 
 class _Nvml:
