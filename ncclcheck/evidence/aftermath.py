@@ -102,6 +102,20 @@ class RankAftermath:
             known.append(self.progress[group].last_enqueued)
         return max(known) if known else None
 
+    def waits_in(self, group: str) -> int | None:
+        """The first collective of ``group`` this rank issued and never saw complete: the one
+        its watchdog timed out, or the one after its last completed where it had enqueued
+        more. A rank's collectives on one group complete in order (one stream)."""
+        pending = [w.seq for w in self.timeouts if w.group == group]
+        progress = self.progress.get(group)
+        if progress is not None and progress.last_enqueued > progress.last_completed:
+            pending.append(progress.last_completed + 1)
+        return min(pending) if pending else None
+
+    def last_completed(self, group: str) -> int | None:
+        progress = self.progress.get(group)
+        return progress.last_completed if progress is not None else None
+
     def last_enqueued(self, group: str) -> int | None:
         """The last sequence number this rank had issued on ``group`` when its watchdog
         fired, where a progress line says it. A timed-out collective alone does not: the

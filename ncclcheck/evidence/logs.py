@@ -51,8 +51,16 @@ _WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
 _RANK_SAID = re.compile(r"\bRank (\d+)\]")
+# how far a rank got on a group when its watchdog fired, in each torch's words: 2.2-2.3
+# "Timeout at NCCL work: X, last enqueued NCCL work: Y, last completed NCCL work: Z"; 2.4+
+# "failure detected by watchdog at work sequence id: X PG status: last enqueued work: Y,
+# last completed work: Z", later with ", last started work: S (OP)," between them
 _PROGRESS = re.compile(
-    r"(?:\bwork: (\d+), )?last enqueued NCCL work: (-?\d+), last completed NCCL work: (-?\d+)", re.I
+    r"(?:\bwork(?: sequence id)?: (\d+),? (?:PG status: )?)?"
+    r"last enqueued (?:NCCL )?work: (-?\d+),"
+    r"(?: last started (?:NCCL )?work: -?\d+(?: \(\w+\))?,)?"
+    r" last completed (?:NCCL )?work: (-?\d+)",
+    re.I,
 )
 _RUN_ID = re.compile(r"\brun_id\s*[=:]\s*['\"]?([\w.\-]+)")
 _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
@@ -164,6 +172,7 @@ def _may_matter(line: str) -> bool:
     substring tests are many times faster than one regular expression of alternatives."""
     return (
         "NCCL" in line
+        or "enqueued work" in line
         or "monitoredBarrier" in line
         or "collective #" in line
         or "Detected mismatch between collectives" in line
@@ -452,7 +461,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if ("WORLD_SIZE" in line or "world_size" in line) and (world := _WORLD.search(line)):
         text.found.world_size = max(text.found.world_size, int(world.group(1) or world.group(2)))
         text.found.world_said = max(text.found.world_said, int(world.group(1) or world.group(2)))
-    if "NCCL work" in line or "WorkNCCL(" in line:
+    if "NCCL work" in line or "WorkNCCL(" in line or "last enqueued work" in line:
         _nccl_line(text, rank, line, number)
         return
     if "monitoredBarrier" in line:

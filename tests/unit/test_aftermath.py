@@ -632,3 +632,87 @@ def test_the_world_an_all_gather_states_counts_a_silent_last_rank(tmp_path: Path
     )
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_CRASHED, [0, 1, 2], [3])
+
+
+def _watchdog(
+    rank: int, seq: int, op: str, numel: int, enqueued: int, completed: int, started: str = ""
+) -> str:
+    """One rank's two watchdog lines as torch 2.4 and later print them."""
+    pg = f"[rank{rank}]:[E227 23:07:54.322 ProcessGroupNCCL.cpp:2168] [PG ID 0 PG GUID 0(default_pg)"
+    pg += f" Rank {rank}]"
+    return (
+        f"[rank{rank}]:[E227 23:07:54.322 ProcessGroupNCCL.cpp:629] [Rank {rank}] Watchdog caught collective "
+        f"operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel}, "
+        "Timeout(ms)=600000) ran for 600034 milliseconds before timing out.\n"
+        f"{pg}  failure detected by watchdog at work sequence id: {seq} PG status: last enqueued work: "
+        f"{enqueued},{started} last completed work: {completed}\n"
+    )
+
+
+def test_the_progress_lines_of_every_torch_since_2_2_are_read(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 40, "ALLREDUCE", 8, 44, 39)
+        + _watchdog(1, 40, "ALLREDUCE", 8, 41, 39, started=" last started work: 40 (ALLREDUCE),")
+        + "[rank2]:[E1202 03:40:05.119 ProcessGroupNCCL.cpp:2167] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+        "Timeout at NCCL work: 40, last enqueued NCCL work: 40, last completed NCCL work: 39.\n"
+    )
+    job = read_leftovers([log])
+    assert {
+        r: (p.timed_out, p.last_enqueued, p.last_completed)
+        for r in job.ranks
+        for p in job.ranks[r].progress.values()
+    } == {
+        0: (40, 44, 39),
+        1: (40, 41, 39),
+        2: (40, 40, 39),
+    }
+
+
+def test_a_rank_that_completed_collectives_another_waits_in_proves_they_paired_different_calls(
+    tmp_path: Path,
+) -> None:
+    # rank 0 waits in #725, an all-gather; rank 3 completed its own #725 and #726 and waits
+    # in #727. Rank 0 enqueued more (#732) than rank 3 (#730): NCCL's calls return at once,
+    # so that says nothing of who skipped what, and no rank is said to have "never issued"
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 725, "_ALLGATHER_BASE", 5400, 732, 724)
+        + _watchdog(3, 727, "_REDUCE_SCATTER_BASE", 4096, 730, 726)
+    )
+    report = run_doctor_from([log])
+    (finding,) = report.findings
+    assert (finding.cause, finding.severity.value) == (Cause.COLLECTIVE_ORDER_MISMATCH, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([0], [3])
+    assert "rank 3 completed its own #725 and #726 after it" in finding.message, finding.message
+    assert "these numbers do not say (nothing here of ranks 1-2)" in finding.message
+    assert "never issued" not in finding.message
+
+
+def test_one_collective_completed_on_one_side_only_is_a_split_or_a_failing_transport(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(_watchdog(0, 12, "BROADCAST", 2000, 12, 11) + _watchdog(1, 11, "ALLREDUCE", 1, 11, 10))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.severity.value) == (Cause.COLLECTIVE_ORDER_MISMATCH, "warning")
+    assert "or the transport failed during #11" in finding.message
+
+
+def test_a_rank_that_never_enqueued_what_the_others_wait_in_is_behind(tmp_path: Path) -> None:
+    # ranks 0-1 wait in #40; rank 2 enqueued up to #39 and completed it: it never issued #40
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 40, "ALLREDUCE", 8, 40, 39)
+        + _watchdog(1, 40, "ALLREDUCE", 8, 40, 39)
+        + "[rank2]:[E1202 03:40:05.119 ProcessGroupNCCL.cpp:1746] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+        "Received a dump signal due to a collective timeout from rank 0 and we will try our best to dump the "
+        "debug info. Last enqueued NCCL work: 39, last completed NCCL work: 39.\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0, 1],
+        [2],
+    )
+    assert "ranks 0-1 issued #40 ALLREDUCE, 8 elements in on group 0 and waited; rank 2 never issued it" in (
+        finding.message
+    )

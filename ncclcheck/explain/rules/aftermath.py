@@ -580,6 +580,81 @@ def _stacks_say_why(s: Leftovers, said: str) -> Explanation | None:
     return from_stacks
 
 
+def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
+    """A rank waits in collective #n of a group while another rank completed #n. One
+    collective completes on every rank in it or on none, bar a transport that fails during
+    it; and a rank's collectives on a group complete in order. So a rank that completed #n
+    and more past it completed them without the waiting rank's calls: the two paired
+    different calls at #n or before (an extra or missing collective on one side, or the
+    same ones in another order). The numbers prove where the ranks parted, not which side
+    left the common path."""
+    for group in s.groups:
+        waits = {r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.waits_in(group)) is not None}
+        done = {
+            r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.last_completed(group)) is not None
+        }
+        if not waits:
+            continue
+        first = min(waits.values())
+        stuck = sorted(r for r, n in waits.items() if n == first)
+        past = sorted(r for r, n in done.items() if n >= first)
+        if not past:
+            continue
+        furthest = max(done[r] for r in past)
+        work = next(
+            (w for r in stuck for w in s.job.ranks[r].timeouts if w.group == group and w.seq == first), None
+        )
+        named = work.describe() if work is not None else f"#{first} on group {group}"
+        later = "; ".join(
+            f"rank {r} then waited in {w.describe()}"
+            for r in past
+            for w in s.job.ranks[r].timeouts
+            if w.group == group and w.seq > first
+        )
+        said = (
+            f"{who(past)} completed collectives of group {group} up to #{furthest}; {who(stuck)} never "
+            f"completed #{first}"
+        )
+        proven = furthest > first  # past the one collective a failing transport may leave half done
+        unseen = s.unseen
+        after = f"#{first + 1}" if furthest == first + 1 else f"#{first + 1}-#{furthest}"
+        message = (
+            f"{who(stuck)} waited in {named}; {who(past)} completed {_its(past)} own #{first}"
+            + (f" and {after} after it" if proven else "")
+            + ". A rank's collectives on one "
+            "group complete in order, so "
+            + (
+                f"{who(past)} completed {after} with no call of {who(stuck)} after #{first}: the ranks "
+                f"paired different calls at #{first} or before (an extra or a missing collective on one "
+                "side, or the same ones in another order)"
+                if proven
+                else f"either the ranks paired different calls at #{first} or before, or the transport "
+                f"failed during #{first} after {who(past)} had all {_its(past)} data"
+            )
+            + (f"; {later}" if later else "")
+            + ". Which side left the common path, these numbers do not say"
+            + (f" (nothing here of {who(unseen)})" if unseen else "")
+        )
+        parted = s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH,
+            message,
+            ranks=stuck,
+            absent_ranks=past,
+            op=work.op if work is not None else None,
+            site=None,
+            evidence=[*s.evidence, said],
+        )
+        parted.fix = _WHERE_NOT_WHY
+        if not proven:
+            parted.severity = Severity.WARNING  # two readings fit
+        return parted
+    return None
+
+
+def _its(ranks: list[int]) -> str:
+    return "its" if len(ranks) == 1 else "their"
+
+
 def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
     """Ranks whose last enqueued collective on a group is behind the others', or that left
     no watchdog line at all while the others timed out, never issued the collective the
@@ -588,20 +663,23 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
     silent = s.silent
     for group in s.groups:
         # a rank is behind only where a progress line says where it stopped issuing and
-        # another rank is known to have issued more: a timeout alone is a lower bound
-        issued = {
-            r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.issued_at_least(group)) is not None
-        }
+        # another rank waits in a later collective: NCCL's calls return at once, so a rank
+        # that enqueued more than another may still wait in an earlier one, which the other
+        # did issue (a count of enqueued calls alone sets no rank apart)
+        waits = {r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.waits_in(group)) is not None}
         stopped = {
             r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.last_enqueued(group)) is not None
         }
         waiting = s.works(group)
-        ahead = max(issued.values(), default=None)
+        ahead = max(waits.values(), default=None)
         behind = sorted(r for r, n in stopped.items() if ahead is not None and n < ahead)
         if behind and ahead is not None:
-            made = sorted(r for r, n in issued.items() if n == ahead)
-            missed = min(stopped[r] for r in behind) + 1
-            how = f"{who(behind)} enqueued up to #{missed - 1} on group {group}, {who(made)} up to #{ahead}"
+            made = sorted(r for r, n in waits.items() if n == ahead)
+            missed = ahead
+            how = (
+                f"{who(behind)} enqueued up to #{max(stopped[r] for r in behind)} on group {group}, "
+                f"{who(made)} waited in #{ahead}"
+            )
         elif silent and waiting and len({(w.seq, w.op) for ws in waiting.values() for w in ws}) == 1:
             behind, made = silent, sorted(waiting)
             missed = next(iter(waiting.values()))[0].seq
@@ -797,6 +875,7 @@ AFTERMATH_RULES = (
     sizes_differ_at_one_position,
     the_flight_recorder_analyser_says,
     flight_recorders_disagree,
+    completed_on_some_ranks_only,
     some_ranks_never_issued_it,
     stacks_decide,
     every_rank_at_one_position,
