@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
 
+from ncclcheck.evidence.dumps import is_user_path
 from ncclcheck.evidence.stacks import ProcessStack, blocking
 from ncclcheck.model import Frame
 from ncclcheck.wording import signal_name, who
@@ -61,6 +62,23 @@ class Progress:
     source: Source
 
 
+@dataclass(frozen=True)
+class CollectiveCall:
+    """Where a rank called the collective its watchdog timed out: "Stack trace of the failed
+    collective:" and the Flight Recorder's frames after it (torch 2.5 and later, with the
+    recorder on), ``#0 all_reduce from .../distributed_c10d.py:2696``, innermost first."""
+
+    seq: int | None  # the timed-out collective the trace follows, where the rank named one
+    group: str
+    frames: tuple[Frame, ...]  # innermost first, as printed
+    source: Source
+
+    @property
+    def site(self) -> Frame | None:
+        """The innermost frame outside torch and the standard library: the caller's line."""
+        return next((f for f in self.frames if is_user_path(f.file)), None)
+
+
 @dataclass
 class Ending:
     """How a rank ended, from torchelastic's failure summary or the rank's own traceback."""
@@ -87,6 +105,7 @@ class RankAftermath:
     ending: Ending | None = None
     stack: ProcessStack | None = None
     stack_source: Source | None = None
+    calls: list[CollectiveCall] = field(default_factory=list)  # where its timed-out collectives were called
     flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
     host: str | None = None
     pid: int | None = None
@@ -247,6 +266,7 @@ class FactKind(Enum):
     PROGRESS = "progress"  # the last enqueued and completed sequence numbers per group
     FLIGHT_RECORDER = "flight-recorder"  # the recorder's last entry per group
     STACK = "stack"  # where its dumped stack waits
+    CALL = "call"  # where it called the collective it timed out in (the watchdog's stack trace)
     ENDING = "ending"  # how it ended: code, signal, error
     HEARD = "heard"  # its output is in the files, with no watchdog line of its own
 
@@ -287,6 +307,17 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
         )
         for p in record.progress.values()
     ]
+    for called in record.calls:
+        site = called.site
+        if site is not None:
+            which = f"#{called.seq}" if called.seq is not None else "the collective that timed out"
+            facts.append(
+                Fact(
+                    FactKind.CALL,
+                    f"it called {which} at {site.file}:{site.line} in {site.function}()",
+                    str(called.source),
+                )
+            )
     recorded = record.flight_recorder
     for call in recorded.get("last", {}).values():
         last = f"#{call['seq']} {call['op']} ({call['state']})"

@@ -21,6 +21,7 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
     Aftermath,
+    CollectiveCall,
     DesyncVerdict,
     Ending,
     Fingerprint,
@@ -66,6 +67,9 @@ _RUN_ID = re.compile(r"\brun_id\s*[=:]\s*['\"]?([\w.\-]+)")
 _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
 _ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\s*(.*)$")
 _TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
+# the watchdog's "Stack trace of the failed collective:" frames (the Flight Recorder's)
+_CALL_HEADER = "Stack trace of the failed collective:"
+_CALL_FRAME = re.compile(r"^\s*#(\d+) (\S.*?) from (.+?):(\d+)\s*$")
 # what a line must start with to matter when no stack, traceback or summary is being read
 _MARKER_STARTS = (
     "Traceback (",
@@ -252,6 +256,11 @@ def _place_in_groups(record: RankAftermath, default: str) -> None:
     record.timeouts = [
         w if w.group != _NO_GROUP else replace(w, group=by_work.get(w.seq, default)) for w in record.timeouts
     ]
+    # a failed collective's stack trace is in the group of the timeout it follows
+    group_of: dict[int | None, str] = {w.seq: w.group for w in record.timeouts}
+    record.calls = [
+        c if c.group != _NO_GROUP else replace(c, group=group_of.get(c.seq, default)) for c in record.calls
+    ]
 
 
 def _files(paths: list[Path]) -> Iterator[Path]:
@@ -395,6 +404,8 @@ class _Stream:
     traceback: list[tuple[str, int, str]] | None = None  # frames (file, line, function)
     traceback_line: int = 0
     elastic: dict[str, str] = field(default_factory=dict)
+    call: list[Frame] | None = None  # the frames of a "Stack trace of the failed collective"
+    call_line: int = 0
 
 
 @dataclass
@@ -450,6 +461,15 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if rank is None:
         rank = text.header_rank
     stream = text.streams.get(rank)
+    if stream is not None and stream.call is not None:
+        if called := _CALL_FRAME.match(line):
+            stream.call.append(Frame(called.group(3), int(called.group(4)), called.group(2)))
+            return
+        _close_call(text, rank, stream)
+    if _CALL_HEADER in line:
+        stream = text.streams.setdefault(rank, _Stream())
+        stream.call, stream.call_line = [], number
+        return
     if (
         text.elastic_section is None
         and (stream is None or (stream.stack is None and stream.traceback is None))
@@ -654,6 +674,25 @@ def _merge_ending(record: RankAftermath, ending: Ending) -> None:
     mine.source = mine.source or ending.source
 
 
+def _close_call(text: _TextFile, rank: int | None, stream: _Stream) -> None:
+    """The frames of a failed collective's stack trace, owned by the rank whose lines they
+    are, for the last collective its watchdog timed out."""
+    frames, stream.call = stream.call or [], None
+    if not frames or rank is None:
+        return
+    record = text.found.rank(rank)
+    last = record.timeouts[-1] if record.timeouts else None
+    record.calls.append(
+        CollectiveCall(
+            last.seq if last else None,
+            last.group if last else _NO_GROUP,
+            tuple(frames),
+            Source(str(text.path), stream.call_line),
+        )
+    )
+    text.kinds.add("the stack traces of failed collectives")
+
+
 def _close_stack(text: _TextFile, rank: int | None) -> None:
     stream = text.streams.get(rank)
     if stream is None or stream.stack is None:
@@ -663,8 +702,10 @@ def _close_stack(text: _TextFile, rank: int | None) -> None:
 
 
 def _finish(text: _TextFile) -> None:
-    for rank in list(text.streams):
+    for rank, stream in list(text.streams.items()):
         _close_stack(text, rank)
+        if stream.call is not None:
+            _close_call(text, rank, stream)
     _close_elastic(text)
     # an unprefixed file that names one rank throughout is that rank's
     only = next(iter(text.said_ranks)) if len(text.said_ranks) == 1 else _rank_from_name(text.path)

@@ -716,3 +716,50 @@ def test_a_rank_that_never_enqueued_what_the_others_wait_in_is_behind(tmp_path: 
     assert "ranks 0-1 issued #40 ALLREDUCE, 8 elements in on group 0 and waited; rank 2 never issued it" in (
         finding.message
     )
+
+
+_TORCH = "/opt/conda/lib/python3.11/site-packages/torch"
+
+
+def test_the_stack_trace_of_the_failed_collective_sites_the_call(tmp_path: Path) -> None:
+    # torch 2.5+ with the Flight Recorder on prints where the timed-out collective was
+    # called, innermost first; rank 1 stopped issuing before it
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 85, "ALLREDUCE", 1, 85, 84)
+        + "[rank0]:[E709 17:05:38.162 ProcessGroupNCCL.cpp:670] Stack trace of the failed collective: \n"
+        f"[rank0]:#0 all_reduce from {_TORCH}/distributed/distributed_c10d.py:2696\n"
+        f"[rank0]:#1 wrapper from {_TORCH}/distributed/c10d_logger.py:83\n"
+        "[rank0]:#2 evaluate from /home/user/train.py:88\n"
+        "[rank0]:#3 main from /home/user/train.py:140\n"
+        "[rank0]:[E709 17:05:38.162 ProcessGroupNCCL.cpp:2106] [PG ID 0 PG GUID 0(default_pg) Rank 0] "
+        "First PG on this rank to signal dumping.\n"
+        "[rank1]:[E709 17:05:38.482 ProcessGroupNCCL.cpp:1746] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+        "Received a dump signal due to a collective timeout from rank 0. Last enqueued NCCL work: 84, "
+        "last completed NCCL work: 84.\n"
+    )
+    job = read_leftovers([log])
+    (call,) = job.ranks[0].calls
+    assert (call.seq, call.group, call.site) == (85, "0", call.frames[2])
+    assert call.frames[2].function == "evaluate" and len(call.frames) == 4
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0],
+        [1],
+    )
+    assert finding.site == "/home/user/train.py:88"
+    assert any("it called #85 at /home/user/train.py:88 in evaluate()" in line for line in finding.evidence)
+
+
+def test_a_missing_stack_trace_of_the_failed_collective_claims_no_site(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 85, "ALLREDUCE", 1, 85, 84)
+        + "[rank0]:[E709 17:05:38.162 ProcessGroupNCCL.cpp:670] Stack trace of the failed collective not "
+        "found, potentially because FlightRecorder is disabled. You can enable it by setting "
+        "TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero value.\n" + _watchdog(1, 84, "ALLREDUCE", 1, 84, 83)
+    )
+    assert read_leftovers([log]).ranks[0].calls == []
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.site is None

@@ -20,6 +20,7 @@ from ncclcheck.evidence.aftermath import (
     MISSING,
     SIZES,
     Aftermath,
+    CollectiveCall,
     DesyncVerdict,
     FactKind,
     Fingerprint,
@@ -88,7 +89,26 @@ class Leftovers:
 def explain_leftovers(d: Context, job: Aftermath) -> Explanation | None:
     """The first rule of AFTERMATH_RULES that explains the leftovers, or None: then the
     command says that no rule does, and shows the evidence."""
-    return first_explanation(AFTERMATH_RULES, Leftovers(d, job, evidence_lines(job)))
+    explanation = first_explanation(AFTERMATH_RULES, Leftovers(d, job, evidence_lines(job)))
+    if explanation is not None and explanation.site is None:
+        # where the ranks that waited called that collective, as their watchdog's stack trace
+        # says: one line for all of them, or none is claimed
+        sites = {
+            (site.file, site.line)
+            for rank in explanation.ranks
+            for call in (job.ranks[rank].calls if rank in job.ranks else [])
+            if (explanation.op is None or _same_op(call, job.ranks[rank], explanation.op))
+            and (site := call.site) is not None
+        }
+        if len(sites) == 1:
+            file, line = sites.pop()
+            explanation.site = f"{file}:{line}"
+    return explanation
+
+
+def _same_op(call: CollectiveCall, record: RankAftermath, op: str) -> bool:
+    """Whether ``call`` is the stack trace of a timed-out collective of ``op``."""
+    return any(w.seq == call.seq and w.group == call.group and w.op == op for w in record.timeouts)
 
 
 def _really_failed(record: RankAftermath) -> bool:
