@@ -106,6 +106,10 @@ class RankAftermath:
     stack: ProcessStack | None = None
     stack_source: Source | None = None
     calls: list[CollectiveCall] = field(default_factory=list)  # where its timed-out collectives were called
+    # its watchdog thread made no progress for this many seconds (the heartbeat monitor's
+    # "watchdog got stuck"): a NCCL or CUDA call blocked it, so it could not time out a
+    # collective of its own; 0 where the line gives no duration
+    watchdog_stuck: tuple[int, Source] | None = None
     flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
     host: str | None = None
     pid: int | None = None
@@ -255,7 +259,8 @@ class Aftermath:
         return bool(
             self.unplaced or self.fr_trace or self.desync or self.barrier_late or self.mismatches
         ) or any(
-            r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder for r in self.ranks.values()
+            r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder or r.watchdog_stuck
+            for r in self.ranks.values()
         )
 
 
@@ -267,6 +272,7 @@ class FactKind(Enum):
     FLIGHT_RECORDER = "flight-recorder"  # the recorder's last entry per group
     STACK = "stack"  # where its dumped stack waits
     CALL = "call"  # where it called the collective it timed out in (the watchdog's stack trace)
+    WATCHDOG_STUCK = "watchdog-stuck"  # the heartbeat monitor found its watchdog thread stuck
     ENDING = "ending"  # how it ended: code, signal, error
     HEARD = "heard"  # its output is in the files, with no watchdog line of its own
 
@@ -328,7 +334,18 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
                 str(recorded.get("path")),
             )
         )
-    if record.heard is not None and not record.timeouts and not record.progress:
+    if record.watchdog_stuck is not None:
+        seconds, said = record.watchdog_stuck
+        facts.append(
+            Fact(
+                FactKind.WATCHDOG_STUCK,
+                "its watchdog thread was stuck"
+                + (f" for {seconds} s" if seconds else "")
+                + " (a NCCL or CUDA call blocked it): it could not time out a collective of its own",
+                str(said),
+            )
+        )
+    elif record.heard is not None and not record.timeouts and not record.progress:
         facts.append(Fact(FactKind.HEARD, "its own lines hold no watchdog timeout", str(record.heard)))
     if record.stack is not None and record.stack_source is not None:
         facts.append(

@@ -45,8 +45,12 @@ from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
 from ncclcheck.model import Frame
 
 # a rank's prefix (torchrun's --tee / --role: [rankN]: or [defaultN]:), where a line
-# starts, or after a tag a log collector put in front of it ("host [stderr] [rank3]:")
-_PREFIX = re.compile(r"^[ \t]*(?:[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?\[(?:rank|default)(\d+)\]:\s?")
+# starts, or after a tag a log collector put in front of it ("host [stderr] [rank3]:",
+# Ray's "(RayTrainWorker pid=4120, ip=10.0.0.3) [rank3]:")
+_PREFIX = re.compile(
+    r"^[ \t]*(?:\([^()]{0,120}\bpid=\d+[^()]{0,60}\) |[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?"
+    r"\[(?:rank|default)(\d+)\]:\s?"
+)
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
 _WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
@@ -177,6 +181,8 @@ def _may_matter(line: str) -> bool:
     return (
         "NCCL" in line
         or "enqueued work" in line
+        or "Heartbeat monitor" in line
+        or "watchdog got stuck" in line
         or "monitoredBarrier" in line
         or "collective #" in line
         or "Detected mismatch between collectives" in line
@@ -437,7 +443,7 @@ def _read_text(path: Path, found: Aftermath) -> None:
 def _line(text: _TextFile, number: int, raw: str) -> None:
     # most lines of a log are the training's own: every test below starts with a cheap
     # substring or prefix check, so that such a line costs one prefix match
-    prefix = _PREFIX.match(raw) if "]:" in raw[:120] else None
+    prefix = _PREFIX.match(raw) if "]:" in raw[:200] else None
     rank = int(prefix.group(1)) if prefix else None
     if prefix is None and text.cut_rank is not None and _continues(raw):
         rank = text.cut_rank  # a line a terminal or a forum wrapped: the rest of the last one
@@ -483,6 +489,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         text.found.world_said = max(text.found.world_said, int(world.group(1) or world.group(2)))
     if "NCCL work" in line or "WorkNCCL(" in line or "last enqueued work" in line:
         _nccl_line(text, rank, line, number)
+    if "watchdog got stuck" in line or "Heartbeat monitor timed out" in line:
+        _watchdog_stuck(text, rank, line, number)
         return
     if "monitoredBarrier" in line:
         _monitored_barrier(text, line, number)
@@ -574,6 +582,25 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
         )
 
 
+_STUCK_FOR = re.compile(r"watchdog got stuck for (\d+) seconds")
+
+
+def _watchdog_stuck(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    """The heartbeat monitor's message: this rank's watchdog thread was blocked (torch 2.2+:
+    "Heartbeat monitor timed out!", "ProcessGroupNCCL's watchdog got stuck for N seconds")."""
+    said = _RANK_SAID.search(line)
+    rank = int(said.group(1)) if rank is None and said is not None else rank
+    text.kinds.add("the heartbeat monitor's messages")
+    stuck = _STUCK_FOR.search(line)
+    _own(
+        text,
+        rank,
+        "watchdog-stuck",
+        (int(stuck.group(1)) if stuck else 0, Source(str(text.path), number)),
+        number,
+    )
+
+
 def _own(text: _TextFile, rank: int | None, kind: str, value: Any, number: int) -> None:
     if rank is None:
         text.unowned.append((kind, value, number))
@@ -586,6 +613,11 @@ def _own(text: _TextFile, rank: int | None, kind: str, value: Any, number: int) 
         record.progress[value.group] = value
     elif kind == "ending":
         _merge_ending(record, value)
+    # the line with the duration says more than "Heartbeat monitor timed out!"
+    elif kind == "watchdog-stuck" and (
+        record.watchdog_stuck is None or (value[0] and not record.watchdog_stuck[0])
+    ):
+        record.watchdog_stuck = value
 
 
 def _elastic_line(text: _TextFile, line: str, number: int) -> bool:
@@ -711,7 +743,12 @@ def _finish(text: _TextFile) -> None:
     only = next(iter(text.said_ranks)) if len(text.said_ranks) == 1 else _rank_from_name(text.path)
     for kind, value, number in text.unowned:
         if only is None:
-            what = {"timeout": "watchdog line", "progress": "watchdog line", "ending": "traceback"}[kind]
+            what = {
+                "timeout": "watchdog line",
+                "progress": "watchdog line",
+                "ending": "traceback",
+                "watchdog-stuck": "heartbeat monitor's line",
+            }[kind]
             text.found.skipped.append(f"{text.path}:{number}: a {what} of no known rank")
             continue
         _own(text, only, kind, value, number)

@@ -763,3 +763,36 @@ def test_a_missing_stack_trace_of_the_failed_collective_claims_no_site(tmp_path:
     assert read_leftovers([log]).ranks[0].calls == []
     (finding,) = run_doctor_from([log]).findings
     assert finding.site is None
+
+
+def test_a_rank_whose_watchdog_was_stuck_is_not_accused_for_its_silence(tmp_path: Path) -> None:
+    # Ray's prefix before torchrun's; ranks 0, 2, 3 time out in one all-reduce; rank 1's own
+    # lines hold no timeout, but its heartbeat monitor says its watchdog thread was blocked:
+    # it could not have timed out, so its silence sets it apart from nothing
+    timeout = (
+        "(RayTrainWorker pid=41{r}, ip=10.0.0.3) [rank{r}]:[E1111 16:41:37.1 ProcessGroupNCCL.cpp:632] "
+        "[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=14863, OpType=ALLREDUCE, "
+        "NumelIn=148, NumelOut=148, Timeout(ms)=1800000) ran for 1800048 milliseconds before timing out.\n"
+    )
+    log = tmp_path / "job.log"
+    log.write_text(
+        "".join(timeout.format(r=r) for r in (0, 2, 3))
+        + "(RayTrainWorker pid=411, ip=10.0.0.3) [rank1]:step 14862 loss 2.31\n"
+        "(RayTrainWorker pid=411, ip=10.0.0.3) [rank1]:[E1111 17:10:53.1 ProcessGroupNCCL.cpp:1398] [PG ID 0 "
+        "PG GUID 0(default_pg) Rank 1] ProcessGroupNCCL's watchdog got stuck for 480 seconds without making "
+        "progress in monitoring enqueued collectives.\n"
+        "(RayTrainWorker pid=411, ip=10.0.0.3) [rank1]:[E1111 17:10:53.1 ProcessGroupNCCL.cpp:1390] [PG ID 0 "
+        "PG GUID 0(default_pg) Rank 1] Heartbeat monitor timed out! Process will be terminated after dumping "
+        "debug info. workMetaList_.size()=1\n"
+    )
+    job = read_leftovers([log])
+    assert sorted(job.ranks) == [0, 1, 2, 3] and job.ranks[1].watchdog_stuck is not None
+    assert job.ranks[1].watchdog_stuck[0] == 480
+    report = run_doctor_from([log])
+    (finding,) = report.findings
+    assert (finding.severity.value, finding.absent_ranks) == ("warning", [])
+    assert "rank 1 had its watchdog stuck in a NCCL or CUDA call" in finding.message, finding.message
+    without = tmp_path / "silent.log"
+    without.write_text(log.read_text().split("(RayTrainWorker pid=411, ip=10.0.0.3) [rank1]:[E1111")[0])
+    # the same log without the heartbeat lines: rank 1 is heard and never timed out
+    assert run_doctor_from([without]).findings[0].absent_ranks == [1]

@@ -131,7 +131,11 @@ def _says_where(record: RankAftermath | None) -> bool:
     """Does the evidence say anything of where this rank was, beyond that it was aborted?"""
     if record is None:
         return False
-    if record.stack is not None or record.flight_recorder or record.progress or record.heard is not None:
+    if record.stack is not None or record.flight_recorder or record.progress:
+        return True
+    if record.heard is not None and record.watchdog_stuck is None:
+        # its own lines without a timeout say it waited in no collective, unless its
+        # watchdog was stuck and could not have timed one out
         return True
     ending = record.ending
     return ending is not None and (bool(ending.error) or ending.exit_code not in (None, -6, -15))
@@ -834,11 +838,17 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 "`ncclcheck preflight` on the script to find which."
             )
             return suspect
-        aborted = [r for r in unseen if r in s.job.ranks]
+        blocked = [r for r in unseen if r in s.job.ranks and s.job.ranks[r].watchdog_stuck is not None]
+        aborted = [r for r in unseen if r in s.job.ranks and r not in blocked]
         said_of_aborted = (
             f"; {who(aborted)} {'was' if len(aborted) == 1 else 'were'} only seen aborted, as NCCL's "
             "watchdog or the launcher ends a rank that waits"
             if aborted
+            else ""
+        ) + (
+            f"; {who(blocked)} had {_its(blocked)} watchdog stuck in a NCCL or CUDA call, so no timeout of "
+            f"{_its(blocked)} own could be said"
+            if blocked
             else ""
         )
         undecided = s.d.explanation(
