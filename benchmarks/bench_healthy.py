@@ -8,6 +8,8 @@ hang is most easily imagined:
 - evaluation: every rank decodes its shard sample by sample for ~10 s, no collective
 - checkpoint: rank 0 alone saves for ~5 s while the other rank waits in a barrier
 - loaded: a plain training loop on a machine that a second CPU-bound job keeps busy
+- checkpoint, loaded: the checkpoint shape with four busy loops beside it (the CI
+  machine running the suite: the saving rank gets a fraction of a core)
 
 Once the job has reached that phase, ``ncclcheck doctor --json --pid <agent>`` runs
 RUNS times (10 by default) one after the other; the table counts the verdicts. A
@@ -52,6 +54,7 @@ SHAPES = (
     Shape("evaluation", "long_evaluation.py", "eval started"),
     Shape("checkpoint", "long_checkpoint_save.py", "saving"),
     Shape("loaded", "training_still_running.py", "step 50:", load=2),
+    Shape("checkpoint, loaded", "long_checkpoint_save.py", "saving", load=4),
 )
 
 
@@ -118,7 +121,7 @@ def main() -> None:
     parser.add_argument("--shape", action="append", choices=[s.name for s in SHAPES])
     args = parser.parse_args()
     print(f"doctor on healthy 2-rank gloo jobs, {args.runs} runs each ({psutil.cpu_count()} cores)")
-    print(f"{'shape':<12} {'verdicts':<40} {'hang':>5} {'median s':>9}")
+    print(f"{'shape':<20} {'verdicts':<40} {'hang':>5} {'median s':>9}")
     hung = 0
     for shape in SHAPES:
         if args.shape and shape.name not in args.shape:
@@ -127,7 +130,7 @@ def main() -> None:
         hung += verdicts["hang"]
         said = ", ".join(f"{v} {n}" for v, n in verdicts.most_common())
         median = sorted(seconds)[len(seconds) // 2]
-        print(f"{shape.name:<12} {said:<40} {verdicts['hang']:>5} {median:>9.1f}", flush=True)
+        print(f"{shape.name:<20} {said:<40} {verdicts['hang']:>5} {median:>9.1f}", flush=True)
     print(f"hang verdicts on healthy jobs: {hung}")
 
 

@@ -246,6 +246,39 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
     return None
 
 
+_THREAD_IDLE = ("wait", "_wait_for_tstate_lock", "select", "poll", "sleep", "get", "accept", "recv")
+
+
+def _in_backward(stack: ProcessStack, main: ThreadStack) -> Blocking:
+    """The main thread idles in autograd's backward while the engine's threads run it. A
+    Python hook running there (no collective frame of its own) says what the rank does: a
+    library's gradient hook that issues collectives (ZeRO's reduce, FSDP's), stopped in a
+    native call after them, or other work. With no such thread, the work is native: DDP's
+    reducer, whose gradient all-reduce has no Python frame."""
+    for thread in stack.threads:
+        if thread is main or not thread.frames or thread.frames[0].function in _THREAD_IDLE:
+            continue
+        if thread.frames[-1].function in ("_bootstrap", "_bootstrap_inner", "run"):
+            continue  # a Python thread of the program's own (a logger, a monitor), not the engine's
+        where = f"{_short(thread.frames[0].file)}:{thread.frames[0].line} in {thread.frames[0].function}"
+        name = thread.name or "the autograd engine's thread"
+        issuer = next((said for f in thread.frames if (said := issued_at(f.file, f.function))), None)
+        if issuer is not None:
+            return Blocking(
+                f"{issuer[0]} (on {name}, at {where}, in a native call with no collective frame)",
+                True,
+                thread=name,
+            )
+        return Blocking(f"a backward hook (on {name}, at {where})", False, thread=name)
+    return Blocking("all_reduce (DDP gradient buckets, in backward)", True)
+
+
+def _short(path: str) -> str:
+    """A library file as py-spy names it: from its package on (``deepspeed/runtime/...``)."""
+    marker = "site-packages/"
+    return path.split(marker, 1)[1] if marker in path else path
+
+
 def blocking(stack: ProcessStack) -> Blocking:
     """What the rank waits in. The one classification of a stack: preflight's rank
     states and doctor's stack classes both read it."""
@@ -256,7 +289,7 @@ def blocking(stack: ProcessStack) -> Blocking:
     if found is not None:
         return found
     if any(frame.function == "_engine_run_backward" for frame in main.frames):
-        return Blocking("all_reduce (DDP gradient buckets, in backward)", True)
+        return _in_backward(stack, main)
     for frame in main.frames:
         if "torch/utils/data/" in frame.file:
             return Blocking("DataLoader", False)

@@ -471,3 +471,45 @@ def test_ranks_waiting_on_a_rank_that_works_are_a_job_in_progress_not_a_hang(tmp
     still_outside = {0: saving[0], 1: sleeping}
     moved_again = movement.compare(still_outside, {0: saving[1], 1: sleeping}, 1.0, {}, {}, str(tmp_path))
     assert diagnose_ranks(ranks, still_outside, moved_again).verdict.value == "hang"
+
+
+def test_in_backward_the_engine_threads_hook_says_what_the_rank_does() -> None:
+    main = _thread(
+        "MainThread",
+        [(f"{TORCH}/autograd/graph.py", 769, "_engine_run_backward"), ("/job/train.py", 41, "main")],
+        "/job/train.py",
+    )
+    monitor = _thread(
+        "Thread-1",
+        [(f"{SITE}/tqdm/_monitor.py", 60, "run"), ("threading.py", 1016, "_bootstrap_inner")],
+        "",
+    )
+    busy_logger = _thread(
+        "Thread-2",
+        [("/job/log.py", 9, "flush"), ("threading.py", 1016, "run"), ("threading.py", 973, "_bootstrap")],
+        "/job/log.py",
+    )
+    zero_hook = _thread(
+        "",
+        [
+            (f"{SITE}/deepspeed/runtime/zero/stage3.py", 1500, "partition_grads"),
+            (f"{SITE}/deepspeed/runtime/zero/stage3.py", 1309, "__reduce_and_partition_ipg_grads"),
+        ],
+        "",
+    )
+    own_hook = _thread("", [("/job/hooks.py", 12, "clip_hook")], "/job/hooks.py")
+    # a ZeRO-3 gradient hook on the engine's thread: the library's reduce, not DDP's buckets
+    said = blocking(ProcessStack(1, [main, monitor, busy_logger, zero_hook]))
+    assert said.what.startswith("DeepSpeed ZeRO-3 reducing gradients in backward (on the autograd engine's")
+    assert "deepspeed/runtime/zero/stage3.py:1500 in partition_grads" in said.what and said.waits_for_peers
+    # a hook of the user's own: work, not a wait for the other ranks
+    own = blocking(ProcessStack(1, [main, monitor, own_hook]))
+    assert (own.what, own.waits_for_peers) == (
+        "a backward hook (on the autograd engine's thread, at /job/hooks.py:12 in clip_hook)",
+        False,
+    )
+    # no Python frame on the engine's threads (the program's own threads aside): DDP's
+    # reducer, native
+    assert blocking(ProcessStack(1, [main, monitor, busy_logger])).what == (
+        "all_reduce (DDP gradient buckets, in backward)"
+    )
