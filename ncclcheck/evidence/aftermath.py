@@ -63,6 +63,21 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class Launch:
+    """One operation a rank's NCCL launched on a communicator (NCCL_DEBUG_SUBSYS=COLL's
+    trace, evidence/nccl_coll.py)."""
+
+    op_count: int
+    op: str  # NCCL's name: AllReduce, Broadcast, AllGather, ReduceScatter, Send, Recv, ...
+    numel: int
+    dtype: int
+    source: Source
+
+    def describe(self) -> str:
+        return f"op #{self.op_count} {self.op} of {self.numel} elements"
+
+
+@dataclass(frozen=True)
 class CollectiveCall:
     """Where a rank called the collective its watchdog timed out: "Stack trace of the failed
     collective:" and the Flight Recorder's frames after it (torch 2.5 and later, with the
@@ -110,6 +125,8 @@ class RankAftermath:
     # "watchdog got stuck"): a NCCL or CUDA call blocked it, so it could not time out a
     # collective of its own; 0 where the line gives no duration
     watchdog_stuck: tuple[int, Source] | None = None
+    # NCCL's COLL trace: the last operations it launched on the communicator of every rank
+    launched: list[Launch] = field(default_factory=list)
     flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
     host: str | None = None
     pid: int | None = None
@@ -259,7 +276,13 @@ class Aftermath:
         return bool(
             self.unplaced or self.fr_trace or self.desync or self.barrier_late or self.mismatches
         ) or any(
-            r.timeouts or r.progress or r.ending or r.stack or r.flight_recorder or r.watchdog_stuck
+            r.timeouts
+            or r.progress
+            or r.ending
+            or r.stack
+            or r.flight_recorder
+            or r.watchdog_stuck
+            or r.launched
             for r in self.ranks.values()
         )
 
@@ -273,6 +296,7 @@ class FactKind(Enum):
     STACK = "stack"  # where its dumped stack waits
     CALL = "call"  # where it called the collective it timed out in (the watchdog's stack trace)
     WATCHDOG_STUCK = "watchdog-stuck"  # the heartbeat monitor found its watchdog thread stuck
+    LAUNCHED = "launched"  # NCCL's COLL trace: the last operation it launched
     ENDING = "ending"  # how it ended: code, signal, error
     HEARD = "heard"  # its output is in the files, with no watchdog line of its own
 
@@ -324,6 +348,11 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
                     str(called.source),
                 )
             )
+    if record.launched:
+        launch = record.launched[-1]
+        facts.append(
+            Fact(FactKind.LAUNCHED, f"NCCL's trace: it last launched {launch.describe()}", str(launch.source))
+        )
     recorded = record.flight_recorder
     for call in recorded.get("last", {}).values():
         last = f"#{call['seq']} {call['op']} ({call['state']})"

@@ -41,6 +41,7 @@ from ncclcheck.evidence.dumps import (
     looks_like_py_spy_json,
 )
 from ncclcheck.evidence.fr_trace import looks_like_fr_trace, read_fr_trace
+from ncclcheck.evidence.nccl_coll import CollTrace
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
 from ncclcheck.model import Frame
 
@@ -429,6 +430,8 @@ class _TextFile:
     elastic_line: int = 0
     pending_stacks: list[tuple[int | None, int | None, StackReader, int]] = field(default_factory=list)
     kinds: set[str] = field(default_factory=set)
+    coll: CollTrace = field(default_factory=CollTrace)  # NCCL_DEBUG_SUBSYS=COLL's lines
+    prefixed_processes: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
     unowned: list[tuple[str, Any, int]] = field(default_factory=list)  # evidence of no known rank yet
 
 
@@ -487,6 +490,10 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     if ("WORLD_SIZE" in line or "world_size" in line) and (world := _WORLD.search(line)):
         text.found.world_size = max(text.found.world_size, int(world.group(1) or world.group(2)))
         text.found.world_said = max(text.found.world_said, int(world.group(1) or world.group(2)))
+    if "NCCL INFO" in line and text.coll.read(line, Source(str(text.path), number)):
+        if rank is not None and (process := _process_of(line)) is not None:
+            text.prefixed_processes[process] = rank
+        return
     if "NCCL work" in line or "WorkNCCL(" in line or "last enqueued work" in line:
         _nccl_line(text, rank, line, number)
     if "watchdog got stuck" in line or "Heartbeat monitor timed out" in line:
@@ -733,7 +740,32 @@ def _close_stack(text: _TextFile, rank: int | None) -> None:
     stream.stack = None
 
 
+_PROCESS = re.compile(r"([\w.\-]+):(\d+):\d+ \[")
+
+
+def _process_of(line: str) -> tuple[str, int] | None:
+    """The host and pid an NCCL line starts with (``node1:52937:52937 [0] NCCL INFO``)."""
+    found = _PROCESS.match(line)
+    return (found.group(1), int(found.group(2))) if found else None
+
+
+def _launches(text: _TextFile) -> None:
+    """Each rank's last launches on the communicator of every rank, from NCCL's COLL trace."""
+    by_rank = text.coll.by_rank(text.prefixed_processes)
+    for rank, launches in by_rank.items():
+        text.found.rank(rank).launched = list(launches)
+    if by_rank:
+        text.kinds.add("NCCL's COLL trace")
+        text.found.world_said = max(text.found.world_said, text.coll.world)
+    elif text.coll.launches:
+        text.found.skipped.append(
+            f"{text.path}: NCCL's COLL trace without the communicators' init lines (`comm 0x... rank N "
+            "nRanks M`): its launches are of no known rank"
+        )
+
+
 def _finish(text: _TextFile) -> None:
+    _launches(text)
     for rank, stream in list(text.streams.items()):
         _close_stack(text, rank)
         if stream.call is not None:

@@ -796,3 +796,93 @@ def test_a_rank_whose_watchdog_was_stuck_is_not_accused_for_its_silence(tmp_path
     without.write_text(log.read_text().split("(RayTrainWorker pid=411, ip=10.0.0.3) [rank1]:[E1111")[0])
     # the same log without the heartbeat lines: rank 1 is heard and never timed out
     assert run_doctor_from([without]).findings[0].absent_ranks == [1]
+
+
+def _coll(host: str, pid: int, comm: str, count: int, op: str, numel: int, nranks: int = 4) -> str:
+    return (
+        f"{host}:{pid}:{pid} [0] NCCL INFO {op}: opCount {count:x} sendbuff 0x7f8bccf79600 recvbuff 0x7f8b "
+        f"count {numel} datatype 7 op 0 root 0 comm {comm} [nranks={nranks}] stream 0xac16b80\n"
+    )
+
+
+def _coll_job(last: dict[int, list[tuple[str, int]]]) -> str:
+    """Four ranks on two hosts, each with its init line and its launches from op #0x2e on."""
+    text = ""
+    for rank, launches in last.items():
+        host, pid, comm = f"node{rank // 2}", 5000 + rank, f"0x55{rank}0a00"
+        text += f"{host}:{pid}:{pid} [{rank % 2}] NCCL INFO comm {comm} rank {rank} nRanks 4 nNodes 2\n"
+        # a sub-communicator of two ranks: never compared across ranks
+        text += _coll(host, pid, "0x77", 900, "Broadcast", 3, nranks=2)
+        for index, (op, numel) in enumerate(launches):
+            text += _coll(host, pid, comm, 0x2E + index, op, numel)
+    return text
+
+
+def test_nccls_coll_trace_sets_apart_the_rank_that_launched_less(tmp_path: Path) -> None:
+    step = [("AllReduce", 4096), ("AllReduce", 1)]
+    log = tmp_path / "nccl.log"
+    log.write_text(
+        _coll_job(
+            {
+                0: [*step, ("AllReduce", 4096)],
+                1: [*step, ("AllReduce", 4096)],
+                2: step,
+                3: [*step, ("AllReduce", 4096)],
+            }
+        )
+    )
+    job = read_leftovers([log])
+    assert {r: rec.launched[-1].op_count for r, rec in job.ranks.items()} == {
+        0: 0x30,
+        1: 0x30,
+        2: 0x2F,
+        3: 0x30,
+    }
+    assert job.world_said == 4
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0, 1, 3],
+        [2],
+    )
+    assert "launched NCCL's op #48 AllReduce of 4096 elements" in finding.message, finding.message
+    assert "as far as its trace goes" in finding.message
+
+
+def test_nccls_coll_trace_at_one_count_with_other_ops_is_an_order_mismatch(tmp_path: Path) -> None:
+    log = tmp_path / "nccl.log"
+    same = [("AllReduce", 4096), ("AllReduce", 1)]
+    log.write_text(
+        _coll_job(
+            {
+                0: [*same, ("Broadcast", 20)],
+                1: [*same, ("AllReduce", 4096)],
+                2: [*same, ("AllReduce", 4096)],
+                3: [*same, ("AllReduce", 4096)],
+            }
+        )
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        [0],
+        [1, 2, 3],
+    )
+    assert "rank 0 Broadcast of 20 elements; ranks 1-3 AllReduce of 4096 elements" in finding.message
+
+
+def test_nccls_coll_trace_without_init_lines_is_of_no_known_rank_unless_torchrun_prefixed_it(
+    tmp_path: Path,
+) -> None:
+    bare = "".join(_coll("node0", 5000 + r, f"0x5{r}", 0x2E, "AllReduce", 8) for r in range(2))
+    unowned = tmp_path / "bare.log"
+    unowned.write_text(bare)
+    with pytest.raises(InputError):
+        run_doctor_from([unowned])
+    prefixed = tmp_path / "prefixed.log"
+    prefixed.write_text(
+        "".join(f"[rank{r}]:{line}\n" for r, line in enumerate(bare.splitlines()))
+        + f"[rank0]:{_coll('node0', 5000, '0x50', 0x2F, 'AllReduce', 8)}"
+    )
+    (finding,) = run_doctor_from([prefixed]).findings
+    assert (finding.ranks, finding.absent_ranks) == ([0], [1])

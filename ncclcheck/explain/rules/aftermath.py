@@ -452,6 +452,70 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
     return disagree
 
 
+def nccl_traces_disagree(s: Leftovers) -> Explanation | None:
+    """NCCL's COLL trace of the communicator of every rank: the operations each rank
+    launched, by NCCL's own count. At one count, another operation (or the same one of
+    other sizes) is a disagreement the count proves; ranks that launched fewer than the
+    others never launched what the others went on to, as far as their lines go (a trace
+    cut short by a buffer that was never flushed reads the same: said)."""
+    traced = {r: rec.launched for r, rec in sorted(s.job.ranks.items()) if rec.launched}
+    if len(traced) < 2:
+        return None
+    at = {r: {launch.op_count: launch for launch in launches} for r, launches in traced.items()}
+    common = sorted(set.intersection(*(set(counts) for counts in at.values())))
+    for count in common:
+        kinds: dict[tuple[str, int], list[int]] = {}
+        for rank, launches in at.items():
+            launch = launches[count]
+            kinds.setdefault((launch.op, launch.numel), []).append(rank)
+        if len(kinds) < 2:
+            continue
+        sides = sorted(kinds.items(), key=lambda item: (len(item[1]), item[1][0]))
+        ops = {op for op, _ in kinds}
+        said = f"NCCL's trace, op #{count}: " + "; ".join(
+            f"{who(ranks)} launched {op} of {numel} elements" for (op, numel), ranks in sides
+        )
+        found = s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH if len(ops) > 1 else Cause.COLLECTIVE_SHAPE_MISMATCH,
+            f"the ranks launched different operations as NCCL's op #{count} on the communicator of "
+            "every rank: "
+            + "; ".join(f"{who(ranks)} {op} of {numel} elements" for (op, numel), ranks in sides)
+            + (
+                ". Each side waits for a call the others make at another point"
+                if len(ops) > 1
+                else ". The same operation with other sizes: the ranks passed tensors of different shapes"
+            ),
+            ranks=sides[0][1],
+            absent_ranks=sorted(r for _, ranks in sides[1:] for r in ranks),
+            op=sides[0][0][0],
+            site=None,
+            evidence=[*s.evidence, said],
+        )
+        if len(ops) > 1:
+            found.fix = _WHERE_NOT_WHY
+        return found
+    last = {r: launches[-1].op_count for r, launches in traced.items()}
+    furthest = max(last.values())
+    behind = sorted(r for r, count in last.items() if count < furthest)
+    if not behind:
+        return None
+    ahead = sorted(r for r, count in last.items() if count == furthest)
+    stopped = max(last[r] for r in behind)
+    next_op = next((launch for launch in traced[ahead[0]] if launch.op_count == stopped + 1), None)
+    named = next_op.describe() if next_op is not None else f"op #{stopped + 1}"
+    return _never_issued(
+        s,
+        f"{who(ahead)} launched NCCL's {named} and went on to op #{furthest}; {who(behind)} "
+        f"launched up to op #{stopped} only and never launched it, as far as {_its(behind)} trace goes "
+        "(a trace cut short, NCCL's lines never flushed, reads the same). What sent "
+        f"{who(behind)} elsewhere, the trace does not show",
+        (ahead, behind),
+        next_op.op if next_op is not None else None,
+        None,
+        f"NCCL's trace: {who(behind)} launched up to op #{stopped}, {who(ahead)} up to op #{furthest}",
+    )
+
+
 def the_desync_report_says(s: Leftovers) -> Explanation | None:
     """NCCL's desync report (TORCH_NCCL_DESYNC_DEBUG=1) compared the ranks through the
     store: ranks that never joined a collective are set apart by it; every rank of the
@@ -905,6 +969,7 @@ AFTERMATH_RULES = (
     sizes_differ_at_one_position,
     the_flight_recorder_analyser_says,
     flight_recorders_disagree,
+    nccl_traces_disagree,
     completed_on_some_ranks_only,
     some_ranks_never_issued_it,
     stacks_decide,
