@@ -29,11 +29,21 @@ from ncclcheck.launch.proctree import kill_tree  # noqa: E402
 SCRIPT = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
 
 
-def doctor(pid: int) -> tuple[float, dict[str, object]]:
+def doctor(pid: int, interval: float = 0.0) -> tuple[float, dict[str, object]]:
     start = time.perf_counter()
     done = subprocess.run(
-        # one look: the default second look adds its --interval (1 s) and one more dump
-        [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--interval", "0", "--pid", str(pid)],
+        # 0: one look; doctor's default (1) adds a second look that far apart: one more dump
+        [
+            sys.executable,
+            "-m",
+            "ncclcheck",
+            "doctor",
+            "--json",
+            "--interval",
+            str(interval),
+            "--pid",
+            str(pid),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -81,8 +91,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--interval", type=float, default=0.0, help="doctor's --interval (0: one look; its default is 1)"
+    )
     args = parser.parse_args()
-    print(f"ncclcheck doctor on a hung gloo job, {os.cpu_count()} CPUs, median of {args.repeats} runs")
+    print(
+        f"ncclcheck doctor --interval {args.interval:g} on a hung gloo job, {os.cpu_count()} CPUs, "
+        f"median of {args.repeats} runs"
+    )
     print(f"  {'ranks':>5}  {'wall s':>7}  {'min s':>6}  {'max s':>6}  finding")
     points: list[tuple[int, float]] = []
     for ranks in args.sizes:
@@ -92,7 +108,7 @@ def main() -> None:
             times = []
             report: dict[str, object] = {}
             for _ in range(args.repeats):
-                elapsed, report = doctor(agent.pid)
+                elapsed, report = doctor(agent.pid, args.interval)
                 times.append(elapsed)
         finally:
             kill_tree(agent.pid)
