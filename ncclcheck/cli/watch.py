@@ -68,10 +68,28 @@ def watch_command(
         "as its last argument (a notification, a requeue).",
     ),
     native: bool = typer.Option(False, "--native", help="Native (C/C++) frames in the captured stacks."),
+    shared: Path = typer.Option(
+        None,
+        "--shared",
+        help="Several nodes: a folder every node's watch can read and write (the cluster's file "
+        "system). The first to see a hang asks the others for their ranks' stacks there and "
+        "diagnoses them as one job.",
+    ),
+    merge_wait: float = typer.Option(
+        60.0, "--merge-wait", min=1.0, help="With --shared: seconds to wait for the other nodes' captures."
+    ),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run (or attach to) a job and diagnose its hang the moment no rank moves."""
-    settings = WatchSettings(after=after, every=every, folder=out, on_hang=on_hang, native=native)
+    settings = WatchSettings(
+        after=after,
+        every=every,
+        folder=out,
+        on_hang=on_hang,
+        native=native,
+        shared=shared,
+        merge_wait=merge_wait,
+    )
     if pid and script:
         raise UsageError("give a script to start, or --pid of a running job, not both")
     if not pid and not script:

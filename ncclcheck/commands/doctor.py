@@ -26,13 +26,13 @@ from ncclcheck.evidence.classes import merge_stacks, unplaced_classes, user_fram
 from ncclcheck.evidence.gpus import GpuReading
 from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
-from ncclcheck.evidence.processes import RankProcess, discover, not_distributed, spawned_ranks
+from ncclcheck.evidence.processes import RankProcess, discover, not_distributed, on_other_hosts, spawned_ranks
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import explain_leftovers
 from ncclcheck.explain.rules.corroborate import explain_live_job, waiting_on_ranks_that_work
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
-from ncclcheck.wording import relative
+from ncclcheck.wording import relative, who
 
 
 def collect(
@@ -267,7 +267,14 @@ def diagnose_ranks(
         for state in report.ranks:
             state.state = RankStatus.RUNNING
         return report
-    context = Context(Evidence(world_size=world, stacks=stacks))
+    elsewhere = on_other_hosts(ranks)
+    context = Context(Evidence(world_size=world, stacks=stacks, on_other_hosts=elsewhere))
+    if elsewhere:
+        report.summary["not_on_this_host"] = (
+            f"{who(elsewhere)} {'runs' if len(elsewhere) == 1 else 'run'} on other hosts: run doctor "
+            "there too (`ncclcheck doctor --pid PID --dump-to DIR` on each host, then `--from DIR`), or "
+            "`ncclcheck watch --shared DIR` on every node"
+        )
     in_progress = waiting_on_ranks_that_work(context, classes, moved)
     if in_progress is not None and moved is not None:
         report.verdict = Verdict.PROGRESSING

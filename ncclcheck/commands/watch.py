@@ -10,14 +10,25 @@ collective: watch then captures every rank's stacks (paused, with locals) into a
 folder of its own, runs doctor on the ranks as they are (two looks, its rules), and
 writes the report beside the dumps, with the tail of the job's output when watch
 started it. Where doctor finds the job progressing after all, watch goes on.
+
+Several nodes: one watch per node, each with ``shared`` (a folder on the cluster's
+file system). The first to see a hang opens a request there (one file, created
+exclusively: one opener); every node's watch, at its next look, writes its ranks'
+stacks and how long ago it last saw them move into the request's folder. The opener
+waits until the captures cover every rank or ``merge_wait`` has passed, and
+diagnoses them as one job, the nodes that did not answer named. A rank whose node
+saw it move within ``after`` seconds counts as working: ranks waiting on it wait on
+a straggler, not a hang.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -27,13 +38,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ncclcheck.commands.doctor import collect, dump_to, run_doctor
+from ncclcheck.commands.doctor import collect, diagnose_ranks, dump_to, run_doctor
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import gpus, movement
+from ncclcheck.evidence.logs import read_leftovers
+from ncclcheck.evidence.movement import Movement
+from ncclcheck.evidence.processes import RankProcess
 from ncclcheck.evidence.stacks import ProcessStack, blocking
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.torchrun import TorchrunOptions
-from ncclcheck.model import Report, Verdict
+from ncclcheck.model import Report, Verdict, format_ranks
 
 # The job ended with an error and no hang was seen (docs/contract.md).
 JOB_FAILED_EXIT = 6
@@ -50,6 +64,8 @@ class WatchSettings:
     on_hang: str = "report"
     native: bool = False  # native frames in the capture (py-spy --native)
     look_timeout: float = 10.0  # one py-spy dump's bound
+    shared: Path | None = None  # every node's watch reads and writes here (module docstring)
+    merge_wait: float = 60.0  # how long the node that saw the hang waits for the others' captures
 
 
 @dataclass
@@ -119,6 +135,7 @@ def watch(
     outcome = WatchOutcome()
     previous: tuple[dict[int, ProcessStack], dict[int, movement.Usage], float] | None = None
     last_moved = time.monotonic()
+    asked_until = 0.0  # with --shared: another node is capturing a hang until then
     cwd = os.getcwd()
     while True:
         if job is not None and job.poll() is not None:
@@ -139,6 +156,16 @@ def watch(
         pid_of = {r.rank: r.pid for r in ranks}
         used = movement.usage(pid_of)
         outcome.looks += 1
+        if settings.shared is not None:
+            answered = _answer_requests(settings.shared, pids, ranks, now - last_moved, settings)
+            if answered is not None:
+                # the node that opened it merges and reports: this one asks again only if the
+                # job is still stuck once that node had its time
+                asked_until = now + settings.merge_wait + settings.after
+                say(
+                    f"ncclcheck watch: this node's ranks captured into {answered}, "
+                    "for the node that saw a hang"
+                )
         if previous is not None and set(previous[0]) == set(stacks):
             without_gpu = frozenset(rank for rank, pid in pid_of.items() if not gpus.maps_cuda(pid))
             moved = movement.compare(
@@ -149,9 +176,22 @@ def watch(
         else:
             last_moved = now  # other ranks than at the last look: a (re)start
         waiting = any(blocking(stack).waits_for_peers for stack in stacks.values())
-        if waiting and now - last_moved >= settings.after:
+        if waiting and now - last_moved >= settings.after and now >= asked_until:
             say(f"ncclcheck watch: no rank moved for {now - last_moved:.0f} s: capturing every rank")
-            report, capture = _capture(pids, settings, output)
+            if settings.shared is not None:
+                merged = _capture_every_node(settings.shared, pids, ranks, now - last_moved, settings, output)
+                if merged is None:  # another node opened the request: it merges
+                    asked_until = time.monotonic() + settings.merge_wait + settings.after
+                    say(
+                        "ncclcheck watch: another node saw the hang first; "
+                        "this node's capture is in its folder"
+                    )
+                    previous = (stacks, used, now)
+                    _pause(job, settings.every)
+                    continue
+                report, capture = merged
+            else:
+                report, capture = _capture(pids, settings, output)
             if report.verdict != Verdict.PROGRESSING:
                 outcome.report, outcome.capture = report, capture
                 captured(report, capture)
@@ -175,6 +215,131 @@ def _capture(pids: list[int], settings: WatchSettings, output: JobOutput | None)
     if output is not None:
         (folder / "job-output.log").write_text("".join(output.tail), encoding="utf-8")
     return report, folder
+
+
+# -- several nodes: one capture folder under the shared one, merged by the node that opened it --
+
+_OPEN_REQUEST = ".open-request"  # names the folder of the hang being captured, while it is
+
+
+def _node(ranks: list[RankProcess]) -> str:
+    return f"{socket.gethostname()}-node{min(r.group_rank for r in ranks)}"
+
+
+def _write_node(
+    folder: Path, pids: list[int], ranks: list[RankProcess], still_s: float, settings: WatchSettings
+) -> None:
+    """This node's ranks' stacks (doctor's dump) and, beside them, how long its ranks had
+    not moved: hidden, so that doctor --from on the folder reads the dumps alone."""
+    dump_to(folder, pids, native=settings.native, timeout=settings.look_timeout)
+    status = {
+        "node": _node(ranks),
+        "ranks": sorted(r.rank for r in ranks),
+        "world_size": max(r.world_size for r in ranks),
+        "still_s": round(still_s, 1),
+    }
+    (folder / f".watch-{_node(ranks)}.json").write_text(json.dumps(status), encoding="utf-8")
+
+
+def _answer_requests(
+    shared: Path, pids: list[int], ranks: list[RankProcess], still_s: float, settings: WatchSettings
+) -> Path | None:
+    """A hang another node opened and this one has not answered: capture into it."""
+    try:
+        folder = shared / (shared / _OPEN_REQUEST).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    if not folder.is_dir() or (folder / f".watch-{_node(ranks)}.json").exists():
+        return None
+    try:
+        _write_node(folder, pids, ranks, still_s, settings)
+    except InputError:
+        return None  # the ranks ended meanwhile: nothing to capture
+    return folder
+
+
+def _capture_every_node(
+    shared: Path,
+    pids: list[int],
+    ranks: list[RankProcess],
+    still_s: float,
+    settings: WatchSettings,
+    output: JobOutput | None,
+) -> tuple[Report, Path] | None:
+    """Open a request (or, where another node opened one, answer it and return None), wait
+    for the other nodes' captures, and diagnose them as one job."""
+    shared.mkdir(parents=True, exist_ok=True)
+    name = time.strftime("hang-%Y%m%d-%H%M%S-") + _node(ranks)
+    request = shared / _OPEN_REQUEST
+    with contextlib.suppress(OSError):
+        if time.time() - request.stat().st_mtime > settings.merge_wait + 60:
+            request.unlink()  # left by a watch that died while merging: no one merges it
+    try:
+        fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        _answer_requests(shared, pids, ranks, still_s, settings)
+        return None
+    folder = shared / name
+    folder.mkdir(mode=0o700)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(name)
+    try:
+        _write_node(folder, pids, ranks, still_s, settings)
+        world = max(r.world_size for r in ranks)
+        deadline = time.monotonic() + settings.merge_wait
+        while _ranks_captured(folder) < set(range(world)) and time.monotonic() < deadline:
+            time.sleep(min(1.0, settings.every))
+        report = merged_report(folder, settings.after)
+    finally:
+        with contextlib.suppress(OSError):
+            (shared / _OPEN_REQUEST).unlink()
+    (folder / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
+    if output is not None:
+        (folder / "job-output.log").write_text("".join(output.tail), encoding="utf-8")
+    return report, folder
+
+
+def _statuses(folder: Path) -> list[dict]:  # type: ignore[type-arg]
+    found = []
+    for path in sorted(folder.glob(".watch-*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            found.append(json.loads(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _ranks_captured(folder: Path) -> set[int]:
+    return {rank for status in _statuses(folder) for rank in status.get("ranks", [])}
+
+
+def merged_report(folder: Path, after: float) -> Report:
+    """The nodes' captures in ``folder`` diagnosed as one job: each rank moved if its
+    node's watch saw it move within ``after`` seconds (a straggler's node works while
+    the others wait); the ranks no node captured are named."""
+    job = read_leftovers([folder])
+    ranks = [RankProcess(**entry) for _, entry in sorted(job.doctor_ranks.items())]
+    stacks = {r: rec.stack for r, rec in job.ranks.items() if rec.stack is not None}
+    statuses = _statuses(folder)
+    moved = Movement(after)
+    for status in statuses:
+        for rank in status["ranks"]:
+            if rank not in stacks:
+                continue
+            if status["still_s"] < after:
+                moved.moved[rank] = (
+                    f"its node's watch ({status['node']}) saw it move "
+                    f"{status['still_s']:.0f} s before the capture"
+                )
+            else:
+                moved.still.append(rank)
+    moved.still.sort()
+    report = diagnose_ranks(ranks, stacks, moved)
+    world = max((status["world_size"] for status in statuses), default=0)
+    missing = sorted(set(range(world)) - set(stacks))
+    report.summary["nodes"] = [
+        f"{status['node']}: ranks {format_ranks(status['ranks'])}, still for {status['still_s']:.0f} s"
+        for status in statuses
+    ] + ([f"ranks {format_ranks(missing)}: no node's capture arrived in time"] if missing else [])
+    return report
 
 
 def _pause(job: subprocess.Popen[str] | None, seconds: float) -> None:

@@ -25,6 +25,9 @@ class RankProcess:
     world_size: int
     local_rank: int = 0
     group_rank: int = 0
+    # the ranks its node runs (torchrun's LOCAL_WORLD_SIZE, srun's tasks on the node); 0:
+    # not said, so which missing ranks belonged on this host is unknown
+    local_world_size: int = 0
     run_id: str = ""
     host: str = field(default_factory=socket.gethostname)
     status: str = ""
@@ -92,6 +95,7 @@ def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
                 world_size=int(env[world_var]),
                 local_rank=int(env.get(local_var, "0")),
                 group_rank=int(env.get(node_var, "0")),
+                local_world_size=_local_world_size(env),
                 run_id=env.get("TORCHELASTIC_RUN_ID", env.get("SLURM_JOB_ID", "")),
                 status=_status(proc),
             )
@@ -106,6 +110,40 @@ def discover(pids: list[int]) -> tuple[list[RankProcess], list[psutil.Process]]:
 # (rank, world size, local rank, node) as each launcher names them
 _TORCHRUN_IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")
 _SLURM_IDENTITY = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NODEID")
+
+
+def _local_world_size(env: dict[str, str]) -> int:
+    """How many ranks the launcher runs on this node: torchrun's LOCAL_WORLD_SIZE, else
+    srun's tasks on this node (SLURM_TASKS_PER_NODE, "2(x3),1": 2 on each of the first
+    three nodes, 1 on the fourth, read at SLURM_NODEID); 0 when unsaid."""
+    said = env.get("LOCAL_WORLD_SIZE", "")
+    if said.isdigit():
+        return int(said)
+    per_node: list[int] = []
+    for part in env.get("SLURM_TASKS_PER_NODE", "").split(","):
+        count, _, times = part.partition("(x")
+        if not count.isdigit() or not (times.rstrip(")").isdigit() or not times):
+            return 0
+        per_node += [int(count)] * (int(times.rstrip(")")) if times else 1)
+    node = env.get("SLURM_NODEID", "0")
+    return per_node[int(node)] if node.isdigit() and int(node) < len(per_node) else 0
+
+
+def on_other_hosts(ranks: list[RankProcess]) -> list[int]:
+    """The ranks of the job that are not ``ranks`` and that this host was not to run: with
+    every rank's node size known, those beyond the nodes seen (a rank of a seen node that
+    is absent died here); with it unknown, every absent rank, as nothing says where it ran."""
+    if not ranks:
+        return []
+    world = max(r.world_size for r in ranks)
+    seen = {r.rank for r in ranks}
+    if any(r.local_world_size <= 0 for r in ranks):
+        return sorted(set(range(world)) - seen)
+    here: set[int] = set()
+    for r in ranks:
+        base = r.rank - r.local_rank  # torchrun numbers a node's ranks from its first one
+        here.update(range(base, base + r.local_world_size))
+    return sorted(set(range(world)) - seen - here)
 
 
 def _is_python(proc: psutil.Process) -> bool:

@@ -32,6 +32,9 @@ class Evidence:
     stalled: bool = False
     stall_seconds: float = 0.0
     stacks: dict[int, ProcessStack] = field(default_factory=dict)
+    # ranks of the job that run on other hosts than the stacks' (doctor --pid on one node of
+    # several): nothing here says where they are, so no rule sets them apart
+    on_other_hosts: list[int] = field(default_factory=list)
     rank_exits: dict[int, int] = field(default_factory=dict)  # from the launcher, by rank
     first_failure: int | None = None
     stopped: str | None = None  # why the run ended, in words

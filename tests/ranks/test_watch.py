@@ -100,3 +100,123 @@ def test_a_running_job_is_watched_by_pid_and_left_running(tmp_path: Path) -> Non
     finally:
         kill_tree(job.pid)
         job.wait(timeout=30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _two_node_job(port: int) -> list[subprocess.Popen[bytes]]:
+    """One 4-rank job as two torchrun "nodes" of 2 ranks on this machine (the c10d
+    rendezvous of a real multi-node launch): rank 0 all-reduces alone, ranks 1-3 wait in
+    the barrier after it."""
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                f"--node-rank={node}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint=127.0.0.1:{port}",
+                "--rdzv-id=two-nodes",
+                str(REPRO),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "REPRO_TIMEOUT_S": "150", "OMP_NUM_THREADS": "1"},
+            cwd=REPO,
+            start_new_session=True,
+        )
+        for node in (0, 1)
+    ]
+
+
+def _wait_for_ranks(agents: list[subprocess.Popen[bytes]], bound_s: float = 90) -> None:
+    """Until every node's two ranks wait in the repro's calls (one look of doctor on each)."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        looks = [ncclcheck("doctor", "--json", "--interval", "0", "--pid", str(a.pid))[1] for a in agents]
+        states = [rank.get("state") for look in looks for rank in (look or {}).get("ranks", [])]
+        if len(states) == 4 and all(state == "in-collective" for state in states):
+            return
+    raise AssertionError("the two nodes' ranks did not reach the repro's calls")
+
+
+def test_doctor_on_one_node_of_two_sets_apart_no_rank_of_the_other(tmp_path: Path) -> None:
+    agents = _two_node_job(_free_port())
+    try:
+        _wait_for_ranks(agents)
+        # node 0 holds rank 0 (in the all_reduce) and rank 1 (in the barrier): the rank test
+        # is found there; ranks 2-3 run on the other node, never called crashed
+        done, first = ncclcheck("doctor", "--json", "--pid", str(agents[0].pid))
+        (finding,) = first["findings"]
+        assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
+            "rank-conditional-collective",
+            [0],
+            [1],
+        ), done.output[-2000:]
+        assert first["summary"]["not_on_this_host"].startswith("ranks 2-3 run on other hosts")
+        # node 1's ranks all wait in the barrier: nothing there sets a rank apart
+        done, second = ncclcheck("doctor", "--json", "--pid", str(agents[1].pid))
+        (finding,) = second["findings"]
+        assert (finding["severity"], finding["absent_ranks"]) == ("warning", []), done.output[-2000:]
+        assert "ranks 0-1 run on other hosts" in finding["message"]
+        assert finding["fix"].startswith("What decides: the stacks of ranks 0-1")
+    finally:
+        for agent in agents:
+            kill_tree(agent.pid)
+            agent.wait(timeout=30)
+
+
+def test_two_nodes_watches_merge_one_report_through_a_shared_folder(tmp_path: Path) -> None:
+    agents = _two_node_job(_free_port())
+    shared = tmp_path / "shared"
+    args = [*QUICK, "--shared", str(shared), "--merge-wait", "30", "--out", str(tmp_path / "out")]
+    watches: list[subprocess.Popen[str]] = []
+    try:
+        _wait_for_ranks(agents)  # each node's watch finds the ranks its agent started
+        watches = [
+            subprocess.Popen(
+                [sys.executable, "-m", "ncclcheck", "watch", "--json", *args, "--pid", str(agent.pid)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=REPO,
+            )
+            for agent in agents
+        ]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and all(w.poll() is None for w in watches):
+            time.sleep(0.5)
+        reporter = next(w for w in watches if w.poll() is not None)
+        out, err = reporter.communicate(timeout=30)
+        assert reporter.returncode == 1, err[-3000:]
+        report = json.loads(out)
+        (finding,) = report["findings"]
+        # one diagnosis of the whole job, from both nodes' stacks
+        assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
+            "rank-conditional-collective",
+            [0],
+            [1, 2, 3],
+        ), report
+        assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3]
+        nodes = report["summary"]["nodes"]
+        assert len(nodes) == 2 and not any("no node's capture" in line for line in nodes), nodes
+        (capture,) = [p for p in shared.iterdir() if p.is_dir()]
+        assert len(list(capture.glob("[!.]*-node[01].json"))) == 2
+        assert not (shared / ".open-request").exists()
+    finally:
+        for agent in agents:
+            kill_tree(agent.pid)
+            agent.wait(timeout=30)
+        for w in watches:
+            kill_tree(w.pid)
+            w.wait(timeout=30)

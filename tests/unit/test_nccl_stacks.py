@@ -513,3 +513,22 @@ def test_in_backward_the_engine_threads_hook_says_what_the_rank_does() -> None:
     assert blocking(ProcessStack(1, [main, monitor, busy_logger])).what == (
         "all_reduce (DDP gradient buckets, in backward)"
     )
+
+
+def test_ranks_absent_from_this_host_are_crashed_only_where_this_host_was_to_run_them() -> None:
+    from ncclcheck.evidence.processes import _local_world_size, on_other_hosts
+
+    def rank(r: int, local: int, node: int, local_world: int) -> RankProcess:
+        return RankProcess(
+            pid=100 + r, rank=r, world_size=8, local_rank=local, group_rank=node, local_world_size=local_world
+        )
+
+    # node 1 of two runs ranks 4-7; rank 6 is gone: it died here; ranks 0-3 run elsewhere
+    seen = [rank(4, 0, 1, 4), rank(5, 1, 1, 4), rank(7, 3, 1, 4)]
+    assert on_other_hosts(seen) == [0, 1, 2, 3]
+    # the node's size unsaid: no absent rank can be placed, none is on this host for sure
+    assert on_other_hosts([rank(4, 0, 1, 0), rank(5, 1, 1, 0)]) == [0, 1, 2, 3, 6, 7]
+    assert _local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert _local_world_size({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}) == 1
+    assert _local_world_size({"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "1"}) == 2
+    assert _local_world_size({}) == 0

@@ -39,7 +39,13 @@ class Standoff:
 
     @property
     def missing(self) -> list[int]:
-        return sorted(set(range(self.world)) - set(self.found))
+        """Ranks that should run on the hosts seen and do not: ended, or crashed."""
+        return sorted(set(range(self.world)) - set(self.found) - set(self.d.ev.on_other_hosts))
+
+    @property
+    def unseen(self) -> list[int]:
+        """Ranks on other hosts: nothing here says where they are."""
+        return sorted(set(self.d.ev.on_other_hosts) - set(self.found))
 
     @property
     def waiting(self) -> list[StackClass]:
@@ -249,6 +255,27 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
     evidence = list(s.evidence)
     if frozen:
         evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
+    if s.unseen:
+        # every rank here agrees; the ranks on other hosts may not have reached this call
+        undecided = s.d.explanation(
+            Cause.STRAGGLER,
+            f"{who(sorted(only.ranks))}, every rank on this host, {_verb(only.ranks)} in {only.blocking} "
+            f"at {_site(only)}; {who(s.unseen)} {'runs' if len(s.unseen) == 1 else 'run'} on other hosts and "
+            "nothing here says where. No rank "
+            f"is set apart by these stacks: either {who(s.unseen)} never reached this call (busy "
+            "elsewhere, or a call skipped there) or every rank waits in it (the transport)",
+            ranks=sorted(only.ranks + frozen),
+            absent_ranks=[],
+            op=only.blocking,
+            site=_site(only),
+            evidence=evidence,
+        )
+        undecided.severity = Severity.WARNING
+        undecided.fix = (
+            f"What decides: the stacks of {who(s.unseen)} at the same moment (`ncclcheck doctor --pid "
+            "PID --dump-to DIR` on every host, then `ncclcheck doctor --from DIR`)"
+        )
+        return undecided
     return s.d.explanation(
         Cause.TRANSPORT_HANG,
         f"every rank is in {only.blocking} at {_site(only)}"
