@@ -255,39 +255,39 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
     evidence = list(s.evidence)
     if frozen:
         evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
-    if s.unseen:
+    unseen = s.unseen
+    if unseen:
         # every rank here agrees; the ranks on other hosts may not have reached this call
-        undecided = s.d.explanation(
-            Cause.STRAGGLER,
+        message = (
             f"{who(sorted(only.ranks))}, every rank on this host, {_verb(only.ranks)} in {only.blocking} "
-            f"at {_site(only)}; {who(s.unseen)} {'runs' if len(s.unseen) == 1 else 'run'} on other hosts and "
-            "nothing here says where. No rank "
-            f"is set apart by these stacks: either {who(s.unseen)} never reached this call (busy "
-            "elsewhere, or a call skipped there) or every rank waits in it (the transport)",
-            ranks=sorted(only.ranks + frozen),
-            absent_ranks=[],
-            op=only.blocking,
-            site=_site(only),
-            evidence=evidence,
+            f"at {_site(only)}; {who(unseen)} {'runs' if len(unseen) == 1 else 'run'} on other hosts "
+            f"and nothing here says where. No rank is set apart by these stacks: either {who(unseen)} "
+            "never reached this call (busy elsewhere, or a call skipped there) or every rank waits in "
+            "it (the transport)"
         )
-        undecided.severity = Severity.WARNING
-        undecided.fix = (
-            f"What decides: the stacks of {who(s.unseen)} at the same moment (`ncclcheck doctor --pid "
-            "PID --dump-to DIR` on every host, then `ncclcheck doctor --from DIR`)"
+    else:
+        message = (
+            f"every rank is in {only.blocking} at {_site(only)}"
+            + (f" or frozen ({who(frozen)})" if frozen else "")
+            + ": the stacks are aligned, so the transport is the suspect; run `ncclcheck probe` "
+            "with the same launcher options"
         )
-        return undecided
-    return s.d.explanation(
-        Cause.TRANSPORT_HANG,
-        f"every rank is in {only.blocking} at {_site(only)}"
-        + (f" or frozen ({who(frozen)})" if frozen else "")
-        + ": the stacks are aligned, so the transport is the suspect; run `ncclcheck probe` "
-        "with the same launcher options",
+    found = s.d.explanation(
+        Cause.STRAGGLER if unseen else Cause.TRANSPORT_HANG,
+        message,
         ranks=sorted(only.ranks + frozen),
         absent_ranks=[],
         op=only.blocking,
         site=_site(only),
         evidence=evidence,
     )
+    if unseen:
+        found.severity = Severity.WARNING  # two readings fit: neither is said as found
+        found.fix = (
+            f"What decides: the stacks of {who(unseen)} at the same moment (`ncclcheck doctor --pid "
+            "PID --dump-to DIR` on every host, then `ncclcheck doctor --from DIR`)"
+        )
+    return found
 
 
 def some_ranks_outside_any_collective(s: Standoff) -> Explanation | None:
