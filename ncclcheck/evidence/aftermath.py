@@ -62,19 +62,24 @@ class Progress:
     source: Source
 
 
-@dataclass(frozen=True)
-class Launch:
-    """One operation a rank's NCCL launched on a communicator (NCCL_DEBUG_SUBSYS=COLL's
-    trace, evidence/nccl_coll.py)."""
+# the sequences a rank's issued collectives are numbered in, as the files print them
+NCCL_COLL = "NCCL's COLL trace"  # NCCL_DEBUG_SUBSYS=COLL: opCount per communicator (evidence/nccl_coll.py)
+DETAIL_RUNNING = "DETAIL's fingerprints"  # TORCH_DISTRIBUTED_DEBUG=DETAIL's "Running collective" lines
+NCCL_RAS = "NCCL's RAS report"  # ncclras: launch counts per communicator (evidence/ncclras.py)
 
-    op_count: int
-    op: str  # NCCL's name: AllReduce, Broadcast, AllGather, ReduceScatter, Send, Recv, ...
-    numel: int
-    dtype: int
+
+@dataclass(frozen=True)
+class Issued:
+    """One collective a rank issued, at its position in a numbering the ranks share
+    (NCCL's opCount on the communicator of every rank; DETAIL's sequence number)."""
+
+    position: int
+    op: str  # as the sequence names it: AllReduce (NCCL), ALLREDUCE (torch)
+    shape: str  # "4096 elements", "[77, 1] Float"
     source: Source
 
     def describe(self) -> str:
-        return f"op #{self.op_count} {self.op} of {self.numel} elements"
+        return f"#{self.position} {self.op}" + (f" of {self.shape}" if self.shape else "")
 
 
 @dataclass(frozen=True)
@@ -125,8 +130,8 @@ class RankAftermath:
     # "watchdog got stuck"): a NCCL or CUDA call blocked it, so it could not time out a
     # collective of its own; 0 where the line gives no duration
     watchdog_stuck: tuple[int, Source] | None = None
-    # NCCL's COLL trace: the last operations it launched on the communicator of every rank
-    launched: list[Launch] = field(default_factory=list)
+    # the last collectives it issued, by sequence (NCCL_COLL, DETAIL_RUNNING)
+    issued: dict[str, list[Issued]] = field(default_factory=dict)
     flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
     host: str | None = None
     pid: int | None = None
@@ -282,7 +287,7 @@ class Aftermath:
             or r.stack
             or r.flight_recorder
             or r.watchdog_stuck
-            or r.launched
+            or r.issued
             for r in self.ranks.values()
         )
 
@@ -296,7 +301,7 @@ class FactKind(Enum):
     STACK = "stack"  # where its dumped stack waits
     CALL = "call"  # where it called the collective it timed out in (the watchdog's stack trace)
     WATCHDOG_STUCK = "watchdog-stuck"  # the heartbeat monitor found its watchdog thread stuck
-    LAUNCHED = "launched"  # NCCL's COLL trace: the last operation it launched
+    ISSUED = "issued"  # the last collective a numbered sequence shows it issued
     ENDING = "ending"  # how it ended: code, signal, error
     HEARD = "heard"  # its output is in the files, with no watchdog line of its own
 
@@ -348,10 +353,11 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
                     str(called.source),
                 )
             )
-    if record.launched:
-        launch = record.launched[-1]
+    for sequence, issued in sorted(record.issued.items()):
         facts.append(
-            Fact(FactKind.LAUNCHED, f"NCCL's trace: it last launched {launch.describe()}", str(launch.source))
+            Fact(
+                FactKind.ISSUED, f"{sequence}: it last issued {issued[-1].describe()}", str(issued[-1].source)
+            )
         )
     recorded = record.flight_recorder
     for call in recorded.get("last", {}).values():

@@ -20,12 +20,16 @@ from typing import Any
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
+    DETAIL_RUNNING,
+    NCCL_COLL,
+    NCCL_RAS,
     Aftermath,
     CollectiveCall,
     DesyncVerdict,
     Ending,
     Fingerprint,
     FingerprintMismatch,
+    Issued,
     Progress,
     RankAftermath,
     Source,
@@ -42,6 +46,7 @@ from ncclcheck.evidence.dumps import (
 )
 from ncclcheck.evidence.fr_trace import looks_like_fr_trace, read_fr_trace
 from ncclcheck.evidence.nccl_coll import CollTrace
+from ncclcheck.evidence.ncclras import RasReport
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
 from ncclcheck.model import Frame
 
@@ -157,6 +162,26 @@ def _fingerprint(rank: str, body: str) -> Fingerprint:
     )
 
 
+_RUNNING_ONE = re.compile(r"\[Rank (\d+)\] Running collective: CollectiveFingerPrint\((.*)")
+_KEPT_FINGERPRINTS = 16  # per rank: the last ones are what matter
+
+
+def _running_collective(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    """DETAIL's INFO line before each collective (TORCH_CPP_LOG_LEVEL=INFO): "[Rank 2]
+    Running collective: CollectiveFingerPrint(SequenceNumber=38, OpType=ALLREDUCE, ...)"."""
+    running = _RUNNING_ONE.search(line)
+    if running is None:
+        return
+    said = _fingerprint(running.group(1), running.group(2))
+    if said.seq is None:
+        return
+    shape = " ".join(x for x in (said.shape, said.dtype) if x) or "unknown tensors"
+    kept = text.found.rank(said.rank if rank is None else rank).issued.setdefault(DETAIL_RUNNING, [])
+    kept.append(Issued(said.seq, said.op, shape, Source(str(text.path), number)))
+    del kept[:-_KEPT_FINGERPRINTS]
+    text.kinds.add("DETAIL's fingerprints of each collective")
+
+
 def _fingerprint_mismatch(text: _TextFile, line: str, number: int) -> None:
     starts = list(_RUNNING.finditer(line))
     # each rank's fingerprint: from its "CollectiveFingerPrint(" to the next rank's
@@ -187,6 +212,7 @@ def _may_matter(line: str) -> bool:
         or "monitoredBarrier" in line
         or "collective #" in line
         or "Detected mismatch between collectives" in line
+        or "Running collective: CollectiveFingerPrint(" in line
         or "] started " in line
         or "] finished " in line
         or "run_id" in line
@@ -431,6 +457,7 @@ class _TextFile:
     pending_stacks: list[tuple[int | None, int | None, StackReader, int]] = field(default_factory=list)
     kinds: set[str] = field(default_factory=set)
     coll: CollTrace = field(default_factory=CollTrace)  # NCCL_DEBUG_SUBSYS=COLL's lines
+    ras: RasReport = field(default_factory=RasReport)  # ncclras's launch counts
     prefixed_processes: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
     unowned: list[tuple[str, Any, int]] = field(default_factory=list)  # evidence of no known rank yet
 
@@ -469,6 +496,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if rank is None:
         rank = text.header_rank
+    if RasReport.may_be(line) and text.ras.read(line, Source(str(text.path), number)):
+        return
     stream = text.streams.get(rank)
     if stream is not None and stream.call is not None:
         if called := _CALL_FRAME.match(line):
@@ -504,6 +533,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if "Detected mismatch between collectives" in line:
         _fingerprint_mismatch(text, line, number)  # and on: it may end a rank's traceback
+    elif "Running collective: CollectiveFingerPrint(" in line:
+        _running_collective(text, rank, line, number)
+        return
     if "collective #" in line and (desync := _NOT_JOINED.search(line) or _NOT_FINISHED.search(line)):
         ranks = tuple(int(r) for r in re.findall(r"\d+", desync.group(1)))
         joined = desync.re is _NOT_FINISHED
@@ -753,7 +785,7 @@ def _launches(text: _TextFile) -> None:
     """Each rank's last launches on the communicator of every rank, from NCCL's COLL trace."""
     by_rank = text.coll.by_rank(text.prefixed_processes)
     for rank, launches in by_rank.items():
-        text.found.rank(rank).launched = list(launches)
+        text.found.rank(rank).issued[NCCL_COLL] = list(launches)
     if by_rank:
         text.kinds.add("NCCL's COLL trace")
         text.found.world_said = max(text.found.world_said, text.coll.world)
@@ -764,8 +796,25 @@ def _launches(text: _TextFile) -> None:
         )
 
 
+def _ras_counts(text: _TextFile) -> None:
+    """Each rank's launch count where NCCL's RAS report places it."""
+    placed, size = text.ras.by_rank()
+    for rank, issued in placed.items():
+        text.found.rank(rank).issued[NCCL_RAS] = [issued]
+    if size and not placed:
+        text.found.skipped.append(
+            f"{text.path}: NCCL's RAS report counts launches that differ on a communicator of {size} "
+            "ranks, but the ranks it lists are not one count's group: no rank is placed"
+        )
+    elif size:
+        text.kinds.add("NCCL's RAS report")
+        text.found.world_said = max(text.found.world_said, size)
+        text.found.world_size = max(text.found.world_size, size)
+
+
 def _finish(text: _TextFile) -> None:
     _launches(text)
+    _ras_counts(text)
     for rank, stream in list(text.streams.items()):
         _close_stack(text, rank)
         if stream.call is not None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ncclcheck.evidence.aftermath import Launch, Source
+from ncclcheck.evidence.aftermath import Issued, Source
 
 _WHO = r"(?P<host>[\w.\-]+):(?P<pid>\d+):\d+ \[\d+\](?: \d+)? NCCL INFO "
 _LAUNCH = re.compile(
@@ -42,7 +42,7 @@ class CollTrace:
     """What one file's COLL lines say: launches by (host, pid, communicator), and the
     rank and size of each communicator by its init line."""
 
-    launches: dict[tuple[str, int, str], list[Launch]] = field(default_factory=dict)
+    launches: dict[tuple[str, int, str], list[Issued]] = field(default_factory=dict)
     sizes: dict[tuple[str, int, str], int] = field(default_factory=dict)
     ranks: dict[tuple[str, int, str], int] = field(default_factory=dict)
 
@@ -54,11 +54,8 @@ class CollTrace:
             key = (launch["host"], int(launch["pid"]), launch["comm"])
             self.sizes[key] = int(launch["nranks"])
             kept = self.launches.setdefault(key, [])
-            kept.append(
-                Launch(
-                    int(launch["count"], 16), launch["op"], int(launch["numel"]), int(launch["dtype"]), source
-                )
-            )
+            shape = f"{launch['numel']} elements of NCCL type {launch['dtype']}"
+            kept.append(Issued(int(launch["count"], 16), launch["op"], shape, source))
             del kept[:-KEEP]
             return True
         if " rank " in line and (init := _INIT.search(line)):
@@ -68,7 +65,7 @@ class CollTrace:
             return True
         return False
 
-    def by_rank(self, prefixed: dict[tuple[str, int], int]) -> dict[int, list[Launch]]:
+    def by_rank(self, prefixed: dict[tuple[str, int], int]) -> dict[int, list[Issued]]:
         """rank -> its launches on the communicator of every rank (the largest seen), for the
         processes whose rank an init line or a torchrun prefix (``prefixed``) gives."""
         if not self.launches:
@@ -78,7 +75,7 @@ class CollTrace:
         per_process: dict[tuple[str, int], list[tuple[str, int, str]]] = {}
         for key in every_rank:
             per_process.setdefault(key[:2], []).append(key)
-        found: dict[int, list[Launch]] = {}
+        found: dict[int, list[Issued]] = {}
         for keys in per_process.values():
             if len(keys) > 1:
                 continue  # two communicators of every rank in one process: which pairs with which is unknown

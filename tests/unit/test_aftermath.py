@@ -832,7 +832,7 @@ def test_nccls_coll_trace_sets_apart_the_rank_that_launched_less(tmp_path: Path)
         )
     )
     job = read_leftovers([log])
-    assert {r: rec.launched[-1].op_count for r, rec in job.ranks.items()} == {
+    assert {r: rec.issued["NCCL's COLL trace"][-1].position for r, rec in job.ranks.items()} == {
         0: 0x30,
         1: 0x30,
         2: 0x2F,
@@ -845,8 +845,10 @@ def test_nccls_coll_trace_sets_apart_the_rank_that_launched_less(tmp_path: Path)
         [0, 1, 3],
         [2],
     )
-    assert "launched NCCL's op #48 AllReduce of 4096 elements" in finding.message, finding.message
-    assert "as far as its trace goes" in finding.message
+    assert "issued #48 AllReduce of 4096 elements of NCCL type 7 (NCCL's COLL trace)" in finding.message, (
+        finding.message
+    )
+    assert "as far as its lines go" in finding.message
 
 
 def test_nccls_coll_trace_at_one_count_with_other_ops_is_an_order_mismatch(tmp_path: Path) -> None:
@@ -868,7 +870,9 @@ def test_nccls_coll_trace_at_one_count_with_other_ops_is_an_order_mismatch(tmp_p
         [0],
         [1, 2, 3],
     )
-    assert "rank 0 Broadcast of 20 elements; ranks 1-3 AllReduce of 4096 elements" in finding.message
+    assert "rank 0 issued Broadcast of 20 elements of NCCL type 7; ranks 1-3 issued AllReduce of 4096" in (
+        finding.message
+    )
 
 
 def test_nccls_coll_trace_without_init_lines_is_of_no_known_rank_unless_torchrun_prefixed_it(
@@ -886,3 +890,80 @@ def test_nccls_coll_trace_without_init_lines_is_of_no_known_rank_unless_torchrun
     )
     (finding,) = run_doctor_from([prefixed]).findings
     assert (finding.ranks, finding.absent_ranks) == ([0], [1])
+
+
+def test_details_fingerprint_lines_set_apart_the_rank_with_other_tensors(tmp_path: Path) -> None:
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL with TORCH_CPP_LOG_LEVEL=INFO: every rank's fingerprint
+    # before each collective; at #38 rank 2 all-reduces [77, 1], the others [100, 1]
+    line = (
+        "[rank{r}]:[I1017 19:34:58.9 ProcessGroupWrapper.cpp:587] [Rank {r}] Running collective: "
+        "CollectiveFingerPrint(SequenceNumber={seq}, OpType=ALLREDUCE, TensorShape=[{rows}, 1], "
+        "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda))\n"
+    )
+    log = tmp_path / "detail.log"
+    log.write_text(
+        "".join(line.format(r=r, seq=37, rows=5) for r in range(4))
+        + "".join(line.format(r=r, seq=38, rows=77 if r == 2 else 100) for r in range(4))
+    )
+    job = read_leftovers([log])
+    assert [c.position for c in job.ranks[2].issued["DETAIL's fingerprints"]] == [37, 38]
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.COLLECTIVE_SHAPE_MISMATCH,
+        [2],
+        [0, 1, 3],
+    )
+    assert "rank 2 issued ALLREDUCE of [77, 1] Float; ranks 0-1,3 issued ALLREDUCE of [100, 1] Float" in (
+        finding.message
+    )
+
+
+def test_a_detail_mismatch_of_one_call_numbered_millions_apart_sets_no_rank_apart(tmp_path: Path) -> None:
+    fingerprint = (
+        "CollectiveFingerPrint(SequenceNumber={seq}, OpType=BROADCAST, TensorShape=[1], TensorDtypes=Long, "
+        "TensorDeviceTypes=TensorOptions(dtype=float (default), device=cpu))"
+    )
+    log = tmp_path / "error.log"
+    log.write_text(
+        "RuntimeError: Detected mismatch between collectives on ranks. Rank 16 is running collective: "
+        + fingerprint.format(seq=1977865401)
+        + ", but Rank 1 is running collective: "
+        + fingerprint.format(seq=54090078)
+        + "\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.severity.value, finding.absent_ranks) == ("warning", []), finding
+    assert "The numbering differs, not the calls" in finding.message
+    # a few calls apart is a drift the program made: a rank set apart
+    log.write_text(log.read_text().replace("1977865401", "54090079"))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.severity.value, finding.cause) == ("error", Cause.COLLECTIVE_ORDER_MISMATCH)
+
+
+def test_nccls_ras_report_places_the_listed_ranks_at_their_launch_count(tmp_path: Path) -> None:
+    report = tmp_path / "ncclras.txt"
+    report.write_text(
+        "Communicators... (0.00s)\n=============\n\n"
+        "#0-0 (fa93daea854b060b) MISMATCH\n"
+        "  Communicator ranks have different AllGather operation counts\n"
+        "  6 ranks have launched up to operation 640\n"
+        "  2 ranks have launched up to operation 641\n"
+        "  Rank 2 -- GPU 2 managed by process 3032 on node 10.0.0.4\n"
+        "  Rank 5 -- GPU 5 managed by process 3035 on node 10.0.0.4\n"
+    )
+    job = read_leftovers([report])
+    assert job.world_said == 8
+    assert {r: rec.issued["NCCL's RAS report"][0].position for r, rec in job.ranks.items()} == {
+        0: 640, 1: 640, 2: 641, 3: 640, 4: 640, 5: 641, 6: 640, 7: 640,
+    }  # fmt: skip
+    (finding,) = run_doctor_from([report]).findings
+    assert (finding.ranks, finding.absent_ranks) == ([2, 5], [0, 1, 3, 4, 6, 7])
+    assert "ranks 2,5 issued #641 AllGather (NCCL's RAS report); ranks 0-1,3-4,6-7 issued up to #640" in (
+        finding.message
+    )
+    # a list that is not one count's group places no rank
+    report.write_text(
+        report.read_text().replace("  Rank 5 -- GPU 5 managed by process 3035 on node 10.0.0.4\n", "")
+    )
+    with pytest.raises(InputError):
+        run_doctor_from([report])

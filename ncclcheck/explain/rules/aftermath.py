@@ -17,13 +17,17 @@ from ncclcheck.causes import Cause
 from ncclcheck.communicates import issued_at, starts_a_pass
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
+    DETAIL_RUNNING,
     MISSING,
+    NCCL_COLL,
+    NCCL_RAS,
     SIZES,
     Aftermath,
     CollectiveCall,
     DesyncVerdict,
     FactKind,
     Fingerprint,
+    Issued,
     RankAftermath,
     TimedOutWork,
     evidence_lines,
@@ -147,6 +151,12 @@ def _fingerprint_text(f: Fingerprint) -> str:
     return f"{f.op}{seq}" + (f" ({sizes})" if sizes else "")
 
 
+# Ranks meet at every collective, so their counts of collectives stay within what one
+# pass of the program issues: a thousand apart is already a long stretch of calls one side
+# made alone; millions is a numbering that differs (gloo's random start before torch 2.1).
+_DRIFT_BOUND = 1_000_000
+
+
 def the_debug_check_says(s: Leftovers) -> Explanation | None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL compares every rank's next collective (its number,
     op, shapes and dtypes) before running it, and raises on a rank that sees another rank
@@ -199,6 +209,33 @@ def the_debug_check_says(s: Leftovers) -> Explanation | None:
         + (f" #{seq}" if seq is not None else "")
         for (seq, op), ranks in sorted(by_call.items(), key=str)
     )
+    numbers = [f.seq for f in seen.values() if f.seq is not None]
+    alike = {(f.op, f.shape, f.dtype) for f in seen.values()}
+    if len(alike) == 1 and len(numbers) == len(seen) and max(numbers) - min(numbers) > _DRIFT_BOUND:
+        # One call, the same tensors everywhere, numbers millions apart: ranks that wait for
+        # each other at every collective cannot drift that far. The numbering differs, not
+        # the program (gloo's groups began theirs at random per rank before torch 2.1).
+        numbered = s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH,
+            f"TORCH_DISTRIBUTED_DEBUG=DETAIL's check reported a mismatch, but every rank it names "
+            f"runs the same call with the same tensors ({text}), its sequence numbers "
+            f"{max(numbers) - min(numbers):,} apart: more than ranks that meet at every "
+            "collective can drift. The numbering differs, not the calls; no rank is set apart",
+            ranks=sorted(seen),
+            absent_ranks=[],
+            op=next(iter(alike))[0],
+            site=None,
+            evidence=[*s.evidence, *said],
+        )
+        numbered.severity = Severity.WARNING
+        numbered.fix = (
+            "What decides: whether the ranks really part there. A gloo process group of torch "
+            "before 2.1 started its sequence numbers at random on each rank (a known false alarm "
+            "of DETAIL's check, fixed by starting them at 0): upgrade torch, or run without "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL and see whether the job hangs; if it does, dump the "
+            "ranks' stacks (`ncclcheck doctor --pid`)"
+        )
+        return numbered
     from_stacks = _stacks_say_why(s, "; ".join(said))
     if from_stacks is not None:
         return from_stacks
@@ -452,67 +489,70 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
     return disagree
 
 
-def nccl_traces_disagree(s: Leftovers) -> Explanation | None:
-    """NCCL's COLL trace of the communicator of every rank: the operations each rank
-    launched, by NCCL's own count. At one count, another operation (or the same one of
-    other sizes) is a disagreement the count proves; ranks that launched fewer than the
-    others never launched what the others went on to, as far as their lines go (a trace
-    cut short by a buffer that was never flushed reads the same: said)."""
-    traced = {r: rec.launched for r, rec in sorted(s.job.ranks.items()) if rec.launched}
-    if len(traced) < 2:
-        return None
-    at = {r: {launch.op_count: launch for launch in launches} for r, launches in traced.items()}
-    common = sorted(set.intersection(*(set(counts) for counts in at.values())))
-    for count in common:
-        kinds: dict[tuple[str, int], list[int]] = {}
-        for rank, launches in at.items():
-            launch = launches[count]
-            kinds.setdefault((launch.op, launch.numel), []).append(rank)
+def issued_sequences_disagree(s: Leftovers) -> Explanation | None:
+    """The collectives each rank issued, numbered the same on every rank: NCCL's COLL trace
+    (opCount on the communicator of every rank) or DETAIL's fingerprint lines (sequence
+    number). At one number, another op (or the same op with other tensors) is a
+    disagreement the numbers prove; ranks whose last number is lower than the others'
+    never issued what the others went on to, as far as their lines go (a trace cut
+    short, lines never flushed, reads the same: said)."""
+    for sequence in (NCCL_COLL, DETAIL_RUNNING, NCCL_RAS):
+        traced = {
+            r: rec.issued[sequence] for r, rec in sorted(s.job.ranks.items()) if rec.issued.get(sequence)
+        }
+        if len(traced) >= 2:
+            return _sequence_disagrees(s, sequence, traced)
+    return None
+
+
+def _sequence_disagrees(s: Leftovers, sequence: str, traced: dict[int, list[Issued]]) -> Explanation | None:
+    at = {r: {call.position: call for call in calls} for r, calls in traced.items()}
+    for position in sorted(set.intersection(*(set(calls) for calls in at.values()))):
+        kinds: dict[tuple[str, str], list[int]] = {}
+        for rank, calls in at.items():
+            kinds.setdefault((calls[position].op, calls[position].shape), []).append(rank)
         if len(kinds) < 2:
             continue
         sides = sorted(kinds.items(), key=lambda item: (len(item[1]), item[1][0]))
-        ops = {op for op, _ in kinds}
-        said = f"NCCL's trace, op #{count}: " + "; ".join(
-            f"{who(ranks)} launched {op} of {numel} elements" for (op, numel), ranks in sides
-        )
+        other_op = len({op for op, _ in kinds}) > 1
+        said = "; ".join(f"{who(ranks)} issued {op} of {shape}" for (op, shape), ranks in sides)
         found = s.d.explanation(
-            Cause.COLLECTIVE_ORDER_MISMATCH if len(ops) > 1 else Cause.COLLECTIVE_SHAPE_MISMATCH,
-            f"the ranks launched different operations as NCCL's op #{count} on the communicator of "
-            "every rank: "
-            + "; ".join(f"{who(ranks)} {op} of {numel} elements" for (op, numel), ranks in sides)
+            Cause.COLLECTIVE_ORDER_MISMATCH if other_op else Cause.COLLECTIVE_SHAPE_MISMATCH,
+            f"{sequence}, collective #{position}: {said}"
             + (
                 ". Each side waits for a call the others make at another point"
-                if len(ops) > 1
-                else ". The same operation with other sizes: the ranks passed tensors of different shapes"
+                if other_op
+                else ". The same collective with other tensors: the ranks passed tensors of different shapes"
             ),
             ranks=sides[0][1],
             absent_ranks=sorted(r for _, ranks in sides[1:] for r in ranks),
             op=sides[0][0][0],
             site=None,
-            evidence=[*s.evidence, said],
+            evidence=[*s.evidence, f"{sequence}, #{position}: {said}"],
         )
-        if len(ops) > 1:
+        if other_op:
             found.fix = _WHERE_NOT_WHY
         return found
-    last = {r: launches[-1].op_count for r, launches in traced.items()}
+    last = {r: calls[-1].position for r, calls in traced.items()}
     furthest = max(last.values())
-    behind = sorted(r for r, count in last.items() if count < furthest)
+    behind = sorted(r for r, position in last.items() if position < furthest)
     if not behind:
         return None
-    ahead = sorted(r for r, count in last.items() if count == furthest)
+    ahead = sorted(r for r, position in last.items() if position == furthest)
     stopped = max(last[r] for r in behind)
-    next_op = next((launch for launch in traced[ahead[0]] if launch.op_count == stopped + 1), None)
-    named = next_op.describe() if next_op is not None else f"op #{stopped + 1}"
+    following = next((call for call in traced[ahead[0]] if call.position == stopped + 1), None)
+    named = following.describe() if following is not None else f"#{stopped + 1}"
     return _never_issued(
         s,
-        f"{who(ahead)} launched NCCL's {named} and went on to op #{furthest}; {who(behind)} "
-        f"launched up to op #{stopped} only and never launched it, as far as {_its(behind)} trace goes "
-        "(a trace cut short, NCCL's lines never flushed, reads the same). What sent "
-        f"{who(behind)} elsewhere, the trace does not show",
+        f"{who(ahead)} issued {named} ({sequence})"
+        + (f" and went on to #{furthest}" if furthest > stopped + 1 else "")
+        + f"; {who(behind)} issued up "
+        f"to #{stopped} only and never issued it, as far as {_its(behind)} lines go (lines cut short "
+        f"or never flushed read the same). What sent {who(behind)} elsewhere, these lines do not show",
         (ahead, behind),
-        next_op.op if next_op is not None else None,
+        following.op if following is not None else None,
         None,
-        f"NCCL's trace: {who(behind)} launched up to op #{stopped}, {who(ahead)} up to op #{furthest}",
+        f"{sequence}: {who(behind)} issued up to #{stopped}, {who(ahead)} up to #{furthest}",
     )
 
 
@@ -969,7 +1009,7 @@ AFTERMATH_RULES = (
     sizes_differ_at_one_position,
     the_flight_recorder_analyser_says,
     flight_recorders_disagree,
-    nccl_traces_disagree,
+    issued_sequences_disagree,
     completed_on_some_ranks_only,
     some_ranks_never_issued_it,
     stacks_decide,
