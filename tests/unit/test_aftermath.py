@@ -967,3 +967,23 @@ def test_nccls_ras_report_places_the_listed_ranks_at_their_launch_count(tmp_path
     )
     with pytest.raises(InputError):
         run_doctor_from([report])
+
+
+def test_one_ranks_timeout_with_the_others_unseen_sets_no_rank_apart(tmp_path: Path) -> None:
+    # a posted excerpt: rank 1's watchdog lines alone, on the job's first collective
+    log = tmp_path / "console.log"
+    log.write_text(
+        "(RayWorker pid=8812) [rank1]:[E1118 20:32:23.9 ProcessGroupNCCL.cpp:629] [Rank 1] Watchdog caught "
+        "collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+        "Timeout(ms)=1800000) ran for 1800024 milliseconds before timing out.\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.severity.value, finding.cause, finding.absent_ranks) == (
+        "warning",
+        Cause.TRANSPORT_HANG,
+        [],
+    )
+    assert finding.message.startswith(
+        "rank 1 timed out in ALLREDUCE #1 of group 0 (the job's first collective"
+    )
+    assert "`ncclcheck probe`" in finding.fix

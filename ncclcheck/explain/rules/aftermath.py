@@ -894,7 +894,7 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         works = s.works(group)
         kinds = {(w.seq, w.op, w.numel_in) for ws in works.values() for w in ws}
         last = {rec.last_enqueued(group) for rec in s.job.ranks.values()} - {None}
-        if len(works) < 2 or len(kinds) != 1 or len(last) > 1 or s.silent:
+        if not works or len(kinds) != 1 or len(last) > 1 or s.silent or (len(works) < 2 and not s.unseen):
             continue
         seq, op, _ = kinds.pop()
         unseen = s.unseen
@@ -957,7 +957,8 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         )
         undecided = s.d.explanation(
             Cause.STRAGGLER if seq > 1 else Cause.TRANSPORT_HANG,
-            f"{who(sorted(works))} timed out in the same collective, {op} #{seq} of group {group}{first}; "
+            f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
+            f"{op} #{seq} of group {group}{first}; "
             f"these files say nothing of where {who(unseen)} {'was' if len(unseen) == 1 else 'were'}"
             f"{said_of_aborted}. No rank is set apart by this evidence: either {who(unseen)} never "
             "reached the collective (still loading, busy elsewhere, or a call skipped there) or every "
