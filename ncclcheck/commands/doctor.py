@@ -148,7 +148,9 @@ def run_doctor_from(paths: list[Path], trust_pickle: bool = False, all_ranks: bo
             hint=(f"Skipped: {said}. " if said else "")
             + "On each host of a stuck job: ncclcheck doctor --pid PID --dump-to DIR",
         )
-    if job.doctor_ranks and all(not (r.timeouts or r.progress or r.ending) for r in job.ranks.values()):
+    if job.doctor_ranks and all(
+        not (r.timeouts or r.progress or r.ending or r.issued) for r in job.ranks.values()
+    ):
         # doctor's own dumps alone: the live diagnosis, as on the hosts themselves
         ranks = [RankProcess(**entry) for _, entry in sorted(job.doctor_ranks.items())]
         stacks = {r: rec.stack for r, rec in job.ranks.items() if rec.stack is not None}

@@ -27,6 +27,7 @@ import collections
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -210,11 +211,35 @@ def _capture(pids: list[int], settings: WatchSettings, output: JobOutput | None)
     the ranks as they are now, and the job's last lines; the folder is doctor --from's."""
     folder = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
     dump_to(folder, pids, native=settings.native, timeout=settings.look_timeout)
+    _ras_report(folder)
     report = run_doctor(pids, native=settings.native, timeout=settings.look_timeout, interval=1.0)
     (folder / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
     if output is not None:
         (folder / "job-output.log").write_text("".join(output.tail), encoding="utf-8")
     return report, folder
+
+
+RAS_TIMEOUT_S = 20.0
+
+
+def _ras_report(folder: Path) -> None:
+    """NCCL's RAS report of the whole job (``ncclras``, NCCL 2.24+, where the command
+    exists): its launch counts per communicator, which doctor --from reads beside the
+    stacks. A job on gloo, or a RAS that does not answer in time, leaves no file."""
+    command = shutil.which("ncclras")
+    if command is None:
+        return
+    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+        done = subprocess.run(
+            [command],
+            capture_output=True,
+            text=True,
+            timeout=RAS_TIMEOUT_S,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        if done.returncode == 0 and done.stdout.strip():
+            (folder / "ncclras.txt").write_text(done.stdout, encoding="utf-8")
 
 
 # -- several nodes: one capture folder under the shared one, merged by the node that opened it --
@@ -285,6 +310,7 @@ def _capture_every_node(
         handle.write(name)
     try:
         _write_node(folder, pids, ranks, still_s, settings)
+        _ras_report(folder)
         world = max(r.world_size for r in ranks)
         deadline = time.monotonic() + settings.merge_wait
         while _ranks_captured(folder) < set(range(world)) and time.monotonic() < deadline:

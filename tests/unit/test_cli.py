@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,25 @@ def test_ranks_the_launcher_ended_mid_script_make_the_run_unfinished(tmp_path: P
     assert _why_unfinished(launch, {0: RankTrace(rank=0, destroyed=True), 1: returned}) is None
     launch.after_distributed_s = 16.0
     assert _why_unfinished(launch, traces) is None
+
+
+def test_watch_keeps_nccls_ras_report_where_the_command_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ncclcheck.commands.watch import _ras_report
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    ras = tools / "ncclras"
+    ras.write_text("#!/bin/sh\necho 'Job summary'\necho '#0-0 (fa93) MISMATCH'\n")
+    ras.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    folder = tmp_path / "hang"
+    folder.mkdir()
+    _ras_report(folder)
+    assert (folder / "ncclras.txt").read_text().startswith("Job summary")
+    # a RAS that fails (no NCCL job to ask) leaves no file
+    ras.write_text("#!/bin/sh\necho 'cannot connect' >&2\nexit 1\n")
+    (folder / "ncclras.txt").unlink()
+    _ras_report(folder)
+    assert not (folder / "ncclras.txt").exists()
