@@ -271,10 +271,11 @@ def _answer_requests(
 ) -> Path | None:
     """A hang another node opened and this one has not answered: capture into it."""
     try:
-        folder = shared / (shared / _OPEN_REQUEST).read_text(encoding="utf-8").strip()
+        name = (shared / _OPEN_REQUEST).read_text(encoding="utf-8").strip()
     except OSError:
         return None
-    if not folder.is_dir() or (folder / f".watch-{_node(ranks)}.json").exists():
+    folder = shared / name
+    if not name or not folder.is_dir() or (folder / f".watch-{_node(ranks)}.json").exists():
         return None
     try:
         _write_node(folder, pids, ranks, still_s, settings)
