@@ -150,12 +150,18 @@ def _wait_for_ranks(agents: list[subprocess.Popen[bytes]], bound_s: float = 90) 
     raise AssertionError("the two nodes' ranks did not reach the repro's calls")
 
 
-def test_doctor_on_one_node_of_two_sets_apart_no_rank_of_the_other(tmp_path: Path) -> None:
+def test_one_node_of_two_sets_apart_no_rank_of_the_other_and_two_watches_merge_one_report(
+    tmp_path: Path,
+) -> None:
     agents = _two_node_job(_free_port())
+    shared = tmp_path / "shared"
+    args = [*QUICK, "--shared", str(shared), "--merge-wait", "30", "--out", str(tmp_path / "out")]
+    watches: list[subprocess.Popen[str]] = []
     try:
-        _wait_for_ranks(agents)
-        # node 0 holds rank 0 (in the all_reduce) and rank 1 (in the barrier): the rank test
-        # is found there; ranks 2-3 run on the other node, never called crashed
+        _wait_for_ranks(agents)  # each node's watch finds the ranks its agent started
+        # first, doctor alone on each node: node 0 holds rank 0 (in the all_reduce) and
+        # rank 1 (in the barrier), the rank test is found there; ranks 2-3 run on the other
+        # node, never called crashed
         done, first = ncclcheck("doctor", "--json", "--pid", str(agents[0].pid))
         (finding,) = first["findings"]
         assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
@@ -170,19 +176,7 @@ def test_doctor_on_one_node_of_two_sets_apart_no_rank_of_the_other(tmp_path: Pat
         assert (finding["severity"], finding["absent_ranks"]) == ("warning", []), done.output[-2000:]
         assert "ranks 0-1 run on other hosts" in finding["message"]
         assert finding["fix"].startswith("What decides: the stacks of ranks 0-1")
-    finally:
-        for agent in agents:
-            kill_tree(agent.pid)
-            agent.wait(timeout=30)
-
-
-def test_two_nodes_watches_merge_one_report_through_a_shared_folder(tmp_path: Path) -> None:
-    agents = _two_node_job(_free_port())
-    shared = tmp_path / "shared"
-    args = [*QUICK, "--shared", str(shared), "--merge-wait", "30", "--out", str(tmp_path / "out")]
-    watches: list[subprocess.Popen[str]] = []
-    try:
-        _wait_for_ranks(agents)  # each node's watch finds the ranks its agent started
+        # then a watch on each node, through one shared folder: one report of the job
         watches = [
             subprocess.Popen(
                 [sys.executable, "-m", "ncclcheck", "watch", "--json", *args, "--pid", str(agent.pid)],
