@@ -5,7 +5,14 @@
 code; anything else is a bug (exit 3), with a traceback only under ``--debug``.
 """
 
+# ruff: noqa: E402 (a stop is listened for before the heavy imports: see listen_early)
 from __future__ import annotations
+
+import sys
+
+from ncclcheck.launch.stop import listen_early
+
+listen_early(sys.argv)  # before the heavy imports below: a stop then is an incomplete run
 
 import traceback
 from typing import Any

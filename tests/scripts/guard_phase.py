@@ -35,6 +35,10 @@ def main() -> None:
                 dist.all_reduce(torch.ones(1))
     except (MisalignedPhase, AbsentRanks) as error:
         say(f"rank {rank} after {time.monotonic() - start:.1f} s: {type(error).__name__}: {error}")
+        if isinstance(error, MisalignedPhase):
+            # every rank raised it: let each say so before any exits, as torchrun ends the
+            # others at the first exit (a rank 0.1 s behind on a loaded machine was cut off)
+            dist.barrier()
         os._exit(3)
     say(f"rank {rank}: aligned")
     dist.destroy_process_group()
