@@ -75,9 +75,10 @@ def test_a_job_that_waits_on_one_working_rank_is_never_called_hung(tmp_path: Pat
         *QUICK, "--out", str(out), "--nproc-per-node", "2", str(SCRIPTS / "long_evaluation.py"),
         env={"RUN_S": "10"},
     )  # fmt: skip
-    assert (code, report) == (0, {}), err[-3000:]
-    assert "no hang seen" in err
-    assert not out.exists()
+    assert report == {} and not out.exists(), err[-3000:]  # never called hung
+    # the job's own end: 0, or 6 where gloo's teardown race on torch 2.13 aborted a rank
+    # (SIGABRT, exit code -6) after its script returned; watch says so, with no hang
+    assert code == 0 or (code == 6 and "exitcode: -6" in err and "no hang was seen" in err), err[-3000:]
     assert _no_process_of_this_test_left()
 
 
