@@ -16,6 +16,7 @@ import pytest
 from ncclcheck.launch.proctree import kill_tree
 
 from ..conftest import PLAYBOOKS, REPO, SCRIPTS, is_this_tests, line_in, ncclcheck, torchrun_argv
+from .test_doctor import _free_port
 
 pytestmark = pytest.mark.ranks
 
@@ -101,14 +102,6 @@ def test_a_running_job_is_watched_by_pid_and_left_running(tmp_path: Path) -> Non
     finally:
         kill_tree(job.pid)
         job.wait(timeout=30)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _two_node_job(port: int) -> list[subprocess.Popen[bytes]]:
