@@ -62,6 +62,11 @@ def who(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {format_ranks(ranks)}"
 
 
+def its(ranks: list[int]) -> str:
+    """The possessive that goes with ``who(ranks)``."""
+    return "its" if len(ranks) == 1 else "their"
+
+
 def shapes_text(shapes: list[list[int]]) -> str:
     """[[8], [8], [8]] -> '[8] x3'; [[2], [4, 4]] -> '[2], [4, 4]'."""
     if not shapes:

@@ -268,6 +268,10 @@ class Aftermath:
     # not pass; and the ranks it says reached it
     barrier_late: dict[int, tuple[int, Source]] = field(default_factory=dict)
     barrier_reached: set[int] = field(default_factory=set)
+    # lines that report a failing transport or an NCCL error other than a timeout
+    # ("ncclRemoteError", "NET/IB : Got completion ... with error", "Connection reset by
+    # peer"), with the rank that printed each where a prefix says it
+    transport_errors: list[tuple[int | None, Source]] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)

@@ -212,6 +212,11 @@ def _may_matter(line: str) -> bool:
         or "monitoredBarrier" in line
         or "collective #" in line
         or "Detected mismatch between collectives" in line
+        or "ncclRemoteError" in line
+        or "ncclSystemError" in line
+        or "network error" in line
+        or "Connection reset by peer" in line
+        or "Connection closed by" in line
         or "Running collective: CollectiveFingerPrint(" in line
         or "] started " in line
         or "] finished " in line
@@ -525,6 +530,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if "NCCL work" in line or "WorkNCCL(" in line or "last enqueued work" in line:
         _nccl_line(text, rank, line, number)
+    if _TRANSPORT_ERROR.search(line):
+        text.found.transport_errors.append((rank, Source(str(text.path), number)))
+        text.kinds.add("NCCL or transport errors")
     if "watchdog got stuck" in line or "Heartbeat monitor timed out" in line:
         _watchdog_stuck(text, rank, line, number)
         return
@@ -619,6 +627,15 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
             ),
             number,
         )
+
+
+# a transport that failed, or NCCL reporting an error of its own rather than a timeout: the
+# reading "the transport failed during the collective" needs one of these to stand on
+_TRANSPORT_ERROR = re.compile(
+    r"ncclRemoteError|ncclSystemError|ncclInternalError|remote process exited or there was a network error"
+    r"|NET/(?:IB|Socket|OFI)\b.*\b(?:[Ee]rror|failed)"
+    r"|Connection reset by peer|Connection closed by (?:remote )?peer"
+)
 
 
 _STUCK_FOR = re.compile(r"watchdog got stuck for (\d+) seconds")

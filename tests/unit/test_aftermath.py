@@ -689,12 +689,31 @@ def test_a_rank_that_completed_collectives_another_waits_in_proves_they_paired_d
     assert "never issued" not in finding.message
 
 
-def test_one_collective_completed_on_one_side_only_is_a_split_or_a_failing_transport(tmp_path: Path) -> None:
+def test_one_collective_completed_on_one_side_only_is_a_split_when_only_timeouts_are_seen(
+    tmp_path: Path,
+) -> None:
+    # a transport failing mid-collective could leave #11 done on rank 0 only, but nothing
+    # here shows one failing: every rank timed out
     log = tmp_path / "job.log"
     log.write_text(_watchdog(0, 12, "BROADCAST", 2000, 12, 11) + _watchdog(1, 11, "ALLREDUCE", 1, 11, 10))
     (finding,) = run_doctor_from([log]).findings
-    assert (finding.cause, finding.severity.value) == (Cause.COLLECTIVE_ORDER_MISMATCH, "warning")
+    assert (finding.cause, finding.severity.value) == (Cause.COLLECTIVE_ORDER_MISMATCH, "error")
     assert "or the transport failed during #11" in finding.message
+    assert "No line here reports a failing transport" in finding.message
+
+
+def test_one_collective_completed_on_one_side_only_beside_a_transport_error_is_two_readings(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 12, "BROADCAST", 2000, 12, 11)
+        + "[rank1]:node2:77:91 [1] NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4500> with error 12\n"
+        + _watchdog(1, 11, "ALLREDUCE", 1, 11, 10)
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.severity.value) == (Cause.COLLECTIVE_ORDER_MISMATCH, "warning")
+    assert "report a failing transport or an NCCL error, the first at" in finding.message
 
 
 def test_a_rank_that_never_enqueued_what_the_others_wait_in_is_behind(tmp_path: Path) -> None:

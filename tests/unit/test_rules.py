@@ -428,9 +428,10 @@ def test_every_rank_in_the_same_last_call_and_nothing_moving_is_the_transport(tm
     assert explanation.cause is Cause.TRANSPORT_HANG
 
 
-def test_no_rank_in_a_collective_gives_what_decides_and_names_a_data_pipeline(tmp_path: Path) -> None:
+def test_a_rank_held_in_its_data_pipeline_is_a_straggler_with_the_pipeline_named(tmp_path: Path) -> None:
     # one rank's dump, in a buffered iterator of a data package (the shape of fairseq's,
-    # written here as a trainer's own): no cause is claimed, and the fix says what decides
+    # written here as a trainer's own): what holds it is its own pipeline, whatever the
+    # ranks not seen do; the fix is the pipeline's
     path = script(tmp_path, NOTHING)
     feeder = str(tmp_path / "mylib" / "data" / "streaming.py")
     blocked = stack(
@@ -440,16 +441,22 @@ def test_no_rank_in_a_collective_gives_what_decides_and_names_a_data_pipeline(tm
         (path, 3, "main"),
     )
     explanation = _doctor(tmp_path, {0: blocked}, world=1)
-    assert explanation.severity is Severity.WARNING and explanation.cause is Cause.STRAGGLER
-    assert explanation.fix is not None and explanation.fix.startswith("What decides")
-    assert "data pipeline (rank 0" in explanation.fix
-    # posted alone, with nothing saying how many ranks the job has: the others decide
+    assert explanation.severity is Severity.ERROR and explanation.cause is Cause.STRAGGLER
+    assert explanation.ranks == [0]
+    assert f"data pipeline (at {feeder}:88 in PrefetchIterator.__next__)" in explanation.message
+    assert explanation.fix is not None and explanation.fix.startswith("Mend the data pipeline")
+    # posted alone, with nothing saying how many ranks the job has: the others are said as unseen
     alone = explain_classes(diagnoser(tmp_path, 1), merge_stacks({0: blocked}), 1, [0], world_known=False)
-    assert alone.fix is not None and alone.fix.startswith("What decides: the other ranks' stacks")
-    # a lock is no data pipeline: what decides is said, the loader advice is not
+    assert alone.severity is Severity.ERROR
+    assert "the ranks not seen here would wait for rank 0" in alone.message
+    # a lock is no data pipeline: no cause is claimed, what decides is said
     locked = stack(("/usr/lib/python3.11/threading.py", 320, "wait"), (path, 3, "main"))
     explanation = _doctor(tmp_path, {0: locked, 1: locked}, world=2)
-    assert explanation.fix is not None and "data pipeline" not in explanation.fix
+    assert explanation.severity is Severity.WARNING
+    assert explanation.fix is not None and explanation.fix.startswith("What decides")
+    assert "data pipeline" not in explanation.fix
+    alone = explain_classes(diagnoser(tmp_path, 1), merge_stacks({0: locked}), 1, [0], world_known=False)
+    assert alone.fix is not None and alone.fix.startswith("What decides: the other ranks' stacks")
 
 
 def test_a_quiet_rank_after_the_others_ended_is_no_hang_and_no_cause_is_named(tmp_path: Path) -> None:

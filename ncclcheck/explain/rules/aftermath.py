@@ -37,7 +37,7 @@ from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Frame, Severity, format_ranks
-from ncclcheck.wording import relative, signal_name, who
+from ncclcheck.wording import its, relative, signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
 _WAITED = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|collective operation", re.I)
@@ -547,7 +547,7 @@ def _sequence_disagrees(s: Leftovers, sequence: str, traced: dict[int, list[Issu
         f"{who(ahead)} issued {named} ({sequence})"
         + (f" and went on to #{furthest}" if furthest > stopped + 1 else "")
         + f"; {who(behind)} issued up "
-        f"to #{stopped} only and never issued it, as far as {_its(behind)} lines go (lines cut short "
+        f"to #{stopped} only and never issued it, as far as {its(behind)} lines go (lines cut short "
         f"or never flushed read the same). What sent {who(behind)} elsewhere, these lines do not show",
         (ahead, behind),
         following.op if following is not None else None,
@@ -743,11 +743,15 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
             f"{who(past)} completed collectives of group {group} up to #{furthest}; {who(stuck)} never "
             f"completed #{first}"
         )
-        proven = furthest > first  # past the one collective a failing transport may leave half done
+        # past the one collective a failing transport may leave half done: proven. At it,
+        # the transport's failure is a reading only where the files show one failing (an
+        # NCCL error, a network error); a timeout on every side stands against it
+        proven = furthest > first
+        transport = [src for _, src in s.job.transport_errors]
         unseen = s.unseen
         after = f"#{first + 1}" if furthest == first + 1 else f"#{first + 1}-#{furthest}"
         message = (
-            f"{who(stuck)} waited in {named}; {who(past)} completed {_its(past)} own #{first}"
+            f"{who(stuck)} waited in {named}; {who(past)} completed {its(past)} own #{first}"
             + (f" and {after} after it" if proven else "")
             + ". A rank's collectives on one "
             "group complete in order, so "
@@ -757,9 +761,21 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
                 "side, or the same ones in another order)"
                 if proven
                 else f"either the ranks paired different calls at #{first} or before, or the transport "
-                f"failed during #{first} after {who(past)} had all {_its(past)} data"
+                f"failed during #{first} after {who(past)} had all {its(past)} data"
             )
             + (f"; {later}" if later else "")
+            + (
+                ""
+                if proven
+                else (
+                    f" ({len(transport)} line(s) here report a failing transport or an NCCL error, "
+                    f"the first at {transport[0]}: both readings fit)"
+                    if transport
+                    else ". No line here reports a failing transport or an NCCL error, only timeouts: "
+                    "the first reading is the one the files support (a log that shows the transport's "
+                    "errors would revive the second)"
+                )
+            )
             + ". Which side left the common path, these numbers do not say"
             + (f" (nothing here of {who(unseen)})" if unseen else "")
         )
@@ -773,14 +789,10 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
             evidence=[*s.evidence, said],
         )
         parted.fix = _WHERE_NOT_WHY
-        if not proven:
+        if not proven and transport:
             parted.severity = Severity.WARNING  # two readings fit
         return parted
     return None
-
-
-def _its(ranks: list[int]) -> str:
-    return "its" if len(ranks) == 1 else "their"
 
 
 def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
@@ -950,8 +962,8 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
             if aborted
             else ""
         ) + (
-            f"; {who(blocked)} had {_its(blocked)} watchdog stuck in a NCCL or CUDA call, so no timeout of "
-            f"{_its(blocked)} own could be said"
+            f"; {who(blocked)} had {its(blocked)} watchdog stuck in a NCCL or CUDA call, so no timeout of "
+            f"{its(blocked)} own could be said"
             if blocked
             else ""
         )

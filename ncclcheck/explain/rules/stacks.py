@@ -19,7 +19,7 @@ from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_expl
 from ncclcheck.explain.rules.branch import SkippedPass, explain_fork, skips_a_pass
 from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.source import loaders, reading
-from ncclcheck.wording import relative, who
+from ncclcheck.wording import its, relative, who
 
 
 @dataclass
@@ -372,10 +372,35 @@ def no_rank_waits(s: Standoff) -> Explanation:
         )
     in_data = sorted(r for c in s.outside if _in_data_pipeline(c) for r in c.ranks)
     if in_data:
-        decides += (
-            f" Waiting on a data pipeline ({who(in_data)}: an iterator fed by loader workers or "
-            "a thread): dump those processes too (py-spy dump --pid on each worker); "
-            "a rerun with num_workers=0 tells a worker deadlock from a slow read."
+        # what these ranks wait on is their own: the next batch from their loader workers
+        # or a producer thread. Whatever the ranks not seen here do, this is where the job
+        # is held (a rank in a collective waits for them; a rank elsewhere in its data
+        # pipeline is held by the same kind of stall), and the fix is the pipeline's
+        frame = next(f for c in s.outside if (f := _data_frame(c)) is not None)
+        at = _frame_text(frame)
+        others = (
+            f"; the ranks not seen here ({who(s.missing)}) would wait for {who(in_data)} in their next "
+            "collective"
+            if s.missing
+            else f"; the ranks not seen here would wait for {who(in_data)} in their next collective"
+            if not s.world_known
+            else ""
+        )
+        return Explanation(
+            Cause.STRAGGLER,
+            f"{who(in_data)} {_verb(in_data)} for the next batch from {its(in_data)} data pipeline "
+            f"(at {at}), outside any collective: held by {its(in_data)} loader workers or the thread "
+            f"that feeds {'it' if len(in_data) == 1 else 'them'}, not by a peer{others}",
+            ranks=in_data,
+            evidence=s.evidence,
+            fix=(
+                "Mend the data pipeline of that rank: dump its loader workers while it waits "
+                "(py-spy dump --pid on each worker process) to see what they block on (a worker "
+                "deadlocked in a fork-unsafe library or a lock, a read from a stalled file system, "
+                "a worker that died); a rerun with num_workers=0 tells a worker deadlock from a slow "
+                "read. Give the DataLoader a timeout= so that a stalled worker raises instead of "
+                "holding the job until NCCL's watchdog."
+            ),
         )
     return Explanation(
         Cause.STRAGGLER,
@@ -388,13 +413,20 @@ def no_rank_waits(s: Standoff) -> Explanation:
 
 
 def _in_data_pipeline(cls: StackClass) -> bool:
-    """Waiting for the next batch: in torch's DataLoader, or in the ``__next__`` of an
-    iterator that a data package (``.../data/...``) defines, as fairseq's and most
-    trainers' buffered iterators are."""
-    return cls.blocking == "DataLoader" or any(
-        f.function.rsplit(".", 1)[-1] == "__next__" and "/data/" in f.file.replace("\\", "/")
-        for f in cls.frames
-    )
+    return _data_frame(cls) is not None
+
+
+def _data_frame(cls: StackClass) -> Frame | None:
+    """Where a class waits for its next batch: the innermost frame in torch's DataLoader,
+    or in the ``__next__`` of an iterator that a data package (``.../data/...``) defines,
+    as fairseq's and most trainers' buffered iterators are."""
+    for frame in reversed(cls.frames):  # outermost first: the innermost is last
+        path = frame.file.replace("\\", "/")
+        if "torch/utils/data/" in path or (
+            frame.function.rsplit(".", 1)[-1] == "__next__" and "/data/" in path
+        ):
+            return frame
+    return None
 
 
 # The order is the precedence: a rank absent from the host explains everything after
