@@ -121,7 +121,11 @@ def waiting_at(stack: ProcessStack) -> Waiting:
     enqueued = device.enqueued_before(frames)
     if enqueued is None:
         read = os.path.isfile(frames[-1].file)
-        said = "with no collective before it in the source" if read else "its source not on this host"
+        said = (
+            "with no collective before it in the source"
+            if read
+            else "the collective before it unknown: its source is not on this host"
+        )
         return Waiting(where, where.what, frames, f"{at}, {said}")
     return Waiting(where, enqueued.op, enqueued.frames, f"{at}, after {enqueued.what}")
 
@@ -224,7 +228,12 @@ def unplaced_classes(stacks: list[tuple[str, ProcessStack]]) -> list[str]:
             if site and site.line
             else ""
         )
-        waits_in = found.blocking + (f" (waits at a device sync point: {found.sync})" if found.sync else "")
+        if found.sync and found.blocking.startswith("a device sync point"):
+            waits_in, where = f"a device sync point: {found.sync}", ""  # the sync names its site
+        elif found.sync:
+            waits_in = f"{found.blocking} (waits at a device sync point: {found.sync})"
+        else:
+            waits_in = found.blocking
         count = f"{len(found.ranks)} dump{'s' if len(found.ranks) > 1 else ''}"
         said.append(f"{count} ({labels}): {waits_in}{where}")
     return said

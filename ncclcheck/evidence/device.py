@@ -92,6 +92,20 @@ def _reads_a_value(call: ast.Call) -> bool:
     return False
 
 
+def sync_in_frames(frames: list[Frame]) -> str | None:
+    """A device synchronisation point that the frames themselves show: torch.cuda's own
+    ``synchronize`` (``torch.cuda.synchronize()``, ``Stream.synchronize()``,
+    ``Event.synchronize()``) among the library frames inside the user's code, as a
+    library calls it after its asynchronous collectives (ZeRO-3's prefetch)."""
+    for frame in frames:  # innermost first
+        path = frame.file.replace("\\", "/")
+        if "torch/cuda/" in path and frame.function.rsplit(".", 1)[-1] == DEVICE_SYNC_CALL:
+            if path.endswith("/streams.py"):
+                return "a CUDA stream's or event's synchronize()"
+            return "torch.cuda.synchronize()"
+    return None
+
+
 def native_wait(functions: list[str]) -> str | None:
     """The native frame that shows a host thread waiting for the device or in NCCL."""
     for function in functions:

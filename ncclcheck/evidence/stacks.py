@@ -236,7 +236,9 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
     point, or native frames (py-spy --native) show one."""
     native = device.native_wait([f.function for f in main.frames])
     python = [i for i, f in enumerate(main.frames) if f.file.endswith(".py")]
-    sync = device.sync_point(main.frames[python[0]].file, main.frames[python[0]].line) if python else None
+    sync = device.sync_in_frames(main.frames)
+    if sync is None and python:
+        sync = device.sync_point(main.frames[python[0]].file, main.frames[python[0]].line)
     if sync is None and python and python[0] < len(main.code) and main.code[python[0]]:
         sync = device.sync_point_in(main.code[python[0]])  # the dump's own copy of the line
     if sync is not None:
@@ -264,11 +266,16 @@ def _in_backward(stack: ProcessStack, main: ThreadStack) -> Blocking:
         name = thread.name or "the autograd engine's thread"
         issuer = next((said for f in thread.frames if (said := issued_at(f.file, f.function))), None)
         if issuer is not None:
-            return Blocking(
-                f"{issuer[0]} (on {name}, at {where}, in a native call with no collective frame)",
-                True,
-                thread=name,
+            # an active thread in a native call of the library's, after the collectives it
+            # enqueued (ZeRO-3 copies a bucket's reduced gradients out): on a GPU it spins
+            # waiting for the device, behind a collective that does not complete
+            after = (
+                "active in a native call with no collective frame: a device sync point behind "
+                "the collectives it enqueued"
+                if thread.active
+                else "in a native call with no collective frame"
             )
+            return Blocking(f"{issuer[0]} (on {name}, at {where}, {after})", True, thread=name)
         return Blocking(f"a backward hook (on {name}, at {where})", False, thread=name)
     return Blocking("all_reduce (DDP gradient buckets, in backward)", True)
 
@@ -311,6 +318,16 @@ def blocking(stack: ProcessStack) -> Blocking:
         return synchronising
     if stack.status == "stopped":
         return Blocking("stopped (SIGSTOP)", False)
+    if main.active and main.frames and main.is_user(0) and not os.path.isfile(main.frames[0].file):
+        # on the CPU at a line of the user's whose source is not on this host: a native call
+        # there is all py-spy shows, and on a GPU the likeliest one to stay on the CPU is a
+        # host thread spinning at a device sync point (.item(), .cpu(): cudaStreamSynchronize
+        # spins) behind a collective that does not complete
+        return Blocking(
+            "compute, I/O or a device sync point (the line's source is not here to tell: a "
+            ".item() or .cpu() on it would wait for the device; py-spy --native shows which)",
+            False,
+        )
     return Blocking("compute or I/O", False)
 
 

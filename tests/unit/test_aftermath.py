@@ -381,8 +381,10 @@ def test_gdb_py_bt_and_a_printed_stack_are_read_with_their_source_lines() -> Non
     assert printed.code[0] == 'print(f"loss {loss.item():.4f}")'
     report = run_doctor_from([FIXTURES / "gdb_py_bt.txt", FIXTURES / "printed_stack_item.txt"])
     said = " ".join(report.summary["stacks_of_no_known_rank"])
-    assert "all_reduce" in said and "a device sync point (.item())" in said
-    assert "its source not on this host" in said  # no claim about source it could not read
+    assert (
+        "all_reduce" in said and "a device sync point: .item() at /home/me/train/logging_utils.py:12" in said
+    )
+    assert "its source is not on this host" in said  # no claim about source it could not read
 
 
 def test_a_gdb_native_backtrace_says_the_thread_waits_on_the_device() -> None:
@@ -1006,3 +1008,61 @@ def test_one_ranks_timeout_with_the_others_unseen_sets_no_rank_apart(tmp_path: P
         "rank 1 timed out in ALLREDUCE #1 of group 0 (the job's first collective"
     )
     assert "`ncclcheck probe`" in finding.fix
+
+
+def _said_of_one_dump(tmp_path: Path, text: str) -> str:
+    dump = tmp_path / "one_process.txt"
+    dump.write_text(text)
+    (said,) = run_doctor_from([dump]).summary["stacks_of_no_known_rank"]
+    return said
+
+
+def test_torch_cuda_synchronize_in_a_library_frame_is_a_device_sync_point(tmp_path: Path) -> None:
+    # faulthandler's shape: a library prefetching a module's weights waits on its stream
+    said = _said_of_one_dump(
+        tmp_path,
+        "Thread 0x00007f00aa000740 (most recent call first):\n"
+        '  File "/opt/env/lib/python3.10/site-packages/torch/cuda/streams.py", line 102 in synchronize\n'
+        '  File "/opt/env/lib/python3.10/site-packages/shardlib/prefetch.py", line 77 in wait_gather\n'
+        '  File "/opt/env/lib/python3.10/site-packages/torch/nn/modules/module.py", line 1750 in _call_impl\n'
+        '  File "/srv/job/model.py", line 40 in forward\n',
+    )
+    assert said.startswith(
+        "1 dump (one_process.txt): a device sync point: a CUDA stream's or event's synchronize()"
+    )
+    plain = _said_of_one_dump(
+        tmp_path,
+        "Thread 0x00007f00aa000740 (most recent call first):\n"
+        '  File "/opt/env/lib/python3.10/site-packages/torch/cuda/__init__.py", line 985 in synchronize\n'
+        '  File "/srv/job/bench.py", line 12 in timed_step\n',
+    )
+    assert "a device sync point: torch.cuda.synchronize()" in plain
+
+
+def test_an_active_user_line_whose_source_is_absent_is_not_said_to_be_compute_only(tmp_path: Path) -> None:
+    # py-spy shows a native call as its Python line: without the source, a .item() there
+    # (a GPU rank spinning at a sync point) and a matrix multiply look the same
+    active = 'Thread 4001 (active): "MainThread"\n    train (trainer/loop.py:915)\n    <module> (run.py:20)\n'
+    said = _said_of_one_dump(tmp_path, active)
+    assert "compute, I/O or a device sync point (the line's source is not here to tell" in said
+    idle = active.replace("(active)", "(idle)")
+    assert "compute or I/O at" in _said_of_one_dump(tmp_path, idle)
+
+
+def test_an_active_library_gradient_hook_after_its_collectives_waits_for_the_device(tmp_path: Path) -> None:
+    main = (
+        'Thread 700 (idle): "MainThread"\n'
+        "    _engine_run_backward (torch/autograd/graph.py:769)\n"
+        "    backward (torch/autograd/__init__.py:289)\n"
+        "    backward (torch/_tensor.py:521)\n"
+        "    backward (deepspeed/runtime/engine.py:2020)\n"
+        "    train_step (myproj/train.py:88)\n"
+    )
+    hook = (
+        "    partition_grads (deepspeed/runtime/zero/stage3.py:1500)\n"
+        "    __reduce_and_partition_ipg_grads (deepspeed/runtime/zero/stage3.py:1309)\n"
+    )
+    said = _said_of_one_dump(tmp_path, main + "Thread 812 (active)\n" + hook)
+    assert "active in a native call with no collective frame: a device sync point" in said
+    idle = _said_of_one_dump(tmp_path, main + "Thread 812 (idle)\n" + hook)
+    assert "in a native call with no collective frame" in idle and "device sync point" not in idle
