@@ -48,6 +48,7 @@ from ncclcheck.evidence.fr_trace import looks_like_fr_trace, read_fr_trace
 from ncclcheck.evidence.nccl_coll import CollTrace
 from ncclcheck.evidence.ncclras import RasReport
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
+from ncclcheck.evidence.summary import SummaryReader, is_summary_line
 from ncclcheck.model import Frame
 
 # a rank's prefix (torchrun's --tee / --role: [rankN]: or [defaultN]:), where a line
@@ -444,6 +445,8 @@ class _Stream:
     elastic: dict[str, str] = field(default_factory=dict)
     call: list[Frame] | None = None  # the frames of a "Stack trace of the failed collective"
     call_line: int = 0
+    summary: SummaryReader | None = None  # threads summarised a line each (evidence/summary.py)
+    summary_line: int = 0
 
 
 @dataclass
@@ -459,7 +462,9 @@ class _TextFile:
     elastic_section: str | None = None  # "root" or "failures" inside torchelastic's summary
     elastic_entry: dict[str, str] | None = None
     elastic_line: int = 0
-    pending_stacks: list[tuple[int | None, int | None, StackReader, int]] = field(default_factory=list)
+    pending_stacks: list[tuple[int | None, int | None, StackReader | SummaryReader, int]] = field(
+        default_factory=list
+    )
     kinds: set[str] = field(default_factory=set)
     coll: CollTrace = field(default_factory=CollTrace)  # NCCL_DEBUG_SUBSYS=COLL's lines
     ras: RasReport = field(default_factory=RasReport)  # ncclras's launch counts
@@ -513,6 +518,12 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         stream = text.streams.setdefault(rank, _Stream())
         stream.call, stream.call_line = [], number
         return
+    if "`" in line and is_summary_line(line):
+        stream = text.streams.setdefault(rank, _Stream())
+        if stream.summary is None:
+            stream.summary, stream.summary_line = SummaryReader(), number
+        if stream.summary.feed(line):
+            return
     if (
         text.elastic_section is None
         and (stream is None or (stream.stack is None and stream.traceback is None))
@@ -783,10 +794,14 @@ def _close_call(text: _TextFile, rank: int | None, stream: _Stream) -> None:
 
 def _close_stack(text: _TextFile, rank: int | None) -> None:
     stream = text.streams.get(rank)
-    if stream is None or stream.stack is None:
+    if stream is None:
         return
-    text.pending_stacks.append((rank, stream.stack.pid, stream.stack, stream.stack_line))
-    stream.stack = None
+    if stream.summary is not None:
+        text.pending_stacks.append((rank, None, stream.summary, stream.summary_line))
+        stream.summary = None
+    if stream.stack is not None:
+        text.pending_stacks.append((rank, stream.stack.pid, stream.stack, stream.stack_line))
+        stream.stack = None
 
 
 _PROCESS = re.compile(r"([\w.\-]+):(\d+):\d+ \[")
@@ -857,14 +872,15 @@ def _finish(text: _TextFile) -> None:
         owner = rank if rank is not None else _rank_of_pid(text.found, pid) if pid else None
         if owner is None:
             owner = only
+        kind = "stack summaries (a line per thread)" if isinstance(reader, SummaryReader) else "stack dumps"
         if owner is None:
             label = text.path.name + (f" (pid {stack.pid})" if stack.pid else "")
             text.found.unplaced.append(UnplacedStack(label, stack, Source(str(text.path), number)))
-            text.kinds.add("stack dumps of no known rank")
+            text.kinds.add(f"{kind} of no known rank")
             continue
         record = text.found.rank(owner)
         record.stack, record.stack_source = stack, Source(str(text.path), number)
-        text.kinds.add("stack dumps")
+        text.kinds.add(kind)
     if text.kinds:
         text.found.read.append(f"{text.path}: {', '.join(sorted(text.kinds))}")
     else:

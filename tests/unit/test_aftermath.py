@@ -1066,3 +1066,40 @@ def test_an_active_library_gradient_hook_after_its_collectives_waits_for_the_dev
     assert "active in a native call with no collective frame: a device sync point" in said
     idle = _said_of_one_dump(tmp_path, main + "Thread 812 (idle)\n" + hook)
     assert "in a native call with no collective frame" in idle and "device sync point" not in idle
+
+
+def test_stacks_summarised_a_line_per_thread_are_read_as_stacks(tmp_path: Path) -> None:
+    # as a forum post summarises py-spy: a thread, then its calls from the innermost out
+    (tmp_path / "rank0.txt").write_text(
+        "what py-spy showed on the two ranks after 20 minutes:\n\n"
+        "* `MainThread`: `torch.distributed.all_reduce` from `evaluate` (`trainer/loop.py:88`) "
+        "from `fit` (`trainer/loop.py:140`)\n"
+        "* `Thread-3`: `wait` (`threading.py:324`) from `run` (`tqdm/_monitor.py:60`)\n"
+    )
+    (tmp_path / "rank1.txt").write_text(
+        "- MainThread: `dist.broadcast` <- `save_checkpoint` (`trainer/ckpt.py:31`) "
+        "<- `fit` (`trainer/loop.py:151`)\n"
+        "- `batch_size`: `32`\n- `optimizer`: `AdamW`\n"
+    )
+    job = read_leftovers([tmp_path / "rank0.txt", tmp_path / "rank1.txt"])
+    main0, main1 = (job.ranks[r].stack.main for r in (0, 1))  # type: ignore[union-attr]
+    assert main0 is not None and main1 is not None
+    assert [(f.function, f.file, f.line) for f in main0.frames] == [
+        ("all_reduce", "torch/distributed/distributed_c10d.py", 0),
+        ("evaluate", "trainer/loop.py", 88),
+        ("fit", "trainer/loop.py", 140),
+    ]
+    assert [f.function for f in main1.frames] == ["broadcast", "save_checkpoint", "fit"]
+    assert len(job.ranks[1].stack.threads) == 1  # type: ignore[union-attr]  # settings are no threads
+    report = run_doctor_from([tmp_path / "rank0.txt", tmp_path / "rank1.txt"])
+    assert any("stack summaries (a line per thread)" in r for r in report.summary["read"])
+    # the ranks parted; with the source elsewhere and one rank on each side, neither is set apart
+    (finding,) = report.findings
+    assert finding.severity.value == "warning" and finding.absent_ranks == []
+    assert "as many ranks are on each side, so these stacks set neither apart" in finding.message
+
+
+def test_a_settings_list_in_backticks_is_not_a_stack(tmp_path: Path) -> None:
+    notes = tmp_path / "rank0.txt"
+    notes.write_text("- `num_workers`: `8`\n- `backend`: `nccl`\n- `model`: `Llama.from_pretrained`\n")
+    assert not read_leftovers([notes]).usable

@@ -89,8 +89,8 @@ def explain_classes(
 
 def _seen(c: StackClass) -> str:
     if c.sync is None:
-        return f"{who(c.ranks)}: {c.blocking} at {_where(c)}"
-    return f"{who(c.ranks)}: at a device sync point, {c.sync} ({c.blocking} enqueued at {_where(c)})"
+        return f"{who(c.ranks)}: {c.blocking} {_where(c)}"
+    return f"{who(c.ranks)}: at a device sync point, {c.sync} ({c.blocking} enqueued {_where(c)})"
 
 
 def ranks_missing_from_the_host(s: Standoff) -> Explanation | None:
@@ -118,7 +118,7 @@ def group_names_differ(s: Standoff) -> Explanation | None:
     parts, lines = split
     return s.d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
-        f"every rank waits in new_group at {_site(only)}, but they give the group "
+        f"every rank waits in new_group{_at(only)}, but they give the group "
         "different names: "
         + "; ".join(lines)
         + ". torch names a group by a count of new_group calls, so the ranks made "
@@ -170,7 +170,7 @@ def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
                 )
             ]
             message = (
-                f"every rank waits in {only.blocking} at {_site(only)}, but the loop at {loop_site} ran "
+                f"every rank waits in {only.blocking}{_at(only)}, but the loop at {loop_site} ran "
                 f"more passes on {who(more)} than on {who(fewer)} ({'; '.join(lines)}): the extra "
                 + (f"{enqueued.what} at {_frame_site(enqueued.frames[-1])}" if enqueued else "collectives")
                 + " paired with the others' next call"
@@ -200,7 +200,7 @@ def same_line_different_points(s: Standoff) -> Explanation | None:
     parts, lines = split
     return s.d.explanation(
         Cause.COLLECTIVE_ORDER_MISMATCH,
-        f"every rank waits in {only.blocking} at {_site(only)}, but not at the same point "
+        f"every rank waits in {only.blocking}{_at(only)}, but not at the same point "
         f"of its sequence: "
         + "; ".join(lines)
         + ". Each side waits for a call the other makes later (or on another group)",
@@ -227,8 +227,8 @@ def threads_issue_collectives_at_once(s: Standoff) -> Explanation | None:
     others = "; ".join(dict.fromkeys(what for c in both for what in c.concurrent))
     explanation = s.d.explanation(
         Cause.COLLECTIVE_ORDER_MISMATCH,
-        f"on {who(ranks)}, two threads wait in collectives at once: {first.blocking} at "
-        f"{_site(first)}, and {others}. A process group pairs the "
+        f"on {who(ranks)}, two threads wait in collectives at once: {first.blocking}"
+        f"{_at(first)}, and {others}. A process group pairs the "
         "collectives of the ranks in the order each rank issues them, and two threads issue theirs "
         "in whatever order the rank's scheduler gives: one rank's barrier can meet another's "
         "all-gather, and both wait. Unless the two threads use different process groups, this "
@@ -259,15 +259,15 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
     if unseen:
         # every rank here agrees; the ranks on other hosts may not have reached this call
         message = (
-            f"{who(sorted(only.ranks))}, every rank on this host, {_verb(only.ranks)} in {only.blocking} "
-            f"at {_site(only)}; {who(unseen)} {'runs' if len(unseen) == 1 else 'run'} on other hosts "
+            f"{who(sorted(only.ranks))}, every rank on this host, {_verb(only.ranks)} in {only.blocking}"
+            f"{_at(only)}; {who(unseen)} {'runs' if len(unseen) == 1 else 'run'} on other hosts "
             f"and nothing here says where. No rank is set apart by these stacks: either {who(unseen)} "
             "never reached this call (busy elsewhere, or a call skipped there) or every rank waits in "
             "it (the transport)"
         )
     else:
         message = (
-            f"every rank is in {only.blocking} at {_site(only)}"
+            f"every rank is in {only.blocking}{_at(only)}"
             + (f" or frozen ({who(frozen)})" if frozen else "")
             + ": the stacks are aligned, so the transport is the suspect; run `ncclcheck probe` "
             "with the same launcher options"
@@ -299,7 +299,7 @@ def some_ranks_outside_any_collective(s: Standoff) -> Explanation | None:
     return s.d.explanation(
         Cause.STRAGGLER,
         f"{who(ranks)} wait in {waiting[0].blocking} while {who(late)} are busy outside any "
-        f"collective ({outside[0].blocking} at {_where(outside[0])})",
+        f"collective ({outside[0].blocking} {_where(outside[0])})",
         ranks=ranks,
         absent_ranks=late,
         op=waiting[0].blocking,
@@ -333,6 +333,8 @@ def the_source_decides(s: Standoff) -> Explanation | None:
     if len(s.waiting) < 2:
         return None
     small, big = sorted(s.waiting, key=lambda c: (len(c.ranks), c.ranks[0]))[:2]
+    if not any(os.path.isfile(f.file) for c in (small, big) for f in c.frames):
+        return _parted_without_source(s, small, big)
     calls: dict[int, CollectiveCall | None] = {
         rank: CollectiveCall.seen_on_stack(rank, cls.blocking, cls.site, cls.frames, cls.libraries)
         for cls in (small, big)
@@ -353,6 +355,42 @@ def the_source_decides(s: Standoff) -> Explanation | None:
             evidence=s.evidence,
         )
     return explanation
+
+
+def _parted_without_source(s: Standoff, small: StackClass, big: StackClass) -> Explanation:
+    """Ranks in different collectives, from dumps whose source is not on this host (posted
+    stacks, a summary): the split is proven, the reason is not readable. As many ranks on
+    each side sets no side apart; a smaller side is the odd one by count only, said so."""
+    tie = len(small.ranks) == len(big.ranks)
+    split = (
+        f"{who(small.ranks)} {_verb(small.ranks)} in {small.blocking}{_at(small)}, while {who(big.ranks)} "
+        f"{_verb(big.ranks)} in {big.blocking}{_at(big)}: the ranks' collective sequences parted before "
+        "these calls"
+    )
+    side = (
+        "; as many ranks are on each side, so these stacks set neither apart"
+        if tie
+        else f"; {who(small.ranks)}, the fewer, {'is' if len(small.ranks) == 1 else 'are'} the likelier "
+        "to have left the common path, by count only"
+    )
+    same_op = small.blocking == big.blocking
+    found = s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH if same_op else Cause.RANK_CONDITIONAL_COLLECTIVE,
+        split + side,
+        ranks=sorted(small.ranks + big.ranks) if tie else small.ranks,
+        absent_ranks=[] if tie else big.ranks,
+        op=small.blocking,
+        site=None,
+        evidence=[*s.evidence, "the source of these frames is not on this host: no branch could be read"],
+    )
+    found.severity = Severity.WARNING  # the reason is unread, and with a tie, the side too
+    found.fix = (
+        "What decides: the source at those lines (run doctor where the code is, or `ncclcheck lint` "
+        "on it), what each rank read before it parted (py-spy dump --locals), or the ranks' "
+        "collective sequences (TORCH_FR_BUFFER_SIZE=2000 and the Flight Recorder dumps given to "
+        "doctor --from)."
+    )
+    return found
 
 
 def no_rank_waits(s: Standoff) -> Explanation:
@@ -486,7 +524,7 @@ def _deferred_finding(
         site=site,
         evidence=[
             *evidence,
-            f"{who(inside.ranks)}: {inside.blocking} inside {known.what}, called from {_where(inside)}",
+            f"{who(inside.ranks)}: {inside.blocking} inside {known.what}, called {_where(inside)}",
             *(f"source: {f.site}: {f.message}" for f in asked),
         ],
         libraries=[known.library],
@@ -649,10 +687,16 @@ def _site(cls: StackClass) -> str | None:
     return f"{relative(cls.site.file, os.getcwd())}:{cls.site.line}" if cls.site else None
 
 
+def _at(cls: StackClass) -> str:
+    """" at train.py:12", or what a summary that names no line makes of it."""
+    site = _site(cls)
+    return f" at {site}" if site else " (no line of the user's code in the evidence)"
+
+
 def _where(cls: StackClass) -> str:
     if not cls.frames:
-        return "?"
-    return " -> ".join(f"{f.function}() {relative(f.file, os.getcwd())}:{f.line}" for f in cls.frames)
+        return "(no line of the user's code in the evidence)"
+    return "at " + " -> ".join(f"{f.function}() {relative(f.file, os.getcwd())}:{f.line}" for f in cls.frames)
 
 
 def _frame_text(frame: Frame) -> str:
