@@ -231,6 +231,14 @@ ISSUERS = {
     # DeepSpeed ZeRO: stage 3 gathers each module's parameters in its forward and backward
     # (pre-forward hooks, on the autograd engine's threads in backward) and reduce-scatters
     # the gradients; stages 1 and 2 reduce the gradients from backward hooks
+    # before deepspeed 0.5 stage3.py held forward's parameter gathers too: named before its "*"
+    **{
+        ("deepspeed.runtime.zero.stage3", function): (
+            "DeepSpeed ZeRO-3 gathering a module's parameters (forward hook)",
+            _ZERO_ADVICE,
+        )
+        for function in ("fetch_sub_module", "pre_sub_module_forward_function", "_synchronize_communication")
+    },
     **{
         (f"deepspeed.runtime.zero.{module}", "*"): (what, _ZERO_ADVICE)
         for module, what in (

@@ -22,7 +22,13 @@ from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import gpus, movement
 from ncclcheck.evidence.aftermath import Aftermath, FactKind, evidence_lines, rank_facts
-from ncclcheck.evidence.classes import merge_stacks, unplaced_classes, user_frames, waiting_at
+from ncclcheck.evidence.classes import (
+    libraries_waited_in,
+    merge_stacks,
+    unplaced_classes,
+    user_frames,
+    waiting_at,
+)
 from ncclcheck.evidence.gpus import GpuReading
 from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
@@ -177,6 +183,10 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
             "waits, not which ranks are set apart, so no rule can name a cause from them. What decides: "
             "the dumps of every rank with their ranks (`ncclcheck doctor --pid` on each host, or "
             "--dump-to), the NCCL watchdog lines of the job's log, or Flight Recorder dumps"
+            + "".join(
+                f". They wait inside {what}, which asks this of every rank: {advice}"
+                for what, advice in libraries_waited_in([u.stack for u in job.unplaced])
+            )
         )
     else:
         report.summary["unexplained"] = (

@@ -7,7 +7,7 @@ import ast
 import os
 from dataclasses import dataclass, field
 
-from ncclcheck.communicates import DEFERRED_FRAMES, DeferredFrame
+from ncclcheck.communicates import DEFERRED_FRAMES, DeferredFrame, issued_at
 from ncclcheck.evidence import device
 from ncclcheck.evidence.stacks import Blocking, ProcessStack, blocking, issuer_advice
 from ncclcheck.frames import framework_name
@@ -237,3 +237,17 @@ def unplaced_classes(stacks: list[tuple[str, ProcessStack]]) -> list[str]:
         count = f"{len(found.ranks)} dump{'s' if len(found.ranks) > 1 else ''}"
         said.append(f"{count} ({labels}): {waits_in}{where}")
     return said
+
+
+def libraries_waited_in(stacks: list[ProcessStack]) -> list[tuple[str, str]]:
+    """The libraries that issue collectives (communicates.ISSUERS) on any thread of these
+    stacks, each once with what it asks of every rank: what a stack of no known rank can
+    still say about the cause's family, without naming one."""
+    found: dict[str, str] = {}
+    for stack in stacks:
+        for thread in stack.threads:
+            for frame in thread.frames:
+                issued = issued_at(frame.file, frame.function)
+                if issued is not None and issued[1] and issued[1] not in found.values():
+                    found[issued[0]] = issued[1]
+    return list(found.items())

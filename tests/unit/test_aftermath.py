@@ -1103,3 +1103,22 @@ def test_a_settings_list_in_backticks_is_not_a_stack(tmp_path: Path) -> None:
     notes = tmp_path / "rank0.txt"
     notes.write_text("- `num_workers`: `8`\n- `backend`: `nccl`\n- `model`: `Llama.from_pretrained`\n")
     assert not read_leftovers([notes]).usable
+
+
+def test_stacks_of_no_known_rank_inside_a_library_say_what_it_asks_of_every_rank(tmp_path: Path) -> None:
+    # no rank is known, so no cause is named; the library's own rule is still worth saying
+    dump = tmp_path / "worker_dump.txt"
+    dump.write_text(
+        'Thread 91 (active): "MainThread"\n'
+        "    _all_gather_base (torch/distributed/distributed_c10d.py:2380)\n"
+        "    _unshard (torch/distributed/fsdp/_runtime_utils.py:330)\n"
+        "    _pre_forward_unshard (torch/distributed/fsdp/_runtime_utils.py:410)\n"
+        "    forward (proj/model.py:52)\n"
+    )
+    report = run_doctor_from([dump])
+    assert not report.findings
+    said = report.summary["unexplained"]
+    assert (
+        "They wait inside FSDP unsharding parameters or reducing gradients, which asks this of every rank"
+        in said
+    )
