@@ -311,6 +311,15 @@ DDP_BROADCASTS = {
         "_broadcast_coalesced (DDP's broadcast of parameters from rank 0, as it is built)"
     ),
 }
+# DDP's native calls that communicate, seen as the Python method that makes them when that
+# method is the innermost frame: in forward() after the first backward, the reducer
+# broadcasts the order of its rebuilt gradient buckets from rank 0 (_rebuild_buckets), the
+# one call of _pre_forward's own that waits on peers.
+DDP_NATIVE_WAITS = {
+    ("torch/nn/parallel/distributed.py", "_pre_forward"): (
+        "broadcast (DDP's rebuilt gradient buckets, from rank 0, in the forward after the first backward)"
+    ),
+}
 
 
 # -- where a rank waits for its GPU (doctor; the NCCL timing emulation) -------------

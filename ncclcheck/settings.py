@@ -52,6 +52,9 @@ class DryRunSettings:
     accelerate_config: str | None = None  # --launcher accelerate: accelerate launch's --config_file
     line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
     lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
+    # periodic actions (file, line of the if) made to fire once within the budget (record/firing.py)
+    fire_periodic: bool = True
+    fire_actions: tuple[tuple[str, int], ...] = ()  # found by preflight where fire_periodic
 
     # -- timeouts derived from the stall timeout -----------------------------------------
 

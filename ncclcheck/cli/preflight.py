@@ -132,6 +132,13 @@ def preflight_command(
         "up to there and trace the functions on the call chains: the exit, handler or loop that "
         "decided, with the value or exception (costs one more short run).",
     ),
+    fire_periodic: bool = typer.Option(
+        True,
+        "--fire-periodic/--no-fire-periodic",
+        help="Make each periodic action (`if step % N == 0:` whose body reaches a collective: a "
+        "save, an evaluation) fire once at its first test, so that it runs within the budget; "
+        "the rest of its test (a rank test) is left as written.",
+    ),
     world_size: int = typer.Option(
         None,
         "--world-size",
@@ -180,6 +187,7 @@ def preflight_command(
         nccl_timing=nccl_timing,
         perturb=perturb,
         line_evidence=line_evidence,
+        fire_periodic=fire_periodic,
         eval_batches=_eval_batches(eval_batches),
         launcher=Launcher.ACCELERATE
         if launcher == Launcher.AUTO and accelerate_config

@@ -7,7 +7,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from ncclcheck.launch.virtual import (
     reference_of,
     run_virtual,
 )
+from ncclcheck.lint.periodic import actions_to_fire
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.record.tracefile import End
@@ -108,6 +109,8 @@ def run_preflight(
         path = check_script(script)
     asked = settings.launcher
     settings, spawn_site = _resolve_launcher(settings, torchrun, path, virtual)
+    if settings.fire_periodic:
+        settings = replace(settings, fire_actions=tuple(actions_to_fire(Path(path))))
     if settings.launcher == Launcher.SLURM:
         _check_allocation(torchrun)
     own_dir = trace_dir is None

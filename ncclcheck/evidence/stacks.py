@@ -19,6 +19,7 @@ import psutil
 from ncclcheck.communicates import (
     COMM_LAYERS,
     DDP_BROADCASTS,
+    DDP_NATIVE_WAITS,
     OP_ADVICE,
     OWN_WRAPPERS,
     WAITABLE_OPS,
@@ -190,6 +191,14 @@ def _distributed_call(main: ThreadStack) -> Blocking | None:
 
 def _in_collective(thread: ThreadStack) -> Blocking | None:
     """The collective a thread waits in (or DDP's broadcast), as its frames show it."""
+    if thread.frames:
+        innermost = thread.frames[0]
+        for (fragment, function), what in DDP_NATIVE_WAITS.items():
+            if (
+                innermost.file.replace("\\", "/").endswith(fragment)
+                and innermost.function.rsplit(".", 1)[-1] == function
+            ):
+                return Blocking(what, True)
     collective = _collective_frame(thread)
     for index, frame in enumerate(thread.frames):  # innermost first
         if index == collective:

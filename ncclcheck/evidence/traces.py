@@ -111,6 +111,8 @@ class RankTrace:
     cpu_mapped: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --cpu
     perturbed: list[tuple[str, Frame]] = field(default_factory=list)  # preflight --perturb
     adapted: list[tuple[str, Frame]] = field(default_factory=list)  # framework options the dry run set
+    # periodic actions that fired, at their if: "fired", or "made to fire" (record/firing.py)
+    fired: list[tuple[str, Frame]] = field(default_factory=list)
     rooted_reads: list[RootedRead] = field(default_factory=list)
     phase: str = "train"
     last_time: float = 0.0
@@ -538,9 +540,14 @@ def _apply(
                 dst=int(record["reduce"]["dst"]),
             )
         )
-    elif kind in ("cpu", "perturb", "framework"):
+    elif kind in ("cpu", "perturb", "framework", "fired"):
         noted = (str(record["kind"]), trace_frame(record["site"]))
-        {"cpu": trace.cpu_mapped, "perturb": trace.perturbed, "framework": trace.adapted}[kind].append(noted)
+        {
+            "cpu": trace.cpu_mapped,
+            "perturb": trace.perturbed,
+            "framework": trace.adapted,
+            "fired": trace.fired,
+        }[kind].append(noted)
 
 
 def load_traces(folder: Path, live: bool = False) -> Traces:

@@ -179,13 +179,24 @@ def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
             reached.update((os.path.realpath(f.file), f.line) for f in call.user_stack)
             if call.site is not None:
                 reached.add((os.path.realpath(call.site.file), call.site.line))
+    made_to_fire = {
+        (os.path.realpath(f.file), f.line)
+        for t in d.ev.traces.values()
+        for kind, f in t.fired
+        if kind == "made to fire"
+    }
     checked: dict[Path, list[Finding]] = {}  # lint's findings per file, read once
     for action in actions:
         path = os.path.realpath(action.path)
         first, last = action.body
         where = f"{relative(str(action.path), d.ev.cwd)}:{action.line}"
         if any(p == path and first <= line <= last for p, line in reached):
-            found.ran.append(f"`if {action.test}` at {where} fired: its collectives ran")
+            made = (path, action.line) in made_to_fire
+            found.ran.append(
+                f"`if {action.test}` at {where} "
+                + ("was made to fire at its first test (its own step was not reached)" if made else "fired")
+                + ": its collectives ran"
+            )
             continue
         chain = " -> ".join(action.collective.chain)
         if action.path not in checked:

@@ -10,6 +10,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from ncclcheck.errors import InputError
 from ncclcheck.lint.findings import Collective, Function, ParsedModule
 from ncclcheck.lint.project import Linter
 from ncclcheck.lint.syntax import reaching_nodes_in
@@ -29,16 +30,39 @@ class PeriodicAction:
 
 def is_periodic(test: ast.expr) -> bool:
     """A test on a remainder: ``x % n == k`` (either side), ``not x % n``."""
+    return bool(periodic_parts(test))
+
+
+def periodic_parts(test: ast.expr) -> list[ast.expr]:
+    """The parts of ``test`` that are periodic (``step % 100 == 0`` in ``rank == 0 and
+    step % 100 == 0``): what preflight makes fire, leaving the rest of the test as it is."""
+    found: list[ast.expr] = []
     for node in ast.walk(test):
         if (
             isinstance(node, ast.Compare)
             and all(isinstance(op, ast.Eq) for op in node.ops)
             and any(_remainder(side) for side in (node.left, *node.comparators))
-        ):
-            return True
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and _remainder(node.operand):
-            return True
-    return False
+        ) or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and _remainder(node.operand)):
+            found.append(node)
+    return found
+
+
+def actions_to_fire(script: Path) -> list[tuple[str, int]]:
+    """(file, line) of every periodic action in the script and the local modules it
+    imports: what a dry run makes fire once (record/firing.py). A file that cannot be
+    read gives none: the run itself reports on it."""
+    linter = Linter()
+    try:
+        linter.load(script)
+    except InputError:
+        return []
+    found: list[tuple[str, int]] = []
+    for path in list(linter.modules):
+        try:
+            found += [(str(a.path), a.line) for a in periodic_actions(linter, path)]
+        except InputError:
+            continue
+    return found
 
 
 def _remainder(node: ast.expr) -> bool:

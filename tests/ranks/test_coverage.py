@@ -1,5 +1,6 @@
 """preflight says aligned only for what it ran (explain/coverage.py), on real ranks: a
-checkpoint every N steps past the dry run's budget, and train passes that end at
+checkpoint every N steps past the dry run's budget (made to fire within it, record/firing.py,
+or said as not run), and train passes that end at
 different steps on different ranks, each with its fixed twin."""
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ CHECKPOINT = SCRIPTS / "checkpoint_every_n_steps.py"
 TOKEN_BUDGET = SCRIPTS / "token_budget_batches.py"
 
 
-def test_a_checkpoint_every_n_steps_past_the_budget_is_partial_not_aligned() -> None:
-    # 5 steps a pass, a save every 200: the save and its barrier never ran
-    proc, report = preflight("--nproc-per-node=2", str(CHECKPOINT), env={"MODE": "broken"})
+def test_a_checkpoint_every_n_steps_past_the_budget_is_partial_when_not_made_to_fire() -> None:
+    # 5 steps a pass, a save every 200, --no-fire-periodic: the save and its barrier never ran
+    proc, report = preflight(
+        "--nproc-per-node=2", "--no-fire-periodic", str(CHECKPOINT), env={"MODE": "broken"}
+    )
     assert proc.returncode == 5, proc.stderr[-2000:]
     assert (report["verdict"], report["findings"]) == ("partial", []), report
     if_line = line_in(CHECKPOINT, "if step % SAVE_EVERY == 0:")
@@ -29,22 +32,24 @@ def test_a_checkpoint_every_n_steps_past_the_budget_is_partial_not_aligned() -> 
 
 
 @pytest.mark.parametrize(("mode", "code"), [("broken", 1), ("fixed", 0)])
-def test_once_the_checkpoint_fires_in_the_budget_the_broken_save_is_found_and_the_fixed_is_aligned(
+def test_a_checkpoint_every_n_steps_is_made_to_fire_the_broken_save_is_found_and_the_fixed_is_aligned(
     mode: str, code: int
 ) -> None:
-    proc, report = preflight(
-        "--nproc-per-node=2", "--train-steps=12", str(CHECKPOINT), env={"MODE": mode, "SAVE_EVERY": "10"}
-    )
+    # the default budget (5 steps) and a save every 200: the save fires at its first test
+    proc, report = preflight("--nproc-per-node=2", str(CHECKPOINT), env={"MODE": mode})
     assert proc.returncode == code, (proc.stderr[-2000:], report)
+    fired = line_in(CHECKPOINT, "if step % SAVE_EVERY == 0:")
+    assert (
+        f"`if step % SAVE_EVERY == 0` at tests/scripts/checkpoint_every_n_steps.py:{fired} was made to fire "
+        "at its first test (its own step was not reached): its collectives ran"
+        in report["summary"]["covered"]
+    ), report["summary"]
     if mode == "fixed":
         assert report["verdict"] == "aligned", report
-        fired = line_in(CHECKPOINT, "if step % SAVE_EVERY == 0:")
-        assert (
-            f"`if step % SAVE_EVERY == 0` at tests/scripts/checkpoint_every_n_steps.py:{fired} fired: its "
-            in ("\n".join(report["summary"]["covered"]))
-        )
+        assert "not_run" not in report["summary"], report["summary"]
         return
     finding = next(f for f in report["findings"] if f["severity"] == "error")
+    assert finding["cause"] == "rank-exception", finding
     assert (
         finding["site"]
         == f"tests/scripts/checkpoint_every_n_steps.py:{line_in(CHECKPOINT, 'dist.barrier()  #')}"

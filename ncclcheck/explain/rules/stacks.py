@@ -688,7 +688,7 @@ def _site(cls: StackClass) -> str | None:
 
 
 def _at(cls: StackClass) -> str:
-    """" at train.py:12", or what a summary that names no line makes of it."""
+    """ " at train.py:12", or what a summary that names no line makes of it."""
     site = _site(cls)
     return f" at {site}" if site else " (no line of the user's code in the evidence)"
 
