@@ -38,7 +38,7 @@ class TimedOutWork:
 
     group: str  # the process group's id as NCCL names it ("0" for the default group)
     seq: int
-    op: str
+    op: str  # "" where the line was cut before the op's name ended
     numel_in: int | None
     numel_out: int | None
     source: Source
@@ -47,7 +47,7 @@ class TimedOutWork:
     def describe(self) -> str:
         unit = "element" if self.numel_in == 1 else "elements"
         sizes = f", {self.numel_in} {unit} in" if self.numel_in is not None else ""
-        return f"#{self.seq} {self.op}{sizes} on group {self.group}"
+        return f"#{self.seq} {self.op or '(op cut off in the line)'}{sizes} on group {self.group}"
 
 
 @dataclass(frozen=True)

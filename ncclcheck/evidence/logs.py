@@ -58,7 +58,12 @@ _PREFIX = re.compile(
     r"^[ \t]*(?:\([^()]{0,120}\bpid=\d+[^()]{0,60}\) |[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?"
     r"\[(?:rank|default)(\d+)\]:\s?"
 )
-_WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+), NumelOut=(\d+))?")
+# each field read only where its delimiter follows: a posted line cut mid-field ("OpType=ALLR",
+# "NumelOut=12") must not read as another op or size
+_WORK = re.compile(
+    r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?=[,)])(?:, NumelIn=(\d+), NumelOut=(\d+)(?=[,)]))?"
+)
+_WORK_CUT = re.compile(r"WorkNCCL\(SeqNum=(\d+)(?=[,)])")  # the op cut off: number only
 _WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
@@ -612,12 +617,13 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
     group = group_match.group(1) if group_match else _NO_GROUP
     source = Source(str(text.path), number)
     text.kinds.add("NCCL watchdog lines")
-    if work := _WORK.search(line):
-        numel_in, numel_out = work.group(3), work.group(4)
+    if work := _WORK.search(line) or _WORK_CUT.search(line):
+        full = work.re is _WORK
+        numel_in, numel_out = (work.group(3), work.group(4)) if full else (None, None)
         timed_out = TimedOutWork(
             group,
             int(work.group(1)),
-            work.group(2),
+            work.group(2) if full else "",
             int(numel_in) if numel_in else None,
             int(numel_out) if numel_out else None,
             source,

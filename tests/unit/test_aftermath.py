@@ -1122,3 +1122,30 @@ def test_stacks_of_no_known_rank_inside_a_library_say_what_it_asks_of_every_rank
         "They wait inside FSDP unsharding parameters or reducing gradients, which asks this of every rank"
         in said
     )
+
+
+def test_a_watchdog_line_cut_mid_field_is_no_other_op_or_size(tmp_path: Path) -> None:
+    # posted excerpts end mid-word: "OpType=ALLR" is ALLREDUCE cut short, not another op
+    whole = (
+        "[E ProcessGroupNCCL.cpp:737] [Rank {r}] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=77, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1802212 milliseconds "
+        "before timing out.\n"
+    )
+    log = tmp_path / "job.log"
+    log.write_text(
+        "".join(whole.format(r=r) for r in (1, 2, 3))
+        + "[E ProcessGroupNCCL.cpp:737] [Rank 5] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=77, OpType=ALLR"
+    )
+    job = read_leftovers([log])
+    assert job.ranks[5].timeouts[0].op == ""
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.severity.value == "warning" and finding.absent_ranks == []
+    assert "ranks 1-3,5 timed out in the same collective, ALLREDUCE #77" in finding.message
+    sized = tmp_path / "sized.log"
+    sized.write_text(
+        "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=9, OpType=ALLGATHER, NumelIn=4096, NumelOut=81"
+    )
+    (cut,) = read_leftovers([sized]).ranks[0].timeouts
+    assert (cut.op, cut.numel_in) == ("ALLGATHER", None)  # NumelOut=81 may be 8192 cut short

@@ -296,7 +296,8 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
     for group, seq, works in _at_one_position(s):
         by_op: dict[str, list[int]] = {}
         for rank, work in works.items():
-            by_op.setdefault(work.op, []).append(rank)
+            if work.op:  # an op cut off in its line is no other op
+                by_op.setdefault(work.op, []).append(rank)
         if len(by_op) > 1:
             said = f"collective #{seq} of group {group}: " + "; ".join(
                 f"{who(ranks)} issued {op}" for op, ranks in sorted(by_op.items())
@@ -904,9 +905,20 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
     fit (they never issued it, or they waited too) and what would decide is said."""
     for group in s.groups:
         works = s.works(group)
-        kinds = {(w.seq, w.op, w.numel_in) for ws in works.values() for w in ws}
+        # a line cut before its op's name ended agrees with any op at its number
+        kinds = {(w.seq, w.op, w.numel_in) for ws in works.values() for w in ws if w.op}
+        if not kinds:
+            kinds = {(w.seq, w.op, w.numel_in) for ws in works.values() for w in ws}
+        numbers = {w.seq for ws in works.values() for w in ws}
         last = {rec.last_enqueued(group) for rec in s.job.ranks.values()} - {None}
-        if not works or len(kinds) != 1 or len(last) > 1 or s.silent or (len(works) < 2 and not s.unseen):
+        if (
+            not works
+            or len(kinds) != 1
+            or len(numbers) != 1
+            or len(last) > 1
+            or s.silent
+            or (len(works) < 2 and not s.unseen)
+        ):
             continue
         seq, op, _ = kinds.pop()
         unseen = s.unseen
