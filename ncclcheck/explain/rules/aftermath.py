@@ -880,7 +880,11 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
         return None
     dumped = sorted(stacks)
     classes = merge_stacks({r: st for r, st in stacks.items() if st.threads or st.status == "stopped"})
-    explanation = explain_classes(s.d, classes, len(dumped), dumped, s.job.world_said == len(dumped))
+    # the ranks the files name without a stack: where they were, the stacks cannot say
+    not_dumped = tuple(sorted(set(s.job.ranks) - set(dumped)))
+    explanation = explain_classes(
+        s.d, classes, len(dumped), dumped, s.job.world_said == len(dumped) and not not_dumped, not_dumped
+    )
     # where each stack was read: the file, and the line of its dump
     explanation.evidence += evidence_lines(s.job, {FactKind.STACK})
     if explanation.cause is Cause.TRANSPORT_HANG:

@@ -36,6 +36,8 @@ class Standoff:
     # False where the evidence does not say how many ranks the job has (one rank's dump
     # posted alone): ``world`` is then only the ranks seen, and others may exist
     world_known: bool = True
+    # ranks the files name (a log, a summary) whose stacks are not among them
+    not_dumped: tuple[int, ...] = ()
 
     @property
     def missing(self) -> list[int]:
@@ -68,13 +70,20 @@ class Standoff:
 
 
 def explain_classes(
-    d: Context, classes: list[StackClass], world: int, found: list[int], world_known: bool = True
+    d: Context,
+    classes: list[StackClass],
+    world: int,
+    found: list[int],
+    world_known: bool = True,
+    not_dumped: tuple[int, ...] = (),
 ) -> Explanation:
     """The playbooks' doctor signals, applied to the merged stack classes."""
     evidence = [_seen(c) for c in classes]
     # what to do about a collective library code issued (SyncBatchNorm in training mode)
     evidence += dict.fromkeys(c.advice for c in classes if c.advice is not None)
-    explanation = first_explanation(STACK_RULES, Standoff(d, classes, world, found, evidence, world_known))
+    explanation = first_explanation(
+        STACK_RULES, Standoff(d, classes, world, found, evidence, world_known, not_dumped)
+    )
     assert explanation is not None, "the last rule always answers"
     synchronising = [c for c in classes if c.sync is not None and set(c.ranks) & set(explanation.ranks)]
     if synchronising:
@@ -256,14 +265,31 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
     if frozen:
         evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
     unseen = s.unseen
-    if unseen:
-        # every rank here agrees; the ranks on other hosts may not have reached this call
-        message = (
+    others = (
+        who(unseen)
+        if unseen
+        else f"{who(list(s.not_dumped))}, whose stacks are not here,"
+        if s.not_dumped
+        else None
+        if s.world_known
+        else "the ranks not in these files"
+    )
+    if others is not None:
+        # every rank here agrees; the ranks not seen may not have reached this call
+        where = (
             f"{who(sorted(only.ranks))}, every rank on this host, {_verb(only.ranks)} in {only.blocking}"
-            f"{_at(only)}; {who(unseen)} {'runs' if len(unseen) == 1 else 'run'} on other hosts "
-            f"and nothing here says where. No rank is set apart by these stacks: either {who(unseen)} "
-            "never reached this call (busy elsewhere, or a call skipped there) or every rank waits in "
-            "it (the transport)"
+            f"{_at(only)}; {others} {'runs' if len(unseen) == 1 else 'run'} on other hosts and nothing "
+            "here says where"
+            if unseen
+            else f"{who(sorted(only.ranks))} {_verb(only.ranks)} in {only.blocking}{_at(only)}; nothing "
+            f"here says where {who(list(s.not_dumped))} {'was' if len(s.not_dumped) == 1 else 'were'}"
+            if s.not_dumped
+            else f"{who(sorted(only.ranks))} {_verb(only.ranks)} in {only.blocking}{_at(only)}; nothing "
+            "here says how many ranks the job has, nor where the others are"
+        )
+        message = (
+            f"{where}. No rank is set apart by these stacks: either {others} never reached this call "
+            "(busy elsewhere, or a call skipped there) or every rank waits in it (the transport)"
         )
     else:
         message = (
@@ -273,7 +299,7 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
             "with the same launcher options"
         )
     found = s.d.explanation(
-        Cause.STRAGGLER if unseen else Cause.TRANSPORT_HANG,
+        Cause.STRAGGLER if others is not None else Cause.TRANSPORT_HANG,
         message,
         ranks=sorted(only.ranks + frozen),
         absent_ranks=[],
@@ -281,10 +307,10 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
         site=_site(only),
         evidence=evidence,
     )
-    if unseen:
+    if others is not None:
         found.severity = Severity.WARNING  # two readings fit: neither is said as found
         found.fix = (
-            f"What decides: the stacks of {who(unseen)} at the same moment (`ncclcheck doctor --pid "
+            f"What decides: the stacks of {others} at the same moment (`ncclcheck doctor --pid "
             "PID --dump-to DIR` on every host, then `ncclcheck doctor --from DIR`)"
         )
     return found
