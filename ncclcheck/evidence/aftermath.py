@@ -130,6 +130,12 @@ class RankAftermath:
     # "watchdog got stuck"): a NCCL or CUDA call blocked it, so it could not time out a
     # collective of its own; 0 where the line gives no duration
     watchdog_stuck: tuple[int, Source] | None = None
+    # it reached gloo's monitored_barrier and got no answer from this rank, its coordinator
+    # ("received errors while waiting for send/recv from rank 0"), where said
+    barrier_waited_on: tuple[int, Source] | None = None
+    # it set up a NCCL communicator and never got the ncclUniqueId the group's first rank
+    # publishes in the store: (that rank, the store's error, where said)
+    unique_id_from: tuple[int, str, Source] | None = None
     # the last collectives it issued, by sequence (NCCL_COLL, DETAIL_RUNNING)
     issued: dict[str, list[Issued]] = field(default_factory=dict)
     flight_recorder: dict[str, Any] = field(default_factory=dict)  # flight_recorder.read_dump's summary
@@ -291,6 +297,8 @@ class Aftermath:
             or r.stack
             or r.flight_recorder
             or r.watchdog_stuck
+            or r.barrier_waited_on
+            or r.unique_id_from
             or r.issued
             for r in self.ranks.values()
         )
@@ -308,6 +316,7 @@ class FactKind(Enum):
     ISSUED = "issued"  # the last collective a numbered sequence shows it issued
     ENDING = "ending"  # how it ended: code, signal, error
     HEARD = "heard"  # its output is in the files, with no watchdog line of its own
+    BARRIER = "barrier"  # it waited on one named rank: a monitored_barrier's coordinator, a NCCL id
 
 
 class Fact(NamedTuple):
@@ -384,7 +393,30 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
                 str(said),
             )
         )
-    elif record.heard is not None and not record.timeouts and not record.progress:
+    if record.barrier_waited_on is not None:
+        waited_on, said = record.barrier_waited_on
+        facts.append(
+            Fact(
+                FactKind.BARRIER,
+                f"it reached gloo's monitored_barrier and got no answer from rank {waited_on}",
+                str(said),
+            )
+        )
+    elif record.unique_id_from is not None:
+        first, error, said = record.unique_id_from
+        facts.append(
+            Fact(
+                FactKind.BARRIER,
+                f"it set up a NCCL communicator and never got rank {first}'s ncclUniqueId ({error})",
+                str(said),
+            )
+        )
+    elif (
+        record.watchdog_stuck is None
+        and record.heard is not None
+        and not record.timeouts
+        and not record.progress
+    ):
         facts.append(Fact(FactKind.HEARD, "its own lines hold no watchdog timeout", str(record.heard)))
     if record.stack is not None and record.stack_source is not None:
         facts.append(

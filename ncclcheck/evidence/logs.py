@@ -119,6 +119,10 @@ _NOT_FINISHED = re.compile(r"\[([\d, ]+)\] joined but didn't finish collective #
 # gloo's monitored_barrier, as rank 0 and the others say it
 _BARRIER_LATE = re.compile(r"Rank (\d+) failed to pass monitoredBarrier in (\d+) ms")
 _BARRIER_REACHED = re.compile(r"Rank (\d+) successfully reached monitoredBarrier")
+_BARRIER_UNANSWERED = re.compile(
+    r"Rank (\d+) successfully reached monitoredBarrier, but received errors while waiting for "
+    r"send/recv from rank (\d+)"
+)
 _SNAPSHOT = re.compile(r"^\s*\[([\d, ]+)\] (?:started|finished) \w+")  # its ranks' latest states
 
 
@@ -131,6 +135,11 @@ def _monitored_barrier(text: _TextFile, line: str, number: int) -> None:
     for reached in _BARRIER_REACHED.finditer(line):
         found.barrier_reached.add(int(reached.group(1)))
         found.world_size = max(found.world_size, int(reached.group(1)) + 1)
+    for unanswered in _BARRIER_UNANSWERED.finditer(line):
+        waiting, waited_on = int(unanswered.group(1)), int(unanswered.group(2))
+        record = found.rank(waiting)
+        record.barrier_waited_on = record.barrier_waited_on or (waited_on, Source(str(text.path), number))
+        found.world_size = max(found.world_size, waiting + 1, waited_on + 1)
     if found.barrier_late or found.barrier_reached:
         text.kinds.add("gloo's monitored_barrier")
 
@@ -546,6 +555,15 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if "NCCL work" in line or "WorkNCCL(" in line or "last enqueued work" in line:
         _nccl_line(text, rank, line, number)
+    if "retrieving ncclUniqueId" in line and (waited := _UNIQUE_ID.search(line)):
+        record = text.found.rank(int(waited.group(1)) if rank is None else rank)
+        record.unique_id_from = record.unique_id_from or (
+            int(waited.group(2)),
+            waited.group(3).strip().rstrip("."),
+            Source(str(text.path), number),
+        )
+        text.kinds.add("NCCL communicator set-up errors")
+        return
     if _TRANSPORT_ERROR.search(line):
         text.found.transport_errors.append((rank, Source(str(text.path), number)))
         text.kinds.add("NCCL or transport errors")
@@ -652,6 +670,14 @@ _TRANSPORT_ERROR = re.compile(
     r"ncclRemoteError|ncclSystemError|ncclInternalError|remote process exited or there was a network error"
     r"|NET/(?:IB|Socket|OFI)\b.*\b(?:[Ee]rror|failed)"
     r"|Connection reset by peer|Connection closed by (?:remote )?peer"
+)
+
+
+# torch 2.2 and later, as a rank's NCCL communicator is created lazily at its first
+# collective on a group: the group's first rank publishes the id, the others wait for it
+_UNIQUE_ID = re.compile(
+    r"\[(\d+)\] is setting up NCCL communicator and retrieving ncclUniqueId from \[(\d+)\]"
+    r".*?got error: (.*)$"
 )
 
 

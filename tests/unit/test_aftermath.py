@@ -1164,3 +1164,51 @@ def test_a_watchdog_line_cut_mid_field_is_no_other_op_or_size(tmp_path: Path) ->
     )
     (cut,) = read_leftovers([sized]).ranks[0].timeouts
     assert (cut.op, cut.numel_in) == ("ALLGATHER", None)  # NumelOut=81 may be 8192 cut short
+
+
+def _unanswered(rank: int) -> str:
+    return (
+        f"[rank{rank}]:[E ProcessGroupGloo.cpp:138] Rank {rank} successfully reached monitoredBarrier, but "
+        "received errors while waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.\n"
+    )
+
+
+def test_ranks_unanswered_at_a_monitored_barrier_make_its_coordinator_the_first_suspect(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("epoch 3 | step 1200 | loss 2.31\n" + _unanswered(2) + _unanswered(5))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([2, 5], [0])
+    assert "rank 0 is the first suspect" in finding.message
+    assert finding.fix is not None and finding.fix.startswith("What decides: rank 0's own log")
+    # rank 0's own line names the rank that did not come: that rank, not rank 0
+    log.write_text(
+        _unanswered(2)
+        + "[rank0]:[E ProcessGroupGloo.cpp:136] Rank 6 failed to pass monitoredBarrier in 1800000 ms\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.absent_ranks == [6], finding.message
+
+
+def _no_unique_id(rank: int, error: str) -> str:
+    return (
+        f"[rank{rank}]: torch.distributed.DistBackendError: [{rank}] is setting up NCCL communicator and "
+        f"retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got "
+        f"error: {error}\n"
+    )
+
+
+def test_ranks_that_never_got_the_nccl_id_set_apart_the_rank_that_publishes_it(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("".join(_no_unique_id(r, "Socket Timeout") for r in (1, 2, 3)))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([1, 2, 3], [0])
+    assert "rank 0 never reached that collective" in finding.message
+    # the store gone: the job was torn down, rank 0's failure the likely reason; the waiting
+    # ranks' own errors are waits given up, never their own failure
+    log.write_text(_no_unique_id(1, "Connection reset by peer"))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [0])

@@ -40,7 +40,13 @@ from ncclcheck.model import Frame, Severity, format_ranks
 from ncclcheck.wording import its, relative, signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
-_WAITED = re.compile(r"timed? ?out|timeout|watchdog|communicator was aborted|collective operation", re.I)
+# an error that is a wait given up, not a failure of the rank's own: a timeout, the watchdog,
+# the store's connection lost because its host (torchrun's agent, or rank 0) went away
+_WAITED = re.compile(
+    r"timed? ?out|timeout|watchdog|communicator was aborted|collective operation|ncclUniqueId"
+    r"|Connection reset by peer|Connection closed by peer|Broken pipe",
+    re.I,
+)
 
 
 @dataclass
@@ -135,7 +141,7 @@ def _says_where(record: RankAftermath | None) -> bool:
     """Does the evidence say anything of where this rank was, beyond that it was aborted?"""
     if record is None:
         return False
-    if record.stack is not None or record.flight_recorder or record.progress:
+    if record.stack is not None or record.flight_recorder or record.progress or record.barrier_waited_on:
         return True
     if record.heard is not None and record.watchdog_stuck is None:
         # its own lines without a timeout say it waited in no collective, unless its
@@ -595,7 +601,7 @@ def a_monitored_barrier_names_the_late_rank(s: Leftovers) -> Explanation | None:
     """gloo's monitored_barrier is the one wait that names who did not arrive: its rank 0
     says which ranks failed to pass in time (the others only that rank 0 went quiet)."""
     if not s.job.barrier_late:
-        return None
+        return _the_monitored_barrier_went_unanswered(s)
     late = sorted(s.job.barrier_late)
     timeout_ms, source = s.job.barrier_late[late[0]]
     arrived = sorted(set(range(s.job.world_size)) - set(late))
@@ -615,6 +621,82 @@ def a_monitored_barrier_names_the_late_rank(s: Leftovers) -> Explanation | None:
             + (f"; {who(reached)} said they reached it" if reached else ""),
         ],
     )
+
+
+def a_rank_never_published_its_nccl_id(s: Leftovers) -> Explanation | None:
+    """Ranks that created a NCCL communicator at their first collective on a group and never
+    got the id its first rank publishes: that rank never reached its first collective there.
+    A store whose connection was reset or closed means the job was being torn down, most
+    often because that rank had failed; a timeout, that it was busy elsewhere or gone."""
+    waiting = {r: w for r, rec in s.job.ranks.items() if (w := rec.unique_id_from) is not None}
+    if not waiting:
+        return None
+    ranks = sorted(waiting)
+    first = sorted({rank for rank, _, _ in waiting.values()})
+    errors = sorted({error for _, error, _ in waiting.values()})
+    gone = any(re.search(r"reset|closed|broken pipe|refused", e, re.I) for e in errors)
+    found = s.d.explanation(
+        Cause.RANK_CRASHED if gone else Cause.STRAGGLER,
+        f"{who(ranks)} created a NCCL communicator at {its(ranks)} first collective on a group and never "
+        f"got the id {who(first)} publishes there: {who(first)} never reached that collective. "
+        + (
+            f"The store's connection was lost ({errors[0]}): the job was being torn down, most often "
+            f"because {who(first)} had failed before it; {its(first)} own traceback says why"
+            if gone
+            else f"The wait gave up ({errors[0]}): {who(first)} was busy elsewhere for the whole "
+            "timeout, or gone"
+        ),
+        ranks=ranks,
+        absent_ranks=first,
+        op=None,
+        site=None,
+        evidence=s.evidence,
+    )
+    found.fix = (
+        f"What decides: {who(first)}'s own output before this (a traceback: rank-exception or "
+        "rank-crashed, fix what it raised; a long step of its own, such as loading or preprocessing "
+        "data while the others wait: do it before init_process_group or on every rank)."
+    )
+    return found
+
+
+def _the_monitored_barrier_went_unanswered(s: Leftovers) -> Explanation | None:
+    """Ranks that reached gloo's monitored_barrier and got no answer from the rank that
+    coordinates it (rank 0): it never came, or it waited there on another rank that did
+    not, which its own line would name ("Rank N failed to pass"). With no such line in the
+    files, the coordinator is the first suspect, said as such."""
+    unanswered = {r: rec.barrier_waited_on for r, rec in s.job.ranks.items() if rec.barrier_waited_on}
+    if not unanswered:
+        return None
+    waiting = sorted(unanswered)
+    waited_on = sorted({rank for rank, _ in unanswered.values()})
+    sources = [str(source) for _, source in unanswered.values()]
+    found = s.d.explanation(
+        Cause.STRAGGLER,
+        f"{who(waiting)} reached gloo's monitored_barrier and got no answer from {who(waited_on)}, "
+        f"which coordinates it: either {who(waited_on)} never reached the barrier (busy elsewhere, "
+        f"or gone), or it waited there on another rank that did not come, which {its(waited_on)} own "
+        f'log would name ("Rank N failed to pass monitoredBarrier"). No such line is here: '
+        f"{who(waited_on)} is the first suspect",
+        ranks=waiting,
+        absent_ranks=waited_on,
+        op="monitored_barrier",
+        site=None,
+        evidence=[
+            *s.evidence,
+            f"gloo's monitored_barrier ({sources[0]}"
+            + (f" and {len(sources) - 1} more" if len(sources) > 1 else "")
+            + f"): {who(waiting)} reached it, then errors waiting for {who(waited_on)}",
+        ],
+    )
+    found.fix = (
+        f"What decides: {who(waited_on)}'s own log or stack. A line \"Rank N failed to pass "
+        f'monitoredBarrier" there names another rank as late; a traceback says it failed; a '
+        "progress bar or a stack outside the barrier says what kept it busy. Work that keeps one "
+        "rank from the barrier for long (preprocessing, a download, a map over the dataset) is done "
+        "before init_process_group, on every rank, or cached; else the barrier gets a timeout sized for it."
+    )
+    return found
 
 
 def _desync_text(verdict: DesyncVerdict) -> str:
@@ -1032,6 +1114,7 @@ _FIND_THE_REASON = (
 AFTERMATH_RULES = (
     the_debug_check_says,
     a_rank_failed_first,
+    a_rank_never_published_its_nccl_id,
     the_desync_report_says,
     a_monitored_barrier_names_the_late_rank,
     ops_differ_at_one_position,
