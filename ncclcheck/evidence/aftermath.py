@@ -207,6 +207,24 @@ class FrTraceVerdict:
 
 
 @dataclass(frozen=True)
+class ProgressBar:
+    """A progress bar (tqdm's) the log holds unfinished, in its last state: work some process
+    was doing, ``elapsed_s`` into it, when the log was cut or the job ended."""
+
+    what: str  # its description: "Running tokenizer on dataset", "Map (num_proc=14)"
+    done: str  # "280000/2969526"
+    elapsed_s: int
+    source: Source
+    rank: int | None = None  # where a prefix says whose it is
+
+    def describe(self) -> str:
+        minutes, seconds = divmod(self.elapsed_s, 60)
+        hours, minutes = divmod(minutes, 60)
+        clock = f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+        return f"'{self.what}' at {self.done} after {clock}"
+
+
+@dataclass(frozen=True)
 class DesyncVerdict:
     """A line of NCCL's desync report (TORCH_NCCL_DESYNC_DEBUG=1): "[7] finished collective
     #182, but didn't join collective #183", or "[0, 1, ...] joined but didn't finish
@@ -274,6 +292,8 @@ class Aftermath:
     # not pass; and the ranks it says reached it
     barrier_late: dict[int, tuple[int, Source]] = field(default_factory=dict)
     barrier_reached: set[int] = field(default_factory=set)
+    # unfinished progress bars, by description, in their last state (logs.py)
+    progress_bars: dict[str, ProgressBar] = field(default_factory=dict)
     # lines that report a failing transport or an NCCL error other than a timeout
     # ("ncclRemoteError", "NET/IB : Got completion ... with error", "Connection reset by
     # peer"), with the rank that printed each where a prefix says it

@@ -31,6 +31,7 @@ from ncclcheck.evidence.aftermath import (
     FingerprintMismatch,
     Issued,
     Progress,
+    ProgressBar,
     RankAftermath,
     Source,
     TimedOutWork,
@@ -235,6 +236,7 @@ def _may_matter(line: str) -> bool:
         or "Running collective: CollectiveFingerPrint(" in line
         or "] started " in line
         or "] finished " in line
+        or "%|" in line  # a progress bar (tqdm's)
         or "run_id" in line
         or "orld_size" in line
         or "WORLD_SIZE" in line
@@ -555,6 +557,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if "NCCL work" in line or "WorkNCCL(" in line or "last enqueued work" in line:
         _nccl_line(text, rank, line, number)
+    if "%|" in line:
+        _progress_bar(text, rank, line, number)  # and on: a watchdog line often follows on the same line
     if "retrieving ncclUniqueId" in line and (waited := _UNIQUE_ID.search(line)):
         record = text.found.rank(int(waited.group(1)) if rank is None else rank)
         record.unique_id_from = record.unique_id_from or (
@@ -671,6 +675,35 @@ _TRANSPORT_ERROR = re.compile(
     r"|NET/(?:IB|Socket|OFI)\b.*\b(?:[Ee]rror|failed)"
     r"|Connection reset by peer|Connection closed by (?:remote )?peer"
 )
+
+
+# tqdm's bar: "desc:  9%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
+_BAR = re.compile(
+    r"(?:^|\r)\s*(?P<what>[^|\r\[]*?):\s+(?P<pct>\d+)%\|[^|\r]*\|\s*(?P<done>[\d.]+[kMG]?/[\d.]+[kMG]?)"
+    r"\s+\[(?P<elapsed>\d+(?::\d+){1,2})<"
+)
+
+
+def _progress_bar(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    """Per description, the longest-running unfinished state of a bar (a terminal's bar
+    rewrites itself with carriage returns, and each rank may print its own: a bar that
+    starts again at 0% is another one). A bar that reached 100% after it had run as long
+    finished that work: it is dropped."""
+    bars = text.found.progress_bars
+    for bar in _BAR.finditer(line):
+        what = bar.group("what").strip()
+        if not what:
+            continue
+        elapsed = 0
+        for part in bar.group("elapsed").split(":"):
+            elapsed = elapsed * 60 + int(part)
+        kept = bars.get(what)
+        if int(bar.group("pct")) >= 100:
+            if kept is not None and elapsed >= kept.elapsed_s:
+                del bars[what]
+            continue
+        if kept is None or elapsed >= kept.elapsed_s:
+            bars[what] = ProgressBar(what, bar.group("done"), elapsed, Source(str(text.path), number), rank)
 
 
 # torch 2.2 and later, as a rank's NCCL communicator is created lazily at its first

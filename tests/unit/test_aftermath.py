@@ -1212,3 +1212,31 @@ def test_ranks_that_never_got_the_nccl_id_set_apart_the_rank_that_publishes_it(t
     log.write_text(_no_unique_id(1, "Connection reset by peer"))
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [0])
+
+
+def _timed_out_after_preprocessing(tmp_path: Path, bar: str) -> Path:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "".join(
+            f"[E ProcessGroupNCCL.cpp:475] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=4, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+            "1800421 milliseconds before timing out.\n"
+            for r in (0, 1, 3)
+        ).replace("[E ProcessGroupNCCL", bar + "[E ProcessGroupNCCL", 1)
+    )
+    return log
+
+
+def test_an_unfinished_progress_bar_as_the_others_waited_names_the_silent_rank_busy(tmp_path: Path) -> None:
+    running = "Map (num_proc=8):  41%|████      | 1000/2400 [25:10<36:00, 0.66 examples/s]"
+    (finding,) = run_doctor_from([_timed_out_after_preprocessing(tmp_path, running)]).findings
+    assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([0, 1, 3], [2])
+    assert "'Map (num_proc=8)' at 1000/2400 after 25:10" in finding.message
+    # a bar that ran for a moment, or one that finished, held nobody for the timeout
+    for bar in (
+        "Map (num_proc=8):  41%|████      | 1000/2400 [00:30<36:00, 0.66 examples/s]",
+        running + "\rMap (num_proc=8): 100%|██████████| 2400/2400 [61:10<00:00, 0.66 examples/s]",
+    ):
+        (finding,) = run_doctor_from([_timed_out_after_preprocessing(tmp_path, bar)]).findings
+        assert (finding.severity.value, finding.absent_ranks) == ("warning", []), bar

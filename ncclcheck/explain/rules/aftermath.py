@@ -28,6 +28,7 @@ from ncclcheck.evidence.aftermath import (
     FactKind,
     Fingerprint,
     Issued,
+    ProgressBar,
     RankAftermath,
     TimedOutWork,
     evidence_lines,
@@ -660,6 +661,28 @@ def a_rank_never_published_its_nccl_id(s: Leftovers) -> Explanation | None:
     return found
 
 
+_LONG_WORK_S = 300  # where no timeout is known: a bar this long into its work held the others
+
+
+def _busy_while_they_waited(
+    s: Leftovers, works: dict[int, list[TimedOutWork]], unseen: list[int]
+) -> tuple[list[int], ProgressBar] | None:
+    """A progress bar the log holds unfinished, running for most of the others' wait: work a
+    rank outside the collective was doing. Its prefix says whose; unprefixed, it is the one
+    rank the files hold nothing of, or nobody's (several such ranks: which, a bar cannot say)."""
+    limits = [w.timeout_ms for ws in works.values() for w in ws if w.timeout_ms]
+    for bar in s.job.progress_bars.values():
+        if limits and bar.elapsed_s * 1000 < min(limits) / 2:
+            continue  # too short to have held anyone for the timeout
+        if not limits and bar.elapsed_s < _LONG_WORK_S:
+            continue
+        if bar.rank is not None and bar.rank in unseen:
+            return [bar.rank], bar
+        if bar.rank is None and len(unseen) == 1:
+            return unseen, bar
+    return None
+
+
 def _the_monitored_barrier_went_unanswered(s: Leftovers) -> Explanation | None:
     """Ranks that reached gloo's monitored_barrier and got no answer from the rank that
     coordinates it (rank 0): it never came, or it waited there on another rank that did
@@ -671,13 +694,24 @@ def _the_monitored_barrier_went_unanswered(s: Leftovers) -> Explanation | None:
     waiting = sorted(unanswered)
     waited_on = sorted({rank for rank, _ in unanswered.values()})
     sources = [str(source) for _, source in unanswered.values()]
+    running = [
+        bar
+        for bar in s.job.progress_bars.values()
+        if bar.rank in waited_on or (bar.rank is None and bar.elapsed_s >= _LONG_WORK_S)
+    ]
     found = s.d.explanation(
         Cause.STRAGGLER,
         f"{who(waiting)} reached gloo's monitored_barrier and got no answer from {who(waited_on)}, "
         f"which coordinates it: either {who(waited_on)} never reached the barrier (busy elsewhere, "
         f"or gone), or it waited there on another rank that did not come, which {its(waited_on)} own "
         f'log would name ("Rank N failed to pass monitoredBarrier"). No such line is here: '
-        f"{who(waited_on)} is the first suspect",
+        f"{who(waited_on)} is the first suspect"
+        + (
+            f"; the log shows work still running as they waited: {running[0].describe()} "
+            f"({running[0].source}), unfinished"
+            if running
+            else ""
+        ),
         ranks=waiting,
         absent_ranks=waited_on,
         op="monitored_barrier",
@@ -1052,6 +1086,29 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 "`ncclcheck preflight` on the script to find which."
             )
             return suspect
+        busy = _busy_while_they_waited(s, works, unseen)
+        if busy is not None:
+            suspects, bar = busy
+            named = s.d.explanation(
+                Cause.STRAGGLER,
+                f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
+                f"{op} #{seq} of group {group}{first}, and {who(suspects)} left no line of "
+                f"{its(suspects)} own; the log shows work still running as they waited: {bar.describe()} "
+                f"({bar.source}), unfinished. No rank inside the collective could be doing it: "
+                f"{who(suspects)}, busy with it, {'is' if len(suspects) == 1 else 'are'} the first suspect",
+                ranks=sorted(works),
+                absent_ranks=suspects,
+                op=op,
+                site=None,
+                evidence=s.evidence,
+            )
+            named.fix = (
+                "Do long one-off work (tokenising, a dataset map, a download) before init_process_group, "
+                "or on every rank, or cache its result (a tokenized dataset path) so the run starts from "
+                "it; else give the process group a timeout that covers it (the Trainer's ddp_timeout, "
+                "init_process_group(timeout=...)). What decides otherwise: that rank's own output."
+            )
+            return named
         blocked = [r for r in unseen if r in s.job.ranks and s.job.ranks[r].watchdog_stuck is not None]
         aborted = [r for r in unseen if r in s.job.ranks and r not in blocked]
         said_of_aborted = (
