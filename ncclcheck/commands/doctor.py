@@ -37,6 +37,7 @@ from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import explain_leftovers
 from ncclcheck.explain.rules.corroborate import explain_live_job, waiting_on_ranks_that_work
+from ncclcheck.explain.rules.stacks import held_by_their_data_pipeline
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
 from ncclcheck.wording import relative, who
 
@@ -175,9 +176,17 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
         report.summary["stacks_of_no_known_rank"] = unplaced_classes(
             [(u.label, u.stack) for u in job.unplaced]
         )
+    only_unplaced = bool(job.unplaced) and not any(
+        r.timeouts or r.progress or r.stack for r in job.ranks.values()
+    )
+    if explanation is None and only_unplaced:
+        by_index = {index: u.stack for index, u in enumerate(job.unplaced)}
+        explanation = held_by_their_data_pipeline(
+            context, merge_stacks(by_index), [u.label for u in job.unplaced]
+        )
     if explanation is not None:
         report.findings = [explanation.finding(context.catalogue)]
-    elif job.unplaced and not any(r.timeouts or r.progress or r.stack for r in job.ranks.values()):
+    elif only_unplaced:
         report.summary["unexplained"] = (
             "these stack dumps name no rank (stacks_of_no_known_rank): they show where each process "
             "waits, not which ranks are set apart, so no rule can name a cause from them. What decides: "

@@ -1240,3 +1240,24 @@ def test_an_unfinished_progress_bar_as_the_others_waited_names_the_silent_rank_b
     ):
         (finding,) = run_doctor_from([_timed_out_after_preprocessing(tmp_path, bar)]).findings
         assert (finding.severity.value, finding.absent_ranks) == ("warning", []), bar
+
+
+def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
+    dump = tmp_path / "worker.txt"
+    dump.write_text(
+        "Process 5511: /usr/bin/python3 train.py --config big.yaml\n\n"
+        'Thread 5511 (idle): "MainThread"\n'
+        "    poll (multiprocessing/connection.py:257)\n"
+        "    get (multiprocessing/queues.py:113)\n"
+        "    _try_get_data (torch/utils/data/dataloader.py:1133)\n"
+        "    _next_data (torch/utils/data/dataloader.py:1330)\n"
+        "    __next__ (torch/utils/data/dataloader.py:633)\n"
+        "    run_epoch (/srv/asr/train.py:412)\n"
+    )
+    report = run_doctor_from([dump])
+    (finding,) = report.findings
+    assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([], [])  # no rank is known: none is named
+    assert "waits for its next batch from its data pipeline (at /srv/asr/train.py:412 in run_epoch)" in (
+        finding.message
+    )

@@ -444,7 +444,9 @@ def test_a_rank_held_in_its_data_pipeline_is_a_straggler_with_the_pipeline_named
     assert explanation.severity is Severity.ERROR and explanation.cause is Cause.STRAGGLER
     assert explanation.ranks == [0]
     assert f"data pipeline (at {feeder}:88 in PrefetchIterator.__next__)" in explanation.message
-    assert explanation.fix is not None and explanation.fix.startswith("Mend the data pipeline")
+    assert explanation.fix is not None and explanation.fix.startswith(
+        "Mend the data pipeline of the process that waits"
+    )
     # posted alone, with nothing saying how many ranks the job has: the others are said as unseen
     alone = explain_classes(diagnoser(tmp_path, 1), merge_stacks({0: blocked}), 1, [0], world_known=False)
     assert alone.severity is Severity.ERROR

@@ -419,6 +419,42 @@ def _parted_without_source(s: Standoff, small: StackClass, big: StackClass) -> E
     return found
 
 
+def held_by_their_data_pipeline(
+    d: Context, classes: list[StackClass], labels: list[str]
+) -> Explanation | None:
+    """Stack dumps of no known rank, every one waiting for its next batch outside any
+    collective: whatever rank each is, its own data pipeline holds it (a rank in a collective
+    would wait for it). Nothing is said of ranks: none is known."""
+    if not classes or any(c.in_collective or _data_frame(c) is None for c in classes):
+        return None
+    frame = _data_frame(classes[0])
+    assert frame is not None
+    found = d.explanation(
+        Cause.STRAGGLER,
+        f"{'the dumped process waits' if len(labels) == 1 else 'every dumped process waits'} for its next "
+        f"batch from its data pipeline (at {_frame_text(frame)}), outside any collective: held by its loader "
+        "workers or the thread that feeds it, not by a peer. Which rank it is, the dump does not say; "
+        "ranks in a collective would wait for it",
+        ranks=[],
+        absent_ranks=[],
+        op=None,
+        site=None,
+        evidence=[f"{label}: waits in its data pipeline" for label in labels],
+    )
+    found.fix = _MEND_THE_PIPELINE
+    return found
+
+
+_MEND_THE_PIPELINE = (
+    "Mend the data pipeline of the process that waits: dump its loader workers while it waits "
+    "(py-spy dump --pid on each worker process) to see what they block on (a worker "
+    "deadlocked in a fork-unsafe library or a lock, a read from a stalled file system, "
+    "a worker that died); a rerun with num_workers=0 tells a worker deadlock from a slow "
+    "read. Give the DataLoader a timeout= so that a stalled worker raises instead of "
+    "holding the job until NCCL's watchdog."
+)
+
+
 def no_rank_waits(s: Standoff) -> Explanation:
     """No stack in a collective: no rule can set a rank apart, since nothing here waits on
     a peer. Said as a warning, with what would decide rather than a cause's fix."""
@@ -457,14 +493,7 @@ def no_rank_waits(s: Standoff) -> Explanation:
             f"that feeds {'it' if len(in_data) == 1 else 'them'}, not by a peer{others}",
             ranks=in_data,
             evidence=s.evidence,
-            fix=(
-                "Mend the data pipeline of that rank: dump its loader workers while it waits "
-                "(py-spy dump --pid on each worker process) to see what they block on (a worker "
-                "deadlocked in a fork-unsafe library or a lock, a read from a stalled file system, "
-                "a worker that died); a rerun with num_workers=0 tells a worker deadlock from a slow "
-                "read. Give the DataLoader a timeout= so that a stalled worker raises instead of "
-                "holding the job until NCCL's watchdog."
-            ),
+            fix=_MEND_THE_PIPELINE,
         )
     return Explanation(
         Cause.STRAGGLER,
@@ -483,7 +512,10 @@ def _in_data_pipeline(cls: StackClass) -> bool:
 def _data_frame(cls: StackClass) -> Frame | None:
     """Where a class waits for its next batch: the innermost frame in torch's DataLoader,
     or in the ``__next__`` of an iterator that a data package (``.../data/...``) defines,
-    as fairseq's and most trainers' buffered iterators are."""
+    as fairseq's and most trainers' buffered iterators are. torch's own frames are not
+    among the user's: a class blocked in the DataLoader gives the user's line that asked."""
+    if cls.blocking == "DataLoader":
+        return cls.site
     for frame in reversed(cls.frames):  # outermost first: the innermost is last
         path = frame.file.replace("\\", "/")
         if "torch/utils/data/" in path or (
