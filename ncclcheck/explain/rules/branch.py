@@ -303,8 +303,19 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
         swallowing = reading.swallowing_try(here.file, here.line) or reading.swallowing_try(
             there.file, there.line
         )
-        if swallowing is not None and reading.contains(loop, swallowing.lineno):
-            deciding = Frame(here.file, swallowing.lineno, "")
+        inside = swallowing is not None and reading.contains(loop, swallowing.lineno)
+        deciding_file = here.file
+        if not inside:
+            # a function a pass calls, its call inside a try whose handler swallows errors
+            # (a checkpoint's barrier in `try: save; barrier / except: warn`): a rank that
+            # raised before it in that try left the call and went on to the next pass
+            for frame in [*f.stack[f.common :], *f.alt_stack[f.common :]]:
+                swallowing = reading.swallowing_try(frame.file, frame.line)
+                if swallowing is not None:
+                    inside, deciding_file = True, frame.file
+                    break
+        if swallowing is not None and inside:
+            deciding = Frame(deciding_file, swallowing.lineno, "")
             where = d.site(deciding)
             return call_finding(
                 d,

@@ -367,7 +367,16 @@ def the_source_decides(s: Standoff) -> Explanation | None:
         for rank in cls.ranks
     }
     explanation = explain_fork(Fork.of(s.d, sorted(calls), calls, small.ranks, big.ranks, s.evidence))
+    if explanation.reason is None:
+        # the smaller class need not be the one that took the branch: the larger one's call
+        # may be what the smaller skipped (an early return before it, on their path)
+        turned = explain_fork(Fork.of(s.d, sorted(calls), calls, big.ranks, small.ranks, s.evidence))
+        if turned.reason is not None:
+            return turned
     if explanation.reason is None and small.blocking == big.blocking:
+        completed = _completed_alone(s, small, big)
+        if completed is not None:
+            return completed
         # nothing in the source sends them apart, and they wait in the same op at two
         # lines: their sequences of calls differ
         return s.d.explanation(
@@ -381,6 +390,70 @@ def the_source_decides(s: Standoff) -> Explanation | None:
             evidence=s.evidence,
         )
     return explanation
+
+
+def _completed_alone(s: Standoff, one: StackClass, two: StackClass) -> Explanation | None:
+    """Two classes in one call of one function, at two calls of the same op in straight-line
+    code (no loop of that function around them, no test or exit between, which the fork's
+    rules found none of): the class at the later line went past the earlier call the other
+    still waits in. It made that call, as nothing skips it, and it returned: a collective
+    completes on one member while another waits in it when their tensors differ in size
+    (the member expecting less, an empty shard or a masked subset, is done first)."""
+    if not one.frames or not two.frames or len(one.frames) != len(two.frames):
+        return None
+    if any(
+        (a.file, a.function, a.line) != (b.file, b.function, b.line)
+        for a, b in zip(one.frames[:-1], two.frames[:-1], strict=True)
+    ):
+        return None
+    here, there = one.frames[-1], two.frames[-1]
+    if (here.file, here.function) != (there.file, there.function) or here.line == there.line:
+        return None
+    behind, ahead = (one, two) if here.line < there.line else (two, one)
+    first, later = behind.frames[-1], ahead.frames[-1]
+    if any(reading.contains(loop, later.line) for loop in reading.enclosing_loops(first.file, first.line)):
+        return None  # a loop around both: the later line may be a pass behind, not ahead
+    tree = reading.parse(first.file)
+    branching = (
+        ast.If,
+        ast.For,
+        ast.While,
+        ast.Try,
+        ast.Return,
+        ast.Raise,
+        ast.Break,
+        ast.Continue,
+        ast.Match,
+    )
+    if tree is None or any(
+        isinstance(node, branching) and first.line < getattr(node, "lineno", 0) < later.line
+        for node in ast.walk(tree)
+    ):
+        return None  # a statement between could send a rank past the call without making it
+    found = s.d.explanation(
+        Cause.COLLECTIVE_SHAPE_MISMATCH,
+        f"{who(ahead.ranks)} went past the {behind.blocking} at {_site(behind)} that {who(behind.ranks)} "
+        f"still {_verb(behind.ranks)} in, to the next one at {_site(ahead)}, with nothing between that "
+        f"could skip it: {who(ahead.ranks)} made that call and it returned on {its(ahead.ranks)} side "
+        "alone. A collective completes on one member while another waits in it when their tensors "
+        "differ in size: the member expecting less is done first. The tensors at that call differ "
+        "per rank (a size that follows the rank's data: a mask, a filter, an empty shard)",
+        ranks=behind.ranks,
+        absent_ranks=ahead.ranks,
+        op=behind.blocking,
+        site=_site(behind),
+        evidence=[
+            *s.evidence,
+            f"{_site(behind)} and {_site(ahead)}: two calls of {behind.blocking} in one call of "
+            f"{first.function}(), with no loop of it around both and no test or exit between",
+        ],
+    )
+    found.fix = (
+        "Give the collective tensors of one size on every rank: pad to a size the ranks agree on "
+        "first (all_reduce the local length with MAX, pad, gather, then cut each rank's part by "
+        "its length), or gather Python objects with all_gather_object, which sizes itself."
+    )
+    return found
 
 
 def _parted_without_source(s: Standoff, small: StackClass, big: StackClass) -> Explanation:
@@ -623,14 +696,19 @@ def _left_loop(
             # the shared function's loops that the other side is outside of, then the
             # loops of the functions below it, which the other side has left entirely
             candidates = [(here, there.line)] + [(f, None) for f in inside.frames[len(shared) :]]
+            # a loop of the shared function around both sides (an epoch loop around a train
+            # loop one side is in and a save the other waits in): the other side may be a
+            # pass ahead, not past the inner loop
+            held_above = False
             for frame, other_line in candidates:
                 # the loops the other side is not in (the inner ones: an epoch loop may hold
                 # both sides while only one is still in its eval loop)
                 around = reading.enclosing_loops(frame.file, frame.line)
                 loops = [lp for lp in around if other_line is None or not reading.contains(lp, other_line)]
                 if not loops:
+                    held_above = held_above or bool(around)
                     continue  # both sides inside one loop: they drifted apart, they did not leave it
-                both_in_a_loop = len(loops) < len(around)  # on a later pass, above is after
+                both_in_a_loop = len(loops) < len(around) or held_above  # on a later pass, above is after
                 if other_line is not None and other_line < loops[-1].lineno and not both_in_a_loop:
                     # the other side waits above the loop, no loop of this function around
                     # both: it never reached the loop (a branch before it sent it elsewhere)
