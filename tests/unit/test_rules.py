@@ -249,13 +249,38 @@ def test_doctor_and_preflight_read_one_rank_test_alike(tmp_path: Path) -> None:
         )
 
 
-def test_one_op_at_two_lines_the_source_cannot_explain_is_an_order_mismatch(tmp_path: Path) -> None:
+def test_one_op_at_two_lines_of_straight_line_code_is_a_call_completed_alone(tmp_path: Path) -> None:
+    # rank 1 is past the all_reduce rank 0 waits in, with nothing between to skip it: it made
+    # the call, and it returned on its side alone, which unequal sizes do
     path = script(tmp_path, "def main():\n    all_reduce()\n    all_reduce()\n")
     explanation = _doctor(
         tmp_path,
         {0: waiting_in("all_reduce", (path, 2, "main")), 1: waiting_in("all_reduce", (path, 3, "main"))},
     )
-    assert explanation.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert explanation.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert (explanation.ranks, explanation.absent_ranks, explanation.site) == ([0], [1], "train.py:2")
+
+
+def test_one_op_at_two_lines_a_test_or_a_loop_could_part_is_not_a_call_completed_alone(
+    tmp_path: Path,
+) -> None:
+    for name, source, lines in (
+        ("test.py", "def main(x):\n    all_reduce()\n    if x:\n        return\n    all_reduce()\n", (2, 5)),
+        (
+            "loop.py",
+            "def main(n):\n    for _ in range(n):\n        all_reduce()\n        all_reduce()\n",
+            (3, 4),
+        ),
+    ):
+        path = script(tmp_path, source, name)
+        explanation = _doctor(
+            tmp_path,
+            {
+                0: waiting_in("all_reduce", (path, lines[0], "main")),
+                1: waiting_in("all_reduce", (path, lines[1], "main")),
+            },
+        )
+        assert explanation.cause is not Cause.COLLECTIVE_SHAPE_MISMATCH, source
 
 
 def test_every_rank_in_the_same_call_is_the_transport(tmp_path: Path) -> None:

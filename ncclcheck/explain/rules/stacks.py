@@ -437,11 +437,13 @@ def _completed_alone(s: Standoff, one: StackClass, two: StackClass) -> Explanati
         f"could skip it: {who(ahead.ranks)} made that call and it returned on {its(ahead.ranks)} side "
         "alone. A collective completes on one member while another waits in it when their tensors "
         "differ in size: the member expecting less is done first. The tensors at that call differ "
-        "per rank (a size that follows the rank's data: a mask, a filter, an empty shard)",
+        "per rank (a size that follows the rank's data: a mask, a filter, an empty shard); or the "
+        "ranks' calls were paired one apart since a call one side made alone earlier, and the pair "
+        "now waiting differs in size",
         ranks=behind.ranks,
         absent_ranks=ahead.ranks,
         op=behind.blocking,
-        site=_site(behind),
+        site=s.d.site(first),
         evidence=[
             *s.evidence,
             f"{_site(behind)} and {_site(ahead)}: two calls of {behind.blocking} in one call of "
