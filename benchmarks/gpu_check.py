@@ -239,13 +239,16 @@ def preflight(
 
 
 def trace_calls(trace_dir: Path) -> list[dict[str, Any]]:
-    calls = []
-    for path in sorted(trace_dir.rglob("rank-*.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("t") == "call":
-                calls.append(record)
-    return calls
+    """Every rank's recorded calls, read as doctor and preflight read them (a call line
+    holds its number and refers to its site and shapes, written once: evidence/traces.py)."""
+    sys.path.insert(0, str(REPO))
+    from ncclcheck.evidence.traces import load_traces
+
+    return [
+        {"src": call.source, "op": call.op, "device": call.device, "shapes": call.shapes}
+        for trace in load_traces(trace_dir).values()
+        for call in trace.calls
+    ]
 
 
 def environment(checks: Checks) -> bool:
