@@ -265,30 +265,27 @@ def every_rank_in_one_call(s: Standoff) -> Explanation | None:
     if frozen:
         evidence.append(f"{who(frozen)} frozen: process state stopped, stack unreadable")
     unseen = s.unseen
-    others = (
-        who(unseen)
-        if unseen
-        else f"{who(list(s.not_dumped))}, whose stacks are not here,"
-        if s.not_dumped
-        else None
-        if s.world_known
-        else "the ranks not in these files"
-    )
-    if others is not None:
-        # every rank here agrees; the ranks not seen may not have reached this call
-        where = (
+    waiting = f"{who(sorted(only.ranks))} {_verb(only.ranks)} in {only.blocking}{_at(only)}"
+    # the ranks these stacks say nothing of, and how the message names them
+    others: str | None = None
+    if unseen:
+        others = who(unseen)
+        waiting = (
             f"{who(sorted(only.ranks))}, every rank on this host, {_verb(only.ranks)} in {only.blocking}"
             f"{_at(only)}; {others} {'runs' if len(unseen) == 1 else 'run'} on other hosts and nothing "
             "here says where"
-            if unseen
-            else f"{who(sorted(only.ranks))} {_verb(only.ranks)} in {only.blocking}{_at(only)}; nothing "
-            f"here says where {who(list(s.not_dumped))} {'was' if len(s.not_dumped) == 1 else 'were'}"
-            if s.not_dumped
-            else f"{who(sorted(only.ranks))} {_verb(only.ranks)} in {only.blocking}{_at(only)}; nothing "
-            "here says how many ranks the job has, nor where the others are"
         )
+    elif s.not_dumped:
+        others = f"{who(list(s.not_dumped))}, whose stacks are not here,"
+        were = "was" if len(s.not_dumped) == 1 else "were"
+        waiting += f"; nothing here says where {who(list(s.not_dumped))} {were}"
+    elif not s.world_known:
+        others = "the ranks not in these files"
+        waiting += "; nothing here says how many ranks the job has, nor where the others are"
+    if others is not None:
+        # every rank here agrees; the ranks not seen may not have reached this call
         message = (
-            f"{where}. No rank is set apart by these stacks: either {others} never reached this call "
+            f"{waiting}. No rank is set apart by these stacks: either {others} never reached this call "
             "(busy elsewhere, or a call skipped there) or every rank waits in it (the transport)"
         )
     else:
