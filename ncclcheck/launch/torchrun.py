@@ -476,7 +476,10 @@ def _watch(
             disagreement_read_at = last_write  # once per quiet spell: the files are still
             disagreement = size[1] <= _LIVE_READ_MAX_BYTES and _records_disagree(trace_dir)
         idle = now - last_activity > settings.stall_timeout
-        busy_too_long = now - last_write > settings.busy_limit_s
+        # before any rank wrote a record, no rank waits in a collective: a busy process is
+        # still starting (importing torch on a loaded machine), never a straggler that holds
+        # others, so only quiet, or the dry run's time limit, ends that wait
+        busy_too_long = size[1] > 0 and now - last_write > settings.busy_limit_s
         disagree = quiet and disagreement  # read above for this quiet spell
         if (idle or busy_too_long) and _all_quiet_ranks_finished(trace_dir):
             # every rank that is still running has left distributed work behind
