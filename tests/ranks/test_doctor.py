@@ -89,24 +89,47 @@ def start_hung(
     job = HungJob(from_shell(command, cwd), script, module)
     deadline = time.monotonic() + 90
     previous = None
+    moved_before = None
     while time.monotonic() < deadline:
         time.sleep(2)
         try:
             if len(job.ranks()) < nproc:
                 continue
+            moved = bytes_moved(job.ranks())
         except (StopIteration, psutil.Error):
             continue
         # one look each time: the loop's own two looks in a row are what tells it settled
         _code, report = doctor(job.agent().pid, cwd=cwd, interval=0)
         summary = json.dumps(report.get("summary", {}).get("classes"))
         # Every hanging repro ends with at least one rank waiting in a collective; before
-        # that, two looks can agree by chance (all ranks still importing torch, say).
+        # that, two looks can agree by chance (all ranks still importing torch, say, or
+        # an evaluation loop caught twice in its per-step gather). Ranks that wait move
+        # no bytes; ranks in a loop of collectives do, through their sockets.
         waiting = any(r.get("state") == "in-collective" for r in report.get("ranks", []))
-        if waiting and report.get("findings") and summary == previous:
-            return job  # two looks in a row agree: nothing moves any more
-        previous = summary
+        quiet = moved_before is not None and moved - moved_before < QUIET_BYTES
+        if waiting and report.get("findings") and summary == previous and quiet:
+            return job  # two looks in a row agree and no rank moved a byte between them
+        previous, moved_before = summary, moved
     stop(job)
     raise AssertionError(f"{script} did not settle into a hang")
+
+
+# What a hung job's ranks may still read or write between two looks (a log line, say)
+QUIET_BYTES = 64 * 1024
+
+
+def bytes_moved(ranks: list[psutil.Process]) -> int:
+    """Bytes the ranks and the processes they started read and wrote through system
+    calls, sockets included, so far."""
+    total = 0
+    for rank in ranks:
+        for proc in [rank, *rank.children(recursive=True)]:
+            try:
+                io = proc.io_counters()
+            except psutil.Error:
+                continue
+            total += io.read_chars + io.write_chars
+    return total
 
 
 def doctor_on_hung(

@@ -133,7 +133,7 @@ def test_lightning_dry_run_validates_after_short_epochs_and_stops(tmp_path: Path
 def test_doctor_on_a_hung_framework_job_names_the_users_line(framework: Framework) -> None:
     framework.require()
     code, report = doctor_on_hung(framework.script("misaligned"), 2)
-    assert code == 1
+    assert code == 1, json.dumps({k: report.get(k) for k in ("verdict", "summary", "findings")}, indent=1)
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
     assert finding["site"] == framework.site_text(), finding
