@@ -155,14 +155,6 @@ def catalogue():  # type: ignore[no-untyped-def]
     return load_catalogue(PLAYBOOKS)
 
 
-@pytest.fixture(scope="session")
-def repro_dry_runs() -> dict[str, Any]:
-    """preflight's run on each playbook repro, by cause, shared by the tests that read it
-    (test_preflight's per-repro test and test_doctor's comparison with doctor): each
-    repro is dry-run once per session."""
-    return {}
-
-
 def pytest_configure(config: pytest.Config) -> None:
     """The suite's processes write their temporary files in a folder of this session's
     (each xdist worker has its own), removed at the end: the scripts the tests run make

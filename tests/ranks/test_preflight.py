@@ -10,13 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import jsonschema
 import psutil
 import pytest
 
-from ncclcheck.catalogue import Playbook, load_catalogue
+from ncclcheck.catalogue import load_catalogue
 from ncclcheck.evidence.traces import load_traces
 
 from ..conftest import PLAYBOOKS, REPO, SCRIPTS, is_this_tests, line_in, run_bounded
@@ -66,21 +65,12 @@ def leftover_ranks(marker: str) -> list[psutil.Process]:
     return found
 
 
-def dry_run_of(cache: dict[str, Any], playbook: Playbook):  # type: ignore[no-untyped-def]
-    """preflight on a playbook's repro, once per session (see conftest.repro_dry_runs)."""
-    if playbook.id not in cache:
-        script = playbook.repro_path.relative_to(REPO)
-        cache[playbook.id] = preflight(f"--nproc-per-node={playbook.repro.nproc}", str(script))
-    return cache[playbook.id]
-
-
 @pytest.mark.parametrize("cause", PLAYBOOK_IDS)
-def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(
-    catalogue, repro_dry_runs, cause: str
-) -> None:
+def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
     expect = playbook.repro
-    proc, report = dry_run_of(repro_dry_runs, playbook)
+    script = playbook.repro_path.relative_to(REPO)
+    proc, report = preflight(f"--nproc-per-node={expect.nproc}", str(script))
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert report is not None and report["verdict"] != "aligned"
     errors = [f for f in report["findings"] if f["severity"] == "error"]

@@ -70,11 +70,12 @@ def test_a_hang_is_captured_diagnosed_and_the_job_ended(tmp_path: Path) -> None:
 
 
 def test_a_job_that_waits_on_one_working_rank_is_never_called_hung(tmp_path: Path) -> None:
-    # rank 0 evaluates for 10 s while rank 1 waits in a collective: still, but not hung
+    # every rank evaluates sample by sample, no collective, for several times --after's 3 s
+    # (1000 samples each: 6 s on an idle core) before the metrics are all-reduced
     out = tmp_path / "watch"
     code, report, err = watch_cli(
         *QUICK, "--out", str(out), "--nproc-per-node", "2", str(SCRIPTS / "long_evaluation.py"),
-        env={"RUN_S": "10"},
+        env={"RUN_S": "10", "EVAL_SAMPLES": "2000"},
     )  # fmt: skip
     assert report == {} and not out.exists(), err[-3000:]  # never called hung
     # the job's own end: 0, or 6 where gloo's teardown race on torch 2.13 aborted a rank
