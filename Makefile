@@ -13,7 +13,9 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 # pytest-xdist workers for the whole suite: a rank test spends much of its time waiting
 # on its ranks (a stall spell, a rendezvous, a stack capture), so on two cores four
-# workers keep the CPUs busy: 19 min for the suite on a fresh clone where two took 32
+# workers keep the CPUs busy: 19 min for the suite on a fresh clone where two took 32.
+# worksteal: an idle worker takes queued tests from a busy one, so the suite does not
+# end on one worker still running the long tests it was handed at the start.
 TEST_WORKERS ?= 4
 
 .DEFAULT_GOAL := help
@@ -41,7 +43,7 @@ browser: ## Debian's chromium, for the HTML report's browser test (skipped witho
 		|| echo "no chromium: the HTML report's browser test will be skipped"
 
 test: $(STAMP) browser ## Install if needed, then run the whole test suite (real ranks included)
-	$(BIN)/pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## The unit tests (tests/unit): analysis, rules, lint, parsing; no ranks, under a minute
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

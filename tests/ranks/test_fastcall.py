@@ -17,7 +17,7 @@ from ncclcheck.record import recorder as recorder_module
 from ncclcheck.record.recorder import ENV_PURE_PYTHON, Recorder
 from ncclcheck.record.tracefile import GROWTH
 
-from ..conftest import PLAYBOOKS
+from ..conftest import REPO
 from .test_preflight import preflight
 
 fastcall = recorder_module.fastcall
@@ -171,15 +171,18 @@ def test_a_writer_on_another_thread_is_waited_for(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.ranks
 @needs_fastcall
-def test_preflight_without_the_fast_path_finds_the_same() -> None:
-    script = str(PLAYBOOKS / "rank-conditional-collective" / "repro.py")
-    found = []
-    for pure in ("1", "0"):
-        proc, report = preflight("--nproc-per-node", "2", script, env={ENV_PURE_PYTHON: pure})
-        assert proc.returncode == 1 and report is not None, proc.stderr
-        found.append([(f["cause"], f["site"], f["ranks"], f["absent_ranks"]) for f in report["findings"]])
-    assert found[0] == found[1]
-    assert found[0][0][:2] == (
+def test_preflight_without_the_fast_path_finds_the_same(catalogue) -> None:
+    """The pure-Python recorder finds what the playbook expects, the finding
+    test_preflight's per-repro test holds the default (fast) path to."""
+    playbook = catalogue.get("rank-conditional-collective")
+    script = str(playbook.repro_path.relative_to(REPO))
+    proc, report = preflight("--nproc-per-node", "2", script, env={ENV_PURE_PYTHON: "1"})
+    assert proc.returncode == 1 and report is not None, proc.stderr
+    finding = report["findings"][0]
+    expect = playbook.repro
+    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
         "rank-conditional-collective",
-        "playbooks/rank-conditional-collective/repro.py:39",
+        f"{script}:{expect.site_line(playbook.folder)}",
+        expect.ranks,
+        expect.absent_ranks,
     )
