@@ -86,6 +86,12 @@ def line_in(path: Path, fragment: str) -> int:
     return number
 
 
+def cause_site_ranks(finding: dict[str, Any]) -> tuple[str, str, list[int], list[int]]:
+    """What a finding says, as tests compare it: the cause, the site, the ranks it sets
+    apart and the ranks absent from the call."""
+    return finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]
+
+
 def torchrun_argv(script: Path, nproc: int, *args: str) -> list[str]:
     return [
         sys.executable,

@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ncclcheck.evidence.movement import usage
 from ncclcheck.launch.proctree import kill_tree
 
 from ..conftest import PLAYBOOKS, REPO, SCRIPTS, line_in, run_bounded
@@ -124,16 +125,8 @@ QUIET_BYTES = 64 * 1024
 
 def bytes_moved(ranks: list[psutil.Process]) -> int:
     """Bytes the ranks and the processes they started read and wrote through system
-    calls, sockets included, so far."""
-    total = 0
-    for rank in ranks:
-        for proc in [rank, *rank.children(recursive=True)]:
-            try:
-                io = proc.io_counters()
-            except psutil.Error:
-                continue
-            total += io.read_chars + io.write_chars
-    return total
+    calls, sockets included, so far: doctor's own counter (evidence/movement.py)."""
+    return sum(used.io_bytes for used in usage({i: p.pid for i, p in enumerate(ranks)}).values())
 
 
 def doctor_on_hung(

@@ -17,7 +17,7 @@ from ncclcheck.record import recorder as recorder_module
 from ncclcheck.record.recorder import ENV_PURE_PYTHON, Recorder
 from ncclcheck.record.tracefile import GROWTH
 
-from ..conftest import REPO
+from ..conftest import REPO, cause_site_ranks
 from .test_preflight import preflight
 
 fastcall = recorder_module.fastcall
@@ -180,7 +180,7 @@ def test_preflight_without_the_fast_path_finds_the_same(catalogue) -> None:
     assert proc.returncode == 1 and report is not None, proc.stderr
     finding = report["findings"][0]
     expect = playbook.repro
-    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+    assert cause_site_ranks(finding) == (
         "rank-conditional-collective",
         f"{script}:{expect.site_line(playbook.folder)}",
         expect.ranks,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import REPO, SCRIPTS, line_in
+from ..conftest import REPO, SCRIPTS, cause_site_ranks, line_in
 from .test_preflight import leftover_ranks, preflight
 
 pytestmark = pytest.mark.ranks
@@ -36,7 +36,7 @@ def test_the_ddp_tutorial_shape_is_preflighted_unchanged() -> None:
     proc, report = preflight(str(script), env={"TUTORIAL_PORT": free_port()})
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
-    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+    assert cause_site_ranks(finding) == (
         "rank-conditional-collective",
         f"tests/scripts/spawned/ddp_tutorial.py:{line_in(script, 'dist.all_reduce(total)')}",
         [0],
@@ -141,7 +141,7 @@ def test_a_script_that_reads_only_slurm_variables_finds_what_its_torchrun_twin_f
     proc, report = preflight("--launcher", "slurm", str(script))
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
-    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+    assert cause_site_ranks(finding) == (
         "rank-conditional-collective",
         f"tests/scripts/slurm_task.py:{line_in(script, 'dist.all_reduce(')}",
         [0],
@@ -168,7 +168,7 @@ def assert_validation_on_local_rank_0_is_found(proc: subprocess.CompletedProcess
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
     script = SCRIPTS / "legacy_local_rank.py"
-    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+    assert cause_site_ranks(finding) == (
         "rank-conditional-collective",
         f"tests/scripts/legacy_local_rank.py:{line_in(script, 'dist.all_reduce(val_loss)')}",
         [0],
@@ -200,7 +200,7 @@ def test_accelerate_launch_with_a_config_finds_what_its_torchrun_twin_finds(tmp_
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
     # what its torchrun twin finds (tests/ranks/test_frameworks.py runs it under torchrun)
-    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+    assert cause_site_ranks(finding) == (
         "rank-conditional-collective",
         f"tests/scripts/accelerate_save_state.py:{line_in(script, 'accelerator.save_state(')}",
         [0],
