@@ -44,7 +44,7 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence import gpus, movement
 from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
-from ncclcheck.evidence.processes import RankProcess
+from ncclcheck.evidence.processes import RankProcess, launcher_among
 from ncclcheck.evidence.stacks import ProcessStack, blocking
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.torchrun import TorchrunOptions
@@ -67,6 +67,9 @@ class WatchSettings:
     look_timeout: float = 10.0  # one py-spy dump's bound
     shared: Path | None = None  # every node's watch reads and writes here (module docstring)
     merge_wait: float = 60.0  # how long the node that saw the hang waits for the others' captures
+    # --pid of a launcher whose ranks are not up yet: how long to wait for them (torch's
+    # import and the rendezvous take seconds to minutes on a busy node)
+    start_wait: float = 300.0
 
 
 @dataclass
@@ -138,6 +141,7 @@ def watch(
     last_moved = time.monotonic()
     asked_until = 0.0  # with --shared: another node is capturing a hang until then
     cwd = os.getcwd()
+    started, told_waiting = time.monotonic(), False
     while True:
         if job is not None and job.poll() is not None:
             outcome.job_exit = job.returncode
@@ -146,7 +150,16 @@ def watch(
             ranks, stacks = collect(pids, nonblocking=True, timeout=settings.look_timeout)
         except InputError:
             if job is None and outcome.looks == 0:
-                raise  # --pid of no process, or of one that is not a job: say so at once
+                if told_waiting and not _alive(pids):
+                    return outcome  # the launcher ended before its ranks ran: no hang to see
+                launcher = launcher_among(pids)
+                if launcher is None or time.monotonic() - started > settings.start_wait:
+                    raise  # --pid of no process, or of one that is not a job: say so at once
+                if not told_waiting:
+                    say(f"ncclcheck watch: {launcher} has not started its ranks yet: waiting for them")
+                    told_waiting = True
+                _pause(job, settings.every)
+                continue
             if job is None and not _alive(pids):
                 return outcome  # the job watched by --pid ended
             previous = None  # the ranks are starting, or restarting: look again

@@ -146,6 +146,36 @@ def on_other_hosts(ranks: list[RankProcess]) -> list[int]:
     return sorted(set(range(world)) - seen - here)
 
 
+# what a launcher that starts ranks runs as: its module or its program, read from argv
+_LAUNCHER_MODULES = (
+    "torch.distributed.run",
+    "torch.distributed.launch",
+    "accelerate.commands.launch",
+    "deepspeed.launcher.runner",
+    "deepspeed.launcher.launch",
+)
+_LAUNCHER_PROGRAMS = ("torchrun", "accelerate", "deepspeed")
+
+
+def launcher_among(pids: list[int]) -> str | None:
+    """The launcher among ``pids`` (torchrun, ``python -m torch.distributed.run``,
+    accelerate, deepspeed) as "pid N (name)", or None: one that has not started its ranks
+    yet, or is between two restarts, is a job about to have ranks, not a process that is
+    not a job."""
+    for pid in pids:
+        try:
+            argv = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        for index, word in enumerate(argv[:4]):
+            name = os.path.basename(word)
+            if name in _LAUNCHER_PROGRAMS:
+                return f"pid {pid} ({name})"
+            if word == "-m" and index + 1 < len(argv) and argv[index + 1] in _LAUNCHER_MODULES:
+                return f"pid {pid} ({argv[index + 1]})"
+    return None
+
+
 def _is_python(proc: psutil.Process) -> bool:
     try:
         return "python" in os.path.basename(proc.exe() or proc.name()).lower()
@@ -239,6 +269,12 @@ def not_distributed(
     pythons: list[psutil.Process], native: bool, nonblocking: bool, timeout: float
 ) -> NoReturn:
     """No rank here: say so, with the stack of what is there."""
+    launcher = launcher_among([p.pid for p in pythons])
+    if launcher is not None:
+        raise InputError(
+            f"{launcher} has not started its ranks: it is starting, or between two restarts",
+            hint="Look again once its ranks run; ncclcheck watch --pid waits for them.",
+        )
     stacks = dump_stacks(
         [p.pid for p in pythons[:4]], timeout=timeout, native=native, nonblocking=nonblocking
     )

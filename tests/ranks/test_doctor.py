@@ -370,6 +370,26 @@ def test_a_single_python_process_is_not_a_distributed_job() -> None:
     assert "<module>" in result.output  # its stack
 
 
+def test_a_launcher_whose_ranks_have_not_started_is_named_as_such() -> None:
+    # the first of two torchrun "nodes" waits in the rendezvous for the second: no rank yet
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_port()}",
+         str(PLAYBOOKS / "rank-conditional-collective" / "repro.py")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
+    )  # fmt: skip
+    try:
+        time.sleep(1.0)
+        result = run_bounded(
+            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(agent.pid)], 60, cwd=REPO
+        )
+    finally:
+        kill_tree(agent.pid)
+        agent.wait(timeout=30)
+    assert result.returncode == 2, result.output
+    assert f"pid {agent.pid} (torch.distributed.run) has not started its ranks" in result.output
+
+
 @pytest.mark.parametrize("kind", ["missing", "not-python"])
 def test_bad_pids_are_exit_2(kind: str) -> None:
     helper = None

@@ -94,7 +94,7 @@ def test_a_running_job_is_watched_by_pid_and_left_running(tmp_path: Path) -> Non
         start_new_session=True,
     )
     try:
-        time.sleep(2)  # watch finds the ranks once torchrun has started them
+        # at once: torchrun has not started the ranks yet, and watch waits for them
         out = tmp_path / "watch"
         code, report, err = watch_cli(*QUICK, "--out", str(out), "--pid", str(job.pid))
         assert code == 1, err[-3000:]
