@@ -35,8 +35,8 @@ def synthetic_dataset(samples: int, seed: int) -> TensorDataset:
 
 
 def write_to_shared_storage(state: dict[str, object], path: str) -> None:
-    torch.save(state, path)
     time.sleep(1.2 * TIMEOUT_S)  # a congested network filesystem
+    torch.save(state, path)
 
 
 def main() -> None:
@@ -68,6 +68,7 @@ def main() -> None:
     dist.destroy_process_group()
     if writer is not None:
         writer.join()
+        os.remove(checkpoint)  # a demonstration: leave no file behind
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ def synthetic_dataset(samples: int, seed: int) -> TensorDataset:
 
 
 def write_to_shared_storage(state: dict[str, object], path: str) -> None:
-    torch.save(state, path)
     time.sleep(1.2 * TIMEOUT_S)  # a congested network filesystem
+    torch.save(state, path)
 
 
 def main() -> None:
@@ -59,6 +59,8 @@ def main() -> None:
             optimizer.step()
         if rank == 0:  # BUG: the slow write blocks rank 0 while the others train on
             write_to_shared_storage(model.module.state_dict(), checkpoint)
+    if rank == 0 and os.path.exists(checkpoint):  # a demonstration: leave no file behind
+        os.remove(checkpoint)
     dist.destroy_process_group()
 
 
