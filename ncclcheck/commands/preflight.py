@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -130,7 +131,7 @@ def run_preflight(
             )
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
-            warm = _WarmUp(torchrun, settings)  # the replay's server, started once the run goes quiet
+            warm = _WarmUp(torchrun, settings, folder)  # the replay's server, started once the run goes quiet
             try:
                 launch = run_dry(
                     script, script_args, torchrun, settings, folder, on_progress, as_module, None, warm.start
@@ -422,8 +423,8 @@ class _WarmUp:
     quiet spell, or a run that failed) so that its torch import overlaps the wait for
     the verdict and the diagnosis; closed whatever happens."""
 
-    def __init__(self, torchrun: TorchrunOptions, settings: DryRunSettings) -> None:
-        self.torchrun, self.settings = torchrun, settings
+    def __init__(self, torchrun: TorchrunOptions, settings: DryRunSettings, folder: Path) -> None:
+        self.torchrun, self.settings, self.folder = torchrun, settings, folder
         self.server: WarmReplay | None = None
 
     def start(self) -> None:
@@ -431,7 +432,7 @@ class _WarmUp:
         # deepspeed or torch.distributed.launch run's replay goes through that launcher again
         fits = self.settings.launcher in (Launcher.TORCHRUN, Launcher.SLURM)
         if self.server is None and fits and _may_replay(self.torchrun, self.settings):
-            self.server = WarmReplay.start(self.torchrun.nproc_per_node)
+            self.server = WarmReplay.start(self.torchrun.nproc_per_node, self.folder)
 
     def close(self) -> None:
         if self.server is not None:
@@ -549,11 +550,17 @@ def _probe_finding(traces: dict[int, RankTrace], world: int) -> Finding:
     )
 
 
+# what a GPU torch can count needs on Linux: NVIDIA's driver (CUDA), AMD's (ROCm's HIP)
+_GPU_DRIVERS = ("/proc/driver/nvidia/gpus", "/dev/nvidiactl", "/dev/kfd")
+
+
 def default_nproc() -> int:
     """The number of visible GPUs, or 2 where there are none (docs/contract.md)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None and visible.strip() in ("", "-1"):
         return 2
+    if sys.platform == "linux" and not any(os.path.exists(path) for path in _GPU_DRIVERS):
+        return 2  # no GPU driver: torch would count none (its import alone is 1.5 s of CPU)
     try:
         import torch
 

@@ -41,12 +41,14 @@ class WarmReplay:
         self.used = False
 
     @classmethod
-    def start(cls, nproc: int) -> WarmReplay:
+    def start(cls, nproc: int, first_run: Path | None = None) -> WarmReplay:
+        """``first_run``: the first run's trace folder, where its rank 0 noted the torch
+        modules it imported beyond the server's (record/preimport.py)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ncclcheck.launch.replay"],
+            [sys.executable, "-m", "ncclcheck.launch.replay", *([str(first_run)] if first_run else [])],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -142,15 +144,18 @@ def _import_at_idle_priority() -> None:
         raise failed[0]
 
 
-def serve() -> int:
+def serve(first_run: str | None) -> int:
     _import_at_idle_priority()
     import torch.distributed
 
+    from ncclcheck.record import preimport
     from ncclcheck.record.bootstrap import run_forked
 
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # no replay was needed
+    if first_run is not None:  # what the first run's rank 0 imported beyond this server: once, here
+        preimport.import_noted(first_run)
     order: dict[str, Any] = json.loads(line)
     log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)
@@ -181,4 +186,4 @@ def serve() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve())
+    sys.exit(serve(sys.argv[1] if len(sys.argv) > 1 else None))

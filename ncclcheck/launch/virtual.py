@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ncclcheck.record import preimport
+
 MAX_WORLD_SIZE = 16384
 LOG_NAME = "virtual.log"
 
@@ -257,6 +259,7 @@ def serve(plan: dict[str, Any]) -> None:
     import torch.utils.data  # noqa: F401
 
     os.environ.update(plan["env"])
+    preimport.import_noted(plan["logs"])
     ranks: list[tuple[int, dict[str, str]]] = [(int(r), e) for r, e in plan["ranks"]]
     exits: dict[int, int] = {}
     timed_out: list[int] = []
@@ -292,6 +295,8 @@ def serve(plan: dict[str, Any]) -> None:
 
     first, rest = ranks[:1], ranks[1:]
     for batch in (first, rest):
+        if batch is rest:
+            preimport.import_noted(plan["logs"])
         for rank, env in batch:
             while len(running) >= int(plan["jobs"]):
                 kill_late()
@@ -325,6 +330,10 @@ def _fork_rank(plan: dict[str, Any], rank: int, env: dict[str, str]) -> int:
     pid = os.fork()
     if pid:
         return pid
+    if rank == 0:  # what it imports, the server imports before forking the others
+        import atexit
+
+        atexit.register(preimport.note_new_imports, set(sys.modules), plan["logs"])
     run_forked(plan["command"], env, os.path.join(plan["logs"], f"rank-{rank:05d}.log"))
 
 

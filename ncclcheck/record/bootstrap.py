@@ -29,6 +29,7 @@ from ncclcheck.record import (
     lines,
     nccl_timing,
     perturb,
+    preimport,
     rendezvous,
     rooted,
     starters,
@@ -152,9 +153,14 @@ def _hook_ddp_and_backward(recorder: Recorder) -> None:
 
     original_ddp_init = DistributedDataParallel.__init__
     original_register = DistributedDataParallel.register_comm_hook
+    before = set(sys.modules)  # what a server imports before it forks ranks is noted against this
 
     def ddp_init(self: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
         original_ddp_init(self, *args, **kwargs)
+        folder = os.environ.get(ENV_TRACE_DIR)
+        if recorder.rank == 0 and before and folder:  # DDP imports torch._dynamo: a server will too
+            preimport.note_new_imports(before, folder)
+            before.clear()
         # DDP checks a hook's annotations; a lambda has none to trip over.
         original_register(self, self, lambda state, bucket: recorder.ddp_hook(state, bucket))
         self.__dict__["_ncclcheck_user_hook"] = None
