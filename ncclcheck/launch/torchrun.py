@@ -291,9 +291,12 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
-# A spell this long without a record is the first sign of a hang (a step or a batch of the
-# dry run writes several records a second): what may follow one is prepared then.
+# A spell this long with no record and no process running is the first sign of a hang (a step or
+# a batch of the dry run writes several records a second): what may follow one is
+# prepared then. A spell without records while the ranks compute (building a model: DDP
+# imports torch._dynamo) is not, unless it lasts the second figure (a GPU wait spins).
 _QUIET_HINT_S = 0.5
+_QUIET_HINT_BUSY_S = 5.0
 _SAMPLE_EVERY_S = 0.25  # how often the job's processes are looked at (1 ms for 16 of them)
 
 
@@ -420,7 +423,8 @@ def _watch(
     on_quiet: Callable[[], None] | None = None,
 ) -> None:
     last_size = (-1, -1)
-    last_write = last_activity = time.monotonic()  # a trace grew / the job wrote or worked
+    # the last time a trace grew / the job wrote or worked / one of its processes was running
+    last_write = last_activity = last_running = time.monotonic()
     activity = JobActivity(proc.pid)
     last_report = last_sample = 0.0
     disagreement_read_at, disagreement = -1.0, False
@@ -432,12 +436,13 @@ def _watch(
         now = time.monotonic()
         size = _trace_size(trace_dir)
         if size != last_size:
-            last_size, last_write, last_activity = size, now, now
+            last_size, last_write, last_activity, last_running = size, now, now, now
         if now - last_sample >= _SAMPLE_EVERY_S:
             last_sample = now
             if size[0] != len(activity.extra_pids):
                 activity.extra_pids = set(_rank_pids(trace_dir).values())
-            activity.sample(now)
+            if activity.sample(now).working:
+                last_running = now
             if activity.busy():
                 last_activity = now
         if on_progress is not None and now - last_report >= 1.0:
@@ -468,7 +473,14 @@ def _watch(
         # stall timeout: the live alignment holds back every pairing that could still
         # come right (barriers or rooted calls from different lines wait for the calls
         # after them), so what it reports is a divergence no later record can mend.
-        if on_quiet is not None and size[1] > 0 and now - last_write > _QUIET_HINT_S:
+        if (
+            on_quiet is not None
+            and size[1] > 0
+            # no record and no process running (a rank building its model writes nothing
+            # but runs), or no record for long (a rank waiting on a GPU spins its CPU)
+            and (now - last_running > _QUIET_HINT_S or now - last_write > _QUIET_HINT_BUSY_S)
+            and not _all_quiet_ranks_finished(trace_dir)  # ranks at their end, not waiting
+        ):
             on_quiet()  # the first sign of a hang: once
             on_quiet = None
         quiet = now - last_write > settings.disagree_quiet_s
