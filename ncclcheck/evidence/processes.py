@@ -158,11 +158,11 @@ _LAUNCHER_PROGRAMS = ("torchrun", "accelerate", "deepspeed")
 
 
 def launcher_among(pids: list[int]) -> str | None:
-    """The launcher among ``pids`` (torchrun, ``python -m torch.distributed.run``,
-    accelerate, deepspeed) as "pid N (name)", or None: one that has not started its ranks
-    yet, or is between two restarts, is a job about to have ranks, not a process that is
-    not a job."""
-    for pid in pids:
+    """The launcher among ``pids`` and their descendants (torchrun, ``python -m
+    torch.distributed.run``, accelerate, deepspeed) as "pid N (name)", or None: one that
+    has not started its ranks yet, or is between two restarts, is a job about to have
+    ranks, not a process that is not a job."""
+    for pid in _with_descendants(pids):
         try:
             argv = psutil.Process(pid).cmdline()
         except psutil.Error:
@@ -174,6 +174,17 @@ def launcher_among(pids: list[int]) -> str | None:
             if word == "-m" and index + 1 < len(argv) and argv[index + 1] in _LAUNCHER_MODULES:
                 return f"pid {pid} ({argv[index + 1]})"
     return None
+
+
+def _with_descendants(pids: list[int]) -> list[int]:
+    found: list[int] = []
+    for pid in pids:
+        found.append(pid)
+        try:
+            found += [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
 
 
 def _is_python(proc: psutil.Process) -> bool:
