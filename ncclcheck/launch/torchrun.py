@@ -291,10 +291,11 @@ def _rank_pids(trace_dir: Path) -> dict[int, int]:
     return pids
 
 
-# A spell this long with no record and no process running is the first sign of a hang (a step or
-# a batch of the dry run writes several records a second): what may follow one is
-# prepared then. A spell without records while the ranks compute (building a model: DDP
-# imports torch._dynamo) is not, unless it lasts the second figure (a GPU wait spins).
+# A spell this long with no record and no process running is the first sign of a hang
+# (a step or a batch of the dry run writes several records a second): what may follow
+# one is prepared then. A spell without records while the ranks compute (building a
+# model: DDP imports torch._dynamo) is not, unless it lasts the second figure (a rank
+# waiting on a GPU spins its CPU).
 _QUIET_HINT_S = 0.5
 _QUIET_HINT_BUSY_S = 5.0
 _SAMPLE_EVERY_S = 0.25  # how often the job's processes are looked at (1 ms for 16 of them)
