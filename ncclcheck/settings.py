@@ -14,6 +14,7 @@ STALL_TIMEOUT_S = 15.0  # seconds with no progress on any rank (and no CPU use):
 TEST_STALL_TIMEOUT_S = 10.0
 TOTAL_TIMEOUT_S = 600.0  # a dry run's wall-clock limit
 DEFAULT_EVAL_BATCHES = 8  # the last batches of each eval pass run for real
+DEFAULT_TRAIN_END_BATCHES = 2  # the last batches of a train epoch run: its last step and the one before
 
 
 class Launcher(TextEnum):
@@ -48,6 +49,9 @@ class DryRunSettings:
     # the last batches of each eval pass run for real, the ones before skipped alike on
     # every rank (record/fastforward.py); None: every batch
     eval_batches: int | None = DEFAULT_EVAL_BATCHES
+    # the last batches of a train loader's first pass run after its --train-steps, the ones
+    # between skipped alike on every rank, so the epoch's end runs; 0: the pass is cut
+    train_end_batches: int = DEFAULT_TRAIN_END_BATCHES
     launcher: Launcher = Launcher.AUTO
     accelerate_config: str | None = None  # --launcher accelerate: accelerate launch's --config_file
     line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)

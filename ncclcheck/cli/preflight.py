@@ -28,7 +28,13 @@ from ncclcheck.launch.stop import listen_for_a_stop
 from ncclcheck.launch.torchrun import Progress
 from ncclcheck.launch.virtual import VirtualLayout, VirtualWorld
 from ncclcheck.render.lanes import build_lanes
-from ncclcheck.settings import DEFAULT_EVAL_BATCHES, STALL_TIMEOUT_S, DryRunSettings, Launcher
+from ncclcheck.settings import (
+    DEFAULT_EVAL_BATCHES,
+    DEFAULT_TRAIN_END_BATCHES,
+    STALL_TIMEOUT_S,
+    DryRunSettings,
+    Launcher,
+)
 
 
 class _ProgressLine:
@@ -96,6 +102,15 @@ def preflight_command(
         help="Batches of each eval pass run for real: the last K of the shortest rank (and every "
         "batch the others have beyond it); the leading ones are skipped alike on every rank, "
         "unloaded. 'all' runs every batch.",
+    ),
+    train_end_batches: int = typer.Option(
+        DEFAULT_TRAIN_END_BATCHES,
+        "--train-end-batches",
+        min=0,
+        help="Batches run at the end of each train loader's first pass, after --train-steps: the "
+        "last T of the shortest rank (and every batch the others have beyond it), the ones between "
+        "skipped alike on every rank, unloaded, so the epoch's end (its last, uneven batch, what the "
+        "script does there) runs. 0: the pass is cut after --train-steps, its end not run.",
     ),
     stall_timeout: float = typer.Option(
         STALL_TIMEOUT_S,
@@ -189,6 +204,7 @@ def preflight_command(
         line_evidence=line_evidence,
         fire_periodic=fire_periodic,
         eval_batches=_eval_batches(eval_batches),
+        train_end_batches=train_end_batches,
         launcher=Launcher.ACCELERATE
         if launcher == Launcher.AUTO and accelerate_config
         else _launcher(launcher),

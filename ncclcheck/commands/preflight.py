@@ -466,7 +466,13 @@ def _with_line_evidence(
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
         replay_settings = settings.for_replay(str(plan_path))
         started = time.monotonic()
-        run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module, warm)
+        replayed = run_dry(
+            script, script_args, torchrun, replay_settings, folder / "replay", None, as_module, warm
+        )
+        if warm is not None and not replayed.interrupted and not any((folder / "replay").glob(TRACE_GLOB)):
+            # the warm server ended before it forked a rank (seen once on a loaded machine,
+            # its output unread): the replay through torchrun, as without it
+            run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module)
         replay = load_replay(folder / "replay", first.evidence.traces, stops)
         replay.seconds = time.monotonic() - started
     finally:

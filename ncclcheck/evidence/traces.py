@@ -46,6 +46,23 @@ class LoaderPass:
     read: bool = False  # the skipped batches were read ahead (no length), not skipped
     told: dict[int, int | None] | None = None
     why_not: str | None = None
+    # --train-end-batches: a train pass's first ``head`` batches ran, then ``skipped`` were
+    # left out, then its last ones ran to the loader's end; ``yields``: the batches its
+    # sampler yields, where that is not what len() said (an estimate)
+    head: int = 0
+    yields: int | None = None
+
+    @property
+    def drawn(self) -> int:
+        """The batches the loop body got (``batches`` is a position: the skipped count)."""
+        if self.head and self.batches <= self.head:
+            return self.batches  # stopped within its head: nothing skipped yet
+        return self.batches - self.skipped
+
+    @property
+    def true_length(self) -> int | None:
+        """The batches the pass yields: what its sampler gave where that was counted."""
+        return self.yields if self.yields is not None else self.length
 
 
 @dataclass(frozen=True)
@@ -390,6 +407,8 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         read=bool(record.get("read", False)),
         told={int(r): n for r, n in record["told"].items()} if record.get("told") else None,
         why_not=record.get("why_not"),
+        head=int(record.get("head", 0)),
+        yields=record.get("yields"),
     )
 
 

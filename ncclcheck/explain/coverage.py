@@ -120,6 +120,9 @@ def _train_pass_ends(d: Context, found: Coverage) -> None:
                 first.setdefault(loader_pass.loader, {}).setdefault(rank, loader_pass)
     train_calls = any(call.phase == "train" for t in d.ev.traces.values() for call in t.calls)
     for loader, by_rank in first.items():
+        if any(p.head for p in by_rank.values()):
+            found.ran.append(_fast_forwarded(loader, by_rank))
+            continue
         if not any(p.budget_cut for p in by_rank.values()):
             continue  # the passes ran to their ends: the run itself shows them
         ran = max(p.batches for p in by_rank.values())
@@ -142,6 +145,26 @@ def _train_pass_ends(d: Context, found: Coverage) -> None:
                 "on every rank, so every rank's pass ends at the same step"
             )
         # lengths that differ: rules/quiet.uneven_train_loader says so, an error
+
+
+def _fast_forwarded(loader: str, by_rank: dict[int, LoaderPass]) -> str:
+    """A train pass run to its end past a skip (record/fastforward.py), in words."""
+    some = next(p for p in by_rank.values() if p.head)
+    lengths = sorted({n for p in by_rank.values() if (n := p.true_length) is not None})
+    span = f"{lengths[0]:,}" + (f" to {lengths[-1]:,}" if len(lengths) > 1 else "")
+    ended = [r for r, p in sorted(by_rank.items()) if p.exhausted]
+    if len(ended) == len(by_rank):
+        reached = "to its end on every rank"
+    elif ended:
+        reached = f"and rank(s) {', '.join(map(str, ended))} ended it"
+    else:
+        reached = "and no rank ended it (the findings say where they stopped)"
+    if not some.skipped:
+        return f"train loader {loader}: its first pass ran in full ({span} batches), {reached}"
+    return (
+        f"train loader {loader}: the first {some.head} and the last batches of {span} of its first "
+        f"pass ran, the {some.skipped:,} between them skipped alike on every rank (not loaded), {reached}"
+    )
 
 
 def _lint_errors_in(action: PeriodicAction, checked: list[Finding]) -> list[Finding]:

@@ -255,11 +255,15 @@ def _summary(d: Context) -> dict[str, object]:
             (t.exit is not None and t.exit.how is End.DRY_RUN_COMPLETE) or any(p.budget_cut for p in t.passes)
             for t in d.ev.traces.values()
         )
-        if budget_cut:
-            # the budget ended a train pass, or the run, before evaluation came
+        # a train pass fast-forwarded to its end skipped the steps where it would come
+        skipped = any(p.head and p.skipped for t in d.ev.traces.values() for p in t.passes)
+        if budget_cut or skipped:
+            # the budget ended a train pass, or the run, or skipped its middle, before evaluation came
             note += (
-                "; the dry run's budget stopped it first: if evaluation runs every N steps, "
-                "rerun with --train-steps above N (or the script's eval interval set low)"
+                "; the dry run's budget "
+                + ("skipped the steps" if skipped and not budget_cut else "stopped it")
+                + " before it: if evaluation runs every N steps, rerun with --train-steps above N "
+                "(or the script's eval interval set low)"
             )
         summary["note"] = note
     return summary

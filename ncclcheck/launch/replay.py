@@ -77,7 +77,7 @@ class WarmReplay:
         try:
             self.proc.stdin.write(json.dumps(order).encode() + b"\n")
             self.proc.stdin.close()
-        except (BrokenPipeError, OSError):
+        except (OSError, ValueError):  # a broken pipe; ValueError: its stdin closed already
             pass  # the server is gone: the watcher sees it end with nothing written
         return self.proc
 

@@ -34,7 +34,7 @@ from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
-from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S
+from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S, ENV_TRAIN_END
 from ncclcheck.record.firing import ENV_FIRE
 from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT, launcher_tmpdir
 from ncclcheck.record.lines import ENV_LINES
@@ -334,6 +334,7 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
         ENV_DRY_RUN: "1",
         ENV_LINES: settings.lines_plan or "",
         ENV_EVAL_BATCHES: "all" if settings.eval_batches is None else str(settings.eval_batches),
+        ENV_TRAIN_END: str(settings.train_end_batches),
         ENV_LAUNCHER: settings.launcher,
         # a rank that never starts the pass (only rank 0 evaluates) costs this, well inside
         # the stall timeout, so the wait itself is never taken for a hang
@@ -407,7 +408,10 @@ def run_dry(
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
     result.elapsed = time.monotonic() - start
-    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    try:
+        log_text = log_path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:  # a warm server gone before it opened the log: nothing was run
+        log_text = ""
     result.rank_exits, result.first_failure = parse_torchrun_failures(log_text)
     result.probe_failed = any(code == PROBE_FAILED_EXIT for code in result.rank_exits.values())
     return result

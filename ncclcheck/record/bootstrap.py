@@ -29,6 +29,7 @@ from ncclcheck.record import (
     lines,
     nccl_timing,
     perturb,
+    positions,
     preimport,
     rendezvous,
     rooted,
@@ -344,6 +345,8 @@ def start_recorder(rank: int, script: str, module: str | None = None, **known: i
         virtual.install(env[virtual.ENV_VIRTUAL], rank, int(env.get("WORLD_SIZE", "1")))
     rooted.install(recorder)  # before the collectives are wrapped: it wraps reduce first
     install(recorder)
+    if recorder.fast_forward is not None and recorder.fast_forward.train_end > 0:
+        positions.install()  # enumerate() over a fast-forwarded train pass counts its positions
     frameworks.install(recorder)
     if env.get(cpu_map.ENV_CPU) == "1":
         cpu_map.install(recorder)

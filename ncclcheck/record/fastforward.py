@@ -1,5 +1,6 @@
-"""Eval fast-forward (preflight --eval-batches K): the dry run's cost stays the same
-whatever the size of the eval set.
+"""Fast-forward (preflight --eval-batches K, --train-end-batches T): the dry run's cost
+stays the same whatever the size of the eval set, and a train epoch's end runs whatever
+its length.
 
 When an eval pass starts, every rank tells the others through torchrun's store (a
 client of it, never a collective: a rank that does not come costs a bounded wait, not
@@ -27,14 +28,27 @@ batches of an endless stream): past the bound the rank tells "unknown" and nobod
 skips. Where nothing was agreed (that, or a rank that did not start the pass within
 the wait), the loop gets a new iterator over the loader, from its start, as every
 eval pass of the real job does: the pass runs in full, at the cost of the read.
+
+A train pass is fast-forwarded the same way, with a head: its first ``--train-steps``
+batches run, then every rank skips alike to the last T batches of the shortest rank,
+which run with the pass's end (the last, uneven batch; DDP's last all-reduce; what the
+script does at the epoch's end). Its ranks agree on what their samplers *yield*, not on
+what ``len()`` says: the index sampler is drawn once before the pass (indices only,
+nothing loaded; the random states it draws from are put back), so a batch sampler whose
+``len()`` is an estimate (batches packed to a token budget) shows its real count. Where
+nothing is agreed, the pass is cut after its head as before, and the report says its
+end did not run. Only the first pass of each train loader is fast-forwarded: one epoch's
+end is the epoch end of them all.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -46,6 +60,7 @@ from ncclcheck.record.virtual import ENV_VIRTUAL
 from ncclcheck.settings import DryRunSettings
 
 ENV_EVAL_BATCHES = "NCCLCHECK_EVAL_BATCHES"  # K: the batches run for real; unset or "all": every batch
+ENV_TRAIN_END = "NCCLCHECK_TRAIN_END_BATCHES"  # T: a train pass's last batches run; unset or 0: cut
 ENV_AGREE_WAIT = "NCCLCHECK_EVAL_AGREE_S"  # how long a rank waits for the others' lengths
 ENV_READ_S = "NCCLCHECK_EVAL_READ_S"  # how long a rank reads a loader without a length ahead
 UNKNOWN = "unknown"
@@ -74,10 +89,18 @@ class Agreement:
 
 
 class FastForward:
-    """One rank's side: the passes of each eval loader it started, and the store."""
+    """One rank's side: the passes of each loader it started, and the store. ``keep``: the
+    eval batches run (None: every one); ``train_end``: a train pass's last batches run
+    (0: train passes are cut after their head, not fast-forwarded)."""
 
     def __init__(
-        self, keep: int, wait_s: float, rank: int | None, world: int | None, read_s: float = 30.0
+        self,
+        keep: int | None,
+        wait_s: float,
+        rank: int | None,
+        world: int | None,
+        read_s: float = 30.0,
+        train_end: int = 0,
     ) -> None:
         # the launcher's store, as the launcher named it: before the script (or srun's
         # emulation, launch/launchers.py) can change the variables. No rank (a rank the
@@ -89,23 +112,26 @@ class FastForward:
         self.rank = rank
         self.world = world
         self.read_s = read_s
+        self.train_end = train_end
         self._store: Any = None
 
     @classmethod
     def from_environment(cls) -> FastForward | None:
         env = os.environ
-        keep = env.get(ENV_EVAL_BATCHES, "all")
-        if keep == "all":
+        raw_keep = env.get(ENV_EVAL_BATCHES, "all")
+        keep = None if raw_keep == "all" else int(raw_keep)
+        train_end = int(env.get(ENV_TRAIN_END, "0"))
+        if keep is None and train_end <= 0:
             return None
         defaults = DryRunSettings()  # a rank started without preflight's environment
         read_s = float(env.get(ENV_READ_S, defaults.eval_read_ahead_s))
         wait_s = float(env.get(ENV_AGREE_WAIT, defaults.eval_agree_wait_s))
         if "RANK" not in env or "MASTER_ADDR" not in env:  # the script starts its ranks itself
-            return cls(int(keep), wait_s, None, None, read_s)
+            return cls(keep, wait_s, None, None, read_s, train_end)
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         if env.get(ENV_VIRTUAL):  # its ranks run one at a time, with no store to meet in
-            return VirtualFastForward(int(keep), rank, world, read_s, env[ENV_VIRTUAL])
-        return cls(int(keep), wait_s, rank, world, read_s)
+            return VirtualFastForward(keep, rank, world, read_s, env[ENV_VIRTUAL], train_end)
+        return cls(keep, wait_s, rank, world, read_s, train_end)
 
     def _connected(self) -> Any:
         """The store to meet in, or None: a rank of the script's own with no process group."""
@@ -129,15 +155,18 @@ class FastForward:
         if store is not None and self.world != 1:
             store.add(f"{self.namespace}{loader}/{passes_done}/reading", 1)
 
-    def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
+    def agree(self, loader: str, length: int | None, passes_done: int, keep: int | None = None) -> Agreement:
         """Tell this rank's length for a pass over ``loader`` after ``passes_done`` complete
-        eval passes; the agreement. Keyed by complete passes, not by passes started: a
+        passes; the agreement: every rank skips the smallest length minus ``keep`` (the
+        eval batches by default). Keyed by complete passes, not by passes started: a
         pass some rank starts alone (``next(iter(val_loader))`` on rank 0 for a logged
         sample) completes nothing, so it meets the others' real pass and that rank's
         real pass reads the same decision again."""
+        keep = self.keep if keep is None else keep
+        assert keep is not None, "an eval pass agreed on with --eval-batches all"
         store = self._connected() if self.world != 1 else None
         if self.world == 1:
-            return _decide({0: length}, self.keep)
+            return _decide({0: length}, keep)
         if store is None or self.rank is None or self.world is None:
             return Agreement(0, {}, _NO_GROUP)
         rank, world = self.rank, self.world
@@ -145,9 +174,7 @@ class FastForward:
         store.set(f"{base}len/{rank}", UNKNOWN if length is None else str(length))
         if store.add(f"{base}arrived", 1) == world:  # the last to arrive decides for all
             told = {r: _length(store.get(f"{base}len/{r}")) for r in range(world)}
-            return Agreement.from_json(
-                store.compare_set(f"{base}skip", "", _decide(told, self.keep).to_json())
-            )
+            return Agreement.from_json(store.compare_set(f"{base}skip", "", _decide(told, keep).to_json()))
         try:
             try:
                 store.wait([f"{base}skip"], datetime.timedelta(seconds=self.wait_s))
@@ -172,8 +199,16 @@ class VirtualFastForward(FastForward):
     fewer than K (none, below the skip), more run more. A pass rank 0 never started
     skips nothing."""
 
-    def __init__(self, keep: int, rank: int, world: int, read_s: float, reference_path: str) -> None:
-        super().__init__(keep, 0.0, rank, world, read_s)
+    def __init__(
+        self,
+        keep: int | None,
+        rank: int,
+        world: int,
+        read_s: float,
+        reference_path: str,
+        train_end: int = 0,
+    ) -> None:
+        super().__init__(keep, 0.0, rank, world, read_s, train_end)
         self.virtual_rank = rank
         self.path = os.path.join(os.path.dirname(reference_path), "virtual-eval.jsonl")
         self._decided: dict[str, Agreement] | None = None
@@ -181,10 +216,12 @@ class VirtualFastForward(FastForward):
     def reading(self, loader: str, passes_done: int) -> None:
         return None  # nobody to wait for
 
-    def agree(self, loader: str, length: int | None, passes_done: int) -> Agreement:
+    def agree(self, loader: str, length: int | None, passes_done: int, keep: int | None = None) -> Agreement:
+        keep = self.keep if keep is None else keep
+        assert keep is not None, "an eval pass agreed on with --eval-batches all"
         key = f"{loader}/{passes_done}"
         if self.virtual_rank == 0:
-            decided = _decide({0: length}, self.keep)
+            decided = _decide({0: length}, keep)
             with open(self.path, "a", encoding="utf-8") as out:
                 out.write(json.dumps({"key": key, "agreement": decided.to_json()}) + "\n")
             return decided
@@ -222,15 +259,20 @@ def _decide(told: dict[int, int | None], keep: int) -> Agreement:
 
 
 class _Skipped:
-    """An index sampler whose iterator starts ``skip`` batches in: the DataLoader fetches
-    (and its workers load) only the batches after them."""
+    """An index sampler whose iterator yields its first ``head`` batches, then leaves out
+    ``skip``: the DataLoader fetches (and its workers load) only the batches it yields."""
 
-    def __init__(self, sampler: Any, skip: int) -> None:
+    def __init__(self, sampler: Any, skip: int, head: int = 0) -> None:
         self.sampler = sampler
         self.skip = skip
+        self.head = head
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.sampler), self.skip, None)
+        indices = iter(self.sampler)
+        # chain exhausts the head before it starts the tail, so the one iterator serves both
+        return itertools.chain(
+            itertools.islice(indices, self.head), itertools.islice(indices, self.skip, None)
+        )
 
     def __len__(self) -> int:
         return max(0, len(self.sampler) - self.skip)
@@ -239,8 +281,9 @@ class _Skipped:
         return getattr(self.sampler, name)
 
 
-def iterate_from(loader: Any, skip: int, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
-    """The loader's iterator for a pass that starts ``skip`` batches in. DataLoader makes
+def iterate_from(loader: Any, skip: int, make: Callable[[], Iterator[Any]], head: int = 0) -> Iterator[Any]:
+    """The loader's iterator for a pass that leaves out ``skip`` batches after its first
+    ``head`` (none: it starts ``skip`` batches in). DataLoader makes
     its index iterator inside ``__iter__`` (and in a persistent iterator's reset), from
     ``batch_sampler`` when it batches, else from ``sampler``: that attribute stands in for
     the call. DataLoader refuses to have them set after construction, hence object's own
@@ -249,7 +292,7 @@ def iterate_from(loader: Any, skip: int, make: Callable[[], Iterator[Any]]) -> I
         return make()
     attribute = "batch_sampler" if getattr(loader, "batch_sampler", None) is not None else "sampler"
     original = getattr(loader, attribute)
-    object.__setattr__(loader, attribute, _Skipped(original, skip))
+    object.__setattr__(loader, attribute, _Skipped(original, skip, head))
     try:
         return make()
     finally:
@@ -292,3 +335,74 @@ def read_ahead(
         if now - start > bound_s:
             return ReadAhead(count, deque(), False)
     return ReadAhead(count, held, True)
+
+
+def batches_yielded(loader: Any, bound_s: float) -> int | None:
+    """How many batches this pass over ``loader`` will yield, where its ``len()`` may say
+    otherwise: a sampler of the user's own (a batch sampler that packs to a token budget
+    often gives an estimate). Its index iterator is drawn once, indices only, nothing
+    loaded, with the random states it may draw from put back, so the pass that follows
+    yields the same batches. None: a stream (no index sampler), or not counted within
+    ``bound_s``. torch's own samplers, and a list of batches, are exact: not drawn."""
+    from torch.utils.data import IterableDataset
+
+    if isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return None
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    sampler = batch_sampler if batch_sampler is not None else getattr(loader, "sampler", None)
+    if sampler is None:
+        return None
+    if _exact_length(sampler):
+        try:
+            return len(sampler)
+        except Exception:
+            return None
+    start = time.monotonic()
+    count = 0
+    with _random_states_kept([loader, sampler, getattr(sampler, "sampler", None)]):
+        try:
+            for _ in sampler:
+                count += 1
+                if count % 1024 == 0 and time.monotonic() - start > bound_s:
+                    return None
+        except Exception:  # the user's sampler failing here fails in the pass itself, where it shows
+            return None
+    return count
+
+
+def _exact_length(sampler: Any) -> bool:
+    """torch's samplers (and a plain list of batches) yield what their len() says."""
+    if isinstance(sampler, list | tuple):
+        return True
+    module = type(sampler).__module__
+    if not module.startswith("torch.utils.data"):
+        return False
+    inner = getattr(sampler, "sampler", None)
+    return inner is None or _exact_length(inner) or isinstance(inner, range | list | tuple)
+
+
+@contextlib.contextmanager
+def _random_states_kept(holders: list[Any]) -> Iterator[None]:
+    """Put back the random states a sampler draws from: torch's, Python's, numpy's where
+    it is loaded, and the generators the loader and its samplers hold."""
+    import random
+
+    import torch
+
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    numpy = sys.modules.get("numpy")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    generators = [
+        (g, g.get_state())
+        for g in (getattr(h, "generator", None) for h in holders if h is not None)
+        if isinstance(g, torch.Generator)
+    ]
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
+        if numpy is not None and numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+        for generator, state in generators:
+            generator.set_state(state)

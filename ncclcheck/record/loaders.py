@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from ncclcheck.frames import is_user_file
-from ncclcheck.record.fastforward import FastForward, iterate_from, read_ahead
+from ncclcheck.record.fastforward import Agreement, FastForward, batches_yielded, iterate_from, read_ahead
 
 # a loader whose variable name holds one of these is an eval loader (unless its mode says otherwise)
 _EVAL_NAME_HINTS = ("val", "eval", "test", "dev")
@@ -51,6 +51,10 @@ class LoaderHost(Protocol):
     def eval_passes_done(self) -> int: ...
     @property
     def budget_spent(self) -> bool: ...
+    @property
+    def train_steps(self) -> int: ...
+    def wants_pass_end(self, loader: str) -> bool: ...
+    def train_passes_of(self, loader: str) -> int: ...
     def write(self, record: dict[str, Any]) -> None: ...
     def pass_started(self, tracked: TrackedIterator) -> None: ...
     def pass_ended(self, tracked: TrackedIterator, exhausted: bool) -> None: ...
@@ -71,28 +75,66 @@ class TrackedIterator:
         self.hinted = False  # the role came from the framework that made the loader
         self.role = self._guess_role()
         self.length = self._safe_len()
-        # --eval-batches: the leading batches every rank skips alike (record/fastforward.py)
-        fast_forward = recorder.fast_forward if self.role == "eval" else None
-        ahead = None
+        self.yields: int | None = None  # what a train pass's sampler yields, where len() may not say
+        self.head = 0  # a fast-forwarded train pass: the batches run before the skipped ones
         self.read = False  # the skipped batches were read ahead (no length), not skipped
-        if fast_forward is not None and self.length is None and not recorder.budget_spent:
+        self.agreement: Agreement | None = None
+        fast_forward = recorder.fast_forward
+        if self.role == "eval" and fast_forward is not None and fast_forward.keep is not None:
+            self._inner = self._eval_pass(fast_forward, make)
+        elif self.role == "train" and not self.hinted and recorder.wants_pass_end(self.name):
+            assert fast_forward is not None
+            self._inner = self._train_pass(fast_forward, make)
+        else:
+            self._inner = make()
+        self.skipped = self.agreement.skip if self.agreement is not None else 0
+        if self.read:
+            self.skipped = self._read_skip
+        # positions stay the loader's own: batch 4 is the 4th (a train pass's jump to its
+        # tail comes after its head, in __next__)
+        self.index = 0 if self.head else self.skipped
+        self.counted = False  # counted as a complete eval pass already
+        self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
+        self.fast_forwarded = self.head > 0  # its end runs: never cut by the budget
+        self._ended = False
+        recorder.pass_started(self)
+
+    def _eval_pass(self, fast_forward: FastForward, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """--eval-batches: every rank skips the same leading batches (record/fastforward.py)."""
+        recorder, name = self._recorder, self.name
+        assert fast_forward.keep is not None
+        ahead = None
+        if self.length is None and not recorder.budget_spent:
             fast_forward.reading(name, recorder.eval_passes_done)
             ahead = read_ahead(make(), 2 * fast_forward.keep, fast_forward.read_s, self._still_reading)
         told = ahead.count if ahead is not None and ahead.ended else self.length
-        self.agreement = (
-            None if fast_forward is None else fast_forward.agree(name, told, recorder.eval_passes_done)
-        )
-        self.skipped = self.agreement.skip if self.agreement is not None else 0
-        if ahead is not None and ahead.ended and self.agreement is not None and not self.agreement.why_not:
-            self.skipped, self._inner = ahead.tail(self.skipped)
+        self.agreement = fast_forward.agree(name, told, recorder.eval_passes_done)
+        if ahead is not None and ahead.ended and not self.agreement.why_not:
+            self._read_skip, inner = ahead.tail(self.agreement.skip)
             self.length, self.read = ahead.count, True
-        else:  # nothing agreed for a stream read ahead: a new iterator, from its start
-            self._inner = iterate_from(loader, self.skipped, make)
-        self.index = self.skipped  # positions stay the loader's own: batch 4 is the 4th
-        self.counted = False  # counted as a complete eval pass already
-        self.cut_by_budget = False  # ended after --train-steps batches, not by the loader
-        self._ended = False
-        recorder.pass_started(self)
+            return inner
+        # nothing agreed for a stream read ahead: a new iterator, from its start
+        return iterate_from(self._loader, self.agreement.skip, make)
+
+    def _train_pass(self, fast_forward: FastForward, make: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """--train-end-batches: the pass's head (--train-steps batches) runs, then every
+        rank skips alike to the last batches of the shortest rank, and the pass ends as
+        the loader ends it. Nothing agreed: the pass is cut after its head, as always."""
+        recorder = self._recorder
+        # counted within half the agreement's wait, so the others never give up on this rank
+        self.yields = batches_yielded(self._loader, max(1.0, fast_forward.wait_s / 2))
+        head = recorder.train_steps
+        agreement = fast_forward.agree(
+            f"{self.name}@train",
+            self.yields,
+            recorder.train_passes_of(self.name),
+            keep=head + fast_forward.train_end,
+        )
+        self.agreement = agreement
+        if agreement.why_not:
+            return make()
+        self.head = head
+        return iterate_from(self._loader, agreement.skip, make, head=head)
 
     def _still_reading(self, batches: int) -> None:
         self._recorder.write(
@@ -148,6 +190,8 @@ class TrackedIterator:
             # no sampler shards an IterableDataset: its own __iter__ splits the stream
             "iterable": isinstance(dataset, IterableDataset),
             "sample_ids": _sample_ids(loader) if self.role == "eval" else None,
+            **({"yields": self.yields} if self.yields is not None and self.yields != length else {}),
+            **({"head": self.head} if self.head else {}),
             **(
                 {
                     "skipped": self.skipped,
@@ -176,6 +220,8 @@ class TrackedIterator:
             self.role = "eval"  # iterated before model.eval(): the first batch tells
         try:
             self._recorder.budget_check(self)
+            if self.head and self.index == self.head:
+                self.index += self.skipped  # the batches left out come between head and tail
             batch = next(self._inner)
         except StopIteration:
             self._end(exhausted=self.index >= (self._safe_len() or self.index))

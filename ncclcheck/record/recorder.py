@@ -113,6 +113,14 @@ class Recorder:
         self._eval_passes_done = 0
         self._train_passes_started = 0
         self._train_since_eval = 0  # train batches drawn since the last complete eval pass
+        # --train-end-batches: train loaders whose pass ran (or is running) to its end, and
+        # the fast-forwarded passes still open, by loader; how many passes each started
+        self._pass_end_run: set[str] = set()
+        self._running_to_end: dict[str, TrackedIterator] = {}
+        self._train_passes_by_loader: dict[str, int] = {}
+        # a fast-forwarded pass ended: what the script does at the epoch's end (a save, an
+        # evaluation) runs before the budget may stop the run, up to the next train batch
+        self._at_epoch_end = False
         self._backward_site: list[tuple[str, int, str]] = []
         # per distinct call: its encoded fields and its group's seq counter
         self._static: dict[tuple[Any, ...], tuple[bytes, Iterator[int]]] = {}
@@ -608,12 +616,40 @@ class Recorder:
     def track(self, loader: Any, make: Callable[[], Iterator[Any]], caller: Any) -> Iterator[Any]:
         return TrackedIterator(self, loader, make, self.loader_name(loader, caller))
 
+    def wants_pass_end(self, loader: str) -> bool:
+        """Fast-forward this train pass to its end (--train-end-batches): the first pass of
+        each train loader that gets past its head, while the budget is not spent."""
+        ff = self.fast_forward
+        return (
+            ff is not None
+            and ff.train_end > 0
+            and self.train_steps > 0
+            and loader not in self._pass_end_run
+            and not self.budget_spent
+        )
+
+    def train_passes_of(self, loader: str) -> int:
+        """The train passes over ``loader`` this rank started before this one."""
+        return self._train_passes_by_loader.get(loader, 0)
+
     def pass_started(self, tracked: TrackedIterator) -> None:
+        if tracked.role == "train":
+            self._train_passes_by_loader[tracked.name] = self.train_passes_of(tracked.name) + 1
+            left = self._running_to_end.pop(tracked.name, None)
+            if left is not None and left.index > left.head:
+                self._pass_end_run.add(tracked.name)  # left in its tail (zip() stops at the shorter)
+            if tracked.fast_forwarded:
+                self._running_to_end[tracked.name] = tracked
         self.write({"t": "pass", "event": "start", **tracked.facts(), "time": time.time()})
 
     def pass_ended(self, tracked: TrackedIterator, exhausted: bool) -> None:
         self._position = None
         self.state.position = b""
+        if self._running_to_end.get(tracked.name) is tracked:
+            del self._running_to_end[tracked.name]
+            if exhausted or tracked.index > tracked.head:
+                self._pass_end_run.add(tracked.name)
+                self._at_epoch_end = True
         if tracked.role == "eval" and exhausted and not tracked.counted:
             self._eval_pass_complete(tracked)
         facts = {"event": "end", "exhausted": exhausted, **tracked.facts(), "time": time.time()}
@@ -662,6 +698,7 @@ class Recorder:
             return
         if tracked.index == 0:
             self._train_passes_started += 1
+        self._at_epoch_end = False
         self._stop_if_done()
         if self._train_passes_started > self.max_train_passes:
             self.stop_reason = (
@@ -669,13 +706,22 @@ class Recorder:
                 f"{self._eval_passes_done} complete eval pass(es)"
             )
             raise DryRunComplete(self.stop_reason)
-        if tracked.index >= self.train_steps:
+        if tracked.index >= self.train_steps and not tracked.fast_forwarded:
             tracked.cut_by_budget = True
             raise StopIteration
 
     @property
     def budget_spent(self) -> bool:
-        return self._eval_passes_done >= self.eval_passes and self._train_since_eval >= self.train_steps
+        """The eval passes are done, the train steps after the last one too, no train pass
+        past its head is still on its way to its end (a peek at one batch holds nothing
+        up), and no epoch's end is running (from a fast-forwarded pass's end to the next
+        train batch)."""
+        return (
+            self._eval_passes_done >= self.eval_passes
+            and self._train_since_eval >= self.train_steps
+            and not self._at_epoch_end
+            and not any(t.index >= t.head for t in self._running_to_end.values())
+        )
 
     def _stop_if_done(self) -> None:
         if self.budget_spent:

@@ -1,9 +1,13 @@
 """preflight says aligned only for what it ran (explain/coverage.py), on real ranks: a
 checkpoint every N steps past the dry run's budget (made to fire within it, record/firing.py,
-or said as not run), and train passes that end at
-different steps on different ranks, each with its fixed twin."""
+or said as not run), train passes that end at different steps on different ranks, what
+runs at an epoch's end (its last, uneven batch; a test on its last step), and a
+collective reached by formatting a value, each with its fixed twin."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,16 +61,85 @@ def test_a_checkpoint_every_n_steps_is_made_to_fire_the_broken_save_is_found_and
     assert finding["absent_ranks"] == [1], finding
 
 
-def test_train_passes_that_end_at_different_steps_are_found_before_the_end_runs() -> None:
+def test_train_passes_that_end_at_different_steps_part_at_the_epoch_end_the_dry_run_ran() -> None:
+    # batches packed to a token budget after the sampler's split: rank 1 has 12 fewer.
+    # The pass is fast-forwarded to its end, where the ranks part for real.
     proc, report = preflight("--nproc-per-node=2", str(TOKEN_BUDGET), env={"MODE": "broken"})
     assert proc.returncode == 1, proc.stderr[-2000:]
-    finding = next(f for f in report["findings"] if f["severity"] == "error")
+    finding = report["findings"][0]
     assert finding["cause"] == "uneven-eval-batches", finding
     assert "different numbers of batches per rank (rank 0: 249, rank 1: 237)" in finding["message"], finding
+    assert "the dry run ran the epoch's end" in finding["message"], finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    assert (
+        finding["site"] == f"tests/scripts/token_budget_batches.py:{line_in(TOKEN_BUDGET, 'loss.backward()')}"
+    )
+
+    # the pass cut after its head, as before: the lengths the loaders told decide
+    proc, report = preflight(
+        "--nproc-per-node=2", "--train-end-batches=0", str(TOKEN_BUDGET), env={"MODE": "broken"}
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = next(f for f in report["findings"] if f["severity"] == "error")
+    assert "(the dry run stopped each pass before its end; the lengths" in finding["message"], finding
 
     proc, report = preflight("--nproc-per-node=2", str(TOKEN_BUDGET), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), report
     assert any(
-        "of 242 batches a pass ran; the same length on every rank" in line
+        line.startswith("train loader loader: the first 5 and the last batches of 242 of its first pass ran")
+        and line.endswith("to its end on every rank")
         for line in report["summary"]["covered"]
-    )
+    ), report["summary"]
+
+
+def found_in_broken_and_fixed_aligned(script: Path) -> dict[str, Any]:
+    """The first finding on ``script`` with MODE=broken (exit 1); its MODE=fixed twin aligned."""
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "broken"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    fixed_proc, fixed = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (fixed_proc.returncode, fixed["verdict"]) == (0, "aligned"), fixed
+    finding: dict[str, Any] = report["findings"][0]
+    return finding
+
+
+def test_a_batch_sampler_whose_len_is_an_estimate_is_counted_and_its_end_run() -> None:
+    # len() is the same estimate on both ranks; what the samplers yield differs
+    finding = found_in_broken_and_fixed_aligned(SCRIPTS / "bucketed_estimated_len.py")
+    assert finding["cause"] == "uneven-eval-batches", finding
+    assert "(rank 0: 261, rank 1: 273)" in finding["message"], finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([1], [0])
+    assert any("its len() is an estimate" in line for line in finding["evidence"]), finding
+
+
+def test_the_last_uneven_batch_runs_and_its_gather_of_another_shape_is_found() -> None:
+    script = SCRIPTS / "last_batch_gather.py"
+    finding = found_in_broken_and_fixed_aligned(script)
+    assert finding["cause"] == "collective-shape-mismatch", finding
+    gather = line_in(script, "dist.all_gather(parts, predictions)")
+    assert finding["site"] == f"tests/scripts/last_batch_gather.py:{gather}"
+    assert any("loader batch 401" in line for line in finding["evidence"]), finding
+
+
+def test_enumerate_gives_the_loaders_positions_so_the_last_step_test_runs() -> None:
+    # `if i == len(loader) - 1:` runs at the epoch's end only: enumerate counts the
+    # positions of a fast-forwarded pass, so the summary only rank 0 reduces is reached
+    script = SCRIPTS / "epoch_summary_last_step.py"
+    finding = found_in_broken_and_fixed_aligned(script)
+    assert finding["cause"] == "rank-conditional-collective", finding
+    reduce = line_in(script, "# the others are already")
+    assert finding["site"] == f"tests/scripts/epoch_summary_last_step.py:{reduce}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
+def test_a_collective_reached_by_formatting_a_meter_on_rank_0_is_named_with_its_chain() -> None:
+    # print(f"... {meter}") on rank 0: __format__ -> __str__ -> the global_avg property ->
+    # all_reduce. The rank test is the cause, not a straggler, and the chain is shown.
+    script = SCRIPTS / "meter_logged_on_rank0.py"
+    finding = found_in_broken_and_fixed_aligned(script)
+    assert finding["cause"] == "rank-conditional-collective", finding
+    reduce = line_in(script, "dist.all_reduce(both)")
+    assert finding["site"] == f"tests/scripts/meter_logged_on_rank0.py:{reduce}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    chain = next(line for line in finding["evidence"] if line.startswith("call chain on rank 0"))
+    assert "__str__()" in chain and "global_avg()" in chain, chain
+    assert any(line.startswith("`if rank == 0` at") for line in finding["evidence"]), finding

@@ -388,9 +388,12 @@ def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
 
 
 def test_train_shards_of_different_lengths_are_an_error_though_the_budget_cut_the_passes_first() -> None:
-    # the dry run never reaches the end of a pass, where the ranks part; the lengths the
-    # loaders told as the pass began decide: never "aligned" with a warning
-    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "uneven_train_shards.py"))
+    # --train-end-batches 0: the dry run never reaches the end of a pass, where the ranks
+    # part; the lengths the loaders told as the pass began decide: never "aligned" with a
+    # warning (by default the pass's end runs: test_coverage.py)
+    proc, report = preflight(
+        "--nproc-per-node=2", "--train-end-batches=0", str(SCRIPTS / "uneven_train_shards.py")
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert report["verdict"] == "misaligned"
     (finding,) = report["findings"]

@@ -95,3 +95,14 @@ def test_a_rank_that_fails_in_the_replay_fails_the_server_and_leaves_no_process(
     assert launch.stalled, log[-2000:]  # rank 0 waited on: the watchdog ended it
     assert gone([warm.proc.pid])
     assert not leftover_ranks("ncclcheck.launch.replay")  # the forked ranks carry the server's name
+
+
+def test_a_server_gone_before_its_order_leaves_a_run_with_no_rank_not_an_error(tmp_path: Path) -> None:
+    """A server that ended before it read its order (seen once on a loaded machine) never
+    opened the replay's log: the run ends with no rank and no log, and preflight then
+    replays through torchrun (commands/preflight.py), never an internal error."""
+    server = WarmReplay.start(2)
+    server.close()  # gone, as a server that died would be
+    result = run_dry(str(SCRIPTS / "reduce_to_rank0.py"), [], TWO, SETTINGS, tmp_path / "replay", warm=server)
+    assert not (tmp_path / "replay" / "torchrun.log").exists()
+    assert (result.rank_exits, list((tmp_path / "replay").glob("rank-*.jsonl"))) == ({}, [])

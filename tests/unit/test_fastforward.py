@@ -12,10 +12,17 @@ from typing import Any
 import pytest
 import torch
 from torch.distributed import TCPStore
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-from ncclcheck.record.fastforward import Agreement, FastForward, VirtualFastForward, iterate_from, read_ahead
+from ncclcheck.record.fastforward import (
+    Agreement,
+    FastForward,
+    VirtualFastForward,
+    batches_yielded,
+    iterate_from,
+    read_ahead,
+)
 
 
 @pytest.fixture
@@ -110,6 +117,58 @@ def test_skipped_batches_are_never_loaded_and_the_loader_is_left_as_it_was() -> 
     assert [int(b[0]) for b in batches] == [80, 84, 88, 92, 96]
     assert data.loaded == list(range(80, 100))
     assert loader.batch_sampler is sampler and len(loader) == 25
+
+
+def test_a_train_pass_runs_its_head_then_its_tail_and_loads_nothing_between() -> None:
+    data = Counted(100)
+    loader = DataLoader(data, batch_size=4, num_workers=0)
+    batches = list(iterate_from(loader, 18, lambda: DataLoader.__iter__(loader), head=5))
+    assert [int(b[0]) for b in batches] == [0, 4, 8, 12, 16, 92, 96]  # 5 batches, then the last 2 of 25
+    assert data.loaded == [*range(0, 20), *range(92, 100)]
+    assert len(loader) == 25
+
+
+class Stream(IterableDataset[int]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __iter__(self) -> Any:
+        return iter(range(self.size))
+
+
+class EstimatedBuckets:
+    """A bucketing batch sampler of the user's own: its len() is an estimate, and it draws
+    from the global random state as it shuffles its buckets."""
+
+    def __init__(self, batches: int, estimate: int) -> None:
+        self.batches, self.estimate = batches, estimate
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(self.batches).tolist()
+        return iter([[i] for i in order])
+
+    def __len__(self) -> int:
+        return self.estimate
+
+
+def test_a_sampler_of_the_users_own_is_counted_and_the_random_state_put_back() -> None:
+    loader = DataLoader(Counted(50), batch_sampler=EstimatedBuckets(37, estimate=40))  # type: ignore[arg-type]
+    torch.manual_seed(3)
+    assert batches_yielded(loader, 5.0) == 37  # not the 40 len() says
+    after_count = torch.rand(1)
+    torch.manual_seed(3)
+    assert torch.equal(after_count, torch.rand(1))  # the count drew nothing the script sees
+
+
+def test_torchs_own_samplers_are_taken_at_their_length_without_drawing() -> None:
+    data = TensorDataset(torch.arange(10))
+    generator = torch.Generator().manual_seed(0)
+    shuffled = DataLoader(data, batch_size=3, shuffle=True, generator=generator)
+    state = generator.get_state()
+    assert batches_yielded(shuffled, 5.0) == 4
+    assert torch.equal(generator.get_state(), state)
+    stream = DataLoader(Stream(7), batch_size=2)
+    assert batches_yielded(stream, 5.0) is None  # no index sampler: a stream is not counted
 
 
 def test_the_skip_follows_a_distributed_shard_and_a_loader_without_batching() -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
 from ncclcheck.evidence.align import Divergence, Mismatch
+from ncclcheck.evidence.traces import LoaderPass
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.branch import explain_fork
@@ -117,6 +118,72 @@ def ran_out_of_batches_under_join(p: Parting) -> Explanation | None:
 
 def eval_loaders_of_different_lengths(p: Parting) -> Explanation | None:
     return uneven_eval(p.d, p.first, p.evidence)
+
+
+def train_passes_end_apart(p: Parting) -> Explanation | None:
+    """The ranks' first passes over one train loader yield different numbers of batches,
+    and the dry run ran them to their ends (--train-end-batches): at the divergence the
+    ranks with more batches are still in the pass, the others past its end."""
+    d, first = p.d, p.first
+    in_train = {
+        r: c.position
+        for r, c in first.calls.items()
+        if c is not None and (c.position or {}).get("role") == "train"
+    }
+    loaders = {str(position.get("loader")) for position in in_train.values() if position}
+    if len(loaders) != 1:
+        return None
+    loader = loaders.pop()
+    lengths: dict[int, int] = {}
+    firsts: dict[int, LoaderPass] = {}
+    for rank in first.members:
+        trace = d.ev.traces.get(rank)
+        ran = [
+            lp
+            for lp in (trace.passes if trace is not None else [])
+            if lp.loader == loader and lp.role == "train" and (lp.head or lp.exhausted)
+        ]
+        length = ran[0].true_length if ran else None
+        if length is None:
+            return None
+        lengths[rank], firsts[rank] = length, ran[0]
+    estimates = sorted(
+        {lp.length for lp in firsts.values() if lp.yields is not None and lp.length is not None}
+    )
+    fewest = min(lengths.values())
+    # still in the pass past the shortest rank's end: the batches only they have
+    longer = sorted(
+        r
+        for r, position in in_train.items()
+        if position and position.get("loader") == loader and int(position.get("batch", 0)) > fewest
+    )
+    if not longer or len(set(lengths.values())) < 2:
+        return None
+    shorter = sorted(r for r in first.members if r not in longer)
+    call = first.calls.get(longer[0])
+    where = f" ({op_text(call)} at {d.site(call.site)})" if call is not None else ""
+    return d.explanation(
+        Cause.UNEVEN_EVAL_BATCHES,
+        f"train loader {loader} yields different numbers of batches per rank ("
+        + ", ".join(f"rank {r}: {n}" for r, n in sorted(lengths.items()))
+        + f"): the dry run ran the epoch's end, where {who(shorter)} ended the pass and moved on "
+        f"while {who(longer)} went on with a step of its own{where}, a collective nobody else makes "
+        "at that point. Shard with DistributedSampler, drop the remainder, or wrap the loop in "
+        "DDP's join()",
+        ranks=longer,
+        absent_ranks=shorter,
+        op=call.op if call is not None else None,
+        site=d.site(call.site) if call is not None else None,
+        evidence=p.evidence
+        + (
+            [
+                f"the loaders' len() said {' or '.join(map(str, estimates))}: the batches each rank's "
+                "sampler yields were counted before the pass (its len() is an estimate)"
+            ]
+            if estimates
+            else []
+        ),
+    )
 
 
 def a_step_skipped(p: Parting) -> Explanation | None:
@@ -516,6 +583,7 @@ DIVERGENCE_RULES = (
     ranks_left_the_script,
     ran_out_of_batches_under_join,
     eval_loaders_of_different_lengths,
+    train_passes_end_apart,
     a_step_skipped,
     a_rank_busy_elsewhere,
     the_source_decides,

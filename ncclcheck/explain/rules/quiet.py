@@ -197,15 +197,19 @@ def uneven_train_loader(d: Context) -> Explanation | None:
     epoch early, so the run itself stays aligned; the lengths the loaders told as the
     pass began decide it all the same: an error, never an aligned run with a warning."""
     lengths: dict[str, dict[int, int]] = {}
-    cut = any(p.budget_cut for t in d.ev.traces.values() for p in t.passes if p.role == "train")
+    # the first passes (those compared) cut before their end: their lengths decide, not the run
+    cut = any(
+        p.budget_cut for t in d.ev.traces.values() for p in t.passes if p.role == "train" and p.index == 0
+    )
     for rank, trace in d.ev.traces.items():
-        drawn = sum(p.batches for p in trace.passes if p.role == "train")
+        drawn = sum(p.drawn for p in trace.passes if p.role == "train")
         # at least one collective per train batch drawn: a collective in every step
         if not drawn or trace.calls_per_phase().get("train", 0) < drawn:
             continue
         for loader_pass in trace.passes:
-            if loader_pass.role == "train" and loader_pass.index == 0 and loader_pass.length is not None:
-                lengths.setdefault(loader_pass.loader, {})[rank] = loader_pass.length
+            length = loader_pass.true_length
+            if loader_pass.role == "train" and loader_pass.index == 0 and length is not None:
+                lengths.setdefault(loader_pass.loader, {})[rank] = length
     for loader, per_rank in sorted(lengths.items()):
         if len(per_rank) < 2 or len(set(per_rank.values())) < 2:
             continue
