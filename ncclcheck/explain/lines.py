@@ -134,6 +134,9 @@ class Decided:
     evidence: list[str]
     lines: frozenset[int] = frozenset()  # the lines that are this construct (its if, its try)
     sharpened: bool = False  # the values read, not the source, told that the test read the data
+    # the finding is sited here, not at the call: a decision on a value each rank read for
+    # itself is what to change (synchronise its input), wherever the collective is
+    sited_here: bool = False
 
 
 def decided(fork: Fork, replay: Replay) -> Decided | None:
@@ -254,10 +257,71 @@ def _construct(
             frozenset({line, guard.line}),
             kind != guard.kind,
         )
+    branch = _branch_entered(chain, line)
+    if branch is not None:
+        entered = _entered(fork, path, branch, key, side, rest, replay)
+        if entered is not None:
+            return entered
     loops = reading.enclosing_loops(path, line)
     if loops and (function is None or reading.contains(function, loops[0].lineno)):
         return _loop(fork, path, loops[0], replay)
     return None
+
+
+def _branch_entered(chain: list[ast.AST], line: int) -> ast.If | None:
+    """The innermost ``if`` whose body holds ``line``, within its loop and function."""
+    for node in reversed(chain[:-1]):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)):
+            return None
+        if isinstance(node, ast.If):
+            first, last = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
+            return node if first <= line <= last else None
+    return None
+
+
+# the cause of a collective some ranks reach through an `if` and others do not, by what
+# the test reads
+_ENTERED_CAUSE = {reading.RANK: Cause.RANK_CONDITIONAL_COLLECTIVE, reading.DATA: Cause.DATA_DEPENDENT_BRANCH}
+
+
+def _entered(
+    fork: Fork, path: str, branch: ast.If, key: Key, side: list[int], rest: list[int], replay: Replay
+) -> tuple[int, Decided] | None:
+    """One side entered ``branch``, on the way to its call (a frame of a side's stack lies
+    in its body), and the other came to its test as often and did not: the test decided
+    differently, with what it read on each rank."""
+    first, last = branch.body[0].lineno, branch.body[-1].end_lineno or branch.body[-1].lineno
+    if not any(f.file == path and first <= f.line <= last for f in [*fork.stack, *fork.alt_stack]):
+        return None  # a branch that only changed a value (a NaN injected): not where the calls part
+    test_key = (path, branch.lineno)
+    entered = max(replay.ranks[r].count(key) for r in side)
+    if min(replay.ranks[r].count(test_key) for r in rest) < entered:
+        return None  # the others did not come to the test as often: something before it parted them
+    text = ast.unparse(branch.test)
+    source_kind = reading.condition_kind(path, branch.test)
+    kind = _kind(source_kind, text, path, test_key, side, replay)
+    where = fork.d.site(Frame(path, branch.lineno, ""))
+    values = _values_text(test_key, [*side, *rest], replay, "last")
+    evidence = [f"the body of `if {text}` at {where} ran {_counts_text(key, side, rest, replay)}"]
+    if values:
+        evidence.append(f"what the test read last: {values}")
+    if kind == reading.RANK:
+        evidence.append(f"the test `{text}` is computed from the rank")
+    function = reading.enclosing_function(path, branch.lineno)
+    return 1, Decided(
+        REASON_OF_KIND[kind],
+        _ENTERED_CAUSE.get(kind, Cause.UNSYNCHRONIZED_DECISION),
+        side,
+        rest,
+        Frame(path, branch.lineno, function.name if function is not None else "<module>"),
+        f"if {text}",
+        f"{who(side)} entered `if {text}` at {where} and {who(rest)} did not"
+        + (f" ({values})" if values else ""),
+        evidence,
+        frozenset({branch.lineno}),
+        kind != source_kind,
+        sited_here=kind == reading.OTHER,
+    )
 
 
 def _loop(fork: Fork, path: str, loop: ast.stmt, replay: Replay) -> tuple[int, Decided] | None:

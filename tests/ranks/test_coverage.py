@@ -143,3 +143,15 @@ def test_a_collective_reached_by_formatting_a_meter_on_rank_0_is_named_with_its_
     chain = next(line for line in finding["evidence"] if line.startswith("call chain on rank 0"))
     assert "__str__()" in chain and "global_avg()" in chain, chain
     assert any(line.startswith("`if rank == 0` at") for line in finding["evidence"]), finding
+
+
+def test_a_decision_on_a_rank_seeded_random_draw_is_sited_at_the_test_with_what_each_rank_drew() -> None:
+    # random.seed(1234 + rank), then `if draw < LOG_PROBABILITY:` around an all_gather:
+    # the replay shows the test and the value each rank read
+    script = SCRIPTS / "random_sample_logging.py"
+    finding = found_in_broken_and_fixed_aligned(script)
+    assert finding["cause"] == "unsynchronized-decision", finding
+    test_line = line_in(script, "if draw < LOG_PROBABILITY:")
+    assert finding["site"] == f"tests/scripts/random_sample_logging.py:{test_line}"
+    read = next(line for line in finding["evidence"] if line.startswith("what the test read last:"))
+    assert "draw = " in read and "on rank 0" in read and "on rank 1" in read, read

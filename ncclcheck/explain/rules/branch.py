@@ -88,6 +88,7 @@ def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
             *found.evidence,
         ],
         Reason(found.kind, found.frame, found.statement),
+        site=found.frame if found.sited_here else None,
     )
 
 
@@ -485,10 +486,12 @@ def call_finding(
     absent: list[int],
     evidence: list[str],
     reason: Reason | None = None,
+    site: Frame | None = None,
 ) -> Explanation:
-    """A finding sited at ``call``, with what to do when library code issued it (which,
-    when there is some, replaces the playbook's fix in the framework's terms: that one
-    is about another API of the framework)."""
+    """A finding sited at ``call`` (or at ``site``: the decision that parted the ranks),
+    with what to do when library code issued it (which, when there is some, replaces
+    the playbook's fix in the framework's terms: that one is about another API of the
+    framework)."""
     advice = issuer_advice(call)
     return d.explanation(
         cause,
@@ -496,7 +499,7 @@ def call_finding(
         ranks=made,
         absent_ranks=absent,
         op=call.op,
-        site=d.site(call.site),
+        site=d.site(site if site is not None else call.site),
         evidence=[*evidence, *advice],
         libraries=() if advice else call.libraries,
         reason=reason,
