@@ -134,9 +134,6 @@ class Decided:
     evidence: list[str]
     lines: frozenset[int] = frozenset()  # the lines that are this construct (its if, its try)
     sharpened: bool = False  # the values read, not the source, told that the test read the data
-    # the finding is sited here, not at the call: a decision on a value each rank read for
-    # itself is what to change (synchronise its input), wherever the collective is
-    sited_here: bool = False
 
 
 def decided(fork: Fork, replay: Replay) -> Decided | None:
@@ -320,7 +317,6 @@ def _entered(
         evidence,
         frozenset({branch.lineno}),
         kind != source_kind,
-        sited_here=kind == reading.OTHER,
     )
 
 

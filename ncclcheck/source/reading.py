@@ -108,6 +108,9 @@ RANK_LOCAL_CALLS = {
     "isdir": "a file check",
     "random": "a random draw",
     "randint": "a random draw",
+    "uniform": "a random draw",
+    "choice": "a random draw",
+    "rand": "a random draw",
 }
 
 
@@ -400,22 +403,35 @@ def condition_kind(path: str, test: ast.expr) -> str:
     return kind_of(test, derived)
 
 
-def rank_local_reads(text: str, path: str | None = None) -> list[str]:
+def rank_local_reads(text: str, path: str | None = None, line: int | None = None) -> list[str]:
     """What the rank-local calls in a condition read ("a file check", "a clock"), in
     the order written, for a condition as text (a Guard's). With ``path``, a function of
-    that file the condition calls is read too (`if should_resume(path)`), one level."""
+    that file the condition calls is read too (`if should_resume(path)`), one level; with
+    ``line`` (the test's), so are the assignments of the names it reads in its function
+    before it (`draw = random.random()` then `if draw < p:`), one level."""
     try:
         expression = ast.parse(text, mode="eval")
     except SyntaxError:
         return []
     tree = parse(path) if path is not None else None
+    assigned: list[ast.AST] = []
+    function = enclosing_function(path, line) if path is not None and line is not None else None
+    if function is not None and line is not None:
+        names = {n.id for n in ast.walk(expression) if isinstance(n, ast.Name)}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign) and node.lineno < line:
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if node.value is not None and any(
+                    isinstance(t, ast.Name) and t.id in names for target in targets for t in ast.walk(target)
+                ):
+                    assigned.append(node.value)
     helpers = {
         node.name: node
         for node in (ast.walk(tree) if tree is not None else ())
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
     }
     found: list[str] = []
-    scanned: list[ast.AST] = [expression]
+    scanned: list[ast.AST] = [*reversed(assigned), expression]
     while scanned:
         for node in ast.walk(scanned.pop()):
             if not isinstance(node, ast.Call):

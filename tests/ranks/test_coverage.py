@@ -145,13 +145,33 @@ def test_a_collective_reached_by_formatting_a_meter_on_rank_0_is_named_with_its_
     assert any(line.startswith("`if rank == 0` at") for line in finding["evidence"]), finding
 
 
-def test_a_decision_on_a_rank_seeded_random_draw_is_sited_at_the_test_with_what_each_rank_drew() -> None:
+def test_a_decision_on_a_rank_seeded_random_draw_is_named_with_what_each_rank_drew() -> None:
     # random.seed(1234 + rank), then `if draw < LOG_PROBABILITY:` around an all_gather:
     # the replay shows the test and the value each rank read
     script = SCRIPTS / "random_sample_logging.py"
     finding = found_in_broken_and_fixed_aligned(script)
     assert finding["cause"] == "unsynchronized-decision", finding
-    test_line = line_in(script, "if draw < LOG_PROBABILITY:")
-    assert finding["site"] == f"tests/scripts/random_sample_logging.py:{test_line}"
+    gather = line_in(script, "dist.all_gather(samples")
+    assert finding["site"] == f"tests/scripts/random_sample_logging.py:{gather}"
+    assert (
+        "under `if draw < LOG_PROBABILITY`, a test each rank answers for itself (a random draw"
+        in (finding["message"])
+    ), finding
     read = next(line for line in finding["evidence"] if line.startswith("what the test read last:"))
     assert "draw = " in read and "on rank 0" in read and "on rank 1" in read, read
+
+
+def test_doctor_names_the_same_random_decision_on_the_hung_job() -> None:
+    # the same script hung under plain torchrun: doctor reads the draw's assignment
+    from .test_doctor import doctor_on_hung
+
+    script = SCRIPTS / "random_sample_logging.py"
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1, report
+    finding = report["findings"][0]
+    assert finding["cause"] == "unsynchronized-decision", finding
+    assert finding["site"].endswith(
+        f"tests/scripts/random_sample_logging.py:{line_in(script, 'dist.all_gather(samples')}"
+    )
+    assert "a test each rank answers for itself (a random draw" in finding["message"], finding
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])

@@ -88,7 +88,6 @@ def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
             *found.evidence,
         ],
         Reason(found.kind, found.frame, found.statement),
-        site=found.frame if found.sited_here else None,
     )
 
 
@@ -211,7 +210,7 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
             cause, what, test_is = Cause.DATA_DEPENDENT_BRANCH, "a test on the data", "tests the data"
             reason_kind = ReasonKind.DATA_TEST
         else:
-            reads = " and ".join(reading.rank_local_reads(guard.text, frame.file))
+            reads = " and ".join(reading.rank_local_reads(guard.text, frame.file, guard.line))
             if not reads:
                 continue
             cause = Cause.UNSYNCHRONIZED_DECISION
@@ -486,12 +485,10 @@ def call_finding(
     absent: list[int],
     evidence: list[str],
     reason: Reason | None = None,
-    site: Frame | None = None,
 ) -> Explanation:
-    """A finding sited at ``call`` (or at ``site``: the decision that parted the ranks),
-    with what to do when library code issued it (which, when there is some, replaces
-    the playbook's fix in the framework's terms: that one is about another API of the
-    framework)."""
+    """A finding sited at ``call``, with what to do when library code issued it (which,
+    when there is some, replaces the playbook's fix in the framework's terms: that one
+    is about another API of the framework)."""
     advice = issuer_advice(call)
     return d.explanation(
         cause,
@@ -499,7 +496,7 @@ def call_finding(
         ranks=made,
         absent_ranks=absent,
         op=call.op,
-        site=d.site(site if site is not None else call.site),
+        site=d.site(call.site),
         evidence=[*evidence, *advice],
         libraries=() if advice else call.libraries,
         reason=reason,
