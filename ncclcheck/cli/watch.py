@@ -25,7 +25,14 @@ from ncclcheck.cli.common import (
     reader_may_leave,
     torchrun_options,
 )
-from ncclcheck.commands.watch import JobOutput, WatchSettings, end_job, start_job, watch
+from ncclcheck.commands.watch import (
+    JobOutput,
+    WatchSettings,
+    end_job,
+    flight_recorder_folder,
+    start_job,
+    watch,
+)
 from ncclcheck.errors import UsageError
 from ncclcheck.model import Report
 from ncclcheck.render import console
@@ -112,7 +119,7 @@ def watch_command(
         torchrun = torchrun_options(
             nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
         )
-        job = start_job(torchrun, script, script_args or [])
+        job = start_job(torchrun, script, script_args or [], flight_recorder_folder(settings))
         assert job.stdout is not None
         # the job's output goes on where it would, stderr under --json (stdout is the report's)
         sink = sys.stderr if as_json else sys.stdout

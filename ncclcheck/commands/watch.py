@@ -30,6 +30,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -105,14 +106,38 @@ class JobOutput:
         self._thread.join(timeout)
 
 
-def start_job(torchrun: TorchrunOptions, script: str, script_args: list[str]) -> subprocess.Popen[str]:
+# The Flight Recorder's dump on request (NCCL's watchdog, torch 2.3+): each rank's
+# watchdog makes a named pipe ``<stem><rank>.pipe`` and, when anything is written into
+# it, dumps its ring buffer to ``<prefix><rank>``. Both names are torch's variables;
+# newer torch reads the TORCH_FR_ ones, older the TORCH_NCCL_ ones: watch sets both.
+_PIPE_VARS = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+_DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+FR_PIPE_STEM = "pipe-rank-"
+FR_DUMP_PREFIX = "nccl_trace_rank_"  # torch's default name, which doctor --from reads
+FR_DUMP_WAIT_S = 10.0  # how long a capture waits for the ranks' dumps once asked
+
+
+def flight_recorder_folder(settings: WatchSettings) -> Path:
+    """Where the job's ranks keep their Flight Recorder pipes and write their dumps."""
+    return settings.folder / "flight-recorder"
+
+
+def start_job(
+    torchrun: TorchrunOptions, script: str, script_args: list[str], fr_folder: Path | None = None
+) -> subprocess.Popen[str]:
     """The job as torchrun would run it, its output piped to watch. The Flight Recorder
-    is switched on (its ring buffer costs little) unless the user set its size."""
+    is switched on (its ring buffer costs little) unless the user set its size, and,
+    with ``fr_folder``, its dump on request through a pipe per rank (NCCL only; gloo
+    makes no pipe), unless the user named the pipe or the dump."""
     if not Path(script).is_file():
         raise InputError(f"{script}: no such file")
     env = dict(os.environ)
     env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if fr_folder is not None and not any(v in env for v in (*_PIPE_VARS, *_DUMP_VARS)):
+        fr_folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env.update({v: str(fr_folder / FR_PIPE_STEM) for v in _PIPE_VARS})
+        env.update({v: str(fr_folder / FR_DUMP_PREFIX) for v in _DUMP_VARS})
     argv = [sys.executable, "-m", "torch.distributed.run", *torchrun.argv(), script, *script_args]
     return subprocess.Popen(
         argv,
@@ -225,11 +250,52 @@ def _capture(pids: list[int], settings: WatchSettings, output: JobOutput | None)
     folder = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
     dump_to(folder, pids, native=settings.native, timeout=settings.look_timeout)
     _ras_report(folder)
+    flight_recorder_dumps(flight_recorder_folder(settings), folder, FR_DUMP_WAIT_S)
     report = run_doctor(pids, native=settings.native, timeout=settings.look_timeout, interval=1.0)
     (folder / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
     if output is not None:
         (folder / "job-output.log").write_text("".join(output.tail), encoding="utf-8")
     return report, folder
+
+
+def flight_recorder_dumps(pipes: Path, folder: Path, wait_s: float) -> list[int]:
+    """Ask every rank with a Flight Recorder pipe in ``pipes`` for its dump and copy the
+    dumps that come within ``wait_s`` into ``folder`` (``nccl_trace_rank_<r>``, where
+    doctor --from reads them); the ranks that answered. A pipe nobody reads (its rank
+    gone) is skipped; a job on gloo made none."""
+    asked: dict[int, float] = {}
+    for pipe in sorted(pipes.glob(f"{FR_PIPE_STEM}*.pipe")) if pipes.is_dir() else []:
+        rank_text = pipe.name[len(FR_PIPE_STEM) : -len(".pipe")]
+        if not rank_text.isdigit() or not stat.S_ISFIFO(pipe.stat().st_mode):
+            continue
+        dump = pipes / f"{FR_DUMP_PREFIX}{rank_text}"
+        before = dump.stat().st_mtime if dump.exists() else 0.0
+        try:
+            handle = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader, the rank is gone
+        except OSError:
+            continue
+        try:
+            os.write(handle, b"1\n")
+        except OSError:
+            continue
+        finally:
+            os.close(handle)
+        asked[int(rank_text)] = before
+    answered: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while asked and time.monotonic() < deadline:
+        for rank, before in list(asked.items()):
+            dump = pipes / f"{FR_DUMP_PREFIX}{rank}"
+            with contextlib.suppress(OSError):
+                written = dump.stat()
+                # written since the request, and no longer growing
+                if written.st_mtime > before and time.time() - written.st_mtime > 0.5:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(dump, folder / dump.name)
+                    answered.append(rank)
+                    del asked[rank]
+        time.sleep(0.2)
+    return sorted(answered)
 
 
 RAS_TIMEOUT_S = 20.0
