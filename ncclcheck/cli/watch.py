@@ -7,6 +7,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -29,7 +31,6 @@ from ncclcheck.commands.watch import (
     JobOutput,
     WatchSettings,
     end_job,
-    flight_recorder_folder,
     start_job,
     watch,
 )
@@ -119,7 +120,14 @@ def watch_command(
         torchrun = torchrun_options(
             nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
         )
-        job = start_job(torchrun, script, script_args or [], flight_recorder_folder(settings))
+        # the Flight Recorder's pipes and dumps: a private folder of the run's, removed after it
+        pipes = Path(tempfile.mkdtemp(prefix="ncclcheck-flight-recorder-"))
+        settings = replace(settings, flight_recorder=pipes)
+        try:
+            job = start_job(torchrun, script, script_args or [], pipes)
+        except BaseException:
+            shutil.rmtree(pipes, ignore_errors=True)
+            raise
         assert job.stdout is not None
         # the job's output goes on where it would, stderr under --json (stdout is the report's)
         sink = sys.stderr if as_json else sys.stdout
@@ -135,6 +143,7 @@ def watch_command(
             if job.poll() is None:
                 end_job(job)
             output.join(5)
+            shutil.rmtree(pipes, ignore_errors=True)
     with reader_may_leave():
         if outcome.report is not None:
             _say(f"ncclcheck watch: the hang's stacks, report and job output are in {outcome.capture}")

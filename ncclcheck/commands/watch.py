@@ -71,6 +71,8 @@ class WatchSettings:
     # --pid of a launcher whose ranks are not up yet: how long to wait for them (torch's
     # import and the rendezvous take seconds to minutes on a busy node)
     start_wait: float = 300.0
+    # where the job watch started keeps its Flight Recorder pipes and dumps (start_job)
+    flight_recorder: Path | None = None
 
 
 @dataclass
@@ -115,11 +117,6 @@ _DUMP_VARS = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FR_PIPE_STEM = "pipe-rank-"
 FR_DUMP_PREFIX = "nccl_trace_rank_"  # torch's default name, which doctor --from reads
 FR_DUMP_WAIT_S = 10.0  # how long a capture waits for the ranks' dumps once asked
-
-
-def flight_recorder_folder(settings: WatchSettings) -> Path:
-    """Where the job's ranks keep their Flight Recorder pipes and write their dumps."""
-    return settings.folder / "flight-recorder"
 
 
 def start_job(
@@ -250,7 +247,8 @@ def _capture(pids: list[int], settings: WatchSettings, output: JobOutput | None)
     folder = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
     dump_to(folder, pids, native=settings.native, timeout=settings.look_timeout)
     _ras_report(folder)
-    flight_recorder_dumps(flight_recorder_folder(settings), folder, FR_DUMP_WAIT_S)
+    if settings.flight_recorder is not None:
+        flight_recorder_dumps(settings.flight_recorder, folder, FR_DUMP_WAIT_S)
     report = run_doctor(pids, native=settings.native, timeout=settings.look_timeout, interval=1.0)
     (folder / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
     if output is not None:
