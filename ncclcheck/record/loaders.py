@@ -224,7 +224,9 @@ class TrackedIterator:
                 self.index += self.skipped  # the batches left out come between head and tail
             batch = next(self._inner)
         except StopIteration:
-            self._end(exhausted=self.index >= (self._safe_len() or self.index))
+            # what the sampler was counted to yield, where len() is only an estimate
+            expected = self.yields if self.yields is not None else self._safe_len()
+            self._end(exhausted=self.index >= (expected or self.index))
             raise
         except DryRunComplete:
             self._end(exhausted=False)
