@@ -271,9 +271,14 @@ def _branch_entered(chain: list[ast.AST], line: int) -> ast.If | None:
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef)):
             return None
         if isinstance(node, ast.If):
-            first, last = node.body[0].lineno, node.body[-1].end_lineno or node.body[-1].lineno
+            first, last = _body_span(node)
             return node if first <= line <= last else None
     return None
+
+
+def _body_span(branch: ast.If) -> tuple[int, int]:
+    """The first and last line of what ``branch`` runs when its test holds."""
+    return branch.body[0].lineno, branch.body[-1].end_lineno or branch.body[-1].lineno
 
 
 # the cause of a collective some ranks reach through an `if` and others do not, by what
@@ -287,7 +292,7 @@ def _entered(
     """One side entered ``branch``, on the way to its call (a frame of a side's stack lies
     in its body), and the other came to its test as often and did not: the test decided
     differently, with what it read on each rank."""
-    first, last = branch.body[0].lineno, branch.body[-1].end_lineno or branch.body[-1].lineno
+    first, last = _body_span(branch)
     if not any(f.file == path and first <= f.line <= last for f in [*fork.stack, *fork.alt_stack]):
         return None  # a branch that only changed a value (a NaN injected): not where the calls part
     test_key = (path, branch.lineno)
