@@ -2,7 +2,8 @@
 
 ``ErrorMappingGroup`` is the one place where errors become exit codes
 (docs/contract.md): a NcclcheckError prints its message and hint and exits with its
-code; anything else is a bug (exit 3), with a traceback only under ``--debug``.
+code; a stop signal exits with the code a shell gives a process that signal ended
+(130, 143, 129); anything else is a bug (exit 3), with a traceback only under ``--debug``.
 """
 
 # ruff: noqa: E402 (a stop is listened for before the heavy imports: see listen_early)
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from ncclcheck.launch.stop import listen_early
+from ncclcheck.launch.stop import Stopped, listen_early, stopped_exit_code
 
 listen_early(sys.argv)  # before the heavy imports below: a stop then is an incomplete run
 
@@ -51,6 +52,9 @@ class ErrorMappingGroup(TyperGroup):
         except KeyboardInterrupt:
             typer.echo("ncclcheck: interrupted", err=True)
             raise typer.Exit(130) from None
+        except Stopped as stop:  # what the command started is ended already (STOP.listening)
+            typer.echo(f"ncclcheck: stopped by {stop}", err=True)
+            raise typer.Exit(stopped_exit_code(stop.signum)) from None
         except Exception as exc:  # a bug: say so, and where to report it
             if STATE.debug:
                 traceback.print_exc()

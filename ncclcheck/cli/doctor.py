@@ -10,6 +10,7 @@ import typer
 from ncclcheck.cli.common import JSON_OPTION, REPORT_OPTION, emit_report
 from ncclcheck.commands.doctor import dump_to, run_doctor, run_doctor_from
 from ncclcheck.errors import UsageError
+from ncclcheck.launch.stop import STOP
 from ncclcheck.model import format_ranks
 
 
@@ -59,28 +60,30 @@ def doctor_command(
     ),
 ) -> None:
     """Dump and merge the stacks of every rank of a stuck job and name the cause."""
-    if more_paths and not from_paths:
-        raise UsageError(f"{more_paths[0]}: paths go after --from (doctor --from PATH...)")
-    from_paths = [*from_paths, *(more_paths or [])]
-    if from_paths:
-        if pid or dump_dir is not None:
-            raise UsageError("--from reads what a job left: give it without --pid and --dump-to")
-        emit_report(run_doctor_from(from_paths, trust_pickle, all_ranks), as_json, html_path)
-    if not pid:
-        raise UsageError("give --pid PID (a rank, torchrun or its launcher), or --from PATH")
-    if dump_dir is not None:
-        path, ranks = dump_to(dump_dir, pid, native=native, nonblocking=nonblocking)
-        world = max(r.world_size for r in ranks)
-        described = f"ranks {format_ranks([r.rank for r in ranks])} of {world}"
-        if as_json:
-            typer.echo(
-                json.dumps({"dump": str(path), "host": ranks[0].host, "ranks": [r.rank for r in ranks]})
-            )
-        typer.echo(f"ncclcheck doctor: wrote {path} ({described})", err=True)
-        raise typer.Exit(0)
-    emit_report(
-        run_doctor(pid, native=native, nonblocking=nonblocking, interval=interval), as_json, html_path
-    )
+    # a stop signal ends the py-spy dumps under way: doctor leaves no process behind
+    with STOP.listening():
+        if more_paths and not from_paths:
+            raise UsageError(f"{more_paths[0]}: paths go after --from (doctor --from PATH...)")
+        from_paths = [*from_paths, *(more_paths or [])]
+        if from_paths:
+            if pid or dump_dir is not None:
+                raise UsageError("--from reads what a job left: give it without --pid and --dump-to")
+            emit_report(run_doctor_from(from_paths, trust_pickle, all_ranks), as_json, html_path)
+        if not pid:
+            raise UsageError("give --pid PID (a rank, torchrun or its launcher), or --from PATH")
+        if dump_dir is not None:
+            path, ranks = dump_to(dump_dir, pid, native=native, nonblocking=nonblocking)
+            world = max(r.world_size for r in ranks)
+            described = f"ranks {format_ranks([r.rank for r in ranks])} of {world}"
+            if as_json:
+                typer.echo(
+                    json.dumps({"dump": str(path), "host": ranks[0].host, "ranks": [r.rank for r in ranks]})
+                )
+            typer.echo(f"ncclcheck doctor: wrote {path} ({described})", err=True)
+            raise typer.Exit(0)
+        emit_report(
+            run_doctor(pid, native=native, nonblocking=nonblocking, interval=interval), as_json, html_path
+        )
 
 
 def register(app: typer.Typer) -> None:

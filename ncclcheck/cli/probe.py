@@ -18,6 +18,7 @@ from ncclcheck.cli.common import (
     torchrun_options,
 )
 from ncclcheck.commands.probe import ProbeSettings, choose_backend, parse_layout, run_probe
+from ncclcheck.launch.stop import STOP
 
 
 def probe_command(
@@ -52,21 +53,23 @@ def probe_command(
 ) -> None:
     """Check rendezvous, collective correctness and bandwidth across ranks (exit 1 on a failed
     check or a missing rank)."""
-    torchrun = torchrun_options(
-        nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
-    )
-    nodes = int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else 1
-    world = torchrun.nproc_per_node * nodes
-    chosen = choose_backend(backend)
-    settings = ProbeSettings(
-        backend=chosen,
-        max_bytes=max_bytes or ((1 << 30) if chosen == "nccl" else (1 << 20)),
-        repeats=repeats,
-        checkin_timeout=checkin_timeout,
-        op_timeout=op_timeout,
-        layout=parse_layout(layout, world),
-    )
-    emit_report(run_probe(torchrun, settings, world), as_json)
+    # a stop signal ends the probe's torchrun and ranks, and its temporary folder goes
+    with STOP.listening():
+        torchrun = torchrun_options(
+            nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
+        )
+        nodes = int(nnodes.split(":")[-1]) if nnodes.split(":")[-1].isdigit() else 1
+        world = torchrun.nproc_per_node * nodes
+        chosen = choose_backend(backend)
+        settings = ProbeSettings(
+            backend=chosen,
+            max_bytes=max_bytes or ((1 << 30) if chosen == "nccl" else (1 << 20)),
+            repeats=repeats,
+            checkin_timeout=checkin_timeout,
+            op_timeout=op_timeout,
+            layout=parse_layout(layout, world),
+        )
+        emit_report(run_probe(torchrun, settings, world), as_json)
 
 
 def register(app: typer.Typer) -> None:

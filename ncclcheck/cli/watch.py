@@ -7,8 +7,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -27,16 +25,13 @@ from ncclcheck.cli.common import (
     reader_may_leave,
     torchrun_options,
 )
-from ncclcheck.commands.watch import (
-    JobOutput,
-    WatchSettings,
-    end_job,
-    start_job,
-    watch,
-)
+from ncclcheck.commands.watch import WatchOutcome, WatchSettings, watch, watch_job
 from ncclcheck.errors import UsageError
+from ncclcheck.launch.stop import STOP
 from ncclcheck.model import Report
 from ncclcheck.render import console
+
+STOP_TAIL_LINES = 20  # of the job's output, said again on stderr when a signal stops watch
 
 
 def _say(line: str) -> None:
@@ -114,48 +109,51 @@ def watch_command(
             ran = subprocess.run([*command, str(folder / "report.json")], check=False, timeout=300)
             _say(f"ncclcheck watch: {' '.join(command)} ran on the report, exit {ran.returncode}")
 
-    if pid:
-        outcome = watch(pid, settings, say=_say, captured=captured)
-    else:
-        torchrun = torchrun_options(
-            nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
-        )
-        # the Flight Recorder's pipes and dumps: a private folder of the run's, removed after it
-        pipes = Path(tempfile.mkdtemp(prefix="ncclcheck-flight-recorder-"))
-        settings = replace(settings, flight_recorder=pipes)
-        try:
-            job = start_job(torchrun, script, script_args or [], pipes)
-        except BaseException:
-            shutil.rmtree(pipes, ignore_errors=True)
-            raise
-        assert job.stdout is not None
-        # the job's output goes on where it would, stderr under --json (stdout is the report's)
-        sink = sys.stderr if as_json else sys.stdout
+    torchrun = torchrun_options(
+        nproc_per_node, nnodes, node_rank, rdzv_backend, rdzv_endpoint, rdzv_id, master_addr, master_port
+    )
+    # the job's output goes on where it would, stderr under --json (stdout is the report's)
+    sink = sys.stderr if as_json else sys.stdout
 
-        def copy(line: str) -> None:
-            sink.write(line)
-            sink.flush()
+    def copy(line: str) -> None:
+        sink.write(line)
+        sink.flush()
 
-        output = JobOutput(job.stdout, copy)
-        try:
-            outcome = watch([job.pid], settings, job, output, say=_say, captured=captured)
-        finally:
-            if job.poll() is None:
-                end_job(job)
-            output.join(5)
-            shutil.rmtree(pipes, ignore_errors=True)
-    with reader_may_leave():
-        if outcome.report is not None:
-            _say(f"ncclcheck watch: the hang's stacks, report and job output are in {outcome.capture}")
-            if as_json:
-                typer.echo(outcome.report.to_json())
-            else:
-                console.print_report(outcome.report)
-        elif outcome.job_exit not in (None, 0):
-            _say(f"ncclcheck watch: the job failed (exit {outcome.job_exit}) and no hang was seen")
+    # a stop signal (SIGTERM, Ctrl-C, SIGHUP) at any moment: the job watch started gets it
+    # and a grace period, everything else watch started ends, and what it has is said
+    with STOP.listening():
+        if pid:
+            outcome = watch(pid, settings, say=_say, captured=captured)
         else:
-            _say(f"ncclcheck watch: the job ended, no hang seen in {outcome.looks} looks")
+            outcome = watch_job(torchrun, script, script_args or [], settings, copy, _say, captured)
+        with reader_may_leave():
+            _tell(outcome, as_json)
     raise typer.Exit(outcome.exit_code)
+
+
+def _tell(outcome: WatchOutcome, as_json: bool) -> None:
+    if outcome.stopped_by is not None:
+        _say(f"ncclcheck watch: {outcome.stop_note()}")
+        if outcome.job_tail:
+            _say("ncclcheck watch: the job's last lines:")
+            for line in outcome.job_tail[-STOP_TAIL_LINES:]:
+                _say(f"  {line.rstrip()}")
+        capture = outcome.capture or outcome.capturing
+        if capture is not None and capture.is_dir():
+            _say(f"ncclcheck watch: what it captured is in {capture}")
+    if outcome.report is not None:
+        if outcome.stopped_by is None:
+            _say(f"ncclcheck watch: the hang's stacks, report and job output are in {outcome.capture}")
+        if as_json:
+            typer.echo(outcome.report.to_json())
+        else:
+            console.print_report(outcome.report)
+    elif outcome.stopped_by is not None:
+        return
+    elif outcome.job_exit not in (None, 0):
+        _say(f"ncclcheck watch: the job failed (exit {outcome.job_exit}) and no hang was seen")
+    else:
+        _say(f"ncclcheck watch: the job ended, no hang seen in {outcome.looks} looks")
 
 
 def _write_beside(report: Report, folder: Path) -> None:

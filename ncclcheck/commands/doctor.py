@@ -38,6 +38,7 @@ from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import explain_leftovers
 from ncclcheck.explain.rules.corroborate import explain_live_job, waiting_on_ranks_that_work
 from ncclcheck.explain.rules.stacks import held_by_their_data_pipeline
+from ncclcheck.launch.stop import STOP
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
 from ncclcheck.wording import relative, who
 
@@ -131,10 +132,11 @@ def dump_to(
     }
     partial = path.with_suffix(".json.partial")  # readers never see half a file
     try:
-        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(document))
-        partial.replace(path)
+        with STOP.held():  # a stop signal leaves the whole file, never the partial one
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(json.dumps(document))
+            partial.replace(path)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror}") from None
     return path, ranks

@@ -9,6 +9,7 @@ nccl-tests computes it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from typing import Any
 from ncclcheck.causes import Cause
 from ncclcheck.errors import UsageError
 from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.stop import STOP
 from ncclcheck.launch.torchrun import TorchrunOptions, parse_torchrun_failures, start_torchrun
 from ncclcheck.model import Finding, RankState, RankStatus, Report, Severity, Verdict
 from ncclcheck.runtime.probe_worker import BUS_FACTOR, CHECKIN_FAILED_EXIT, ENV_CONFIG, ENV_OUT
@@ -75,7 +77,6 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
     if torchrun.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, not {torchrun.nproc_per_node}")
     backend = choose_backend(settings.backend)
-    out = Path(tempfile.mkdtemp(prefix="ncclcheck-probe-"))
     config = {
         "backend": backend,
         "max_bytes": settings.max_bytes,
@@ -85,8 +86,6 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
         "op_timeout": settings.op_timeout,
         "layout": settings.layout,
     }
-    env = {**os.environ, ENV_OUT: str(out), ENV_CONFIG: json.dumps(config), "PYTHONUNBUFFERED": "1"}
-    env["TMPDIR"] = str(out)  # torchrun's agent leaves a log folder in TMPDIR: removed with ours
     argv = [
         sys.executable,
         "-m",
@@ -95,39 +94,58 @@ def run_probe(torchrun: TorchrunOptions, settings: ProbeSettings, world: int) ->
         "--module",
         "ncclcheck.runtime.probe_worker",
     ]
-    log_path = out / "torchrun.log"
     # the whole probe is bounded: check-in, each stage's collectives, and a margin
     bound = settings.checkin_timeout + 4 * settings.op_timeout + 60
-    start = time.monotonic()
-    proc = start_torchrun(argv, env, log_path)
-    timed_out = False
+    out: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    timed_out = reaped = False
     try:
-        proc.wait(timeout=bound)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    except KeyboardInterrupt:
-        kill_tree(proc.pid)
-        raise
+        with STOP.held():  # the folder and torchrun are known before a stop is raised
+            out = Path(tempfile.mkdtemp(prefix="ncclcheck-probe-"))
+            env = {**os.environ, ENV_OUT: str(out), ENV_CONFIG: json.dumps(config), "PYTHONUNBUFFERED": "1"}
+            env["TMPDIR"] = str(out)  # torchrun's agent leaves a log folder in TMPDIR: removed with ours
+            log_path = out / "torchrun.log"
+            start = time.monotonic()
+            proc = start_torchrun(argv, env, log_path)
+        try:
+            proc.wait(timeout=bound)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        with STOP.held():
+            _reap(proc, out)
+            reaped = True
+        elapsed = time.monotonic() - start
+        log_text = log_path.read_text(encoding="utf-8", errors="replace")
+        ranks = {int(p.stem.split("-")[1]): _read(p) for p in sorted(out.glob("rank-*.json"))}
     finally:
-        if proc.poll() is None:
-            kill_tree(proc.pid)
-        proc.wait(timeout=30)
-        for rank_file in out.glob("rank-*.json"):  # ranks run in sessions of their own
-            pid = _read(rank_file).get("pid")
-            if isinstance(pid, int):
-                kill_tree(pid)
-    elapsed = time.monotonic() - start
-    log_text = log_path.read_text(encoding="utf-8", errors="replace")
+        # a stop (Stopped, KeyboardInterrupt) or an error on the way: nothing left running, no
+        # temporary folder left; everything needed is read by then otherwise
+        with STOP.held():
+            if proc is not None and out is not None and not reaped:
+                _reap(proc, out)
+            if out is not None:
+                shutil.rmtree(out, ignore_errors=True)
     exits, first_failure = parse_torchrun_failures(log_text)
     log_tail = [line for line in log_text.splitlines() if line.strip()][-5:]
-    ranks = {int(p.stem.split("-")[1]): _read(p) for p in sorted(out.glob("rank-*.json"))}
-    shutil.rmtree(out, ignore_errors=True)  # everything needed is read: leave no temporary folder
     world = max([world, *(int(d["world"]) for d in ranks.values() if isinstance(d.get("world"), int))])
     report = build_report(ranks, world, backend, exits, first_failure, timed_out, elapsed, settings)
     for finding in report.findings:
         if finding.cause == Cause.RANK_CRASHED:  # what the ranks printed last says why
             finding.evidence += [f"log: {line}" for line in log_tail]
     return report
+
+
+def _reap(proc: subprocess.Popen[bytes], out: Path) -> None:
+    """torchrun and every rank gone: the ranks run in sessions of their own, found by the
+    pids they wrote in ``out``."""
+    if proc.poll() is None:
+        kill_tree(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    for rank_file in out.glob("rank-*.json"):
+        pid = _read(rank_file).get("pid")
+        if isinstance(pid, int):
+            kill_tree(pid)
 
 
 def _read(path: Path) -> dict[str, Any]:

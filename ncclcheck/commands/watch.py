@@ -33,10 +33,11 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
@@ -47,13 +48,23 @@ from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
 from ncclcheck.evidence.processes import RankProcess, launcher_among
 from ncclcheck.evidence.stacks import ProcessStack, blocking
-from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.proctree import descendants, kill_processes, kill_tree
+from ncclcheck.launch.stop import STOP, Stopped, stopped_exit_code
 from ncclcheck.launch.torchrun import TorchrunOptions
 from ncclcheck.model import Report, Verdict, format_ranks
 
 # The job ended with an error and no hang was seen (docs/contract.md).
 JOB_FAILED_EXIT = 6
 TAIL_LINES = 200  # of the job's output, kept for the capture folder
+# Once watch is stopped by a signal, the job it started gets this long to end of the
+# signal forwarded to it before its whole tree is killed: torchrun passes the signal on
+# to its ranks and waits for them, and a rank may use it to save a checkpoint or flush
+# its logs; a scheduler kills everything 30 s after its SIGTERM by default (Slurm's
+# KillWait, Kubernetes' terminationGracePeriodSeconds), and watch needs the rest of
+# that to end the tree and write what it has. A second stop signal ends the wait.
+JOB_STOP_GRACE_S = 5.0
+STOP_NOTE = "watch-stopped.txt"  # in the capture folder of a watch stopped by a signal
+FR_FOLDER_PREFIX = "ncclcheck-flight-recorder-"  # the private temporary folder of start_job's pipes
 
 
 @dataclass(frozen=True)
@@ -81,14 +92,50 @@ class WatchOutcome:
     capture: Path | None = None  # its folder
     job_exit: int | None = None  # the job's exit code, when watch saw it end
     looks: int = 0
+    doing: str = "watching the job"  # what watch is at, for the note of a stop
+    capturing: Path | None = None  # the folder of the capture under way
+    stopped_by: int | None = None  # the stop signal that ended watch
+    stop_exit: int | None = None  # watch's exit code after that stop (stop_status)
+    job_pid: int | None = None  # the job watch started, or the first pid watched
+    job_started: bool = False  # watch started the job (not --pid)
+    job_ran_on: bool = False  # the job was still running when the signal came
+    job_killed: bool = False  # it outlived the grace and watch killed its tree
+    job_tail: list[str] = field(default_factory=list)  # its last lines, once it ended
 
     @property
     def exit_code(self) -> int:
+        if self.stop_exit is not None:
+            return self.stop_exit
         if self.report is not None:
             return 1
         if self.job_exit not in (None, 0):
             return JOB_FAILED_EXIT
         return 0
+
+    def stop_note(self) -> str:
+        """What a stop signal did to watch and the job, in words: "stopped by SIGTERM while ..."."""
+        if self.stopped_by is None:
+            return ""
+        name = signal.Signals(self.stopped_by).name
+        said = f"stopped by {name} while {self.doing}"
+        if not self.job_started:
+            return (
+                f"{said}; the job it watched (pid {self.job_pid}) was left running: watch never "
+                "signals a job it did not start"
+            )
+        if self.job_pid is None:
+            return f"{said}, before the job was started"
+        if not self.job_ran_on:
+            return f"{said}; the job had ended already (exit {self.job_exit})"
+        ended = (
+            f"did not end within {JOB_STOP_GRACE_S:.0f} s: watch killed its whole process tree"
+            if self.job_killed
+            else f"ended (torchrun's exit code {self.job_exit})"
+        )
+        return (
+            f"{said}; it forwarded {name} to the job it started (torchrun, pid {self.job_pid}), "
+            f"which {ended}; exit status {self.stop_exit}"
+        )
 
 
 class JobOutput:
@@ -147,6 +194,47 @@ def start_job(
     )
 
 
+def watch_job(
+    torchrun: TorchrunOptions,
+    script: str,
+    script_args: list[str],
+    settings: WatchSettings,
+    copy_output: Callable[[str], None],
+    say: Callable[[str], None] = lambda _line: None,
+    captured: Callable[[Report, Path], None] = lambda _report, _folder: None,
+) -> WatchOutcome:
+    """Start the job (start_job, its Flight Recorder pipes in a private temporary folder),
+    watch it (watch) and leave nothing behind: the job ended, the folder removed. Its
+    output goes to ``copy_output`` line by line. Under ``STOP.listening()``, a stop
+    signal at any moment, the start included, is forwarded to the job (stop_job)."""
+    outcome = WatchOutcome(doing="starting the job", job_started=True)
+    job: subprocess.Popen[str] | None = None
+    output: JobOutput | None = None
+    pipes: Path | None = None
+    try:
+        try:
+            with STOP.held():  # what is made here is known before a stop is raised
+                pipes = Path(tempfile.mkdtemp(prefix=FR_FOLDER_PREFIX))
+                job = start_job(torchrun, script, script_args, pipes)
+                STOP.spare(job.pid)  # a stop forwards the signal to it and gives it time
+                outcome.job_pid = job.pid
+                assert job.stdout is not None
+                output = JobOutput(job.stdout, copy_output)
+            watched = replace(settings, flight_recorder=pipes)
+            _watch_until_done([job.pid], watched, job, output, say, captured, outcome)
+        except Stopped as stop:
+            _stopped(outcome, stop.signum, job, output)
+    finally:
+        with STOP.held():
+            if job is not None and job.poll() is None:
+                end_job(job)
+            if output is not None:
+                output.join(5)
+            if pipes is not None:
+                shutil.rmtree(pipes, ignore_errors=True)
+    return outcome
+
+
 def watch(
     pids: list[int],
     settings: WatchSettings,
@@ -157,23 +245,43 @@ def watch(
 ) -> WatchOutcome:
     """Watch the ranks reachable from ``pids`` until the job ends (with ``on_hang`` "kill",
     or a job watch did not start, until its hang is written down). ``job``: the job watch
-    started. ``captured``: called with the report and its folder as soon as both exist."""
-    outcome = WatchOutcome()
+    started. ``captured``: called with the report and its folder as soon as both exist.
+    Under ``STOP.listening()``, a stop signal ends the watch, a capture under way
+    included: the job watch started gets the signal (stop_job); a job it did not start is
+    never signalled."""
+    outcome = WatchOutcome(job_started=job is not None, job_pid=job.pid if job is not None else pids[0])
+    try:
+        _watch_until_done(pids, settings, job, output, say, captured, outcome)
+    except Stopped as stop:
+        _stopped(outcome, stop.signum, job, output)
+    return outcome
+
+
+def _watch_until_done(
+    pids: list[int],
+    settings: WatchSettings,
+    job: subprocess.Popen[str] | None,
+    output: JobOutput | None,
+    say: Callable[[str], None],
+    captured: Callable[[Report, Path], None],
+    outcome: WatchOutcome,
+) -> None:
     previous: tuple[dict[int, ProcessStack], dict[int, movement.Usage], float] | None = None
     last_moved = time.monotonic()
     asked_until = 0.0  # with --shared: another node is capturing a hang until then
     cwd = os.getcwd()
     started, told_waiting = time.monotonic(), False
     while True:
+        outcome.doing = "watching the job" if outcome.looks else "waiting for the job's ranks to start"
         if job is not None and job.poll() is not None:
             outcome.job_exit = job.returncode
-            return outcome
+            return
         try:
             ranks, stacks = collect(pids, nonblocking=True, timeout=settings.look_timeout)
         except InputError:
             if job is None and outcome.looks == 0:
                 if told_waiting and not _alive(pids):
-                    return outcome  # the launcher ended before its ranks ran: no hang to see
+                    return  # the launcher ended before its ranks ran: no hang to see
                 launcher = launcher_among(pids)
                 if launcher is None or time.monotonic() - started > settings.start_wait:
                     raise  # --pid of no process, or of one that is not a job: say so at once
@@ -183,7 +291,7 @@ def watch(
                 _pause(job, settings.every)
                 continue
             if job is None and not _alive(pids):
-                return outcome  # the job watched by --pid ended
+                return  # the job watched by --pid ended
             previous = None  # the ranks are starting, or restarting: look again
             last_moved = time.monotonic()
             _pause(job, settings.every)
@@ -214,8 +322,12 @@ def watch(
         waiting = any(blocking(stack).waits_for_peers for stack in stacks.values())
         if waiting and now - last_moved >= settings.after and now >= asked_until:
             say(f"ncclcheck watch: no rank moved for {now - last_moved:.0f} s: capturing every rank")
+            outcome.doing = "capturing a hang (the capture is incomplete)"
             if settings.shared is not None:
-                merged = _capture_every_node(settings.shared, pids, ranks, now - last_moved, settings, output)
+                merged = _capture_every_node(
+                    settings.shared, pids, ranks, now - last_moved, settings, output, outcome
+                )
+                outcome.capturing = None
                 if merged is None:  # another node opened the request: it merges
                     asked_until = time.monotonic() + settings.merge_wait + settings.after
                     say(
@@ -227,24 +339,30 @@ def watch(
                     continue
                 report, capture = merged
             else:
-                report, capture = _capture(pids, settings, output)
+                outcome.capturing = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
+                report, capture = _capture(outcome.capturing, pids, settings, output)
+                outcome.capturing = None
             if report.verdict != Verdict.PROGRESSING:
                 outcome.report, outcome.capture = report, capture
                 captured(report, capture)
                 if settings.on_hang == "kill" or job is None:
-                    return outcome
+                    return
+                outcome.doing = "waiting for the job to end after its hang was captured"
                 outcome.job_exit = job.wait()  # the job's own timeout ends it
-                return outcome
+                return
             say("ncclcheck watch: doctor saw the ranks progress after all: watching on")
             last_moved = time.monotonic()
         previous = (stacks, used, now)
         _pause(job, settings.every)
 
 
-def _capture(pids: list[int], settings: WatchSettings, output: JobOutput | None) -> tuple[Report, Path]:
-    """Every rank's stacks (paused, with locals) into a new folder, doctor's diagnosis of
-    the ranks as they are now, and the job's last lines; the folder is doctor --from's."""
-    folder = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
+def _capture(
+    folder: Path, pids: list[int], settings: WatchSettings, output: JobOutput | None
+) -> tuple[Report, Path]:
+    """Every rank's stacks (paused, with locals) into a new ``folder``, doctor's diagnosis
+    of the ranks as they are now, and the job's last lines; the folder is doctor --from's."""
+    with contextlib.suppress(OSError):  # dump_to says why it cannot write there
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # where a stop's note goes from now on
     dump_to(folder, pids, native=settings.native, timeout=settings.look_timeout)
     _ras_report(folder)
     if settings.flight_recorder is not None:
@@ -368,6 +486,7 @@ def _capture_every_node(
     still_s: float,
     settings: WatchSettings,
     output: JobOutput | None,
+    outcome: WatchOutcome,
 ) -> tuple[Report, Path] | None:
     """Open a request (or, where another node opened one, answer it and return None), wait
     for the other nodes' captures, and diagnose them as one job."""
@@ -377,16 +496,23 @@ def _capture_every_node(
     with contextlib.suppress(OSError):
         if time.time() - request.stat().st_mtime > settings.merge_wait + 60:
             request.unlink()  # left by a watch that died while merging: no one merges it
-    try:
-        fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        _answer_requests(shared, pids, ranks, still_s, settings)
-        return None
     folder = shared / name
-    folder.mkdir(mode=0o700)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(name)
+    opened = False
     try:
+        with STOP.held():  # a request opened is known, and removed below, before a stop is raised
+            try:
+                fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:
+                pass
+            else:
+                opened = True
+                folder.mkdir(mode=0o700)
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(name)
+        if not opened:
+            _answer_requests(shared, pids, ranks, still_s, settings)
+            return None
+        outcome.capturing = folder
         _write_node(folder, pids, ranks, still_s, settings)
         _ras_report(folder)
         world = max(r.world_size for r in ranks)
@@ -395,8 +521,9 @@ def _capture_every_node(
             time.sleep(min(1.0, settings.every))
         report = merged_report(folder, settings.after)
     finally:
-        with contextlib.suppress(OSError):
-            (shared / _OPEN_REQUEST).unlink()
+        if opened:
+            with contextlib.suppress(OSError):
+                request.unlink()
     (folder / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
     if output is not None:
         (folder / "job-output.log").write_text("".join(output.tail), encoding="utf-8")
@@ -469,11 +596,62 @@ def _alive(pids: list[int]) -> bool:
 
 def end_job(job: subprocess.Popen[str]) -> None:
     """End the job watch started, its whole tree (torchrun's ranks are in it)."""
-    if job.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            job.wait(timeout=10)
+    stop_job(job, signal.SIGTERM)
+
+
+def stop_job(job: subprocess.Popen[str], signum: int, grace_s: float = JOB_STOP_GRACE_S) -> tuple[bool, bool]:
+    """Forward ``signum`` to the job watch started, to its session (torchrun, which passes
+    it on to its ranks), wait up to ``grace_s`` for it to end (less where another stop
+    signal comes), then kill its whole tree: the ranks torchrun started in sessions of
+    their own, found from it while it ran. Whether the job was still running when the
+    signal came, and whether it had to be killed."""
+    if job.poll() is not None:
+        return False, False
+    # listed first and while torchrun lives: a rank whose torchrun died is found no more
+    tree = {proc.pid: proc for proc in descendants(job.pid)}
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(job.pid, signum)
+    signals_then = STOP.signals_seen
+    deadline = time.monotonic() + grace_s
+    while job.poll() is None and time.monotonic() < deadline and STOP.signals_seen == signals_then:
+        tree.update((proc.pid, proc) for proc in descendants(job.pid))
+        time.sleep(0.05)
+    killed = job.poll() is None
     kill_tree(job.pid)
+    kill_processes(list(tree.values()))  # whatever outlived torchrun
     with contextlib.suppress(subprocess.TimeoutExpired):
         job.wait(timeout=10)
+    return True, killed
+
+
+def stop_status(returncode: int | None, signum: int, ran_on: bool) -> int:
+    """watch's exit code after a stop signal, the job's status: the conventional 128 +
+    the signal where the job ended because of it (torchrun itself exits 1 when a signal
+    stops it; a job killed after the grace was stopped by it too), its own exit code
+    where it ended by itself, 0 included."""
+    if returncode is None or (ran_on and returncode != 0):
+        return stopped_exit_code(signum)
+    return stopped_exit_code(-returncode) if returncode < 0 else returncode
+
+
+def _stopped(
+    outcome: WatchOutcome, signum: int, job: subprocess.Popen[str] | None, output: JobOutput | None
+) -> None:
+    """After a stop signal: the job watch started stopped (stop_job), a job it did not
+    start left alone, and what watch has written down, the capture folder's included."""
+    outcome.stopped_by = signum
+    if job is None:
+        outcome.stop_exit = stopped_exit_code(signum)
+    else:
+        outcome.job_ran_on, outcome.job_killed = stop_job(job, signum)
+        outcome.job_exit = job.returncode
+        outcome.stop_exit = stop_status(job.returncode, signum, outcome.job_ran_on)
+    if output is not None:
+        output.join(5)  # to the job's end: torchrun's last lines say how it stopped
+        outcome.job_tail = list(output.tail)
+    folder = outcome.capture or outcome.capturing
+    if folder is not None and folder.is_dir():
+        with contextlib.suppress(OSError):
+            (folder / STOP_NOTE).write_text(f"ncclcheck watch was {outcome.stop_note()}\n", encoding="utf-8")
+            if output is not None:
+                (folder / "job-output.log").write_text("".join(outcome.job_tail), encoding="utf-8")

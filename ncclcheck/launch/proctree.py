@@ -27,6 +27,13 @@ def kill_tree(pid: int, sig: int = signal.SIGKILL, timeout: float = 5.0) -> list
     procs = descendants(pid)
     with contextlib.suppress(psutil.Error):
         procs.insert(0, psutil.Process(pid))
+    return kill_processes(procs, sig, timeout)
+
+
+def kill_processes(procs: list[psutil.Process], sig: int = signal.SIGKILL, timeout: float = 5.0) -> list[int]:
+    """Send ``sig`` to each of ``procs`` and wait up to ``timeout`` for them; the pids still
+    alive. A pid taken by another process since it was listed is left alone (psutil checks
+    the process's start time before it signals)."""
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             proc.send_signal(sig)

@@ -209,11 +209,13 @@ def run_virtual(
         interrupted.set()
         _stop(proc)
 
+    from ncclcheck.launch.stop import STOP_ASKED, STOP_SIGNALS  # the fork server never gets here
+
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, stop_on_signal)
-    from ncclcheck.launch.stop import STOP_ASKED  # the fork server never gets here
+        for sig in STOP_SIGNALS:
+            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                previous[sig] = signal.signal(sig, stop_on_signal)
 
     if STOP_ASKED.is_set():
         stop_on_signal()
