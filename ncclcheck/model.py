@@ -34,6 +34,10 @@ class Verdict(str, Enum):
     MISALIGNED = "misaligned"
     HANG = "hang"
     PROGRESSING = "progressing"  # doctor: every rank moved between two looks
+    # doctor: ranks wait in a collective for ranks outside every collective, which wait on
+    # something that is not a rank (a download, a disk, a subprocess): no hang of the
+    # collectives unless that wait outlasts the process group's timeout
+    WAITING = "waiting"
     CRASH = "crash"
     ERROR = "error"
     # preflight: stopped (a signal, its time limit) before its budget was spent with

@@ -15,6 +15,9 @@ TEST_STALL_TIMEOUT_S = 10.0
 TOTAL_TIMEOUT_S = 600.0  # a dry run's wall-clock limit
 DEFAULT_EVAL_BATCHES = 8  # the last batches of each eval pass run for real
 DEFAULT_TRAIN_END_BATCHES = 2  # the last batches of a train epoch run: its last step and the one before
+# how long NCCL's collectives wait for their peers when the script sets no timeout (gloo's
+# is 30 minutes): the real job's limit for a rank that keeps the others waiting
+NCCL_DEFAULT_TIMEOUT_S = 600.0
 
 
 class Launcher(TextEnum):
@@ -40,6 +43,9 @@ class DryRunSettings:
     stall_timeout: float = STALL_TIMEOUT_S
     probe_timeout: float = 30.0  # 0 skips the rendezvous check-in
     total_timeout: float = TOTAL_TIMEOUT_S
+    # how long ranks outside every collective (a download, a disk, a subprocess) may keep
+    # the others waiting before the dry run stops; None: the job's own collective timeout
+    outside_wait: float | None = None
     cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
     perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
     nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)

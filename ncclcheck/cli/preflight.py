@@ -32,6 +32,7 @@ from ncclcheck.settings import (
     DEFAULT_EVAL_BATCHES,
     DEFAULT_TRAIN_END_BATCHES,
     STALL_TIMEOUT_S,
+    TOTAL_TIMEOUT_S,
     DryRunSettings,
     Launcher,
 )
@@ -118,6 +119,18 @@ def preflight_command(
         min=1.0,
         help="Seconds without progress on any rank (and no CPU use): a hang.",
     ),
+    outside_wait: float | None = typer.Option(
+        None,
+        "--outside-wait",
+        min=1.0,
+        help="Seconds ranks outside every collective (rank 0 downloading, reading a slow disk, "
+        "waiting on a subprocess) may keep the others waiting before the dry run stops: no hang, "
+        "a warning. Default: the job's collective timeout (init_process_group's timeout, else the "
+        "backend's: 10 min for NCCL, 30 for gloo), within --total-timeout.",
+    ),
+    total_timeout: float = typer.Option(
+        TOTAL_TIMEOUT_S, "--total-timeout", min=10.0, help="Seconds the whole dry run may take."
+    ),
     no_probe: bool = typer.Option(False, "--no-probe", help="Skip the rendezvous check-in."),
     cpu: bool = typer.Option(
         False,
@@ -197,6 +210,8 @@ def preflight_command(
         train_steps=train_steps,
         eval_passes=eval_passes,
         stall_timeout=stall_timeout,
+        outside_wait=outside_wait,
+        total_timeout=total_timeout,
         probe_timeout=0.0 if no_probe else probe_timeout,
         cpu=cpu,
         nccl_timing=nccl_timing,

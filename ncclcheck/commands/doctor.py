@@ -36,7 +36,11 @@ from ncclcheck.evidence.processes import RankProcess, discover, not_distributed,
 from ncclcheck.evidence.stacks import ProcessStack, blocking, dump_stacks
 from ncclcheck.explain.context import Context, Evidence
 from ncclcheck.explain.rules.aftermath import explain_leftovers
-from ncclcheck.explain.rules.corroborate import explain_live_job, waiting_on_ranks_that_work
+from ncclcheck.explain.rules.corroborate import (
+    explain_live_job,
+    waiting_on_ranks_that_work,
+    waiting_on_the_outside_world,
+)
 from ncclcheck.explain.rules.stacks import held_by_their_data_pipeline
 from ncclcheck.launch.stop import STOP
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
@@ -305,6 +309,14 @@ def diagnose_ranks(
             if state.rank in moved.working:
                 state.state = RankStatus.RUNNING
         report.findings = [in_progress.finding(context.catalogue)]
+        return report
+    held = waiting_on_the_outside_world(context, moved)
+    if held is not None:
+        report.verdict = Verdict.WAITING  # held by a wait outside torch.distributed, not hung
+        for state in report.ranks:
+            if state.rank in held.absent_ranks:
+                state.state = RankStatus.RUNNING  # in its script, waiting on the outside world
+        report.findings = [held.finding(context.catalogue)]
         return report
     dumps = {r.rank: r.flight_recorder for r in ranks if r.flight_recorder}
     explanation = explain_live_job(context, classes, [r.rank for r in ranks], moved, dumps, devices)

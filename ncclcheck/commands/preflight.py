@@ -377,6 +377,7 @@ def _evidence_from(folder: Path, launch: LaunchResult | None) -> Evidence:
         first_failure=launch.first_failure if launch else None,
         stopped=_why_it_stopped(folder, traces, launch),
         incomplete=_why_unfinished(launch, traces),
+        outside_waits=launch.outside_waits if launch else [],
     )
 
 
@@ -385,6 +386,8 @@ def _why_unfinished(launch: LaunchResult | None, traces: dict[int, RankTrace]) -
     is a finding, and the stall watchdog's stop is how it is found)."""
     if launch is None or launch.stalled:
         return None
+    if launch.undecided_wait is not None:
+        return launch.undecided_wait
     if launch.interrupted:
         return "the dry run was stopped by a signal to preflight (Ctrl-C, SIGTERM)"
     if launch.timed_out:
@@ -491,6 +494,8 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
         return f"stalled: {why}; " + ("stacks captured, job stopped" if launch.stacks else "job stopped")
     if launch.timed_out:
         return "stopped: the dry run reached its total time limit"
+    if launch.undecided_wait is not None:
+        return f"stopped: {launch.undecided_wait}"
     if launch.after_distributed_s is not None:
         running = sorted(r for r, t in traces.items() if t.exit is None)
         return (

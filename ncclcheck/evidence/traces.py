@@ -121,6 +121,8 @@ class RankTrace:
     initialised: bool = False
     destroyed: bool = False  # destroy_process_group() was called
     backend: str | None = None
+    # how long the job's collectives wait for their peers (init_process_group's timeout)
+    timeout_s: float | None = None
     calls: Sequence[CollectiveCall] = field(default_factory=list)
     passes: list[LoaderPass] = field(default_factory=list)
     exit: RankEnding | None = None
@@ -522,6 +524,8 @@ def _apply(
     elif kind == "init":
         trace.initialised = True
         trace.backend = record.get("backend")
+        timeout = record.get("timeout_s")
+        trace.timeout_s = float(timeout) if isinstance(timeout, (int, float)) else None
     elif kind == "pass":
         if record.get("event") == "start":
             open_passes[int(record["pass"])] = loader_pass = _pass(record)

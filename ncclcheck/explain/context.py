@@ -14,6 +14,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.evidence.replayed import Replay
 from ncclcheck.evidence.stacks import ProcessStack
 from ncclcheck.evidence.traces import RankTrace
+from ncclcheck.evidence.waits import OutsideWait, timeout_limit
 from ncclcheck.explain.engine import Explanation, Reason, framework_fixes
 from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
@@ -43,6 +44,8 @@ class Evidence:
     ranks_run: dict[int, str] | None = None  # a virtual world's ranks that ran, with why
     # why the run ended before its budget was spent (a signal, the time limit), if it did
     incomplete: str | None = None
+    # quiet spells of a dry run with ranks outside every collective, waited for (evidence/waits.py)
+    outside_waits: list[OutsideWait] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,24 @@ class Context:
         """torchrun's SIGTERM to the other ranks after one failed, before this rank went on."""
         how, code = self.exit_of(rank)
         return how is End.KILLED and code == -15 and self.ev.first_failure not in (None, rank)
+
+    @property
+    def job_timeout_s(self) -> float | None:
+        """How long the job's collectives wait for a peer (init_process_group's timeout,
+        the shortest the ranks recorded), where a trace says it."""
+        found = [t.timeout_s for t in self.ev.traces.values() if t.timeout_s is not None]
+        return min(found) if found else None
+
+    def stall_against_timeout(self) -> str:
+        """'9 s without progress', or where the stall reached the job's collective timeout
+        '15 s of the job's 20 s collective timeout: the real job fails there'."""
+        seconds = self.ev.stall_seconds
+        timeout = self.job_timeout_s
+        if timeout is not None and seconds >= timeout_limit(timeout):
+            return (
+                f"{seconds:.0f} s of the job's {timeout:.0f} s collective timeout: the real job fails there"
+            )
+        return f"{seconds:.0f} s without progress"
 
     def fix(self, cause: Cause) -> str:
         return self.catalogue.get(cause).fix.direct if cause in self.catalogue else ""

@@ -28,6 +28,7 @@ from pathlib import Path
 from ncclcheck.evidence.activity import JobActivity
 from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.evidence.traces import TRACE_GLOB, RankEnding, load_traces
+from ncclcheck.evidence.waits import OutsideWait, standoff, timeout_limit
 from ncclcheck.launch.launchers import free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
@@ -49,7 +50,8 @@ from ncclcheck.record.recorder import (
     ENV_TRAIN_STEPS,
 )
 from ncclcheck.record.tracefile import data_end, seal
-from ncclcheck.settings import DryRunSettings, Launcher
+from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S, DryRunSettings, Launcher
+from ncclcheck.wording import who
 
 
 @dataclass
@@ -111,6 +113,11 @@ class LaunchResult:
     # set when the ranks still running had all destroyed their process group and were
     # stopped after this many quiet seconds: the distributed part had ended
     after_distributed_s: float | None = None
+    # quiet spells with ranks outside every collective, waited for (evidence/waits.py)
+    outside_waits: list[OutsideWait] = field(default_factory=list)
+    # the run was stopped at --outside-wait, short of the job's timeout: whether the ranks
+    # outside would have come in time is not known (why, in words)
+    undecided_wait: str | None = None
 
     def log_tail(self, lines: int = 20) -> str:
         """The end of what the ranks printed, without torchrun's own log lines.
@@ -276,6 +283,53 @@ def _all_quiet_ranks_finished(trace_dir: Path) -> bool:
     return bool(kinds) and all(kind in ("destroy", "exit") for kind in kinds)
 
 
+def _ended_ranks(trace_dir: Path) -> set[int]:
+    """The ranks whose trace ends with their script's end or their process group's."""
+    ended = set()
+    for rank, path in _trace_files(trace_dir).items():
+        if _last_record_kind(path) in ("destroy", "exit"):
+            ended.add(rank)
+    return ended
+
+
+def _job_timeout_s(trace_dir: Path) -> float | None:
+    """How long the job's collectives wait for a peer (init_process_group's timeout, from
+    the init records), the shortest over the ranks; None before any rank initialised."""
+    import json
+
+    found: list[float] = []
+    for path in _trace_files(trace_dir).values():
+        try:
+            with path.open(encoding="utf-8", errors="replace") as handle:
+                head = handle.read(65536).splitlines()
+        except OSError:
+            continue
+        for line in head:
+            if '"init"' in line:
+                try:
+                    timeout = json.loads(line).get("timeout_s")
+                except ValueError:
+                    continue
+                if isinstance(timeout, (int, float)):
+                    found.append(float(timeout))
+                break
+    return min(found) if found else None
+
+
+def _trace_files(trace_dir: Path) -> dict[int, Path]:
+    """rank -> its trace file, from each trace's hello line."""
+    import json
+
+    files: dict[int, Path] = {}
+    for path in trace_dir.glob(TRACE_GLOB):
+        try:
+            with path.open(encoding="utf-8") as handle:
+                files[int(json.loads(handle.readline())["rank"])] = path
+        except (OSError, ValueError, KeyError):
+            continue
+    return files
+
+
 def _rank_pids(trace_dir: Path) -> dict[int, int]:
     """rank -> pid, from each trace's hello line."""
     import json
@@ -383,7 +437,7 @@ def run_dry(
             launcher_tmpdir(env, str(launcher_tmp))
         proc = start_torchrun(argv, env, log_path)
     interrupted = threading.Event()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     on_main_thread = threading.current_thread() is threading.main_thread()
     if on_main_thread:
         for sig in previous:
@@ -417,6 +471,107 @@ def run_dry(
     return result
 
 
+class _OutsideWaits:
+    """The quiet spells in which ranks were outside every collective: in a sleep, a
+    download, a subprocess, a disk read or their own compute, waiting on something that
+    is not a rank (evidence/waits.py). Each is waited for, looked at again every stall
+    timeout, and recorded; none is a hang until the ranks waiting on it near the job's
+    collective timeout (or ``--outside-wait``, when set)."""
+
+    def __init__(self, settings: DryRunSettings, trace_dir: Path, start: float, result: LaunchResult) -> None:
+        self.settings, self.trace_dir, self.start, self.result = settings, trace_dir, start, result
+        self.open: OutsideWait | None = None
+        self.next_look = 0.0
+
+    def due(self, now: float) -> bool:
+        """Whether the ranks are to be looked at: once a stall timeout into a quiet spell,
+        then every stall timeout while it lasts."""
+        return now >= self.next_look
+
+    def resumed(self, now: float) -> None:
+        """A record came: the ranks outside went on."""
+        if self.open is not None:
+            self.open.seconds = now - self.start - self.open.began_s
+            self.open.over = True
+            self.result.outside_waits.append(self.open)
+            self.open = None
+        self.next_look = 0.0
+
+    def close(self, now: float) -> None:
+        """The run ended (or was stopped) during a spell: it lasted until now."""
+        if self.open is not None:
+            self.open.seconds = now - self.start - self.open.began_s
+            self.result.outside_waits.append(self.open)
+            self.open = None
+
+    def wait_on(self, stacks: dict[int, ProcessStack], now: float, last_write: float) -> str:
+        """What this look says: "waiting" (ranks are outside every collective, within the
+        limit), "expired" (past it: the run ends, see ``expired``), or "" (no rank is
+        outside: the quiet is judged as any other)."""
+        self.next_look = now + self.settings.stall_timeout
+        found = standoff(stacks, _ended_ranks(self.trace_dir))
+        if found is None:
+            # the ranks outside went into a wait on a peer (or ended): that spell is over
+            self.resumed(now)
+            self.next_look = now + self.settings.stall_timeout
+            return ""
+        if self.open is None:
+            self.open = OutsideWait(found.outside, found.waiting, last_write - self.start, stacks=stacks)
+        self.open.outside, self.open.waiting = found.outside, found.waiting
+        self.latest = stacks
+        # the limit is judged on time, with the stacks of the last look (a look takes seconds)
+        self.next_look = min(self.next_look, last_write + self.limit())
+        return "expired" if self.expired(now, last_write) else "waiting"
+
+    def limit(self) -> float:
+        """How long ranks outside may keep the others waiting: --outside-wait, else the
+        job's collective timeout (less a margin), else NCCL's default."""
+        if self.settings.outside_wait is not None:
+            return self.settings.outside_wait
+        return timeout_limit(_job_timeout_s(self.trace_dir) or NCCL_DEFAULT_TIMEOUT_S)
+
+    def expired(self, now: float, last_write: float) -> bool:
+        """Past the limit, the spell ends the run, and the result says how: a hang where
+        ranks waited in a collective up to the job's timeout (the real job fails there),
+        undecided where only --outside-wait was reached."""
+        waited = now - last_write
+        if self.open is None or waited < self.limit():
+            return False
+        waiting, late = self.open.waiting, self.open.outside
+        self.close(now)
+        timeout = _job_timeout_s(self.trace_dir)
+        if waiting and (timeout is None or waited < timeout_limit(timeout)):
+            asked = self.settings.outside_wait
+            self.result.undecided_wait = (
+                f"the dry run stopped after {who(waiting)} had waited {waited:.0f} s in a collective "
+                f"for {who(late)}, outside every collective"
+                + (f" (--outside-wait {asked:.0f} s)" if asked is not None else "")
+                + (
+                    f", short of the job's {timeout:.0f} s collective timeout"
+                    if timeout is not None
+                    else " (the job's collective timeout is not known: no process group was set up)"
+                )
+            )
+        return True
+
+
+def _stop_outside(
+    result: LaunchResult, stacks: dict[int, ProcessStack], seconds: float, trace_dir: Path
+) -> None:
+    """The run ends with ranks outside every collective past the limit: a hang where the
+    others waited in a collective up to the job's timeout (or where none waited: the
+    quiet is judged as such), else undecided (--outside-wait reached first)."""
+    result.stacks, result.stall_seconds = stacks, seconds
+    if result.undecided_wait is not None:
+        return  # no hang seen, nothing decided: said as an incomplete run
+    late = result.outside_waits[-1]
+    timeout = _job_timeout_s(trace_dir)
+    result.stalled = True
+    result.stall_reason = f"{who(late.outside)} stayed outside every collective for {seconds:.0f} s" + (
+        f", near the job's {timeout:.0f} s collective timeout" if timeout and late.waiting else ""
+    )
+
+
 def _watch(
     proc: subprocess.Popen[bytes],
     result: LaunchResult,
@@ -426,6 +581,26 @@ def _watch(
     interrupted: threading.Event,
     on_progress: Callable[[Progress], None] | None,
     on_quiet: Callable[[], None] | None = None,
+) -> None:
+    outside = _OutsideWaits(settings, trace_dir, start, result)
+    try:
+        _watch_until_done(
+            proc, result, settings, trace_dir, start, interrupted, on_progress, on_quiet, outside
+        )
+    finally:
+        outside.close(time.monotonic())  # a spell still open when the run ended lasted until now
+
+
+def _watch_until_done(
+    proc: subprocess.Popen[bytes],
+    result: LaunchResult,
+    settings: DryRunSettings,
+    trace_dir: Path,
+    start: float,
+    interrupted: threading.Event,
+    on_progress: Callable[[Progress], None] | None,
+    on_quiet: Callable[[], None] | None,
+    outside: _OutsideWaits,
 ) -> None:
     last_size = (-1, -1)
     # the last time a trace grew / the job wrote or worked / one of its processes was running
@@ -442,6 +617,7 @@ def _watch(
         size = _trace_size(trace_dir)
         if size != last_size:
             last_size, last_write, last_activity, last_running = size, now, now, now
+            outside.resumed(now)
         if now - last_sample >= _SAMPLE_EVERY_S:
             last_sample = now
             if size[0] != len(activity.extra_pids):
@@ -505,9 +681,33 @@ def _watch(
             # is left: stopped now rather than at the dry run's time limit
             result.after_distributed_s = now - last_write
             return
+        # no record for the stall timeout, busy or not: time to look at where the ranks are
+        quiet_long = size[1] > 0 and now - last_write > settings.stall_timeout
         if disagree and _all_quiet_ranks_finished(trace_dir):
             last_write = last_activity = now
-        elif idle or busy_too_long or disagree:
+        elif outside.open is not None and outside.expired(now, last_write):
+            _stop_outside(result, outside.latest, now - last_write, trace_dir)
+            return
+        elif disagree or ((idle or busy_too_long or quiet_long) and outside.due(now)):
+            pids = _rank_pids(trace_dir)
+            by_pid = dump_stacks(list(pids.values()), timeout=10.0)
+            stacks = {rank: by_pid[pid] for rank, pid in pids.items() if pid in by_pid}
+            # a rank outside every collective waits on something that is not a rank (a
+            # download, a disk, a subprocess, its own compute): waited for, not a hang,
+            # unless the records already disagree (nothing it does mends that)
+            looked = "" if disagree else outside.wait_on(stacks, now, last_write)
+            if looked == "waiting":
+                interrupted.wait(0.2)
+                continue
+            if looked == "expired":
+                _stop_outside(result, stacks, now - last_write, trace_dir)
+                return
+            if not (disagree or idle or busy_too_long):
+                # every running rank waits on a peer, and some CPU is busy (a rank waiting on
+                # a GPU spins): judged again at the next look, a hang at the busy limit
+                interrupted.wait(0.2)
+                continue
+            result.stacks = stacks
             result.stalled = True
             result.stall_seconds = now - last_write
             seconds = f"{result.stall_seconds:.0f} s"
@@ -517,8 +717,5 @@ def _watch(
                 result.stall_reason = f"no rank wrote a record for {seconds}, and their records disagree"
             else:
                 result.stall_reason = f"no rank wrote a record for {seconds}, though some kept a CPU busy"
-            pids = _rank_pids(trace_dir)
-            by_pid = dump_stacks(list(pids.values()), timeout=10.0)
-            result.stacks = {rank: by_pid[pid] for rank, pid in pids.items() if pid in by_pid}
             return
         interrupted.wait(0.2)

@@ -93,11 +93,13 @@ def _wrap_collectives(recorder: Recorder) -> None:
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         result = original_init(*args, **kwargs)
+        backend = str(dist.get_backend())
         recorder.write(
             {
                 "t": "init",
-                "backend": str(dist.get_backend()),
+                "backend": backend,
                 "world_size": dist.get_world_size(),
+                "timeout_s": _collective_timeout_s(args, kwargs, backend),
                 "time": time.time(),
             }
         )
@@ -115,6 +117,21 @@ def _wrap_collectives(recorder: Recorder) -> None:
 
     dist.destroy_process_group = destroy_process_group
     c10d.destroy_process_group = destroy_process_group
+
+
+def _collective_timeout_s(args: tuple[Any, ...], kwargs: dict[str, Any], backend: str) -> float | None:
+    """How long a collective of the job waits for its peers: the script's timeout, else the
+    backend's default (a rank outside every collective that the others wait for longer
+    than this fails the job, evidence/waits.py)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
+    try:
+        if timeout is None:
+            timeout = c10d._get_default_timeout(backend)
+        return float(timeout.total_seconds())
+    except Exception:  # another torch's names: the wait is then judged without it
+        return None
 
 
 def _track_phases_and_loaders(recorder: Recorder) -> None:

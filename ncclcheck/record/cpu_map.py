@@ -25,6 +25,7 @@ the script, and preflight says which call it was.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import sys
@@ -33,6 +34,7 @@ from typing import Any
 
 from ncclcheck import frames
 from ncclcheck.record.recorder import Recorder
+from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S
 
 ENV_CPU = "NCCLCHECK_CPU"
 _FACTORIES = (
@@ -108,6 +110,10 @@ def _map_process_groups(note: Callable[[str], None]) -> None:
         backend = args[0] if args else kwargs.get("backend")
         if _gloo(backend) != backend:
             note(f"init_process_group({backend!r}) -> gloo")
+            if "timeout" not in kwargs and len(args) <= 2:
+                # the job's collectives wait NCCL's 10 minutes, not gloo's 30: how long a
+                # rank outside every collective may keep them waiting (evidence/waits.py)
+                kwargs["timeout"] = datetime.timedelta(seconds=NCCL_DEFAULT_TIMEOUT_S)
         args = ("gloo", *args[1:]) if args else args
         if not args:
             kwargs["backend"] = "gloo"

@@ -20,6 +20,7 @@ _VERDICT_STYLE = {
     Verdict.MISALIGNED: "bold red",
     Verdict.HANG: "bold red",
     Verdict.PROGRESSING: "bold green",
+    Verdict.WAITING: "bold yellow",
     Verdict.CRASH: "bold red",
     Verdict.ERROR: "bold yellow",
     Verdict.INCOMPLETE: "bold yellow",

@@ -3,7 +3,8 @@
 - sigkill: rank 1 is SIGKILLed while it waits in an all_reduce rank 0 joins late
 - segfault: rank 1 dereferences NULL (SIGSEGV) after its first collective
 - exit0: rank 1 leaves with exit status 0 before the second all_reduce
-- loader: rank 1's dataset blocks in __getitem__; rank 0 waits in the all_reduce
+- loader: rank 1's dataset blocks in __getitem__; rank 0 waits in the all_reduce past
+  the process group's timeout (PG_TIMEOUT_S, default 1800)
 - slow-worker: rank 1's DataLoader worker computes for SLOW_S seconds (default 12),
   then the job goes on: slow, not hung
 - slow-step: rank 1 itself computes for SLOW_S seconds, then the job goes on
@@ -15,6 +16,7 @@
 """
 
 import ctypes
+import datetime
 import os
 import signal
 import sys
@@ -66,7 +68,8 @@ def pick_device(rank: int) -> None:
 
 def main() -> None:
     fault = os.environ["FAULT"]
-    dist.init_process_group("gloo")
+    timeout = datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT_S", "1800")))
+    dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank()
     if fault == "setup-error":
         pick_device(rank)

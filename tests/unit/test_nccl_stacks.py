@@ -459,9 +459,20 @@ def test_ranks_waiting_on_a_rank_that_works_are_a_job_in_progress_not_a_hang(tmp
     assert "run doctor again in a few minutes" in finding.message
     assert [r.state.value for r in report.ranks] == ["running", "in-collective"]
 
-    # the saving rank stopped moving (a frozen file system): no one works, it is a hang
+    # the saving rank stopped moving (a slow or frozen file system): it waits on its disk,
+    # not on a rank, and rank 1 waits for it; no hang of the collectives until the wait
+    # nears the timeout, which two looks cannot time
     frozen = diagnose_ranks(ranks, first, movement.compare(first, first, 1.0, {}, {}, str(tmp_path)))
-    assert frozen.verdict.value == "hang"
+    assert (frozen.verdict.value, frozen.exit_code) == ("waiting", 0)
+    held = frozen.findings[0]
+    assert (held.cause, held.severity.value, held.ranks, held.absent_ranks) == (
+        "straggler",
+        "warning",
+        [1],
+        [0],
+    )
+    assert "Not a hang of the collectives: rank 0 waits on something that is not a rank" in held.message
+    assert [r.state.value for r in frozen.ranks] == ["running", "in-collective"]
     # the mover only vanished between the looks: nothing was seen working
     vanished = movement.compare(first, {1: waiting}, 1.0, {}, {}, str(tmp_path))
     assert vanished.gone == [0] and vanished.working == []

@@ -13,8 +13,11 @@ from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.classes import StackClass
 from ncclcheck.evidence.gpus import GpuReading
 from ncclcheck.evidence.movement import Movement
+from ncclcheck.evidence.stacks import blocking
+from ncclcheck.evidence.waits import standoff, waits_on, where_outside
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.rules.quiet import KEPT_WAITING_FIX
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Severity
 from ncclcheck.wording import who
@@ -109,6 +112,51 @@ def waiting_on_ranks_that_work(
         site=d.site(site) if site else None,
         evidence=[moved.decided(), *moved.lines()],
         severity=Severity.WARNING,
+    )
+
+
+def waiting_on_the_outside_world(d: Context, moved: Movement | None) -> Explanation | None:
+    """Some ranks wait in a collective; every other rank is outside every collective in its
+    script, blocked on something that is not a rank (a download, a network or disk read, a
+    subprocess, a sleep) or computing. The ranks outside are the ones everyone waits for,
+    and the job is held by what they wait on, not hung in its collectives: it fails only if
+    that wait outlasts the process group's timeout, which doctor's looks cannot time."""
+    found = standoff(d.ev.stacks, set())
+    if found is None or not found.waiting:
+        return None
+    if moved is not None and any(rank not in moved.still for rank in found.waiting):
+        return None  # a waiting rank moved: not the picture of one wait
+    if moved is not None and any(rank in moved.gone for rank in found.outside):
+        return None  # a rank outside that vanished between the looks waits on nothing
+    late = found.outside[0]
+    late_stack = d.ev.stacks[late]
+    late_frame = where_outside(late_stack)
+    waiter_stack = d.ev.stacks[found.waiting[0]]
+    waiter_frame = where_outside(waiter_stack)
+    waits = "waits" if len(found.waiting) == 1 else "wait"
+    return Explanation(
+        Cause.STRAGGLER,
+        f"{who(found.waiting)} {waits} in {blocking(waiter_stack).what}"
+        + (f" at {d.site(waiter_frame)}" if waiter_frame else "")
+        + f" for {who(found.outside)}, outside every collective in {waits_on(late_stack)}"
+        + (f" at {d.site(late_frame)} in {late_frame.function}()" if late_frame else "")
+        + f". Not a hang of the collectives: {who(found.outside)} "
+        + ("waits" if len(found.outside) == 1 else "wait")
+        + " on something that is not a rank, and the others wait for it; the job fails only if "
+        "that wait outlasts the process group's timeout (NCCL's default is 10 minutes), and "
+        "two looks cannot tell how long it has lasted",
+        ranks=found.waiting,
+        absent_ranks=found.outside,
+        op=blocking(waiter_stack).what,
+        site=d.site(waiter_frame) if waiter_frame else None,
+        evidence=[*(moved.lines() if moved is not None else [])],
+        severity=Severity.WARNING,
+        fix=(
+            f"What decides: whether {who(found.outside)}'s wait ends before the collective timeout. "
+            "Run doctor again in a few minutes, or supervise the job with `ncclcheck watch`, which "
+            "times the wait: the same stacks near the timeout are a wait that will not end in time "
+            "(a dead mount, a hung download, a deadlocked DataLoader worker). " + KEPT_WAITING_FIX
+        ),
     )
 
 

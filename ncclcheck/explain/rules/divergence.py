@@ -559,7 +559,7 @@ def straggler(
         message=(
             f"{who(made)} waited in {call.op if call else '?'} for "
             f"{who(late)}, still busy outside any collective{d.busy_where(late[0])} "
-            f"({d.ev.stall_seconds:.0f} s without progress)"
+            f"({d.stall_against_timeout()})"
         ),
         ranks=made,
         absent_ranks=late,

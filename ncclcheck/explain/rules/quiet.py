@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 from ncclcheck.causes import Cause
+from ncclcheck.evidence.stacks import blocking
 from ncclcheck.evidence.traces import RootedRead
+from ncclcheck.evidence.waits import OutsideWait, timeout_limit, user_frames, waits_on, where_outside
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.model import Frame, Severity
@@ -29,7 +31,10 @@ def explain_stall_without_divergence(d: Context) -> Explanation:
         return Explanation(
             cause=Cause.STRAGGLER,
             severity=Severity.ERROR,
-            message=(f"{who(waiting)} waited in a collective for {who(late)}, busy outside any collective"),
+            message=(
+                f"{who(waiting)} waited in a collective for {who(late)}, busy outside any collective"
+                f"{d.busy_where(late[0])} ({d.stall_against_timeout()})"
+            ),
             ranks=waiting,
             absent_ranks=late,
             op=call.op if call else None,
@@ -109,6 +114,8 @@ def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
                 )
             )
     found += rooted_reads(d)
+    if Cause.STRAGGLER not in causes:  # a wait that became the hang is said by its error
+        found += [said for wait in d.ev.outside_waits if (said := kept_waiting(d, wait)) is not None]
     uneven_train = uneven_train_loader(d)
     if uneven_train is not None and Cause.UNEVEN_EVAL_BATCHES not in causes:
         found.append(uneven_train)
@@ -137,6 +144,65 @@ def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
             )
         )
     return found
+
+
+# What a wait on the outside world is, and how to keep it from failing the job.
+KEPT_WAITING_FIX = (
+    "Keep a rank's wait outside the collectives short of the job's collective timeout: download "
+    "or prepare the data before init_process_group (or in a step before the job), let every rank "
+    "read what one rank prepares only after it is complete on disk, or give the collective that "
+    "waits a timeout sized for the wait (init_process_group(timeout=...), or a barrier on "
+    "dist.new_group(timeout=...))."
+)
+
+
+def kept_waiting(d: Context, wait: OutsideWait) -> Explanation | None:
+    """Ranks outside every collective (a download, a slow read, a subprocess, compute) kept
+    the others waiting in one, and the dry run waited with them (launch/torchrun.py): not
+    a hang, since the real job survives it while the wait stays under its timeout; said
+    with how long it lasted, where each side was, and how close it came."""
+    if not wait.waiting:
+        return None  # no rank waited on another: nothing the collectives would time out
+    late = wait.outside[0]
+    late_stack = wait.stacks.get(late)
+    late_frame = where_outside(late_stack)
+    waiter = wait.waiting[0]
+    waiter_stack = wait.stacks.get(waiter)
+    waiter_frame = where_outside(waiter_stack)
+    waits_in = blocking(waiter_stack).what if waiter_stack is not None else "a collective"
+    at = f" at {d.site(waiter_frame)}" if waiter_frame else ""
+    late_at = f" at {d.site(late_frame)} in {late_frame.function}()" if late_frame else ""
+    timeout = d.job_timeout_s
+    if timeout is not None and wait.seconds >= timeout:
+        return None  # the wait reached the timeout: the job failed there, as its ranks' ends say
+    lasted = f"{wait.seconds:.0f} s" + ("" if wait.over else ", not over when the dry run stopped")
+    if timeout is None:
+        margin = "the job's collective timeout is not known (no init record)"
+    else:
+        margin = (
+            f"the job's collectives wait {timeout:.0f} s for a peer, so it survives this wait "
+            "while it stays under that"
+        )
+        if wait.seconds >= timeout_limit(timeout) / 2:
+            margin += f" (this one took {wait.seconds / timeout:.0%} of it)"
+    return Explanation(
+        cause=Cause.STRAGGLER,
+        severity=Severity.WARNING,
+        message=(
+            f"{who(wait.outside)} kept {who(wait.waiting)} waiting {lasted}: {who(wait.waiting)} waited in "
+            f"{waits_in}{at} while {who(wait.outside)} was outside every collective, in "
+            f"{waits_on(late_stack)}{late_at}. No hang: {margin}"
+        ),
+        ranks=wait.waiting,
+        absent_ranks=wait.outside,
+        site=d.site(waiter_frame) if waiter_frame else None,
+        evidence=[
+            f"rank {rank}: " + " <- ".join(f"{f.function} ({d.site(f)})" for f in user_frames(stack))
+            for rank, stack in sorted(wait.stacks.items())
+            if rank in wait.outside or rank in wait.waiting
+        ],
+        fix=KEPT_WAITING_FIX,
+    )
 
 
 def rooted_reads(d: Context) -> list[Explanation]:
