@@ -30,6 +30,7 @@ from ncclcheck.errors import UsageError
 from ncclcheck.launch.stop import STOP
 from ncclcheck.model import Report
 from ncclcheck.render import console
+from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S
 
 STOP_TAIL_LINES = 20  # of the job's output, said again on stderr when a signal stops watch
 
@@ -60,6 +61,14 @@ def watch_command(
         "waits in a collective: a hang. Keep it well under the process group's timeout (NCCL: 600 s).",
     ),
     every: float = typer.Option(10.0, "--every", min=0.2, help="Seconds between two looks at the ranks."),
+    collective_timeout: float = typer.Option(
+        NCCL_DEFAULT_TIMEOUT_S,
+        "--collective-timeout",
+        min=1.0,
+        help="The job's collective timeout (init_process_group's timeout; NCCL's default 600 s). "
+        "Ranks waiting in a collective for a rank that waits outside every collective (a download, "
+        "a disk, a subprocess) are no hang until their wait nears it.",
+    ),
     out: Path = typer.Option(
         Path("ncclcheck-watch"), "--out", help="Where each hang's folder is written (hang-<time>/)."
     ),
@@ -87,6 +96,7 @@ def watch_command(
     settings = WatchSettings(
         after=after,
         every=every,
+        collective_timeout=collective_timeout,
         folder=out,
         on_hang=on_hang,
         native=native,

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+from ncclcheck.causes import Cause
 from ncclcheck.commands.doctor import collect, diagnose_ranks, dump_to, run_doctor
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import gpus, movement
@@ -48,10 +49,13 @@ from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.evidence.movement import Movement
 from ncclcheck.evidence.processes import RankProcess, launcher_among
 from ncclcheck.evidence.stacks import ProcessStack, blocking
+from ncclcheck.evidence.waits import Standoff, standoff, timeout_limit, waits_on, where_outside
 from ncclcheck.launch.proctree import descendants, kill_processes, kill_tree
 from ncclcheck.launch.stop import STOP, Stopped, stopped_exit_code
 from ncclcheck.launch.torchrun import TorchrunOptions
-from ncclcheck.model import Report, Verdict, format_ranks
+from ncclcheck.model import Report, Severity, Verdict, format_ranks
+from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S
+from ncclcheck.wording import relative, who
 
 # The job ended with an error and no hang was seen (docs/contract.md).
 JOB_FAILED_EXIT = 6
@@ -71,6 +75,9 @@ FR_FOLDER_PREFIX = "ncclcheck-flight-recorder-"  # the private temporary folder 
 class WatchSettings:
     after: float = 120.0  # no rank moved for this long, one in a collective: a hang
     every: float = 10.0  # seconds between two looks
+    # the job's collective timeout: ranks waiting for a rank outside every collective (a
+    # download, a disk) are no hang until their wait nears it (evidence/waits.py)
+    collective_timeout: float = NCCL_DEFAULT_TIMEOUT_S
     folder: Path = Path("ncclcheck-watch")  # one sub-folder per hang captured
     # what to do once a hang is written down: "report" (leave the job to its own timeout),
     # "kill" (end the job watch started), or a command, run with the report's path
@@ -271,6 +278,7 @@ def _watch_until_done(
     asked_until = 0.0  # with --shared: another node is capturing a hang until then
     cwd = os.getcwd()
     started, told_waiting = time.monotonic(), False
+    told_held = False  # said once per spell: the ranks wait for a rank outside every collective
     while True:
         outcome.doing = "watching the job" if outcome.looks else "waiting for the job's ranks to start"
         if job is not None and job.poll() is not None:
@@ -320,6 +328,18 @@ def _watch_until_done(
         else:
             last_moved = now  # other ranks than at the last look: a (re)start
         waiting = any(blocking(stack).waits_for_peers for stack in stacks.values())
+        # ranks outside every collective, which the waiting ones wait for, wait on something
+        # that is not a rank (a download, a disk, a subprocess): no hang until near the timeout
+        held = standoff(stacks, set()) if waiting else None
+        near = timeout_limit(settings.collective_timeout)
+        if held is not None and now - last_moved < near:
+            if now - last_moved >= settings.after and not told_held:
+                say(f"ncclcheck watch: {_held_by(held, stacks, settings)}; watching on")
+                told_held = True
+            previous = (stacks, used, now)
+            _pause(job, settings.every)
+            continue
+        told_held = False
         if waiting and now - last_moved >= settings.after and now >= asked_until:
             say(f"ncclcheck watch: no rank moved for {now - last_moved:.0f} s: capturing every rank")
             outcome.doing = "capturing a hang (the capture is incomplete)"
@@ -342,7 +362,9 @@ def _watch_until_done(
                 outcome.capturing = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
                 report, capture = _capture(outcome.capturing, pids, settings, output)
                 outcome.capturing = None
-            if report.verdict != Verdict.PROGRESSING:
+            if report.verdict == Verdict.WAITING and now - last_moved >= near:
+                _past_its_time(report, now - last_moved, settings.collective_timeout)
+            if report.verdict not in (Verdict.PROGRESSING, Verdict.WAITING):
                 outcome.report, outcome.capture = report, capture
                 captured(report, capture)
                 if settings.on_hang == "kill" or job is None:
@@ -354,6 +376,33 @@ def _watch_until_done(
             last_moved = time.monotonic()
         previous = (stacks, used, now)
         _pause(job, settings.every)
+
+
+def _held_by(held: Standoff, stacks: dict[int, ProcessStack], settings: WatchSettings) -> str:
+    """'rank 1 waits in a collective for rank 0, outside every collective in a subprocess at
+    prep.py:45: no hang unless the wait nears the 600 s collective timeout'."""
+    late = stacks[held.outside[0]]
+    frame = where_outside(late)
+    at = f" at {relative(frame.file, os.getcwd())}:{frame.line}" if frame else ""
+    waits = "waits" if len(held.waiting) == 1 else "wait"
+    return (
+        f"{who(held.waiting)} {waits} in a collective for {who(held.outside)}, outside every collective "
+        f"in {waits_on(late)}{at}: no hang unless the wait nears the {settings.collective_timeout:.0f} s "
+        "collective timeout (--collective-timeout)"
+    )
+
+
+def _past_its_time(report: Report, seconds: float, timeout: float) -> None:
+    """doctor's `waiting`, after watch timed the wait to near the collective timeout: the
+    job fails there unless the rank outside comes now, so it is the hang."""
+    report.verdict = Verdict.HANG
+    for finding in report.findings:
+        if finding.cause == Cause.STRAGGLER:
+            finding.severity = Severity.ERROR
+            finding.message = (
+                f"no rank moved for {seconds:.0f} s, near the {timeout:.0f} s collective timeout: "
+                + finding.message
+            )
 
 
 def _capture(

@@ -158,3 +158,41 @@ def test_doctor_on_the_live_job_says_waiting_not_hang() -> None:
     finally:
         kill_tree(job.pid)
         job.wait(timeout=30)
+
+
+def test_watch_never_calls_a_job_waiting_on_its_downloading_rank_hung(tmp_path: Path) -> None:
+    """No rank moves for several times --after while rank 0 sleeps in its preparation and
+    rank 1 waits in the barrier: watch says who holds whom and watches on; the job ends."""
+    from .test_watch import watch_cli
+
+    out = tmp_path / "watch"
+    code, report, err = watch_cli(
+        "--after", "3", "--every", "1", "--out", str(out), "--nproc-per-node", "2", str(PREPARES),
+        env={"PREPARE": "download", "PREPARE_S": WAIT_S}, bound_s=BOUND_S,
+    )  # fmt: skip
+    assert report == {} and not out.exists(), err[-3000:]  # never called hung, nothing captured
+    assert "rank 1 waits in a collective for rank 0, outside every collective in a blocking call" in err
+    assert "no hang unless the wait nears the 600 s collective timeout" in err, err[-3000:]
+    # the job's own end: 0, or 6 where gloo's teardown race on torch 2.13 aborted a rank
+    assert code == 0 or (code == 6 and "exitcode: -6" in err), err[-3000:]
+
+
+def test_watch_calls_the_same_wait_a_hang_near_the_collective_timeout(tmp_path: Path) -> None:
+    from .test_watch import watch_cli
+
+    out = tmp_path / "watch"
+    code, report, err = watch_cli(
+        "--after", "3", "--every", "1", "--collective-timeout", "20", "--on-hang", "kill",
+        "--out", str(out), "--nproc-per-node", "2", str(PREPARES),
+        env={"PREPARE": "download", "PREPARE_S": "300"}, bound_s=BOUND_S,
+    )  # fmt: skip
+    assert (code, report.get("verdict")) == (1, "hang"), err[-3000:]
+    (finding,) = report["findings"]
+    assert (finding["cause"], finding["severity"], finding["ranks"], finding["absent_ranks"]) == (
+        "straggler",
+        "error",
+        [1],
+        [0],
+    )
+    assert "near the 20 s collective timeout: rank 1 waits in barrier" in finding["message"], finding
+    assert len(list(out.iterdir())) == 1  # the capture
