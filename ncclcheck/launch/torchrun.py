@@ -438,6 +438,9 @@ def run_dry(
         proc = start_torchrun(argv, env, log_path)
     interrupted = threading.Event()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    # a signal ignored when preflight started (nohup's SIGHUP, SIGINT in a background job)
+    # stays ignored: the user asked for the run to outlive it
+    previous = {sig: handler for sig, handler in previous.items() if handler is not signal.SIG_IGN}
     on_main_thread = threading.current_thread() is threading.main_thread()
     if on_main_thread:
         for sig in previous:
