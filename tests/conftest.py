@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,27 @@ from typing import Any
 import pytest
 
 from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S, TOTAL_TIMEOUT_S
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"
 FRAMEWORKS = REPO / "examples" / "frameworks"
 SCRIPTS = REPO / "tests" / "scripts"
+
+# Bounds on the processes the tests run. They matter only when something is broken (a
+# passing run ends long before them), so none is tighter than the product's own limit for
+# the command, and waits are generous: on a loaded machine (the suite's workers, or other
+# work beside them) torch's import alone can take 30 s and more.
+# preflight: its own limit on the dry run (TOTAL_TIMEOUT_S), and a minute to stop and report
+PREFLIGHT_BOUND_S = TOTAL_TIMEOUT_S + 60
+# a wait for something to be seen (ranks started, a file written, a hang settled), or for a
+# command with no limit of its own that ends by itself (doctor's looks, a usage error)
+WAIT_S = 300.0
+# The process-group timeout a real job's script is given (REPRO_TIMEOUT_S, where it reads
+# it): NCCL's default, so that no collective times out for a rank that is only slow; and the
+# bound on such a job: that timeout, and a minute for torchrun to stop the ranks.
+JOB_PG_TIMEOUT_S = int(NCCL_DEFAULT_TIMEOUT_S)
+JOB_BOUND_S = JOB_PG_TIMEOUT_S + 60
 
 
 @dataclass
@@ -104,7 +121,9 @@ def torchrun_argv(script: Path, nproc: int, *args: str) -> list[str]:
     ]
 
 
-def ncclcheck(*args: str, env: dict[str, str] | None = None, bound_s: float = 150) -> tuple[Completed, Any]:
+def ncclcheck(
+    *args: str, env: dict[str, str] | None = None, bound_s: float = PREFLIGHT_BOUND_S
+) -> tuple[Completed, Any]:
     """``python -m ncclcheck ARGS`` from the repository root, bounded; with the JSON
     document it printed, when it printed one (``--json``), else None."""
     import json
@@ -152,6 +171,24 @@ def is_this_tests(proc: Any) -> bool:
         return bool(proc.environ().get(TEST_MARK) == os.environ.get(TEST_MARK))
     except psutil.Error:
         return False
+
+
+@pytest.fixture
+def signals_not_ignored() -> Iterator[None]:
+    """A test that stops a command with a signal runs it as from a terminal. Where pytest
+    itself runs with a stop signal ignored (SIGINT in a shell's background job, SIGHUP under
+    nohup), what it starts inherits that, and the command keeps ignoring it, as a caller
+    who asks that wants: a handler that does nothing keeps pytest as it was, and is reset
+    to the default in what it starts."""
+    import signal
+
+    stops = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+    ignored = [stop for stop in stops if signal.getsignal(stop) is signal.SIG_IGN]
+    for stop in ignored:
+        signal.signal(stop, lambda *_: None)
+    yield
+    for stop in ignored:
+        signal.signal(stop, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="session")

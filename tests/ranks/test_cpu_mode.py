@@ -7,7 +7,17 @@ import sys
 import pytest
 import torch
 
-from ..conftest import REPO, SCRIPTS, line_in, ncclcheck, run_bounded, run_to_its_end, torchrun_argv
+from ..conftest import (
+    JOB_BOUND_S,
+    PREFLIGHT_BOUND_S,
+    REPO,
+    SCRIPTS,
+    line_in,
+    ncclcheck,
+    run_bounded,
+    run_to_its_end,
+    torchrun_argv,
+)
 
 SCRIPT = SCRIPTS / "gpu_style.py"
 pytestmark = pytest.mark.ranks
@@ -19,7 +29,7 @@ def line_of(fragment: str) -> int:
 
 
 def preflight_cpu(mode: str):  # type: ignore[no-untyped-def]
-    return ncclcheck("preflight", "--cpu", "--json", "--stall-timeout", "6", str(SCRIPT), env={"MODE": mode})
+    return ncclcheck("preflight", "--cpu", "--json", str(SCRIPT), env={"MODE": mode})
 
 
 def test_an_aligned_gpu_script_runs_on_cpu_and_says_what_was_mapped() -> None:
@@ -63,7 +73,9 @@ def test_what_cpu_cannot_map_is_named_with_exit_2() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="NCCL and CUDA work here: nothing to refuse")
 def test_without_cpu_the_nccl_script_fails_with_a_pointer_to_it() -> None:
     result = run_bounded(
-        [sys.executable, "-m", "ncclcheck", "preflight", "--nproc-per-node=2", str(SCRIPT)], 120, cwd=REPO
+        [sys.executable, "-m", "ncclcheck", "preflight", "--nproc-per-node=2", str(SCRIPT)],
+        PREFLIGHT_BOUND_S,
+        cwd=REPO,
     )
     assert result.returncode == 2, result.output
     first = result.output.splitlines()[0]
@@ -80,7 +92,7 @@ def test_syncbatchnorm_on_cpu_matches_batchnorm_over_every_rank_batch() -> None:
     samples (and once an empty batch): outputs, running statistics and gradients equal
     BatchNorm's over the batches put together, in float64."""
     script = SCRIPTS / "cpu_syncbn_numerics.py"
-    result = run_to_its_end(torchrun_argv(script, 3), 150, cwd=REPO)
+    result = run_to_its_end(torchrun_argv(script, 3), JOB_BOUND_S, cwd=REPO)
     assert result.returncode == 0, result.output
     assert "numerics ok" in result.output
 
@@ -101,13 +113,7 @@ def test_a_gpu_script_with_syncbatchnorm_trains_on_cpu() -> None:
 
 def test_a_rank_zero_forward_in_training_mode_is_named_as_syncbatchnorms_all_gather() -> None:
     result, report = ncclcheck(
-        "preflight",
-        "--cpu",
-        "--json",
-        "--stall-timeout",
-        "6",
-        str(SYNCBN_SCRIPT),
-        env={"MODE": "rank0_preview"},
+        "preflight", "--cpu", "--json", str(SYNCBN_SCRIPT), env={"MODE": "rank0_preview"}
     )
     assert result.returncode == 1, result.output
     finding = report["findings"][0]
@@ -122,7 +128,7 @@ def test_a_rank_zero_forward_in_training_mode_is_named_as_syncbatchnorms_all_gat
 
 def test_a_syncbatchnorm_skipped_for_one_ranks_single_sample_batch_is_a_data_dependent_branch() -> None:
     script = SCRIPTS / "syncbn_single_sample.py"
-    result, report = ncclcheck("preflight", "--cpu", "--json", "--stall-timeout", "6", str(script))
+    result, report = ncclcheck("preflight", "--cpu", "--json", str(script))
     assert result.returncode == 1, result.output
     finding = report["findings"][0]
     assert finding["cause"] == "data-dependent-branch", finding

@@ -11,7 +11,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +21,7 @@ import pytest
 from ncclcheck.evidence.movement import usage
 from ncclcheck.launch.proctree import kill_tree
 
-from ..conftest import PLAYBOOKS, REPO, SCRIPTS, line_in, run_bounded
+from ..conftest import JOB_PG_TIMEOUT_S, PLAYBOOKS, REPO, SCRIPTS, WAIT_S, line_in, run_bounded
 
 pytestmark = pytest.mark.ranks
 
@@ -47,8 +47,25 @@ def doctor(*pids: int, cwd: Path = REPO, interval: float = 1.0) -> tuple[int, di
     argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--interval", str(interval)]
     for pid in pids:
         argv += ["--pid", str(pid)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=cwd, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_S, cwd=cwd, check=False)
     return done.returncode, json.loads(done.stdout) if done.stdout.strip() else {}
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for something to be seen, not for a fixed time: on a loaded machine a process
+    takes many times longer to start than on an idle one."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {WAIT_S:.0f} s: {what}"
+        time.sleep(0.2)
+
+
+def command_of(pid: int) -> list[str]:
+    """Process ``pid``'s command line (empty if it cannot be read): what it has exec'd."""
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
 
 
 def from_shell(command: str, cwd: Path = REPO) -> subprocess.Popen[bytes]:
@@ -84,10 +101,10 @@ def start_hung(
             f"-m accelerate.commands.launch --config_file {accelerate_config} --num_processes {nproc} "
             "--main_process_port 0"
         )
-    command = f"{assignments}REPRO_TIMEOUT_S=600 {sys.executable} {launcher} {runner} {script}"
+    command = f"{assignments}REPRO_TIMEOUT_S={JOB_PG_TIMEOUT_S} {sys.executable} {launcher} {runner} {script}"
     module = "accelerate.commands.launch" if accelerate_config is not None else "torch.distributed.run"
     job = HungJob(from_shell(command, cwd), script, module)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + WAIT_S
     previous = None
     moved_before = None
     while time.monotonic() < deadline:
@@ -324,7 +341,7 @@ def test_a_new_group_some_ranks_skipped_is_named_from_the_group_being_created() 
 
 def doctor_once_both_wait(pid: int) -> dict:  # type: ignore[type-arg]
     """doctor on a job of two ranks started without torchrun, once both wait in a collective."""
-    deadline, report = time.monotonic() + 90, {}
+    deadline, report = time.monotonic() + WAIT_S, {}
     while time.monotonic() < deadline:
         time.sleep(2)
         code, report = doctor(pid)
@@ -338,7 +355,10 @@ def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
     # No RANK in the environment: the ranks are spawn's children, each under
     # torch.multiprocessing.spawn's _wrap(fn, i, ...), whose i is the rank.
     script = SCRIPTS / "spawn_rank0_collective.py"
-    shell = from_shell(f"SPAWN_PORT={_free_port()} {sys.executable} {script}")
+    # the process group's timeout outlasts the wait for both ranks and doctor's looks
+    shell = from_shell(
+        f"REPRO_TIMEOUT_S={JOB_PG_TIMEOUT_S} SPAWN_PORT={_free_port()} {sys.executable} {script}"
+    )
     try:
         report = doctor_once_both_wait(shell.pid)
         # from one rank's pid: its siblings are found too
@@ -356,11 +376,15 @@ def test_a_job_started_by_mp_spawn_is_read_from_its_stacks() -> None:
 
 
 def test_a_single_python_process_is_not_a_distributed_job() -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time\nprint('ready', flush=True)\nwhile True: time.sleep(1)"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        time.sleep(1.0)
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # in its loop
         result = run_bounded(
-            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(proc.pid)], 60, cwd=REPO
+            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(proc.pid)], WAIT_S, cwd=REPO
         )
     finally:
         proc.kill()
@@ -379,9 +403,9 @@ def test_a_launcher_whose_ranks_have_not_started_is_named_as_such() -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, start_new_session=True,
     )  # fmt: skip
     try:
-        time.sleep(1.0)
+        wait_until(lambda: "torch.distributed.run" in command_of(agent.pid), "the agent started")
         result = run_bounded(
-            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(agent.pid)], 60, cwd=REPO
+            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(agent.pid)], WAIT_S, cwd=REPO
         )
     finally:
         kill_tree(agent.pid)
@@ -396,10 +420,12 @@ def test_bad_pids_are_exit_2(kind: str) -> None:
     if kind == "missing":
         pid = 4_000_000  # above pid_max
     else:
-        helper = subprocess.Popen(["sleep", "30"])
+        helper = subprocess.Popen(["sleep", "3600"])  # killed below
         pid = helper.pid
     try:
-        result = run_bounded([sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(pid)], 60, cwd=REPO)
+        result = run_bounded(
+            [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(pid)], WAIT_S, cwd=REPO
+        )
     finally:
         if helper is not None:
             helper.kill()
@@ -424,12 +450,12 @@ def test_no_permission_to_read_a_rank_is_explained_with_exit_2() -> None:
             "--clear-groups",
             "/usr/bin/python3",
             "-c",
-            "import time; time.sleep(60)",
+            "import time; time.sleep(3600)",  # killed below; outlasts doctor on a loaded machine
         ],
         env={"RANK": "0", "WORLD_SIZE": "2", "PATH": "/usr/bin:/bin"},
     )
     try:
-        time.sleep(0.5)
+        wait_until(lambda: command_of(target.pid)[:1] == ["/usr/bin/python3"], "setpriv ran python3")
         result = run_bounded(
             [
                 "setpriv",
@@ -442,7 +468,7 @@ def test_no_permission_to_read_a_rank_is_explained_with_exit_2() -> None:
                 "--pid",
                 str(target.pid),
             ],
-            60,
+            WAIT_S,
             cwd=REPO,
         )
     finally:
@@ -468,14 +494,14 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
     shells = []
     for node in (0, 1):
         command = (
-            f"REPRO_TIMEOUT_S=600 {sys.executable} -m torch.distributed.run --nnodes=2 "
+            f"REPRO_TIMEOUT_S={JOB_PG_TIMEOUT_S} {sys.executable} -m torch.distributed.run --nnodes=2 "
             f"--node-rank={node} --nproc-per-node=1 --rdzv-backend=c10d "
             f"--rdzv-endpoint=localhost:{port} --rdzv-id=doctor-two-nodes {script}"
         )
         shells.append(from_shell(command))
     jobs = [HungJob(shell, script) for shell in shells]
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:
             time.sleep(2)
             try:
@@ -513,7 +539,7 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
                     "--dump-to",
                     str(tmp_path),
                 ],
-                60,
+                WAIT_S,
                 cwd=REPO,
             )
             assert result.returncode == 0, result.output
@@ -525,7 +551,7 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
     # private: the stacks carry local variables' values
     assert all(stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600 for name in dumps)
     argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--from", str(tmp_path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=WAIT_S, cwd=REPO, check=False)
     assert done.returncode == 1, done.stderr
     finding = json.loads(done.stdout)["findings"][0]
     assert (finding["cause"], finding["ranks"], finding["absent_ranks"]) == (
@@ -540,7 +566,8 @@ def test_dumps_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
 def test_from_a_directory_without_good_dumps_is_exit_2(tmp_path: Path, content: str) -> None:
     if content:
         (tmp_path / "host-node0.json").write_text(content)
-    result = run_bounded([sys.executable, "-m", "ncclcheck", "doctor", "--from", str(tmp_path)], 60, cwd=REPO)
+    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--from", str(tmp_path)]
+    result = run_bounded(argv, WAIT_S, cwd=REPO)
     assert result.returncode == 2, result.output
     assert "doctor dump" in result.output and "Traceback" not in result.output
 
@@ -551,18 +578,22 @@ def test_a_flight_recorder_dump_is_read_as_extra_evidence(tmp_path: Path) -> Non
     issued a barrier."""
     prefix = tmp_path / "fr_rank_"
     command = (
-        f"TORCH_FR_BUFFER_SIZE=200 TORCH_FR_DUMP_TEMP_FILE={prefix} REPRO_TIMEOUT_S=600 "
+        f"TORCH_FR_BUFFER_SIZE=200 TORCH_FR_DUMP_TEMP_FILE={prefix} REPRO_TIMEOUT_S={JOB_PG_TIMEOUT_S} "
         f"{sys.executable} -m torch.distributed.run --standalone --nproc-per-node=2 "
         f"{SCRIPTS / 'flight_recorder_dump.py'}"
     )
     job = HungJob(from_shell(command), SCRIPTS / "flight_recorder_dump.py")
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not all(Path(f"{prefix}{r}").exists() for r in (0, 1)):
+        wait_until(lambda: all(Path(f"{prefix}{r}").exists() for r in (0, 1)), "the ranks wrote their dumps")
+        # then into work.wait(): until doctor sees both ranks there (not a fixed pause, which
+        # a loaded machine outlasts)
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            code, report = doctor(job.agent().pid)
+            waiting = [r for r in report.get("ranks", []) if r.get("state") == "in-collective"]
+            if len(waiting) == 2 or time.monotonic() > deadline:
+                break
             time.sleep(1)
-        assert all(Path(f"{prefix}{r}").exists() for r in (0, 1)), "the ranks wrote no dumps"
-        time.sleep(2)  # into work.wait()
-        code, report = doctor(job.agent().pid)
     finally:
         stop(job)
     assert code == 1
@@ -585,17 +616,20 @@ def test_a_dead_jobs_py_spy_dumps_are_diagnosed_after_the_fact(tmp_path: Path) -
         by_rank = {int(p.environ()["RANK"]): p.pid for p in job.ranks()}
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         text = subprocess.run(
-            [py_spy, "dump", "--pid", str(by_rank[0])], capture_output=True, text=True, timeout=60
+            [py_spy, "dump", "--pid", str(by_rank[0])], capture_output=True, text=True, timeout=WAIT_S
         )
         as_json = subprocess.run(
-            [py_spy, "dump", "--json", "--pid", str(by_rank[1])], capture_output=True, text=True, timeout=60
+            [py_spy, "dump", "--json", "--pid", str(by_rank[1])],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
         )
     finally:
         stop(job)
     (tmp_path / "dumps.txt").write_text("== rank 0 ==\n" + text.stdout)
     (tmp_path / "rank1.json").write_text(as_json.stdout)
     argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--from", str(tmp_path)]
-    result = run_bounded(argv, 60, cwd=REPO)
+    result = run_bounded(argv, WAIT_S, cwd=REPO)
     assert result.returncode == 1, result.output
     finding = json.loads(result.output[result.output.index("{") :])["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", finding
@@ -611,7 +645,8 @@ def test_a_job_of_srun_tasks_is_read_from_their_slurm_variables() -> None:
     port = _free_port()
     tasks = " & ".join(
         f"SLURM_JOB_ID=77 SLURM_PROCID={rank} SLURM_LOCALID={rank} SLURM_NODEID=0 SLURM_NTASKS=2 "
-        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} {sys.executable} {script}"
+        f"MASTER_ADDR=127.0.0.1 MASTER_PORT={port} REPRO_TIMEOUT_S={JOB_PG_TIMEOUT_S} "
+        f"{sys.executable} {script}"
         for rank in (0, 1)
     )
     shell = from_shell(f"{tasks} & wait")

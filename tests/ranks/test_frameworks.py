@@ -263,9 +263,7 @@ def test_lightning_log_dict_with_a_name_only_one_rank_logs_names_that_reduction(
 def test_accelerate_save_state_on_the_main_process_alone_is_found_by_what_it_waits_in(tmp_path: Path) -> None:
     FRAMEWORK_CASES[0].require()
     script = REPO / "tests" / "scripts" / "accelerate_save_state.py"
-    proc, report = preflight(
-        "--nproc-per-node=2", "--stall-timeout=8", str(script), env={"CKPT_DIR": str(tmp_path / "auto")}
-    )
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"CKPT_DIR": str(tmp_path / "auto")})
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)
@@ -289,7 +287,7 @@ def test_accelerate_save_state_on_the_main_process_alone_is_found_by_what_it_wai
 def test_lightning_save_checkpoint_on_global_zero_alone_is_named_with_lightnings_fix() -> None:
     LIGHTNING.require()
     script = REPO / "tests" / "scripts" / "lightning_save_checkpoint.py"
-    proc, report = preflight("--nproc-per-node=2", "--stall-timeout=8", str(script))
+    proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 1, proc.stderr[-3000:]
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", json.dumps(finding, indent=1)

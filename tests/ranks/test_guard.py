@@ -8,10 +8,16 @@ import sys
 
 import pytest
 
-from ..conftest import REPO, SCRIPTS, run_bounded, run_to_its_end
+from ..conftest import JOB_BOUND_S, REPO, SCRIPTS, run_bounded, run_to_its_end
 
 SCRIPT = SCRIPTS / "guard_phase.py"
 pytestmark = pytest.mark.ranks
+
+
+# How long aligned_phase waits for the other ranks in MODE=absent, where rank 1 has left and
+# never comes: short, as that wait is what the test is about. The other modes keep the
+# guard's default (60 s): a rank that is only slow (a loaded machine) is no absent rank.
+ABSENT_WAIT_S = 5
 
 
 def run(mode: str, nproc: int):  # type: ignore[no-untyped-def]
@@ -24,9 +30,11 @@ def run(mode: str, nproc: int):  # type: ignore[no-untyped-def]
         str(SCRIPT),
     ]
     env = {**os.environ, "MODE": mode, "PYTHONPATH": str(REPO)}
+    if mode == "absent":
+        env["PHASE_TIMEOUT_S"] = str(ABSENT_WAIT_S)
     if mode == "even":  # the script should end cleanly
-        return run_to_its_end(argv, 120, env=env, cwd=REPO)
-    return run_bounded(argv, 120, env=env, cwd=REPO)
+        return run_to_its_end(argv, JOB_BOUND_S, env=env, cwd=REPO)
+    return run_bounded(argv, JOB_BOUND_S, env=env, cwd=REPO)
 
 
 def test_uneven_eval_counts_raise_the_same_error_on_every_rank() -> None:
@@ -37,15 +45,17 @@ def test_uneven_eval_counts_raise_the_same_error_on_every_rank() -> None:
     assert len(messages) == 1  # the same words on every rank
     (message,) = messages
     assert 'rank 0: {"steps": 4}' in message and 'rank 1: {"steps": 3}' in message
-    assert all(float(re.search(r"after ([\d.]+) s", line).group(1)) < 5 for line in lines)  # type: ignore[union-attr]
+    # raised on the counts, not after the guard's wait for absent ranks (60 s)
+    assert all(float(re.search(r"after ([\d.]+) s", line).group(1)) < 50 for line in lines)  # type: ignore[union-attr]
 
 
 def test_an_absent_rank_is_named_within_the_timeout() -> None:
     result = run("absent", 2)
     (line,) = [line for line in result.output.splitlines() if "AbsentRanks" in line]
     assert line.startswith("rank 0 after ")
-    assert "rank 1 did not arrive within 5 s" in line
-    assert float(re.search(r"after ([\d.]+) s", line).group(1)) < 30  # type: ignore[union-attr]
+    assert f"rank 1 did not arrive within {ABSENT_WAIT_S} s" in line
+    # named after the guard's wait, not at the process group's timeout (600 s)
+    assert float(re.search(r"after ([\d.]+) s", line).group(1)) < 500  # type: ignore[union-attr]
 
 
 def test_aligned_counts_pass() -> None:

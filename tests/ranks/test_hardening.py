@@ -16,7 +16,7 @@ import pytest
 
 from ncclcheck.evidence.traces import load_traces
 
-from ..conftest import REPO, SCRIPTS, processes_marked, run_bounded
+from ..conftest import PREFLIGHT_BOUND_S, REPO, SCRIPTS, WAIT_S, processes_marked, run_bounded
 
 FAULTS = SCRIPTS / "faults.py"
 
@@ -29,7 +29,7 @@ def line_of(fragment: str) -> int:
 def preflight(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
     mark = uuid.uuid4().hex
     argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--stall-timeout", "6", *args]
-    result = run_bounded(argv, 150, env={**(env or {}), "NCCLCHECK_TEST_MARK": mark}, cwd=REPO)
+    result = run_bounded(argv, PREFLIGHT_BOUND_S, env={**(env or {}), "NCCLCHECK_TEST_MARK": mark}, cwd=REPO)
     assert processes_marked(mark) == [], "processes outlived preflight"
     report = json.loads(result.output[result.output.index("{") :]) if "{" in result.output else None
     return result, report
@@ -146,7 +146,7 @@ def test_from_a_folder_without_good_traces_is_exit_2(
         if not content:
             (tmp_path / "rank-00001.jsonl").write_bytes(content)
     argv = [sys.executable, "-m", "ncclcheck", "preflight", "--from", str(tmp_path)]
-    result = run_bounded(argv, 60, cwd=REPO)
+    result = run_bounded(argv, WAIT_S, cwd=REPO)
     assert result.returncode == 2, result.output
     assert message in result.output and "Traceback" not in result.output
 
@@ -162,7 +162,7 @@ def test_a_trace_cut_mid_line_is_read_up_to_the_cut(tmp_path: Path) -> None:
 
 def test_a_py_spy_that_is_not_there_is_exit_2() -> None:
     argv = [sys.executable, "-m", "ncclcheck", "doctor", "--pid", str(os.getpid())]
-    result = run_bounded(argv, 60, env={"NCCLCHECK_PY_SPY": "/no/such/py-spy"}, cwd=REPO)
+    result = run_bounded(argv, WAIT_S, env={"NCCLCHECK_PY_SPY": "/no/such/py-spy"}, cwd=REPO)
     assert result.returncode == 2, result.output
     assert "py-spy not found at /no/such/py-spy" in result.output and "Traceback" not in result.output
 
@@ -183,7 +183,7 @@ def test_sixteen_ranks_on_two_cores_are_diagnosed_right() -> None:
     # 16 ranks start slowly here; a quiet job that still computes is not called hung.
     script = REPO / "playbooks" / "rank-conditional-collective" / "repro.py"
     argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--nproc-per-node=16", str(script)]
-    result = run_bounded(argv, 400, cwd=REPO)
+    result = run_bounded(argv, PREFLIGHT_BOUND_S, cwd=REPO)
     assert result.returncode == 1, result.output[-3000:]
     finding = json.loads(result.output)["findings"][0]
     assert finding["cause"] == "rank-conditional-collective"
@@ -193,6 +193,6 @@ def test_sixteen_ranks_on_two_cores_are_diagnosed_right() -> None:
 
 def test_probe_with_no_ranks_is_a_usage_error() -> None:
     argv = [sys.executable, "-m", "ncclcheck", "probe", "--nproc-per-node", "0"]
-    result = run_bounded(argv, 60, cwd=REPO)
+    result = run_bounded(argv, WAIT_S, cwd=REPO)
     assert result.returncode == 2, result.output
     assert "--nproc-per-node must be at least 1, not 0" in result.output

@@ -16,7 +16,7 @@ from ncclcheck.model import Report, Verdict
 from ncclcheck.render.html import report_html
 from ncclcheck.render.lanes import build_lanes
 
-from ..conftest import PLAYBOOKS, ncclcheck
+from ..conftest import PLAYBOOKS, WAIT_S, ncclcheck
 
 
 class Dom(HTMLParser):
@@ -47,9 +47,7 @@ def parse(html: str) -> Dom:
 def test_a_preflight_report_shows_the_lanes_the_divergence_and_the_fix(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     repro = PLAYBOOKS / "uneven-eval-batches" / "repro.py"
-    result, _ = ncclcheck(
-        "preflight", "--stall-timeout", "6", "--nproc-per-node=4", "--report", str(page), str(repro)
-    )
+    result, _ = ncclcheck("preflight", "--nproc-per-node=4", "--report", str(page), str(repro))
     assert result.returncode == 1, result.output
     html = page.read_text()
     dom = parse(html)
@@ -105,12 +103,16 @@ def test_a_browser_renders_the_report(tmp_path: Path) -> None:
     browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu"]
     shot = tmp_path / "report.png"
     subprocess.run(
-        [*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=60, check=True
+        [*browser, f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=WAIT_S, check=True
     )
     assert shot.stat().st_size > 1000
     dom = parse(
         subprocess.run(
-            [*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=60, check=True
+            [*browser, "--dump-dom", page.as_uri()],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            check=True,
         ).stdout
     )
     assert [lane["data-rank"] for lane in dom.having("lane")] == ["0", "1"]

@@ -17,7 +17,7 @@ def line_of(fragment: str) -> int:
 
 
 def preflight(mode: str, *flags: str) -> dict:  # type: ignore[type-arg]
-    options = ("--json", "--eval-passes=8", "--train-steps=3", "--stall-timeout=6", *flags)
+    options = ("--json", "--eval-passes=8", "--train-steps=3", *flags)
     result, report = ncclcheck("preflight", *options, str(SCRIPT), env={"MODE": mode})
     assert result.returncode in (0, 1), result.output
     return report  # type: ignore[no-any-return]

@@ -15,12 +15,14 @@ import pytest
 
 from ncclcheck.catalogue import load_catalogue
 
-from ..conftest import PLAYBOOKS, run_bounded, run_to_its_end, torchrun_argv
+from ..conftest import JOB_BOUND_S, JOB_PG_TIMEOUT_S, PLAYBOOKS, run_bounded, run_to_its_end, torchrun_argv
 from .test_doctor import HANGING_CAUSES
 
-PG_TIMEOUT_S = 6
-REPRO_BOUND_S = 40
-FIXED_BOUND_S = 90
+# The scripts' process-group timeout: NCCL's default, not a short one, which failed a
+# collective that was only slow on a loaded machine; a crash ends its run long before it.
+# The straggler's fixed twin keeps its short one (its background write lasts 1.2x the
+# timeout, and a 12-minute write would only make the test long).
+STRAGGLER_PG_TIMEOUT_S = 6
 CATALOGUE = load_catalogue(PLAYBOOKS)
 PLAYBOOK_IDS = CATALOGUE.ids
 CRASHING = [i for i in PLAYBOOK_IDS if CATALOGUE.get(i).repro.outcome != "hang"]
@@ -39,20 +41,19 @@ def test_a_crashing_repro_crashes_under_plain_torchrun(catalogue, cause: str) ->
     playbook = catalogue.get(cause)
     result = run_bounded(
         torchrun_argv(playbook.repro_path, playbook.repro.nproc),
-        REPRO_BOUND_S,
-        env={"REPRO_TIMEOUT_S": str(PG_TIMEOUT_S)},
+        JOB_BOUND_S,
+        env={"REPRO_TIMEOUT_S": str(JOB_PG_TIMEOUT_S)},
     )
     assert result.returncode != 0, result.output[-3000:]
     # a crash is over before any collective times out
     assert not result.timed_out
     assert GLOO_TIMEOUT not in result.output, result.output[-3000:]
-    assert result.elapsed < REPRO_BOUND_S
 
 
 @pytest.mark.parametrize("cause", PLAYBOOK_IDS)
 def test_fixed_completes(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
     argv = torchrun_argv(playbook.fixed_path, playbook.repro.nproc)
-    env = {"REPRO_TIMEOUT_S": str(PG_TIMEOUT_S)}
-    result = run_to_its_end(argv, FIXED_BOUND_S, env=env)
+    timeout = STRAGGLER_PG_TIMEOUT_S if cause == "straggler" else JOB_PG_TIMEOUT_S
+    result = run_to_its_end(argv, JOB_BOUND_S, env={"REPRO_TIMEOUT_S": str(timeout)})
     assert result.returncode == 0, result.output[-3000:]

@@ -18,12 +18,22 @@ import pytest
 from ncclcheck.catalogue import load_catalogue
 from ncclcheck.evidence.traces import load_traces
 
-from ..conftest import PLAYBOOKS, REPO, SCRIPTS, is_this_tests, line_in, run_bounded
+from ..conftest import (
+    PLAYBOOKS,
+    PREFLIGHT_BOUND_S,
+    REPO,
+    SCRIPTS,
+    WAIT_S,
+    is_this_tests,
+    line_in,
+    run_bounded,
+)
 
 SCHEMA = json.loads((REPO / "ncclcheck" / "schemas" / "report.schema.json").read_text())
 PLAYBOOK_IDS = load_catalogue(PLAYBOOKS).ids
-STALL = "6"  # seconds without progress before preflight calls it a hang
-BOUND_S = 150
+# preflight runs at its own stall timeout: a shorter one called ranks that were still
+# importing torch on a loaded machine hung
+BOUND_S = PREFLIGHT_BOUND_S
 
 pytestmark = pytest.mark.ranks
 
@@ -35,8 +45,6 @@ def preflight(*args: str, cwd: Path = REPO, bound: float = BOUND_S, env: dict[st
         "ncclcheck",
         "preflight",
         "--json",
-        "--stall-timeout",
-        STALL,
         *args,
     ]
     proc = subprocess.run(
@@ -90,6 +98,8 @@ def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
     # The straggler's simulated slow write lasts 1.2x the process-group timeout,
     # in the background once fixed: a short timeout keeps it under the stall timeout.
+    # The other scripts keep their own timeout: a short one would fail a collective that
+    # is only slow (a loaded machine).
     # A budget past the script's own end: aligned is said only of what ran, and a fix's
     # barrier after its epochs (unsynchronized-decision) runs only at the end
     proc, report = preflight(
@@ -97,7 +107,7 @@ def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
         "--train-steps=100000",
         "--eval-passes=1000",
         str(playbook.fixed_path),
-        env={"REPRO_TIMEOUT_S": "3"},
+        env={"REPRO_TIMEOUT_S": "3"} if cause == "straggler" else None,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report is not None and report["verdict"] == "aligned", report
@@ -335,9 +345,7 @@ def test_a_file_each_rank_checks_for_itself_while_rank_zero_writes_it_is_an_unsy
     tmp_path: Path,
 ) -> None:
     script = SCRIPTS / "resume_file_race.py"
-    proc, report = preflight(
-        "--nproc-per-node=2", "--stall-timeout=6", str(script), env={"CKPT_DIR": str(tmp_path / "race")}
-    )
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"CKPT_DIR": str(tmp_path / "race")})
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "unsynchronized-decision", finding
@@ -461,7 +469,7 @@ def test_a_rank_working_on_after_destroying_its_process_group_is_stopped_and_ali
     # rank 0 uploads for an hour after destroy_process_group: nothing it does can wait on
     # a peer. Before, the dry run waited for it until its own time limit (10 min).
     started = time.monotonic()
-    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "upload_after_training.py"), bound=120)
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "upload_after_training.py"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report["verdict"] == "aligned" and not report["findings"], report
     # stopped by preflight after the quiet spell, or by torchrun when rank 1's process
@@ -469,7 +477,8 @@ def test_a_rank_working_on_after_destroying_its_process_group_is_stopped_and_ali
     stopped = report["summary"]["stopped"]
     assert "every rank had ended its distributed work" in stopped
     assert "rank 0 still ran" in stopped or "rank 0 was then ended by the launcher" in stopped
-    assert time.monotonic() - started < 100
+    # after the quiet spell, not at the dry run's own time limit (600 s) as before
+    assert time.monotonic() - started < 500
     assert not leftover_ranks("upload_after_training.py")
 
 
@@ -627,7 +636,6 @@ def test_an_endless_stream_is_read_for_a_bounded_time_then_run_from_its_start() 
     bound (2x the stall timeout), nobody skips, and the loop gets the stream from its start."""
     proc, report = preflight(
         "--nproc-per-node=2",
-        "--stall-timeout=3",
         str(SCRIPTS / "large_eval.py"),
         env={"STREAM": "1", "ENDLESS": "1", "EVAL_STEPS": "20"},
     )
@@ -728,8 +736,6 @@ def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
             "ncclcheck",
             "preflight",
             "--json",
-            "--stall-timeout",
-            STALL,
             "--nnodes=2",
             f"--node-rank={node}",
             "--nproc-per-node=1",
@@ -807,6 +813,7 @@ def test_the_script_gets_the_users_tmpdir(tmp_path: Path) -> None:
     assert sorted(p.name.split("-")[0] for p in user_tmp.iterdir()) == ["rank0", "rank1"]
 
 
+@pytest.mark.usefixtures("signals_not_ignored")
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signals) -> None:
     path = PLAYBOOKS / "straggler" / "repro.py"  # keeps running for a long while
@@ -822,13 +829,13 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
         str(path),
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline and len(leftover_ranks(str(path))) < 3:
         time.sleep(0.5)
     assert len(leftover_ranks(str(path))) >= 3  # torchrun and its two ranks are up
     time.sleep(3)
     proc.send_signal(stop)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=WAIT_S)
     report = json.loads(out)
     # stopped before its budget with nothing found: not a pass (docs/contract.md)
     assert (proc.returncode, report["verdict"]) == (4, "incomplete"), err[-2000:]
@@ -836,6 +843,7 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
     assert not leftover_ranks(str(path))
 
 
+@pytest.mark.usefixtures("signals_not_ignored")
 @pytest.mark.parametrize("after_s", [1, 3, 6, 9])
 def test_a_stop_at_any_moment_is_incomplete_and_leaves_nothing(after_s: float) -> None:
     """SIGTERM to preflight's process group, as a CI timeout sends it: while preflight
@@ -848,7 +856,7 @@ def test_a_stop_at_any_moment_is_incomplete_and_leaves_nothing(after_s: float) -
     )
     time.sleep(after_s)
     os.killpg(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=WAIT_S)
     assert proc.returncode == 4, err[-2000:]
     report = json.loads(out)
     assert report["verdict"] == "incomplete"
@@ -886,7 +894,7 @@ def test_a_stop_at_any_moment_is_incomplete_and_leaves_nothing(after_s: float) -
     ],
 )
 def test_bad_input_is_one_clear_error_with_exit_2(args: list[str], message: str) -> None:
-    result = run_bounded([sys.executable, "-m", "ncclcheck", "preflight", *args], 120, cwd=REPO)
+    result = run_bounded([sys.executable, "-m", "ncclcheck", "preflight", *args], PREFLIGHT_BOUND_S, cwd=REPO)
     assert result.returncode == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
@@ -895,7 +903,7 @@ def test_bad_input_is_one_clear_error_with_exit_2(args: list[str], message: str)
 def test_missing_script_arguments_show_the_scripts_own_message() -> None:
     result = run_bounded(
         [sys.executable, "-m", "ncclcheck", "preflight", str(SCRIPTS / "needs_args.py")],
-        120,
+        PREFLIGHT_BOUND_S,
         cwd=REPO,
     )
     assert "the following arguments are required: --epochs" in result.output
@@ -913,7 +921,7 @@ def test_script_arguments_are_passed_unchanged() -> None:
             "--epochs",
             "1",
         ],
-        120,
+        PREFLIGHT_BOUND_S,
         cwd=REPO,
     )
     # with its argument the script parses fine, then never initialises a process group

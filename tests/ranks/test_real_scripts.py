@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ..conftest import REPO, SCRIPTS, line_in, run_to_its_end
+from ..conftest import JOB_BOUND_S, JOB_PG_TIMEOUT_S, REPO, SCRIPTS, line_in, run_to_its_end
 from .test_doctor import doctor_on_hung
 
 pytestmark = pytest.mark.ranks
@@ -52,5 +52,6 @@ def test_doctor_names_cause_site_and_ranks_on_a_real_script(name: str) -> None:
 def test_the_fixed_twin_runs_to_its_end(name: str) -> None:
     fixed = REAL / name.replace(".py", "_fixed.py")
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(fixed)]
-    done = run_to_its_end(argv, 240, env={"REPRO_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    env = {"REPRO_TIMEOUT_S": str(JOB_PG_TIMEOUT_S), "OMP_NUM_THREADS": "1"}
+    done = run_to_its_end(argv, JOB_BOUND_S, env=env, cwd=REPO)
     assert done.returncode == 0, (done.returncode, round(done.elapsed), done.output[-3000:])

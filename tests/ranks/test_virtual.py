@@ -191,14 +191,14 @@ def test_early_stopping_on_an_all_reduced_loss_is_no_divergence_in_a_large_world
     ],
 )
 def test_a_world_that_cannot_be_made_is_refused(args: list[str], said: str) -> None:
-    proc, _ = preflight(*args, str(SPLIT), bound=60)
+    proc, _ = preflight(*args, str(SPLIT))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert said in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_a_script_with_a_store_of_its_own_is_refused() -> None:
     script = SCRIPTS / "virtual" / "own_store.py"
-    proc, _ = preflight("--world-size=8", str(script), bound=120)
+    proc, _ = preflight("--world-size=8", str(script))
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "sets up its own process group" in proc.stderr and "Traceback" not in proc.stderr
     assert not leftover_ranks(str(script))

@@ -13,7 +13,7 @@ import pytest
 
 from ncclcheck.runtime.watchdog import ABORT_EXIT_CODE, describe_waits
 
-from ..conftest import REPO, SCRIPTS, run_bounded, torchrun_argv
+from ..conftest import JOB_BOUND_S, REPO, SCRIPTS, run_bounded, torchrun_argv
 
 SCRIPT = SCRIPTS / "watchdog_hang.py"
 
@@ -30,7 +30,7 @@ def run(mode: str, tmp_path: Path):  # type: ignore[no-untyped-def]
         "PYTHONPATH": str(REPO),
         "NCCLCHECK_WATCHDOG_DIR": str(tmp_path / "reports"),
     }
-    result = run_bounded(torchrun_argv(SCRIPT, 2), 120, env=env, cwd=tmp_path)
+    result = run_bounded(torchrun_argv(SCRIPT, 2), JOB_BOUND_S, env=env, cwd=tmp_path)
     reports = {
         rank: (tmp_path / "reports" / f"rank-{rank:05d}.txt").read_text()
         for rank in (0, 1)
@@ -44,7 +44,8 @@ def test_ranks_in_different_collectives_are_named_with_their_sites(tmp_path: Pat
     result, reports = run("mismatch", tmp_path)
     assert result.returncode not in (0, None), result.output  # abort=True ended the job
     assert f"exits with {ABORT_EXIT_CODE}" in result.output
-    assert result.elapsed < 60, result.elapsed  # the backend's timeout is 600 s
+    # ended by the watchdog's abort (2 s), not by the backend's timeout (600 s)
+    assert result.elapsed < 500, result.elapsed
     evaluate_line = line_of("dist.all_reduce(metric)")
     barrier_line = line_of("dist.barrier()")
     rank0, rank1 = reports[0], reports[1]

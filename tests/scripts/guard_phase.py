@@ -1,5 +1,6 @@
 """aligned_phase on real ranks: MODE=uneven gives rank 0 four eval batches and the others
-three; MODE=absent makes rank 1 leave before the check; MODE=even aligns."""
+three; MODE=absent makes rank 1 leave before the check; MODE=even aligns. PHASE_TIMEOUT_S:
+how long the check waits for every rank (the guard's default, 60 s, if unset)."""
 
 import datetime
 import os
@@ -30,7 +31,7 @@ def main() -> None:
         sys.exit(0)  # a rank that leaves cleanly: torchrun keeps the others running
     start = time.monotonic()
     try:
-        with aligned_phase("eval", timeout=5, steps=len(loader)):
+        with aligned_phase("eval", timeout=float(os.environ.get("PHASE_TIMEOUT_S", "60")), steps=len(loader)):
             for _batch in loader:
                 dist.all_reduce(torch.ones(1))
     except (MisalignedPhase, AbsentRanks) as error:

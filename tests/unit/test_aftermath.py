@@ -18,7 +18,7 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence.logs import read_leftovers
 from ncclcheck.model import Report, Verdict
 
-from ..conftest import REPO, line_in, run_bounded
+from ..conftest import REPO, WAIT_S, line_in, run_bounded
 
 FIXTURES = REPO / "tests" / "fixtures" / "aftermath"
 
@@ -196,14 +196,15 @@ def test_nothing_usable_is_exit_2_with_one_clear_line(tmp_path: Path, content: s
         (tmp_path / "a.log").write_text(content)
     elif isinstance(content, bytes):
         (tmp_path / "a.bin").write_bytes(content)
-    result = run_bounded([sys.executable, "-m", "ncclcheck", "doctor", "--from", str(tmp_path)], 60, cwd=REPO)
+    argv = [sys.executable, "-m", "ncclcheck", "doctor", "--from", str(tmp_path)]
+    result = run_bounded(argv, WAIT_S, cwd=REPO)
     assert result.returncode == 2, result.output
     assert "nothing doctor can read" in result.output and "Traceback" not in result.output
 
 
 def test_the_json_report_of_a_log_is_the_contracts(tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "ncclcheck", "doctor", "--json", "--from", str(FIXTURES / "ops_differ.log")]
-    result = run_bounded(argv, 60, cwd=REPO)
+    result = run_bounded(argv, WAIT_S, cwd=REPO)
     assert result.returncode == 1, result.output
     report = json.loads(result.output[result.output.index("{") :])
     assert report["findings"][0]["cause"] == "collective-order-mismatch"

@@ -199,7 +199,9 @@ def test_an_endless_stream_is_read_for_its_bound_only() -> None:
     said: list[int] = []
     start = time.monotonic()
     ahead = read_ahead(itertools.count(), 16, 1.2, said.append)
-    assert 1.2 < time.monotonic() - start < 10 and not ahead.ended and not ahead.held
+    # read for its whole bound; that it stopped at all is its return (no upper bound on the
+    # time: a loaded machine is slower, not wrong)
+    assert time.monotonic() - start > 1.2 and not ahead.ended and not ahead.held
     assert said and said == sorted(said)  # progress about once a second while reading
 
 

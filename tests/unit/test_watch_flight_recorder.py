@@ -57,4 +57,5 @@ def test_every_rank_with_a_pipe_is_asked_and_its_dump_copied_into_the_capture(tm
 def test_a_job_without_pipes_gives_nothing_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     assert flight_recorder_dumps(tmp_path / "none", tmp_path / "hang", wait_s=10.0) == []
-    assert time.monotonic() - started < 1.0 and not (tmp_path / "hang").exists()
+    # at once, not after its 10 s wait for dumps
+    assert time.monotonic() - started < 9.0 and not (tmp_path / "hang").exists()

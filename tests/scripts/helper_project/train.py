@@ -20,7 +20,9 @@ def dataset(samples: int, seed: int) -> TensorDataset:
 
 
 def main() -> None:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    # doctor's test hangs it: REPRO_TIMEOUT_S keeps the hang until doctor has looked
+    timeout = datetime.timedelta(seconds=float(os.environ.get("REPRO_TIMEOUT_S", "600")))
+    dist.init_process_group("gloo", timeout=timeout)
     model = DDP(nn.Linear(8, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     train_set, val_set = dataset(128, 0), dataset(32, 1)
