@@ -26,7 +26,7 @@ def test_the_fixed_training_script_stays_aligned() -> None:
 
 
 @pytest.mark.xfail(reason="hand-made shards: rank 0 has one eval batch more", strict=True)
-@pytest.mark.ncclcheck(nproc=4, stall_timeout=5)
+@pytest.mark.ncclcheck(nproc=4)
 def test_validate_on_hand_made_shards(rank: int, world_size: int) -> None:
     val_set = repro["synthetic_dataset"](49, seed=1)
     loader = DataLoader(Subset(val_set, range(rank, len(val_set), world_size)), batch_size=4)

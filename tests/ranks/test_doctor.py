@@ -198,7 +198,13 @@ def test_doctor_and_preflight_name_the_same_cause_site_and_ranks(catalogue, caus
     dry run is not repeated here (xdist runs the two tests on different workers)."""
     playbook = catalogue.get(cause)
     code, report = doctor_on_hung(playbook.repro_path, playbook.repro.nproc)
-    assert code == 1, json.dumps({k: report.get(k) for k in ("verdict", "summary", "findings")}, indent=1)
+    # the straggler's rank 0 sleeps in its slow write, outside every collective: doctor's looks
+    # cannot time the wait, so it is no hang of the collectives yet (watch times it)
+    said = json.dumps({k: report.get(k) for k in ("verdict", "summary", "findings")}, indent=1)
+    if cause == "straggler":
+        assert (code, report["verdict"]) == (0, "waiting"), said
+    else:
+        assert code == 1, said
     finding = report["findings"][0]
     assert finding["cause"] == cause, finding
     if cause not in DOCTOR_SITES_THE_WAIT:

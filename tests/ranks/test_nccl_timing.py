@@ -36,7 +36,10 @@ AT_A_SYNC_POINT = {
 def test_doctor_names_cause_collective_site_and_ranks_with_ncc_timing(catalogue, cause: str) -> None:
     playbook = catalogue.get(cause)
     code, report = doctor_on_hung(playbook.repro_path, playbook.repro.nproc, runner=NCCL_TIMING)
-    assert code == 1, report
+    # the straggler's rank 0 sleeps in its slow write, outside every collective, while rank 1
+    # waits at its sync point: held by that wait, which two looks cannot time (test_doctor)
+    expected = (0, "waiting") if cause == "straggler" else (1, "hang")
+    assert (code, report["verdict"]) == expected, report
     finding = report["findings"][0]
     assert finding["cause"] == cause, finding
     if cause not in DOCTOR_SITES_THE_WAIT:

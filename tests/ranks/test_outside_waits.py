@@ -19,14 +19,14 @@ import pytest
 
 from ncclcheck.launch.proctree import kill_tree
 
-from ..conftest import SCRIPTS, is_this_tests, line_in, ncclcheck
+from ..conftest import PREFLIGHT_BOUND_S, SCRIPTS, WAIT_S, is_this_tests, line_in, ncclcheck
 
 pytestmark = pytest.mark.ranks
 
 PREPARES = SCRIPTS / "outside_waits" / "rank0_prepares.py"
 MAIN_PROCESS_FIRST = SCRIPTS / "outside_waits" / "main_process_first.py"
-WAIT_S = "25"  # past the default stall timeout (15 s), when preflight used to call it a hang
-BOUND_S = 400  # a run's own limit is 600 s; nothing here comes near it on an idle machine
+PREPARE_S = "25"  # past the default stall timeout (15 s), when preflight used to call it a hang
+BOUND_S = PREFLIGHT_BOUND_S  # at least a dry run's own limit (600 s)
 
 
 def preflight(script: Path, env: dict[str, str], *options: str) -> tuple[int | None, dict]:  # type: ignore[type-arg]
@@ -62,7 +62,7 @@ def the_wait(report: dict) -> dict:  # type: ignore[type-arg]
 def test_rank0_preparing_while_the_others_wait_in_a_barrier_is_aligned_with_a_warning(
     prepare: str, waits_on: str, fragment: str
 ) -> None:
-    code, report = preflight(PREPARES, {"PREPARE": prepare, "PREPARE_S": WAIT_S})
+    code, report = preflight(PREPARES, {"PREPARE": prepare, "PREPARE_S": PREPARE_S})
     assert (code, report["verdict"]) == (0, "aligned"), report
     warning = the_wait(report)
     barrier = f"tests/scripts/outside_waits/rank0_prepares.py:{line_in(PREPARES, 'the others wait here')}"
@@ -87,7 +87,7 @@ def test_rank0_preparing_while_the_others_wait_in_a_barrier_is_aligned_with_a_wa
 
 
 def test_accelerate_main_process_first_is_aligned_with_a_warning() -> None:
-    code, report = preflight(MAIN_PROCESS_FIRST, {"PREPARE_S": WAIT_S})
+    code, report = preflight(MAIN_PROCESS_FIRST, {"PREPARE_S": PREPARE_S})
     assert (code, report["verdict"]) == (0, "aligned"), report
     warning = the_wait(report)
     assert (warning["ranks"], warning["absent_ranks"]) == ([1], [0]), warning
@@ -97,7 +97,7 @@ def test_accelerate_main_process_first_is_aligned_with_a_warning() -> None:
 
 
 def test_the_same_preparation_with_a_collective_on_rank0_alone_still_fails() -> None:
-    code, report = preflight(PREPARES, {"PREPARE": "download", "PREPARE_S": WAIT_S, "ALSO_REDUCE": "1"})
+    code, report = preflight(PREPARES, {"PREPARE": "download", "PREPARE_S": PREPARE_S, "ALSO_REDUCE": "1"})
     assert (code, report["verdict"]) == (1, "hang"), report
     error = report["findings"][0]
     line = line_in(PREPARES, "dist.all_reduce(torch.tensor([64.0]))")
@@ -132,11 +132,11 @@ def test_doctor_on_the_live_job_says_waiting_not_hang() -> None:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline:  # both ranks started and rank 1 in its barrier
             ranks = [p for p in psutil.Process(job.pid).children() if is_this_tests(p)]
             if len(ranks) == 2 and all(p.status() == psutil.STATUS_SLEEPING for p in ranks):
-                result, report = ncclcheck("doctor", "--json", "--pid", str(job.pid), bound_s=150)
+                result, report = ncclcheck("doctor", "--json", "--pid", str(job.pid), bound_s=WAIT_S)
                 if report and any(r["state"] == "in-collective" for r in report["ranks"]):
                     break
             time.sleep(2)
@@ -168,7 +168,7 @@ def test_watch_never_calls_a_job_waiting_on_its_downloading_rank_hung(tmp_path: 
     out = tmp_path / "watch"
     code, report, err = watch_cli(
         "--after", "3", "--every", "1", "--out", str(out), "--nproc-per-node", "2", str(PREPARES),
-        env={"PREPARE": "download", "PREPARE_S": WAIT_S}, bound_s=BOUND_S,
+        env={"PREPARE": "download", "PREPARE_S": PREPARE_S}, bound_s=BOUND_S,
     )  # fmt: skip
     assert report == {} and not out.exists(), err[-3000:]  # never called hung, nothing captured
     assert "rank 1 waits in a collective for rank 0, outside every collective in a blocking call" in err

@@ -27,13 +27,13 @@ import pytest
 
 from ncclcheck.launch.proctree import descendants, kill_tree
 
-from ..conftest import REPO, SCRIPTS, TEST_MARK, processes_marked
+from ..conftest import PREFLIGHT_BOUND_S, REPO, SCRIPTS, TEST_MARK, processes_marked
 
 pytestmark = pytest.mark.ranks
 
 JOB = SCRIPTS / "steady_or_stuck.py"
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
-BOUND_S = 150.0  # a whole command run, start to end, on a busy machine
+BOUND_S = PREFLIGHT_BOUND_S  # a whole command run, start to end: at least preflight's own limit
 GONE_S = 30.0  # for the processes of a stopped command to go
 QUICK = ["--after", "1", "--every", "0.5"]  # watch: a hang captured a second after it starts
 

@@ -15,7 +15,18 @@ import pytest
 
 from ncclcheck.launch.proctree import kill_tree
 
-from ..conftest import PLAYBOOKS, REPO, SCRIPTS, is_this_tests, line_in, ncclcheck, torchrun_argv
+from ..conftest import (
+    JOB_PG_TIMEOUT_S,
+    PLAYBOOKS,
+    PREFLIGHT_BOUND_S,
+    REPO,
+    SCRIPTS,
+    WAIT_S,
+    is_this_tests,
+    line_in,
+    ncclcheck,
+    torchrun_argv,
+)
 from .test_doctor import _free_port
 
 pytestmark = pytest.mark.ranks
@@ -24,7 +35,9 @@ REPRO = PLAYBOOKS / "rank-conditional-collective" / "repro.py"
 QUICK = ["--after", "3", "--every", "1"]
 
 
-def watch_cli(*args: str, env: dict[str, str] | None = None, bound_s: float = 150) -> tuple[int, dict, str]:  # type: ignore[type-arg]
+def watch_cli(
+    *args: str, env: dict[str, str] | None = None, bound_s: float = PREFLIGHT_BOUND_S
+) -> tuple[int, dict, str]:  # type: ignore[type-arg]
     """``ncclcheck watch --json ARGS``: its exit code, the JSON report on stdout ({} when
     none) and stderr (watch's lines and the job's output); bounded, its tree reaped."""
     proc = subprocess.Popen(
@@ -51,7 +64,7 @@ def test_a_hang_is_captured_diagnosed_and_the_job_ended(tmp_path: Path) -> None:
     out = tmp_path / "watch"
     code, report, err = watch_cli(
         *QUICK, "--on-hang", "kill", "--out", str(out), "--nproc-per-node", "2", str(REPRO),
-        env={"REPRO_TIMEOUT_S": "120"},
+        env={"REPRO_TIMEOUT_S": str(JOB_PG_TIMEOUT_S)},
     )  # fmt: skip
     assert code == 1, err[-3000:]
     (finding,) = report["findings"]
@@ -89,7 +102,7 @@ def test_a_running_job_is_watched_by_pid_and_left_running(tmp_path: Path) -> Non
         torchrun_argv(REPRO, 2),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "REPRO_TIMEOUT_S": "120"},
+        env={**os.environ, "REPRO_TIMEOUT_S": str(JOB_PG_TIMEOUT_S)},
         cwd=REPO,
         start_new_session=True,
     )
@@ -125,7 +138,7 @@ def _two_node_job(port: int) -> list[subprocess.Popen[bytes]]:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env={**os.environ, "REPRO_TIMEOUT_S": "150", "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "REPRO_TIMEOUT_S": str(JOB_PG_TIMEOUT_S), "OMP_NUM_THREADS": "1"},
             cwd=REPO,
             start_new_session=True,
         )
@@ -182,7 +195,7 @@ def test_one_node_of_two_sets_apart_no_rank_of_the_other_and_two_watches_merge_o
             )
             for agent in agents
         ]
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + WAIT_S
         while time.monotonic() < deadline and all(w.poll() is None for w in watches):
             time.sleep(0.5)
         reporter = next(w for w in watches if w.poll() is not None)
