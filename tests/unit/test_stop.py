@@ -16,13 +16,22 @@ from ncclcheck.commands.watch import stop_status
 from ..conftest import REPO
 
 
-def run_python(code: str) -> subprocess.CompletedProcess[str]:
+# The scenarios start as from a terminal: under nohup (SIGHUP ignored) or a shell's
+# background job (SIGINT ignored), STOP keeps an ignored signal ignored, as it should.
+_AS_FROM_A_TERMINAL = (
+    "import signal\n"
+    "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+)
+
+
+def run_python(code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", _AS_FROM_A_TERMINAL + textwrap.dedent(code)],
         capture_output=True,
         text=True,
         cwd=REPO,
-        timeout=60,
+        timeout=timeout,
         check=False,
     )
 
