@@ -15,7 +15,6 @@ from ncclcheck.commands.watch import stop_status
 
 from ..conftest import REPO
 
-
 # The scenarios start as from a terminal: under nohup (SIGHUP ignored) or a shell's
 # background job (SIGINT ignored), STOP keeps an ignored signal ignored, as it should.
 _AS_FROM_A_TERMINAL = (
