@@ -485,6 +485,15 @@ class _OutsideWaits:
         self.settings, self.trace_dir, self.start, self.result = settings, trace_dir, start, result
         self.open: OutsideWait | None = None
         self.next_look = 0.0
+        self.latest: dict[int, ProcessStack] = {}  # the stacks of the last look
+        self._timeout: float | None = None  # the job's collective timeout, once a rank recorded it
+
+    def job_timeout(self) -> float | None:
+        """The job's collective timeout, read from the traces until a rank has recorded it
+        (the limit is judged at every turn of the watch loop while a spell lasts)."""
+        if self._timeout is None:
+            self._timeout = _job_timeout_s(self.trace_dir)
+        return self._timeout
 
     def due(self, now: float) -> bool:
         """Whether the ranks are to be looked at: once a stall timeout into a quiet spell,
@@ -531,7 +540,7 @@ class _OutsideWaits:
         job's collective timeout (less a margin), else NCCL's default."""
         if self.settings.outside_wait is not None:
             return self.settings.outside_wait
-        return timeout_limit(_job_timeout_s(self.trace_dir) or NCCL_DEFAULT_TIMEOUT_S)
+        return timeout_limit(self.job_timeout() or NCCL_DEFAULT_TIMEOUT_S)
 
     def expired(self, now: float, last_write: float) -> bool:
         """Past the limit, the spell ends the run, and the result says how: a hang where
@@ -542,7 +551,7 @@ class _OutsideWaits:
             return False
         waiting, late = self.open.waiting, self.open.outside
         self.close(now)
-        timeout = _job_timeout_s(self.trace_dir)
+        timeout = self.job_timeout()
         if waiting and (timeout is None or waited < timeout_limit(timeout)):
             asked = self.settings.outside_wait
             self.result.undecided_wait = (
