@@ -13,8 +13,8 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 # pytest-xdist workers for the whole suite: a rank test spends much of its time waiting
 # on its ranks (a stall spell, a rendezvous, a stack capture), so on two cores four
-# workers keep the CPUs busy (5-6% idle): 20-24 min for the suite on a fresh clone, where
-# three took 29 and two 32 before the last cuts (README).
+# workers keep the CPUs busy (5-6% idle): 28.5 min for the suite on a fresh clone at the
+# product's own timeouts (README).
 # worksteal: an idle worker takes queued tests from a busy one, so the suite does not
 # end on one worker still running the long tests it was handed at the start.
 TEST_WORKERS ?= 4
@@ -70,7 +70,7 @@ doctor: $(STAMP) ## Diagnose the stuck job with PID=...
 	@test -n "$(PID)" || { echo "usage: make doctor PID=<pid of a rank, torchrun or launcher>"; exit 2; }
 	$(BIN)/ncclcheck doctor --pid $(PID)
 
-bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict (before/now), eval fast-forward, doctor at 4-64 ranks, doctor on healthy jobs, watch's cost, lint speed, probe, guard, scale, doctor --from at 256-4096 ranks
+bench: $(STAMP) ## Benchmarks: ranks waiting outside collectives, recorder overhead, time to a verdict (before/now), eval fast-forward, doctor at 4-64 ranks, doctor on healthy jobs, watch's cost, lint speed, probe, guard, scale, doctor --from at 256-4096 ranks
 	$(BIN)/python benchmarks/bench_preflight.py
 	$(BIN)/python benchmarks/bench_doctor.py
 	$(BIN)/python benchmarks/bench_healthy.py
@@ -82,6 +82,7 @@ bench: $(STAMP) ## Benchmarks: recorder overhead, time to a verdict (before/now)
 	$(BIN)/python benchmarks/bench_aftermath.py
 	$(BIN)/python benchmarks/bench_verdict.py
 	$(BIN)/python benchmarks/bench_eval_sets.py
+	$(BIN)/python benchmarks/bench_outside_waits.py
 
 gpu-check: $(STAMP) ## On a GPU node: preflight, probe, Flight Recorder and recorder cost on NCCL (pass a CUDA torch, see TORCH_SPEC)
 	$(BIN)/python benchmarks/gpu_check.py
