@@ -444,7 +444,10 @@ def run_dry(
     on_main_thread = threading.current_thread() is threading.main_thread()
     if on_main_thread:
         for sig in previous:
-            signal.signal(sig, lambda *_: interrupted.set())
+            # set from another thread: the handler runs on the main thread, which may be
+            # inside interrupted.wait() holding the Event's lock, and Event.set() taken there
+            # waits for that lock forever (seen: preflight hung by a SIGTERM at that instant)
+            signal.signal(sig, lambda *_: threading.Thread(target=interrupted.set, daemon=True).start())
     if STOP_ASKED.is_set():
         interrupted.set()
     try:
