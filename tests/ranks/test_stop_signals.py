@@ -29,27 +29,14 @@ from ncclcheck.launch.proctree import descendants, kill_tree
 
 from ..conftest import PREFLIGHT_BOUND_S, REPO, SCRIPTS, TEST_MARK, processes_marked
 
-pytestmark = pytest.mark.ranks
+# every command here runs as from a terminal (conftest.signals_not_ignored)
+pytestmark = [pytest.mark.ranks, pytest.mark.usefixtures("signals_not_ignored")]
 
 JOB = SCRIPTS / "steady_or_stuck.py"
 SIGNALS = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
 BOUND_S = PREFLIGHT_BOUND_S  # a whole command run, start to end: at least preflight's own limit
 GONE_S = 30.0  # for the processes of a stopped command to go
 QUICK = ["--after", "1", "--every", "0.5"]  # watch: a hang captured a second after it starts
-
-
-@pytest.fixture(autouse=True, scope="module")
-def signals_not_ignored() -> Iterator[None]:
-    """The commands run as from a terminal. Where pytest itself runs with a stop signal
-    ignored (SIGINT in a shell's background job, SIGHUP under nohup), the processes it
-    starts would inherit that, and keep ignoring it, as a caller who asks that wants: a
-    handler that does nothing keeps pytest as it was, and is reset in what it starts."""
-    ignored = [stop for stop in SIGNALS if signal.getsignal(stop) is signal.SIG_IGN]
-    for stop in ignored:
-        signal.signal(stop, lambda *_: None)
-    yield
-    for stop in ignored:
-        signal.signal(stop, signal.SIG_IGN)
 
 
 def _name(stop: signal.Signals) -> str:
