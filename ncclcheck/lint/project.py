@@ -31,6 +31,7 @@ from ncclcheck.lint.syntax import (
     ddp_parameters_of,
     ddp_wrapped_names,
     dist_label,
+    element_source,
     formatted_arguments,
     ignore_comments,
     is_property,
@@ -468,19 +469,21 @@ class Linter:
         ``Meter(...)`` (or annotated ``meter: Meter``) in the calling function or at module
         level, or ``self.meter`` assigned ``Meter(...)`` in any method of the class."""
         named: str | None = None
+        in_method = function is not None and function.class_name is not None
+        if isinstance(value, ast.Name) and value.id == "self" and in_method:
+            assert function is not None and function.class_name is not None
+            return module, function.class_name  # f"{self}" in a method of the class
         if isinstance(value, ast.Name):
-            scopes = ([function.node] if function is not None else []) + [module.tree]
-            named = next((n for scope in scopes if (n := self._constructions(scope).get(value.id))), None)
-        elif (
-            isinstance(value, ast.Attribute)
-            and isinstance(value.value, ast.Name)
-            and value.value.id == "self"
-            and function is not None
-            and function.class_name is not None
-        ):
-            methods = [m for (cls, _), m in module.methods.items() if cls == function.class_name]
-            key = f"self.{value.attr}"
-            named = next((n for m in methods if (n := self._constructions(m.node).get(key))), None)
+            named = self._bound_class(value.id, module, function)
+            if named is None and function is not None:
+                # a loop's element: ``for name, meter in self.meters.items()``
+                container = element_source(value.id, function.node)
+                if container is not None:
+                    named = self._element_class(container, module, function)
+        elif isinstance(value, ast.Attribute):
+            named = self._bound_class(ast.unparse(value), module, function)
+        elif isinstance(value, ast.Subscript):  # self.meters["loss"]
+            named = self._element_class(value.value, module, function)
         if named is None:
             return None
         if any(cls == named for cls, _ in module.methods):
@@ -491,6 +494,27 @@ class Linter:
             if source is not None and any(cls == original for cls, _ in source.methods):
                 return source, original
         return None
+
+    def _bound_class(self, key: str, module: ParsedModule, function: Function | None) -> str | None:
+        """The class ``key`` (``x``, ``x[]``, ``self.x``, ``self.x[]``) is bound to an instance
+        of: in the calling function or at module level, or for ``self.x`` in any method of the
+        class."""
+        if key.startswith("self."):
+            if function is None or function.class_name is None:
+                return None
+            methods = [m for (cls, _), m in module.methods.items() if cls == function.class_name]
+            return next((n for m in methods if (n := self._constructions(m.node).get(key))), None)
+        scopes = ([function.node] if function is not None else []) + [module.tree]
+        return next((n for scope in scopes if (n := self._constructions(scope).get(key))), None)
+
+    def _element_class(
+        self, container: ast.expr, module: ParsedModule, function: Function | None
+    ) -> str | None:
+        """The class of the elements of ``container`` (``self.meters`` built as
+        ``defaultdict(Meter)``), or None."""
+        if not isinstance(container, (ast.Name, ast.Attribute)):
+            return None
+        return self._bound_class(f"{ast.unparse(container)}[]", module, function)
 
     def collective_of_function(
         self, function: Function, ddp_parameters: frozenset[str] = frozenset()

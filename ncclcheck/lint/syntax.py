@@ -301,17 +301,93 @@ def constructed(scope: ast.AST) -> dict[str, str]:
         return None
 
     for node in ast.walk(scope):
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call)
-            and isinstance(node.value.func, ast.Name)
-        ):
+        if isinstance(node, ast.Assign):
             for target in node.targets:
-                if (name := key(target)) is not None:
-                    found.setdefault(name, node.value.func.id)
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.annotation, ast.Name):
+                if isinstance(target, ast.Subscript):  # self.meters[name] = Meter(...)
+                    if (name := key(target.value)) is not None and (cls := _called_class(node.value)):
+                        found.setdefault(f"{name}[]", cls)
+                elif (name := key(target)) is not None:
+                    if isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name):
+                        found.setdefault(name, node.value.func.id)
+                        if (element := _container_element(node.value)) is not None:
+                            found.setdefault(f"{name}[]", element)
+                    elif (element := _container_element(node.value)) is not None:
+                        found.setdefault(f"{name}[]", element)
+        elif isinstance(node, ast.AnnAssign):
             if (name := key(node.target)) is not None:
-                found.setdefault(name, node.annotation.id)
-        elif isinstance(node, ast.arg) and isinstance(node.annotation, ast.Name):
-            found.setdefault(node.arg, node.annotation.id)
+                _note_annotation(found, name, node.annotation)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            _note_annotation(found, node.arg, node.annotation)
     return found
+
+
+def _called_class(value: ast.expr) -> str | None:
+    """``Meter`` of ``Meter(...)``."""
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        return value.func.id
+    return None
+
+
+def _container_element(value: ast.expr) -> str | None:
+    """The class of the elements of a container built in one expression:
+    ``defaultdict(Meter)``, ``[Meter() for _ in ...]``, ``{k: Meter() for k in ...}``,
+    ``[Meter(), Meter()]``, ``{"loss": Meter()}``."""
+    if isinstance(value, ast.Call) and ast.unparse(value.func) in ("defaultdict", "collections.defaultdict"):
+        factory = value.args[0] if value.args else None
+        return factory.id if isinstance(factory, ast.Name) else None
+    if isinstance(value, (ast.ListComp, ast.SetComp)):
+        return _called_class(value.elt)
+    if isinstance(value, ast.DictComp):
+        return _called_class(value.value)
+    elements = (
+        value.elts
+        if isinstance(value, (ast.List, ast.Tuple, ast.Set))
+        else [v for v in value.values if v is not None]
+        if isinstance(value, ast.Dict)
+        else []
+    )
+    classes = {_called_class(e) for e in elements}
+    if len(classes) == 1:
+        return classes.pop()
+    return None
+
+
+def _note_annotation(found: dict[str, str], name: str, annotation: ast.expr) -> None:
+    """``x: Meter`` binds ``x``; ``x: dict[str, Meter]`` or ``list[Meter]`` its elements."""
+    if isinstance(annotation, ast.Name):
+        found.setdefault(name, annotation.id)
+    elif isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value).endswith("Optional"):
+        if isinstance(annotation.slice, ast.Name):
+            found.setdefault(name, annotation.slice.id)
+    elif isinstance(annotation, ast.Subscript):
+        inner = annotation.slice
+        last = inner.elts[-1] if isinstance(inner, ast.Tuple) and inner.elts else inner
+        if isinstance(last, ast.Name):
+            found.setdefault(f"{name}[]", last.id)
+
+
+def element_source(name: str, scope: ast.AST) -> ast.expr | None:
+    """The container whose elements ``name`` is bound to by a loop in ``scope``:
+    ``for m in meters``, ``for m in meters.values()``, ``for k, m in meters.items()``,
+    ``for i, m in enumerate(meters)``, in a statement or a comprehension."""
+    for node in ast.walk(scope):
+        if not isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+            continue
+        target, source = node.target, node.iter
+        if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and not source.args:
+            if source.func.attr == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+                target, source = target.elts[1], source.func.value
+            elif source.func.attr == "values":
+                source = source.func.value
+        elif (
+            isinstance(source, ast.Call)
+            and isinstance(source.func, ast.Name)
+            and source.func.id == "enumerate"
+            and source.args
+            and isinstance(target, ast.Tuple)
+            and len(target.elts) == 2
+        ):
+            target, source = target.elts[1], source.args[0]
+        if isinstance(target, ast.Name) and target.id == name:
+            return source
+    return None

@@ -1315,6 +1315,74 @@ def test_formatting_a_meter_on_every_rank_is_aligned(tmp_path: Path) -> None:
     assert lint_source(tmp_path, source) == []
 
 
+_TRACKER = """
+    from collections import defaultdict
+
+    import torch
+    import torch.distributed as dist
+
+
+    class Avg:
+        def __init__(self):
+            self.sum, self.n = 0.0, 0
+
+        def synced(self):
+            t = torch.tensor([self.sum, float(self.n)])
+            dist.all_reduce(t)
+            return t[0].item() / max(t[1].item(), 1.0)
+
+        def __format__(self, spec):
+            return format(self.synced(), spec)
+
+
+    class Tracker:
+        def __init__(self, names):
+            {stats}
+
+        def line(self):
+            {line}
+            return text
+
+
+    def fit(rank):
+        tracker = Tracker(["loss", "acc"])
+        for step in range(10):
+            if rank == 0:
+                print(tracker.line())
+"""
+
+
+@pytest.mark.parametrize(
+    "stats, line",
+    [
+        (
+            "self.stats = {n: Avg() for n in names}",
+            'text = " ".join(f"{k}={v:.3f}" for k, v in self.stats.items())',
+        ),
+        ("self.stats = [Avg() for _ in names]", 'text = ", ".join(f"{a:.2f}" for a in self.stats)'),
+        ("self.stats = {'loss': Avg(), 'acc': Avg()}", "text = f\"{self.stats['loss']:.4f}\""),
+        ("self.stats: dict[str, Avg] = {}", 'text = "|".join(f"{a:.1f}" for a in self.stats.values())'),
+        (
+            "self.stats = defaultdict(Avg)",
+            'text = " ".join(f"{i}:{m:.2f}" for i, m in enumerate(self.stats))',
+        ),
+    ],
+)
+def test_meters_held_in_a_container_are_followed_into_their_formatting(
+    tmp_path: Path, stats: str, line: str
+) -> None:
+    source = _TRACKER.replace("{stats}", stats).replace("{line}", line)
+    assert lint_source(tmp_path, source) == [("rank-conditional-collective", 14, "error")]
+
+
+def test_a_container_of_meters_formatted_on_every_rank_is_aligned(tmp_path: Path) -> None:
+    source = _TRACKER.replace("{stats}", "self.stats = {n: Avg() for n in names}").replace(
+        "{line}", 'text = " ".join(f"{k}={v:.3f}" for k, v in self.stats.items())'
+    )
+    source = source.replace("            if rank == 0:\n                print", "            print")
+    assert lint_source(tmp_path, source) == []
+
+
 SKIP_ON_NONFINITE = """
 import torch
 import torch.distributed as dist
