@@ -375,10 +375,11 @@ def element_source(name: str, scope: ast.AST) -> ast.expr | None:
             continue
         target, source = node.target, node.iter
         if isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute) and not source.args:
-            if source.func.attr == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
-                target, source = target.elts[1], source.func.value
-            elif source.func.attr == "values":
-                source = source.func.value
+            method = source.func
+            if method.attr == "items" and isinstance(target, ast.Tuple) and len(target.elts) == 2:
+                target, source = target.elts[1], method.value
+            elif method.attr == "values":
+                source = method.value
         elif (
             isinstance(source, ast.Call)
             and isinstance(source.func, ast.Name)
