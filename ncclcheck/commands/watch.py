@@ -341,8 +341,14 @@ def _watch_until_done(
             continue
         told_held = False
         if waiting and now - last_moved >= settings.after and now >= asked_until:
-            say(f"ncclcheck watch: no rank moved for {now - last_moved:.0f} s: capturing every rank")
+            if settings.shared is None:
+                # the folder exists before the line says so: a stop from then on writes its
+                # note there (_stopped)
+                outcome.capturing = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
+                with contextlib.suppress(OSError):  # _capture's dump_to says why it cannot write
+                    outcome.capturing.mkdir(mode=0o700, parents=True, exist_ok=True)
             outcome.doing = "capturing a hang (the capture is incomplete)"
+            say(f"ncclcheck watch: no rank moved for {now - last_moved:.0f} s: capturing every rank")
             if settings.shared is not None:
                 merged = _capture_every_node(
                     settings.shared, pids, ranks, now - last_moved, settings, output, outcome
@@ -359,7 +365,7 @@ def _watch_until_done(
                     continue
                 report, capture = merged
             else:
-                outcome.capturing = settings.folder / time.strftime("hang-%Y%m%d-%H%M%S")
+                assert outcome.capturing is not None
                 report, capture = _capture(outcome.capturing, pids, settings, output)
                 outcome.capturing = None
             if report.verdict == Verdict.WAITING and now - last_moved >= near:
