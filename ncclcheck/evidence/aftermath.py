@@ -10,6 +10,7 @@ records, so that a 4,096-rank job's log is read in one streamed pass.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
@@ -98,6 +99,26 @@ class CollectiveCall:
         """The innermost frame outside torch and the standard library: the caller's line."""
         return next((f for f in self.frames if is_user_path(f.file)), None)
 
+    @property
+    def caller(self) -> Frame | None:
+        """The user's line, else the innermost frame of the library that called torch (a
+        serving engine's worker, a trainer): where the collective was asked for."""
+        return self.site or next((f for f in self.frames if not _in_torch_or_python(f.file)), None)
+
+    @property
+    def op(self) -> str:
+        """The collective, from the innermost frame (``#0 broadcast from distributed_c10d.py``)."""
+        first = self.frames[0] if self.frames else None
+        return first.function if first is not None and "torch/distributed" in first.file else ""
+
+
+def _in_torch_or_python(path: str) -> bool:
+    return (
+        "/torch/" in path
+        or path.startswith("torch/")
+        or bool(re.search(r"/lib/python\d+\.\d+/[^/]+\.py$", path))
+    )
+
 
 @dataclass
 class Ending:
@@ -115,6 +136,21 @@ class Ending:
     @property
     def signal(self) -> int | None:
         return -self.exit_code if self.exit_code is not None and self.exit_code < 0 else None
+
+
+def lived_through(record: RankAftermath) -> bool:
+    """A rank whose exception was printed but whose process was alive after it: its stack
+    was dumped (py-spy, pystack: only a live process has one), and nothing says it exited
+    (no exit code, no signal). The exception was caught: a worker's loop, a retry, an
+    ``except`` that logs and goes on."""
+    ending = record.ending
+    return (
+        ending is not None
+        and bool(ending.error)
+        and ending.exit_code is None
+        and record.stack is not None
+        and record.stack.status == "dumped"
+    )
 
 
 @dataclass
@@ -284,6 +320,9 @@ class Aftermath:
     # doctor's own dumps: each rank's process as its host saw it (RankProcess's fields)
     doctor_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
+    # NCCL's COLL launches of processes of no known rank (no communicator init line, no
+    # prefix): "host pid N (device [d])" -> its launches on a communicator of every rank
+    unplaced_issued: dict[str, list[Issued]] = field(default_factory=dict)
     fr_trace: list[FrTraceVerdict] = field(default_factory=list)  # the Flight Recorder analyser's verdicts
     desync: list[DesyncVerdict] = field(default_factory=list)  # NCCL's desync report
     # TORCH_DISTRIBUTED_DEBUG=DETAIL's "Detected mismatch between collectives on ranks"
@@ -309,7 +348,12 @@ class Aftermath:
     @property
     def usable(self) -> bool:
         return bool(
-            self.unplaced or self.fr_trace or self.desync or self.barrier_late or self.mismatches
+            self.unplaced
+            or self.unplaced_issued
+            or self.fr_trace
+            or self.desync
+            or self.barrier_late
+            or self.mismatches
         ) or any(
             r.timeouts
             or r.progress
@@ -320,6 +364,7 @@ class Aftermath:
             or r.barrier_waited_on
             or r.unique_id_from
             or r.issued
+            or r.calls
             for r in self.ranks.values()
         )
 
@@ -376,13 +421,15 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
         for p in record.progress.values()
     ]
     for called in record.calls:
-        site = called.site
+        site = called.caller
         if site is not None:
             which = f"#{called.seq}" if called.seq is not None else "the collective that timed out"
+            # the op where no timeout line of the rank names it (a trace with no SeqNum line)
+            op = f" ({called.op})" if called.op and called.seq is None else ""
             facts.append(
                 Fact(
                     FactKind.CALL,
-                    f"it called {which} at {site.file}:{site.line} in {site.function}()",
+                    f"it called {which}{op} at {site.file}:{site.line} in {site.function}()",
                     str(called.source),
                 )
             )
@@ -436,6 +483,7 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
         and record.heard is not None
         and not record.timeouts
         and not record.progress
+        and not record.calls  # "Stack trace of the failed collective" follows a timeout
     ):
         facts.append(Fact(FactKind.HEARD, "its own lines hold no watchdog timeout", str(record.heard)))
     if record.stack is not None and record.stack_source is not None:

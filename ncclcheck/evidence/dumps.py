@@ -45,9 +45,35 @@ _GDB_NATIVE_FRAME = re.compile(
     r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.+?) \(.*?\)(?:.*? (?:from|at) (\S+))?\s*$"
 )
 _FILE_FRAME = re.compile(r'^\s*(?:\((?:Python|C)\) )?File "(.+)", line (\d+), in (.+?)\s*$')
+# A frame of a py-spy dump posted without its header (no "Process", no "Thread" line): as
+# `fn (file.py:12)` at any indentation, after a "... " where the poster cut frames or a
+# tree's branch marks, with trailing spaces, and the poster's note after it ("→ busy_loop",
+# "(tensor.item())", "<-- stuck here"). A file ends .py (or .pyx) or is `<...>`: a line of
+# a log with a parenthesis in it is not taken for a frame.
+_EXCERPT_FRAME = re.compile(
+    r"^(?P<indent>\s*)(?:\.\.\.\s*)?(?:[|`\\+*>\-└├─│┗┣━→•]+\s*)?(?P<function>[\w<>.:$~\[\]-]+)\s+"
+    r"\((?P<file>[^()\s]+\.pyx?|<[\w-]+>):(?P<line>\d+)\)(?P<note>.*)$"
+)
 # headers between the dumps of one file: "== rank 3 ==", "=== pid 123 ===", "rank 3:"
 HEADER = re.compile(r"^\s*(?:=+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:=+\s*|:\s*)$", re.IGNORECASE)
 PROCESS = re.compile(r"^Process (\d+): (.*)$")
+
+
+_TREE_MARKS = " \t.|`\\+*>-└├─│┗┣━→•"  # what a pasted tree puts before a frame
+
+
+def excerpt_frame(line: str) -> Frame | None:
+    """The frame a line of a headerless py-spy excerpt names, or None."""
+    if ".py" not in line and "<" not in line:
+        return None  # most lines of a log: one substring test
+    match = _EXCERPT_FRAME.match(line)
+    if match is None:
+        return None
+    return Frame(match.group("file"), int(match.group("line")), match.group("function"))
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(_TREE_MARKS))
 
 
 def is_stack_line(line: str) -> bool:
@@ -74,6 +100,20 @@ class StackReader:
     _in_locals: bool = False
     _outermost_first: set[int] = field(default_factory=set)  # printed stacks, by thread index
     _source_line_next: bool = False  # a printed or py-bt frame is followed by its source line
+    # threads read from frames with no thread header (excerpts), by index: their order
+    # (innermost or outermost first) is decided from the frames, see _excerpt_order
+    _excerpts: dict[int, list[int]] = field(default_factory=dict)  # index -> each frame's indent
+
+    @classmethod
+    def excerpt(cls, frames: list[Frame]) -> StackReader:
+        """One thread from frames in the order a traceback prints them (outermost first),
+        unless the script's `<module>` frame comes last (py-bt's order): _outermost_first."""
+        reader = cls()
+        reader.threads.append(ThreadStack(0, "", list(frames)))
+        reader._excerpts[0] = []
+        if "<module>" not in [f.function for f in frames]:
+            reader.threads[0].frames.reverse()  # a traceback's order: innermost last
+        return reader
 
     def feed(self, line: str) -> bool:
         """Take a line; False when it is no part of a stack dump."""
@@ -118,7 +158,12 @@ class StackReader:
         if line.startswith("Python v") or not line.strip():
             return True  # py-spy's header, and the blank lines between threads
         if not self.threads:
-            return False
+            frame = excerpt_frame(line)
+            if frame is None:
+                return False
+            # one thread of one process, cut from its dump: read as the process's only thread
+            self._excerpts[0] = []
+            self.threads.append(ThreadStack(0, "", []))
         thread = self.threads[-1]
         if self._faulthandler and (match := _FILE_FRAME.match(line)):
             thread.frames.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
@@ -134,9 +179,17 @@ class StackReader:
         if self._faulthandler and (match := _FAULT_FRAME.match(line)):
             thread.frames.append(Frame(match.group(1), int(match.group(2)), match.group(3)))
             return True
-        if match := _PY_SPY_FRAME.match(line):
+        if (match := _PY_SPY_FRAME.match(line)) and not match.group(1).startswith("..."):
             thread.frames.append(Frame(match.group(2), int(match.group(3)), match.group(1)))
             thread.locals.append({})
+            self._in_locals = False
+            return True
+        index = len(self.threads) - 1
+        # py-spy's frame with what a poster added or cut ("... ", "→ note", a tree's marks)
+        if (index in self._excerpts or not self._faulthandler) and (frame := excerpt_frame(line)) is not None:
+            thread.frames.append(frame)
+            thread.locals.append({})
+            self._excerpts.get(index, []).append(_indent(line))
             self._in_locals = False
             return True
         if line.strip() in ("Arguments:", "Locals:"):
@@ -154,10 +207,14 @@ class StackReader:
             thread.frames.reverse()  # innermost first, as every other format
             thread.code.reverse()
         self._outermost_first = set()
+        for index, indents in self._excerpts.items():
+            if _outermost_first(self.threads[index].frames, indents):
+                self.threads[index].frames.reverse()
+                self.threads[index].locals.reverse()
         threads = [t for t in self.threads if t.frames]
         if not threads:
             return None
-        if self._faulthandler:
+        if self._faulthandler or self._excerpts:
             # faulthandler names no thread: the main one runs the script's <module>, else
             # it is the one that held the interpreter when the dump was taken
             main = next((t for t in threads if t.frames[-1].function == "<module>"), None)
@@ -173,6 +230,21 @@ class StackReader:
             thread.frames = [_found(frame, self.command) for frame in thread.frames]
             thread.user = [is_user_path(f.file) for f in thread.frames]
         return ProcessStack(pid=self.pid or 0, threads=threads, status="dumped")
+
+
+def _outermost_first(frames: list[Frame], indents: list[int]) -> bool:
+    """Whether an excerpt's frames run from the outermost call in: py-spy prints the
+    innermost first, but a poster may paste a tree (each call indented under its caller) or
+    copy a traceback's order. The script's `<module>` frame, where the excerpt holds it, is
+    the outermost; else indentation that grows down the excerpt is a tree's; else a
+    library frame (torch's own) first and the user's last means innermost first, as py-spy."""
+    if len(frames) < 2:
+        return False
+    functions = [f.function for f in frames]
+    if "<module>" in functions:
+        return functions.index("<module>") < len(functions) / 2
+    # a tree: each call indented further than its caller
+    return len(indents) == len(frames) and indents[-1] > indents[0] and indents == sorted(indents)
 
 
 def _found(frame: Frame, command: str) -> Frame:

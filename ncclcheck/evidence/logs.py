@@ -41,6 +41,7 @@ from ncclcheck.evidence.dumps import (
     HEADER,
     PROCESS,
     StackReader,
+    excerpt_frame,
     is_stack_line,
     is_user_path,
     looks_like_py_spy_json,
@@ -57,7 +58,14 @@ from ncclcheck.model import Frame
 # Ray's "(RayTrainWorker pid=4120, ip=10.0.0.3) [rank3]:")
 _PREFIX = re.compile(
     r"^[ \t]*(?:\([^()]{0,120}\bpid=\d+[^()]{0,60}\) |[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?"
-    r"\[(?:rank|default)(\d+)\]:\s?"
+    r"\[(?:rank|default)(\d+)\[?\]:\s?"  # "[rank3[]:": a forum's markup artefact
+)
+# other launchers' and frameworks' prefixes, where a line starts: "[rank=3] || ", "[Rank 3] ",
+# "[RANK 3]: ", and a worker's "(Worker_TP1 pid=1390) " or "(VllmWorker rank=1 pid=1390) "
+# (a serving engine's tensor-parallel workers: one index, the rank, and the process's pid)
+_OTHER_PREFIX = re.compile(
+    r"^[ \t]*(?:\[(?:rank|Rank|RANK)[= ]?(\d+)\][ \t]*(?:\|\|?|:)?[ \t]?"
+    r"|\((?:\w+?_)?(?:TP|rank=)(\d+)\b[^()]{0,20}?\bpid=(\d+)[^()]{0,60}\)[ \t])"
 )
 # each field read only where its delimiter follows: a posted line cut mid-field ("OpType=ALLR",
 # "NumelOut=12") must not read as another op or size
@@ -83,7 +91,13 @@ _PROGRESS = re.compile(
 _RUN_ID = re.compile(r"\brun_id\s*[=:]\s*['\"]?([\w.\-]+)")
 _WORLD = re.compile(r"\bWORLD_SIZE\s*[=:]\s*(\d+)|\bworld_size\s*[=:]\s*(\d+)")
 _ELASTIC_FIELD = re.compile(r"^\s+(rank|exitcode|host|traceback|error_file)\s*:\s*(.*)$")
-_TRACEBACK_FRAME = re.compile(r'^\s+File "(.+)", line (\d+), in (.+)$')
+_TRACEBACK_FRAME = re.compile(r'^\s*File "(.+)", line (\d+), in (.+)$')
+# the line that ends a traceback: the exception ("RuntimeError: ...", "torch.distributed.
+# DistBackendError: ...", "KeyboardInterrupt"); after a traceback whose header was cut, any
+# other line (the poster's words) ends a stack excerpt, not a crash
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Interrupt|Exit|Failure|Timeout|Iteration|Warning)\b"
+)
 # the watchdog's "Stack trace of the failed collective:" frames (the Flight Recorder's)
 _CALL_HEADER = "Stack trace of the failed collective:"
 _CALL_FRAME = re.compile(r"^\s*#(\d+) (\S.*?) from (.+?):(\d+)\s*$")
@@ -243,6 +257,8 @@ def _may_matter(line: str) -> bool:
         or line.startswith(_MARKER_STARTS)
         # a traceback's frame with its header cut off, as excerpts are posted
         or line.lstrip().startswith('File "')
+        # a py-spy frame with its dump's header cut off: `fn (file.py:12)`
+        or (".py:" in line and excerpt_frame(line) is not None)
     )
 
 
@@ -257,6 +273,7 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     files = list(_files(paths))
     for path in files:
         _read_file(path, found, trust_pickle)
+    _place_by_pid(found)
     if len(found.run_ids) > 1:
         raise InputError(
             f"these files hold two or more jobs: run ids {', '.join(sorted(found.run_ids))}",
@@ -282,6 +299,23 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
             ]
         _place_in_groups(record, only)
     return found
+
+
+def _place_by_pid(found: Aftermath) -> None:
+    """A dump of no known rank whose pid another file ties to a rank (a worker's log line
+    "(Worker_TP1 pid=1390)", a torchelastic summary's entry) is that rank's, where the rank
+    has no stack of its own."""
+    for unplaced in list(found.unplaced):
+        pid = unplaced.stack.pid
+        owner = next(
+            (r for r in found.ranks.values() if pid and (r.pid == pid or (r.ending and r.ending.pid == pid))),
+            None,
+        )
+        if owner is None or owner.stack is not None:
+            continue
+        owner.stack, owner.stack_source = unplaced.stack, unplaced.source
+        found.unplaced.remove(unplaced)
+        found.read.append(f"{unplaced.source.path}: the stack of pid {pid} is rank {owner.rank}'s (its pid)")
 
 
 def _world_of_gathers(found: Aftermath) -> int:
@@ -458,6 +492,7 @@ class _Stream:
     stack_line: int = 0
     traceback: list[tuple[str, int, str]] | None = None  # frames (file, line, function)
     traceback_line: int = 0
+    traceback_headed: bool = False  # "Traceback (most recent call last):" opened it
     elastic: dict[str, str] = field(default_factory=dict)
     call: list[Frame] | None = None  # the frames of a "Stack trace of the failed collective"
     call_line: int = 0
@@ -474,6 +509,11 @@ class _TextFile:
     heard: set[int] = field(default_factory=set)  # ranks with a prefixed line in this file
     cut_rank: int | None = None  # the rank of the line before, when it was cut mid-sentence
     header_rank: int | None = None  # the latest "== rank N ==" header
+    # a log record of several lines whose prefix only its first line carries (a worker's
+    # "(Worker_TP1 pid=1390) ERROR ...", then its traceback): the rank of the prefixed line
+    # just before, and whether a traceback it opened is being read
+    last_prefixed: int | None = None
+    adopted: int | None = None
     header_pid: int | None = None
     elastic_section: str | None = None  # "root" or "failures" inside torchelastic's summary
     elastic_entry: dict[str, str] | None = None
@@ -501,9 +541,26 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     # substring or prefix check, so that such a line costs one prefix match
     prefix = _PREFIX.match(raw) if "]:" in raw[:200] else None
     rank = int(prefix.group(1)) if prefix else None
+    if prefix is None and raw[:1] in ("[", "(", " ", "\t") and (prefix := _OTHER_PREFIX.match(raw)):
+        rank = int(prefix.group(1) or prefix.group(2))
+        if prefix.group(3) is not None:
+            text.found.rank(rank).pid = text.found.rank(rank).pid or int(prefix.group(3))
     if prefix is None and text.cut_rank is not None and _continues(raw):
         rank = text.cut_rank  # a line a terminal or a forum wrapped: the rest of the last one
     text.cut_rank = rank if prefix is not None and _ends_mid_sentence(raw) else None
+    if rank is None and text.adopted is not None:
+        adopted = text.streams.get(text.adopted)
+        if adopted is not None and (adopted.traceback is not None or adopted.call is not None):
+            rank = text.adopted  # the rest of the prefixed record's traceback or stack trace
+        else:
+            text.adopted = None
+    elif (
+        rank is None
+        and text.last_prefixed is not None
+        and (raw.startswith("Traceback (") or _TRACEBACK_FRAME.match(raw) or _CALL_FRAME.match(raw))
+    ):
+        rank = text.adopted = text.last_prefixed  # a traceback right under a prefixed line
+    text.last_prefixed = rank if prefix is not None else None
     if rank is not None and rank not in text.heard:
         text.heard.add(rank)
         record = text.found.rank(rank)
@@ -598,19 +655,23 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         return
     if stream is None:
         stream = text.streams[rank] = _Stream()
-    if stream.stack is not None or (
-        line.startswith(
-            (
-                "Thread ",
-                "Current thread ",
-                "Process ",
-                "Traceback (most recent call first)",
-                "Traceback for thread ",
-                "-",
-                "#0 ",
+    if (
+        stream.stack is not None
+        or (stream.traceback is None and excerpt_frame(line))
+        or (
+            line.startswith(
+                (
+                    "Thread ",
+                    "Current thread ",
+                    "Process ",
+                    "Traceback (most recent call first)",
+                    "Traceback for thread ",
+                    "-",
+                    "#0 ",
+                )
             )
+            and (is_stack_line(line) or PROCESS.match(line))
         )
-        and (is_stack_line(line) or PROCESS.match(line))
     ):
         if stream.stack is None:
             stream.stack, stream.stack_line = StackReader(pid=text.header_pid), number
@@ -618,16 +679,20 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
             return
         _close_stack(text, rank)
     if line.startswith("Traceback (most recent call last):"):
-        stream.traceback, stream.traceback_line = [], number
+        stream.traceback, stream.traceback_line, stream.traceback_headed = [], number, True
         return
     if stream.traceback is None and _TRACEBACK_FRAME.match(line):
-        # the rest of a traceback whose header the excerpt cut: read it as one
-        stream.traceback, stream.traceback_line = [], number
+        # the rest of a traceback whose header the excerpt cut, or a stack cut from a
+        # pystack or py-bt dump: the line after its frames tells which
+        stream.traceback, stream.traceback_line, stream.traceback_headed = [], number, False
     if stream.traceback is not None:
         if frame := _TRACEBACK_FRAME.match(line):
             stream.traceback.append((frame.group(1), int(frame.group(2)), frame.group(3).strip()))
         elif line and not line[0].isspace():
-            _ending_from_traceback(text, rank, stream, line)
+            if stream.traceback_headed or _EXCEPTION_LINE.match(line):
+                _ending_from_traceback(text, rank, stream, line)
+            else:
+                _stack_from_cut_traceback(text, rank, stream)
 
 
 def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
@@ -822,6 +887,16 @@ def _ending_from_traceback(text: _TextFile, rank: int | None, stream: _Stream, l
     _own(text, rank, "ending", ending, stream.traceback_line)
 
 
+def _stack_from_cut_traceback(text: _TextFile, rank: int | None, stream: _Stream) -> None:
+    """Frames `File "x.py", line 3, in f` that no header opened and no exception ends: a
+    stack cut from a pystack, py-bt or traceback.print_stack dump, one thread of one
+    process. Read as a stack excerpt (StackReader.excerpt), its rank the stream's if any."""
+    frames = [Frame(file, line, function) for file, line, function in stream.traceback or []]
+    stream.traceback = None
+    if frames:
+        text.pending_stacks.append((rank, None, StackReader.excerpt(frames), stream.traceback_line))
+
+
 def _merge_ending(record: RankAftermath, ending: Ending) -> None:
     """A rank's summary entry and its own traceback describe one ending: keep both halves."""
     if record.ending is None:
@@ -886,11 +961,11 @@ def _launches(text: _TextFile) -> None:
     if by_rank:
         text.kinds.add("NCCL's COLL trace")
         text.found.world_said = max(text.found.world_said, text.coll.world)
-    elif text.coll.launches:
-        text.found.skipped.append(
-            f"{text.path}: NCCL's COLL trace without the communicators' init lines (`comm 0x... rank N "
-            "nRanks M`): its launches are of no known rank"
-        )
+    unknown = text.coll.of_no_known_rank(by_rank)
+    if unknown:
+        text.found.unplaced_issued.update(unknown)
+        text.kinds.add("NCCL's COLL trace (processes of no known rank: no communicator init lines)")
+        text.found.world_said = max(text.found.world_said, text.coll.world)
 
 
 def _ras_counts(text: _TextFile) -> None:
@@ -914,6 +989,8 @@ def _finish(text: _TextFile) -> None:
     _ras_counts(text)
     for rank, stream in list(text.streams.items()):
         _close_stack(text, rank)
+        if stream.traceback is not None and not stream.traceback_headed:
+            _stack_from_cut_traceback(text, rank, stream)
         if stream.call is not None:
             _close_call(text, rank, stream)
     _close_elastic(text)

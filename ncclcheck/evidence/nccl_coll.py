@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ncclcheck.evidence.aftermath import Issued, Source
 
-_WHO = r"(?P<host>[\w.\-]+):(?P<pid>\d+):\d+ \[\d+\](?: \d+)? NCCL INFO "
+_WHO = r"(?P<host>[\w.\-]+):(?P<pid>\d+):\d+ \[(?P<device>\d+)\](?: \d+)? NCCL INFO "
 _LAUNCH = re.compile(
     _WHO
     + r"(?P<op>[A-Za-z]+): opCount (?P<count>[0-9a-fA-F]+) .*?\bcount (?P<numel>\d+) datatype (?P<dtype>\d+)"
@@ -45,6 +45,7 @@ class CollTrace:
     launches: dict[tuple[str, int, str], list[Issued]] = field(default_factory=dict)
     sizes: dict[tuple[str, int, str], int] = field(default_factory=dict)
     ranks: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    devices: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> its [device]
 
     def read(self, line: str, source: Source) -> bool:
         """Take one line (a rank's prefix removed); True when it was NCCL's trace."""
@@ -53,6 +54,7 @@ class CollTrace:
         if " opCount " in line and (launch := _LAUNCH.search(line)):
             key = (launch["host"], int(launch["pid"]), launch["comm"])
             self.sizes[key] = int(launch["nranks"])
+            self.devices[key[:2]] = int(launch["device"])
             kept = self.launches.setdefault(key, [])
             shape = f"{launch['numel']} elements of NCCL type {launch['dtype']}"
             kept.append(Issued(int(launch["count"], 16), launch["op"], shape, source))
@@ -83,6 +85,26 @@ class CollTrace:
             rank = self.ranks.get(key, prefixed.get(key[:2]))
             if rank is not None:
                 found[rank] = self.launches[key]
+        return found
+
+    def of_no_known_rank(self, placed: dict[int, list[Issued]]) -> dict[str, list[Issued]]:
+        """The launches on the communicator of every rank of processes whose rank nothing
+        gives (no init line, no prefix), each named by its host, pid and device. NCCL's
+        "[d]" is the device, the local rank on its node at most: never taken for a rank."""
+        if not self.launches:
+            return {}
+        world = max(self.sizes.values())
+        taken = {id(launches) for launches in placed.values()}
+        per_process: dict[tuple[str, int], list[tuple[str, int, str]]] = {}
+        for key in self.launches:
+            if self.sizes.get(key) == world:
+                per_process.setdefault(key[:2], []).append(key)
+        found: dict[str, list[Issued]] = {}
+        for (host, pid), keys in per_process.items():
+            if len(keys) == 1 and id(self.launches[keys[0]]) not in taken:
+                found[f"{host} pid {pid} (device [{self.devices.get((host, pid), '?')}])"] = self.launches[
+                    keys[0]
+                ]
         return found
 
     @property

@@ -918,8 +918,9 @@ def test_nccls_coll_trace_without_init_lines_is_of_no_known_rank_unless_torchrun
     bare = "".join(_coll("node0", 5000 + r, f"0x5{r}", 0x2E, "AllReduce", 8) for r in range(2))
     unowned = tmp_path / "bare.log"
     unowned.write_text(bare)
-    with pytest.raises(InputError):
-        run_doctor_from([unowned])
+    report = run_doctor_from([unowned])  # read, its processes of no known rank: no rank set apart
+    assert not report.findings
+    assert any("processes of no known rank" in line for line in report.summary["read"])
     prefixed = tmp_path / "prefixed.log"
     prefixed.write_text(
         "".join(f"[rank{r}]:{line}\n" for r, line in enumerate(bare.splitlines()))
@@ -927,6 +928,32 @@ def test_nccls_coll_trace_without_init_lines_is_of_no_known_rank_unless_torchrun
     )
     (finding,) = run_doctor_from([prefixed]).findings
     assert (finding.ranks, finding.absent_ranks) == ([0], [1])
+
+
+def test_processes_of_no_known_rank_that_launch_other_ops_at_one_opcount_disagree_without_ranks(
+    tmp_path: Path,
+) -> None:
+    # three processes on two hosts, no init line: at 0x41 one broadcasts, two all-reduce
+    lines = [_coll(host, pid, comm, 0x40, "AllReduce", 64) for host, pid, comm in _PROCS]
+    lines += [
+        _coll(host, pid, comm, 0x41, "Broadcast" if pid == 7002 else "AllReduce", 64)
+        for host, pid, comm in _PROCS
+    ]
+    log = tmp_path / "coll.log"
+    log.write_text("".join(lines))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([], [])  # no rank is known: none is named
+    assert (
+        "opCount 0x41" in finding.message
+        and "gpu-b pid 7002 (device [0]) launched Broadcast" in finding.message
+    )
+    # the same sizes and ops throughout: nothing disagrees, nothing is claimed
+    log.write_text("".join(_coll(host, pid, comm, 0x40, "AllReduce", 64) for host, pid, comm in _PROCS))
+    assert not run_doctor_from([log]).findings
+
+
+_PROCS = [("gpu-a", 7000, "0x7a"), ("gpu-a", 7001, "0x7b"), ("gpu-b", 7002, "0x7c")]
 
 
 def test_details_fingerprint_lines_set_apart_the_rank_with_other_tensors(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+"""doctor --from on what people paste: excerpts of stack dumps with no header, other
+launchers' prefixes, multi-line log records, a failed collective's stack trace cut from
+its timeout line. The fixtures are written here, in the shapes posted evidence takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ncclcheck.causes import Cause
+from ncclcheck.commands.doctor import run_doctor_from
+from ncclcheck.evidence.logs import read_leftovers
+
+# py-spy's frames, innermost first, cut from a dump: no Process or Thread line, padded
+# with trailing spaces, with a frame elided ("... ") and the poster's note on one
+PY_SPY_EXCERPT = (
+    "wait (torch/distributed/distributed_c10d.py:4120)   \n"  # padded, as copied from a terminal
+    """barrier (torch/distributed/distributed_c10d.py:4101)
+    ... save_best (trainer/checkpoint.py:88)   <-- rank 0 never gets here
+run_epoch (trainer/loop.py:142)
+main (train.py:61)
+<module> (train.py:80)
+"""
+)
+
+
+def test_a_py_spy_excerpt_with_no_header_is_one_thread_of_one_process(tmp_path: Path) -> None:
+    unnamed = tmp_path / "stuck.txt"
+    unnamed.write_text(PY_SPY_EXCERPT)
+    job = read_leftovers([unnamed])
+    (unplaced,) = job.unplaced  # no rank in its name or lines: a process of no known rank
+    main = unplaced.stack.main
+    assert main is not None
+    assert [f.function for f in main.frames] == [
+        "wait",
+        "barrier",
+        "save_best",
+        "run_epoch",
+        "main",
+        "<module>",
+    ]
+    assert main.frames[2].file.endswith("trainer/checkpoint.py") and main.frames[2].line == 88
+    named = tmp_path / "rank_5.txt"
+    named.write_text(PY_SPY_EXCERPT)
+    assert read_leftovers([named]).ranks[5].stack is not None
+
+
+def test_an_excerpt_drawn_as_a_tree_is_read_outermost_first(tmp_path: Path) -> None:
+    tree = tmp_path / "tree.txt"
+    tree.write_text(
+        "train (fit.py:30)\n"
+        "  └─ validate (fit.py:55)\n"
+        "      └─ gather_metrics (metrics.py:12)\n"
+        "          └─ all_gather (torch/distributed/distributed_c10d.py:3300)  (blocked)\n"
+    )
+    (unplaced,) = read_leftovers([tree]).unplaced
+    assert unplaced.stack.main is not None
+    assert [f.function for f in unplaced.stack.main.frames] == [
+        "all_gather",
+        "gather_metrics",
+        "validate",
+        "train",
+    ]
+
+
+def test_a_traceback_cut_from_a_stack_dump_is_a_stack_and_one_with_its_exception_a_crash(
+    tmp_path: Path,
+) -> None:
+    frames = (
+        'File "/srv/app/train.py", line 70, in <module>\n'
+        "    fit()\n"
+        '  File "/srv/app/train.py", line 41, in fit\n'
+        "    sync_metrics(m)\n"
+        '  File "/opt/venv/lib/python3.10/site-packages/torch/distributed/distributed_c10d.py", line 2501, '
+        "in all_reduce\n"
+        "    work.wait()\n"
+    )
+    stack = tmp_path / "rank2_pystack.txt"
+    stack.write_text(frames + "(the other ranks were already in the next epoch)\n")
+    record = read_leftovers([stack]).ranks[2]
+    assert record.ending is None  # the poster's words are no exception
+    assert record.stack is not None and record.stack.main is not None
+    assert record.stack.main.frames[0].function == "all_reduce"  # innermost first, as every stack
+    crashed = tmp_path / "rank2_error.txt"
+    crashed.write_text(frames + "RuntimeError: Connection closed by peer\n")
+    record = read_leftovers([crashed]).ranks[2]
+    assert record.ending is not None and record.ending.error == "RuntimeError: Connection closed by peer"
+
+
+def test_other_launchers_prefixes_name_the_rank(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank=1] || Traceback (most recent call last):\n"
+        '[rank=1] ||   File "/w/train.py", line 12, in <module>\n'
+        "[rank=1] || ValueError: empty batch\n"
+        "[Rank 3] Traceback (most recent call last):\n"
+        '[Rank 3]   File "/w/train.py", line 19, in <module>\n'
+        "[Rank 3] KeyError: 'image'\n"
+    )
+    job = read_leftovers([log])
+    assert job.ranks[1].ending is not None and job.ranks[1].ending.error == "ValueError: empty batch"
+    assert job.ranks[3].ending is not None and job.ranks[3].ending.error == "KeyError: 'image'"
+
+
+def test_a_workers_exception_and_its_live_stack_are_an_exception_it_lived_through(tmp_path: Path) -> None:
+    """A serving engine's worker logs its exception under a prefix on the first line only
+    and goes on; a py-spy dump of the same pid shows it alive, idle in its loop."""
+    error = tmp_path / "worker1.log"
+    error.write_text(
+        "(Worker_TP1 pid=4242) ERROR 03-02 11:00:01 [executor.py:310] step failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "/srv/engine/runner.py", line 90, in execute\n'
+        "    out = self.model(batch)\n"
+        '  File "/srv/engine/kernels.py", line 14, in launch\n'
+        "    torch.cuda.synchronize()\n"
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    dump = tmp_path / "worker1_pyspy.txt"
+    dump.write_text("Process 4242: python -m engine.worker\n    recv_loop (engine/ipc.py:51)\n")
+    waiting = tmp_path / "worker0_pyspy.txt"
+    waiting.write_text(
+        "Process 4241: python -m engine.worker\n    all_reduce (torch/distributed/distributed_c10d.py:2501)\n"
+    )
+    report = run_doctor_from([error, dump, waiting])
+    (finding,) = report.findings
+    assert finding.cause is Cause.RANK_EXCEPTION
+    assert finding.absent_ranks == [1]
+    assert "lived on" in finding.message and "recv_loop()" in finding.message
+
+
+def test_a_worker_that_died_of_its_exception_stays_a_crash(tmp_path: Path) -> None:
+    error = tmp_path / "worker1.log"
+    error.write_text(
+        "(Worker_TP1 pid=4242) ERROR 03-02 11:00:01 [executor.py:310] step failed\n"
+        "Traceback (most recent call last):\n"
+        '  File "/srv/engine/runner.py", line 90, in execute\n'
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    )
+    (finding,) = run_doctor_from([error]).findings  # no stack of it: nothing says it lived
+    assert finding.cause is Cause.RANK_CRASHED
+
+
+def test_dumps_of_no_known_rank_one_in_backward_one_after_the_loop_read_as_uneven_batches(
+    tmp_path: Path,
+) -> None:
+    ahead = tmp_path / "group_a.txt"
+    ahead.write_text(
+        "_engine_run_backward (torch/autograd/graph.py:825)\n"
+        "backward (torch/autograd/__init__.py:347)\n"
+        "backward (torch/_tensor.py:581)\n"
+        "training_step (model.py:77)\n"
+    )
+    behind = tmp_path / "group_b.txt"
+    behind.write_text(
+        "all_reduce (torch/distributed/distributed_c10d.py:2501)\nvalidation_epoch_end (model.py:120)\n"
+    )
+    (finding,) = run_doctor_from([ahead, behind]).findings
+    assert finding.cause is Cause.UNEVEN_EVAL_BATCHES
+    assert (finding.ranks, finding.absent_ranks) == ([], [])  # no rank is known: none is named
+    assert "group_a.txt in a training step's backward" in finding.message
+    assert "likely reading" in finding.message
+    # both in the same collective: no divergence between them, no cause
+    behind.write_text(ahead.read_text())
+    assert not run_doctor_from([ahead, behind]).findings
+
+
+def test_a_failed_collectives_stack_trace_under_a_damaged_prefix_is_read(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank5[]:[E1102 10:00:00.1 ProcessGroupNCCL.cpp:733] Stack trace of the failed collective: \n"
+        "#0 all_gather_into_tensor from "
+        "/env/lib/python3.12/site-packages/torch/distributed/distributed_c10d.py:3790\n"
+        "#1 wrapper from /env/lib/python3.12/site-packages/torch/distributed/c10d_logger.py:83\n"
+        "#2 gather_kv from /env/lib/python3.12/site-packages/servelib/parallel.py:211\n"
+        "#3 step from /env/lib/python3.12/site-packages/servelib/worker.py:90\n"
+    )
+    report = run_doctor_from([log])
+    (state,) = [r for r in report.ranks if r.rank == 5]
+    assert "all_gather_into_tensor" in state.where and "servelib/parallel.py:211" in state.where
+    assert "no watchdog timeout" not in state.where
