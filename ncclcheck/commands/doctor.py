@@ -21,7 +21,7 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.evidence import gpus, movement
-from ncclcheck.evidence.aftermath import Aftermath, FactKind, evidence_lines, rank_facts
+from ncclcheck.evidence.aftermath import Aftermath, FactKind, evidence_lines, lived_through, rank_facts
 from ncclcheck.evidence.classes import (
     libraries_waited_in,
     merge_stacks,
@@ -41,7 +41,7 @@ from ncclcheck.explain.rules.corroborate import (
     waiting_on_ranks_that_work,
     waiting_on_the_outside_world,
 )
-from ncclcheck.explain.rules.stacks import held_by_their_data_pipeline
+from ncclcheck.explain.rules.stacks import held_by_their_data_pipeline, some_dumps_still_train
 from ncclcheck.launch.stop import STOP
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
 from ncclcheck.wording import relative, who
@@ -187,8 +187,9 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
     )
     if explanation is None and only_unplaced:
         by_index = {index: u.stack for index, u in enumerate(job.unplaced)}
-        explanation = held_by_their_data_pipeline(
-            context, merge_stacks(by_index), [u.label for u in job.unplaced]
+        classes, labels = merge_stacks(by_index), [u.label for u in job.unplaced]
+        explanation = held_by_their_data_pipeline(context, classes, labels) or some_dumps_still_train(
+            context, classes, labels
         )
     if explanation is not None:
         report.findings = [explanation.finding(context.catalogue)]
@@ -237,7 +238,8 @@ def _left_behind(job: Aftermath, rank: int) -> RankState:
         host=record.host or (ending.host if ending and ending.host else ""),
         pid=record.pid or (ending.pid if ending else None),
         exit_code=ending.exit_code if ending else None,
-        state=RankStatus.EXITED if ending else RankStatus.STUCK,
+        # a stack dumped of a rank that printed an exception: its process lived on
+        state=RankStatus.EXITED if ending and not lived_through(record) else RankStatus.STUCK,
         where=where,
     )
 

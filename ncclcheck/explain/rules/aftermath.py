@@ -32,8 +32,10 @@ from ncclcheck.evidence.aftermath import (
     RankAftermath,
     TimedOutWork,
     evidence_lines,
+    lived_through,
 )
-from ncclcheck.evidence.classes import merge_stacks
+from ncclcheck.evidence.classes import merge_stacks, user_frames
+from ncclcheck.evidence.stacks import blocking
 from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
@@ -270,6 +272,8 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
     ending = s.job.ranks[first].ending
     assert ending is not None
     waiting = sorted(r for r in s.job.ranks if r not in dead)
+    if lived_through(s.job.ranks[first]):
+        return _an_exception_it_lived_through(s, first, waiting)
     what = ending.error or (
         f"killed by {signal_name(ending.exit_code) or 'a signal'}"
         if ending.signal
@@ -281,6 +285,30 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
         + (f" while {who(waiting)} waited for {'it' if len(dead) == 1 else 'them'}" if waiting else ""),
         ranks=waiting,
         absent_ranks=dead,
+        op=None,
+        site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
+        evidence=s.evidence,
+    )
+
+
+def _an_exception_it_lived_through(s: Leftovers, rank: int, waiting: list[int]) -> Explanation:
+    """A rank that printed an exception and was dumped alive after it: the exception was
+    caught, and the rank went on without the collectives the others wait in."""
+    record = s.job.ranks[rank]
+    ending, stack = record.ending, record.stack
+    assert ending is not None and stack is not None
+    user = user_frames(stack)
+    now = f"{user[0].function}() at {user[0].file}:{user[0].line}" if user else blocking(stack).what
+    return s.d.explanation(
+        Cause.RANK_EXCEPTION,
+        f"{who([rank])} raised ({ending.error}) and lived on: its stack, dumped after, shows it "
+        f"in {now}, outside the collective"
+        + (f" {who(waiting)} wait{'s' if len(waiting) == 1 else ''} in" if waiting else " the others wait in")
+        + ". The exception was caught (a worker's loop, a retry, an `except` that logs and goes on)"
+        " and the rank skipped what the others did. What would confirm it: the dump taken after"
+        " the error's time, and the code that catches it",
+        ranks=waiting,
+        absent_ranks=[rank],
         op=None,
         site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
         evidence=s.evidence,
@@ -562,6 +590,47 @@ def _sequence_disagrees(s: Leftovers, sequence: str, traced: dict[int, list[Issu
         None,
         f"{sequence}: {who(behind)} issued up to #{stopped}, {who(ahead)} up to #{furthest}",
     )
+
+
+def unplaced_sequences_disagree(s: Leftovers) -> Explanation | None:
+    """NCCL's COLL trace of processes whose ranks nothing gives: at one opCount of the
+    communicator of every rank, another op (or other sizes) is a disagreement the numbers
+    prove, between those processes. Which ranks they are is not said: none is known."""
+    traced = s.job.unplaced_issued
+    if len(traced) < 2:
+        return None
+    at = {label: {call.position: call for call in calls} for label, calls in traced.items()}
+    for position in sorted(set.intersection(*(set(calls) for calls in at.values()))):
+        kinds: dict[tuple[str, str], list[str]] = {}
+        for label, calls in at.items():
+            kinds.setdefault((calls[position].op, calls[position].shape), []).append(label)
+        if len(kinds) < 2:
+            continue
+        other_op = len({op for op, _ in kinds}) > 1
+        said = "; ".join(
+            f"{', '.join(labels)} launched {op} of {shape}" for (op, shape), labels in kinds.items()
+        )
+        found = s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH if other_op else Cause.COLLECTIVE_SHAPE_MISMATCH,
+            f"{NCCL_COLL}, opCount {position:#x} on the communicator of every rank: {said}. "
+            + (
+                "Each side waits for a call the others make at another point"
+                if other_op
+                else "The same collective with other tensors: the processes passed tensors of other shapes"
+            )
+            + ". Which ranks these processes are, the trace does not say (no communicator init line, "
+            "`comm 0x... rank N nRanks M`; NCCL's [d] is a device, not a rank); what decides which side "
+            "is odd: the other ranks' lines (NCCL_DEBUG=INFO with NCCL_DEBUG_SUBSYS=INIT,COLL)",
+            ranks=[],
+            absent_ranks=[],
+            op=None,
+            site=None,
+            evidence=[*s.evidence, f"{NCCL_COLL}, opCount {position:#x}: {said}"],
+        )
+        if other_op:
+            found.fix = _WHERE_NOT_WHY
+        return found
+    return None
 
 
 def the_desync_report_says(s: Leftovers) -> Explanation | None:
@@ -1179,6 +1248,7 @@ AFTERMATH_RULES = (
     the_flight_recorder_analyser_says,
     flight_recorders_disagree,
     issued_sequences_disagree,
+    unplaced_sequences_disagree,
     completed_on_some_ranks_only,
     some_ranks_never_issued_it,
     stacks_decide,

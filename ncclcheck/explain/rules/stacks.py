@@ -517,6 +517,46 @@ def held_by_their_data_pipeline(
     return found
 
 
+_IN_BACKWARD = "in backward"  # Blocking's word for DDP's gradient all-reduce (evidence/stacks.py)
+
+
+def some_dumps_still_train(d: Context, classes: list[StackClass], labels: list[str]) -> Explanation | None:
+    """Stack dumps of no known rank, some in backward (DDP's gradient all-reduce, issued by
+    autograd with no Python frame) while the others wait in a collective of their own: the
+    first are one training step further into the loop than the others, which left it. The
+    likely reading: the ranks' training loaders yield different numbers of batches (a
+    sampler without drop_last, a per-rank filter). Nothing is said of ranks: none is known."""
+    if len(classes) < 2 or not all(c.in_collective for c in classes):
+        return None
+    training = [c for c in classes if _IN_BACKWARD in c.blocking]
+    others = [c for c in classes if _IN_BACKWARD not in c.blocking]
+    if not training or not others:
+        return None
+
+    def dumps(group: list[StackClass]) -> str:
+        names = [labels[i] for c in group for i in c.ranks]
+        return ", ".join(names)
+
+    elsewhere = others[0]
+    where = f" at {_frame_text(elsewhere.site)}" if elsewhere.site is not None else ""
+    found = d.explanation(
+        Cause.UNEVEN_EVAL_BATCHES,
+        f"the dumped processes wait in different collectives: {dumps(training)} in a training step's "
+        f"backward (DDP's gradient all-reduce), {dumps(others)} in {elsewhere.blocking}{where}, after "
+        "the training loop. The first are one step further into the loop than the others, which left it: "
+        "the likely reading is that the ranks' training loaders yield different numbers of batches (a "
+        "DistributedSampler without drop_last on a set that does not split evenly, a per-rank filter). "
+        "Which ranks each dump is, the dumps do not say. What would confirm it: each rank's batch count "
+        "(len(loader) on every rank), or the ranks' Flight Recorder dumps",
+        ranks=[],
+        absent_ranks=[],
+        op=None,
+        site=None,
+        evidence=[f"{labels[i]}: {c.blocking}" for c in classes for i in c.ranks],
+    )
+    return found
+
+
 _MEND_THE_PIPELINE = (
     "Mend the data pipeline of the process that waits: dump its loader workers while it waits "
     "(py-spy dump --pid on each worker process) to see what they block on (a worker "
