@@ -213,6 +213,11 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
     if all_ranks or world <= _RANK_TABLE_LIMIT:
         report.ranks = [_left_behind(job, rank) for rank in range(world)]
     report.summary["read"] = job.read
+    if job.spliced:
+        report.summary["spliced"] = [
+            f"{where}: two ranks' output in one line, each rank's part read as its own line"
+            for where in job.spliced
+        ]
     if job.skipped:
         report.summary["skipped"] = job.skipped
     return report

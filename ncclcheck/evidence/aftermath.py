@@ -261,6 +261,16 @@ class ProgressBar:
 
 
 @dataclass(frozen=True)
+class OwnOutput:
+    """A line of the job's own output (not torch's or NCCL's), with the rank whose prefix
+    it carries, if any."""
+
+    text: str
+    source: Source
+    rank: int | None
+
+
+@dataclass(frozen=True)
 class DesyncVerdict:
     """A line of NCCL's desync report (TORCH_NCCL_DESYNC_DEBUG=1): "[7] finished collective
     #182, but didn't join collective #183", or "[0, 1, ...] joined but didn't finish
@@ -320,6 +330,8 @@ class Aftermath:
     # doctor's own dumps: each rank's process as its host saw it (RankProcess's fields)
     doctor_ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
+    spliced: list[str] = field(default_factory=list)  # "file:line" holding two ranks' output, split
+    output_before: list[OwnOutput] = field(default_factory=list)  # the job's last lines before a timeout
     # NCCL's COLL launches of processes of no known rank (no communicator init line, no
     # prefix): "host pid N (device [d])" -> its launches on a communicator of every rank
     unplaced_issued: dict[str, list[Issued]] = field(default_factory=dict)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +31,7 @@ from ncclcheck.evidence.aftermath import (
     Fingerprint,
     FingerprintMismatch,
     Issued,
+    OwnOutput,
     Progress,
     ProgressBar,
     RankAftermath,
@@ -513,6 +515,8 @@ class _TextFile:
     # "(Worker_TP1 pid=1390) ERROR ...", then its traceback): the rank of the prefixed line
     # just before, and whether a traceback it opened is being read
     last_prefixed: int | None = None
+    # the job's last two lines of its own output (not torch's, not NCCL's): line, number, rank
+    own_output: deque[tuple[str, int, int | None]] = field(default_factory=lambda: deque(maxlen=2))
     adopted: int | None = None
     header_pid: int | None = None
     elastic_section: str | None = None  # "root" or "failures" inside torchelastic's summary
@@ -528,11 +532,22 @@ class _TextFile:
     unowned: list[tuple[str, Any, int]] = field(default_factory=list)  # evidence of no known rank yet
 
 
+# a rank's prefix in the middle of a line: two ranks' output spliced into one line (each
+# rank writes to the same terminal without a lock, "...[02:32<30:38][default2]:[E ...")
+_SPLICED = re.compile(r"(?<=\S)(?=\[(?:rank|default)\d+\]:)")
+
+
 def _read_text(path: Path, found: Aftermath) -> None:
     text = _TextFile(path, found)
     with open(path, encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, 1):
-            _line(text, number, raw.rstrip("\n"))
+            raw = raw.rstrip("\n")
+            if "]:" in raw[1:] and (pieces := _SPLICED.split(raw)) and len(pieces) > 1:
+                for piece in pieces:  # each rank's part read as its own line
+                    _line(text, number, piece)
+                text.found.spliced.append(f"{path}:{number}")
+                continue
+            _line(text, number, raw)
     _finish(text)
 
 
@@ -602,6 +617,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         and (stream is None or (stream.stack is None and stream.traceback is None))
         and not _may_matter(line)
     ):
+        if line.strip():  # the job's own output: the last of it before a timeout is evidence
+            text.own_output.append((line, number, rank))
         return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
         text.found.run_ids.add(run.group(1))
@@ -716,6 +733,13 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
             source,
             int(limit.group(1)) if (limit := _WORK_TIMEOUT.search(line)) else None,
         )
+        if not text.found.output_before and text.own_output:
+            # what the job printed last before its first timeout: the phase a process not
+            # waiting in the collective was in ("Clustering 111M points", "Saving checkpoint")
+            text.found.output_before = [
+                OwnOutput(said.strip()[:200], Source(str(text.path), at), whose)
+                for said, at, whose in text.own_output
+            ]
         _own(text, rank, "timeout", timed_out, number)
     if progress := _PROGRESS.search(line):
         _own(

@@ -177,3 +177,46 @@ def test_a_failed_collectives_stack_trace_under_a_damaged_prefix_is_read(tmp_pat
     (state,) = [r for r in report.ranks if r.rank == 5]
     assert "all_gather_into_tensor" in state.where and "servelib/parallel.py:211" in state.where
     assert "no watchdog timeout" not in state.where
+
+
+def _timeout(rank: int, seq: int) -> str:
+    return (
+        f"[rank{rank}]:[E ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation "
+        "timeout: "
+        f"WorkNCCL(SeqNum={seq}, OpType=BARRIER, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for "
+        "1800087 milliseconds before timing out.\n"
+    )
+
+
+def test_a_ranks_bar_spliced_with_anothers_watchdog_line_sets_the_busy_rank_apart(tmp_path: Path) -> None:
+    """Rank 1 tokenizes (its bar, unfinished) while ranks 0, 2 and 3 time out in a
+    barrier; rank 2's watchdog line was written into the middle of rank 1's bar."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank1]:Tokenizing train split:  41%|████      | 41000/100000 [29:50<42:57, 22.9 ex/s]"
+        + _timeout(2, 7)
+        + _timeout(0, 7)
+        + _timeout(3, 7)
+    )
+    report = run_doctor_from([log])
+    (finding,) = report.findings
+    assert finding.cause is Cause.STRAGGLER
+    assert (finding.ranks, finding.absent_ranks) == ([0, 2, 3], [1])
+    assert "Tokenizing train split" in finding.message
+    assert report.summary["spliced"] == [
+        f"{log}:1: two ranks' output in one line, each rank's part read as its own line"
+    ]
+
+
+def test_the_jobs_last_output_before_a_lone_timeout_is_said_without_setting_a_rank_apart(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "train.log"
+    log.write_text(
+        "epoch 3 done\nBuilding the retrieval index over 48000000 passages ...\n" + _timeout(1, 12)
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.severity.value == "warning"  # one rank's timeout: which rank is late, nothing says
+    assert finding.absent_ranks == []
+    assert "'Building the retrieval index over 48000000 passages ...'" in finding.message
+    assert "likely reading (a straggler)" in finding.message

@@ -733,6 +733,40 @@ def a_rank_never_published_its_nccl_id(s: Leftovers) -> Explanation | None:
 _LONG_WORK_S = 300  # where no timeout is known: a bar this long into its work held the others
 
 
+def _output_outside(s: Leftovers, works: dict[int, list[TimedOutWork]]) -> str:
+    """The job's own last lines before its first timeout, where no rank that timed out
+    printed them: the phase some process outside the collective was in ("Clustering 111M
+    points ..."), quoted with where they are; "" where there are none."""
+    lines = [o for o in s.job.output_before if o.rank is None or o.rank not in works]
+    return ", then ".join(f"'{o.text}' ({o.source})" for o in lines)
+
+
+def _busy_with_its_work(
+    s: Leftovers, waited: list[int], suspects: list[int], bar: ProgressBar, said: str, op: str | None
+) -> Explanation:
+    """Ranks that waited in a collective while the log shows work a rank outside it was
+    doing, unfinished (a progress bar): that rank is the straggler."""
+    whose = "its own output shows" if bar.rank is not None else "the log shows"
+    named = s.d.explanation(
+        Cause.STRAGGLER,
+        f"{said}; {whose} work still running while {who(waited)} waited: {bar.describe()} ({bar.source}), "
+        f"unfinished. No rank inside the collective could be doing it: {who(suspects)}, busy with it, "
+        f"{'is' if len(suspects) == 1 else 'are'} the first suspect",
+        ranks=waited,
+        absent_ranks=suspects,
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+    named.fix = (
+        "Do long one-off work (tokenising, a dataset map, a download) before init_process_group, "
+        "or on every rank, or cache its result (a tokenized dataset path) so the run starts from "
+        "it; else give the process group a timeout that covers it (the Trainer's ddp_timeout, "
+        "init_process_group(timeout=...)). What decides otherwise: that rank's own output."
+    )
+    return named
+
+
 def _busy_while_they_waited(
     s: Leftovers, works: dict[int, list[TimedOutWork]], unseen: list[int]
 ) -> tuple[list[int], ProgressBar] | None:
@@ -1045,6 +1079,11 @@ def _never_issued(
     from_stacks = _stacks_say_why(s, said)
     if from_stacks is not None:
         return from_stacks
+    bar = next((b for b in s.job.progress_bars.values() if b.rank is not None and b.rank in sides[1]), None)
+    if bar is not None and bar.rank is not None:
+        # the rank's own output: work unfinished as the others timed out (tokenizing, a
+        # dataset map): it was busy outside every collective, not on another path
+        return _busy_with_its_work(s, sides[0], [bar.rank], bar, said, op)
     unexplained = s.d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
         message,
@@ -1158,26 +1197,16 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         busy = _busy_while_they_waited(s, works, unseen)
         if busy is not None:
             suspects, bar = busy
-            named = s.d.explanation(
-                Cause.STRAGGLER,
+            return _busy_with_its_work(
+                s,
+                sorted(works),
+                suspects,
+                bar,
                 f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
                 f"{op} #{seq} of group {group}{first}, and {who(suspects)} left no line of "
-                f"{its(suspects)} own; the log shows work still running as they waited: {bar.describe()} "
-                f"({bar.source}), unfinished. No rank inside the collective could be doing it: "
-                f"{who(suspects)}, busy with it, {'is' if len(suspects) == 1 else 'are'} the first suspect",
-                ranks=sorted(works),
-                absent_ranks=suspects,
-                op=op,
-                site=None,
-                evidence=s.evidence,
+                f"{its(suspects)} own",
+                op,
             )
-            named.fix = (
-                "Do long one-off work (tokenising, a dataset map, a download) before init_process_group, "
-                "or on every rank, or cache its result (a tokenized dataset path) so the run starts from "
-                "it; else give the process group a timeout that covers it (the Trainer's ddp_timeout, "
-                "init_process_group(timeout=...)). What decides otherwise: that rank's own output."
-            )
-            return named
         blocked = [r for r in unseen if r in s.job.ranks and s.job.ranks[r].watchdog_stuck is not None]
         aborted = [r for r in unseen if r in s.job.ranks and r not in blocked]
         said_of_aborted = (
@@ -1191,14 +1220,22 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
             if blocked
             else ""
         )
+        phase = _output_outside(s, works)
         undecided = s.d.explanation(
-            Cause.STRAGGLER if seq > 1 else Cause.TRANSPORT_HANG,
+            Cause.STRAGGLER if seq > 1 or phase else Cause.TRANSPORT_HANG,
             f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
             f"{op} #{seq} of group {group}{first}; "
             f"these files say nothing of where {who(unseen)} {'was' if len(unseen) == 1 else 'were'}"
             f"{said_of_aborted}. No rank is set apart by this evidence: either {who(unseen)} never "
             "reached the collective (still loading, busy elsewhere, or a call skipped there) or every "
-            "rank waited in it (the transport)",
+            "rank waited in it (the transport)"
+            + (
+                f". The job's last output before the timeout, from no rank that timed out as far as its "
+                f"lines say: {phase}: a process busy in that phase, outside the collective, is the likely "
+                "reading (a straggler); which rank printed it decides"
+                if phase
+                else ""
+            ),
             ranks=sorted(works),
             absent_ranks=[],
             op=op,
