@@ -127,6 +127,22 @@ OP_ORIGINS = {
     "_broadcast_coalesced": "DDP's broadcast of parameters and buffers from rank 0",
     "new_group": "a process group's creation, which every rank enters, members or not",
 }
+# Collectives libraries issue for the model's parameters, as NCCL and DETAIL's check name
+# their ops: ZeRO-3's and FSDP's parameter all-gathers and gradient reduce-scatters (flat
+# buffers of the modules a forward or backward runs). Other sizes of one of these on two
+# ranks at one number: the ranks ran other modules (diagnosis of the sizes, doctor).
+PARAMETER_OPS = frozenset(
+    {
+        "_ALLGATHER_BASE",
+        "ALLGATHER_COALESCED",
+        "ALLGATHER_INTO_TENSOR_COALESCED",
+        "_REDUCE_SCATTER_BASE",
+        "REDUCE_SCATTER_TENSOR_COALESCED",
+    }
+)
+# An all-reduce of a flat tensor this large is a gradient bucket (DDP's are 25 MiB, its first
+# 1 MiB; ZeRO-1/2 reduce in buckets of millions of elements), not a metric a user reduces.
+GRADIENT_BUCKET_MIN_NUMEL = 1_000_000
 # What to do about a call the user wrote, by op, where the op itself is the surprise.
 OP_ADVICE = {
     "new_group": (

@@ -220,3 +220,50 @@ def test_the_jobs_last_output_before_a_lone_timeout_is_said_without_setting_a_ra
     assert finding.absent_ranks == []
     assert "'Building the retrieval index over 48000000 passages ...'" in finding.message
     assert "likely reading (a straggler)" in finding.message
+
+
+def _watchdog(rank: int, seq: int, op: str, numel: int) -> str:
+    return (
+        f"[rank{rank}]:[E ProcessGroupNCCL.cpp:616] [Rank {rank}] Watchdog caught collective operation "
+        f"timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel * 4}, "
+        "Timeout(ms)=600000) ran for 600099 milliseconds before timing out.\n"
+    )
+
+
+def test_other_sizes_in_a_collective_issued_for_the_parameters_read_as_other_modules_run(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "".join(_watchdog(r, 811, "_REDUCE_SCATTER_BASE", 4096 if r == 2 else 1024) for r in range(4))
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.DATA_DEPENDENT_BRANCH
+    assert "ran other modules" in finding.message and "likely reading" in finding.message
+
+
+def test_other_sizes_in_a_users_small_all_reduce_stay_a_shape_mismatch(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("".join(_watchdog(r, 40, "ALLREDUCE", 3 if r == 1 else 5) for r in range(4)))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+
+
+def test_details_check_on_gradient_buckets_of_other_sizes_reads_as_other_modules_run(tmp_path: Path) -> None:
+    line = (
+        "[rank{r}]: RuntimeError: Detected mismatch between collectives on ranks. Rank {r} is running "
+        "collective: CollectiveFingerPrint(SequenceNumber=77, OpType=ALLREDUCE, TensorShape=[{mine}], "
+        "TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float (default), device=cuda)), but "
+        "Rank {o} is running collective: CollectiveFingerPrint(SequenceNumber=77, OpType=ALLREDUCE, "
+        "TensorShape=[{theirs}], TensorDtypes=Float, TensorDeviceTypes=TensorOptions(dtype=float "
+        "(default), device=cuda)).\n"
+    )
+    log = tmp_path / "detail.log"
+    log.write_text(
+        line.format(r=0, o=1, mine=6553600, theirs=2359296)
+        + line.format(r=1, o=0, mine=2359296, theirs=6553600)
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.DATA_DEPENDENT_BRANCH
+    assert "gradient bucket" in finding.message
+    assert finding.absent_ranks == []  # two ranks, two sizes: neither is the odd one

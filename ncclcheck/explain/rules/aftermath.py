@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
-from ncclcheck.communicates import issued_at, starts_a_pass
+from ncclcheck.communicates import GRADIENT_BUCKET_MIN_NUMEL, PARAMETER_OPS, issued_at, starts_a_pass
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
     DETAIL_RUNNING,
@@ -200,13 +200,19 @@ def the_debug_check_says(s: Leftovers) -> Explanation | None:
             by_size.setdefault((fingerprint.shape, fingerprint.dtype), []).append(rank)
         sides = sorted(by_size.items(), key=lambda item: (len(item[1]), sorted(item[1])[0]))
         odd = sorted(sides[0][1]) if len(sides) > 1 and len(sides[0][1]) < len(sides[1][1]) else []
-        return s.d.explanation(
-            Cause.COLLECTIVE_SHAPE_MISMATCH,
+        found = (
             f"the ranks call {op}" + (f" #{seq}" if seq is not None else "") + " with different tensors, "
             "as TORCH_DISTRIBUTED_DEBUG=DETAIL's check found before running it: "
             + "; ".join(
                 f"{who(sorted(ranks))} with {', '.join(x for x in size if x)}" for size, ranks in sides
-            ),
+            )
+        )
+        if _issued_for_parameters(op, [_flat_numel(shape) for (shape, _dtype), _ in sides]):
+            absent = sorted(set(seen) - set(odd)) if odd else []
+            return _other_modules_ran(s, found, op, odd or sorted(seen), absent, said)
+        return s.d.explanation(
+            Cause.COLLECTIVE_SHAPE_MISMATCH,
+            found,
             ranks=odd or sorted(seen),
             absent_ranks=sorted(set(seen) - set(odd)) if odd else [],
             op=op,
@@ -262,6 +268,56 @@ def the_debug_check_says(s: Leftovers) -> Explanation | None:
     )
     parted.fix = _WHERE_NOT_WHY
     return parted
+
+
+def _issued_for_parameters(op: str, numels: list[int | None]) -> bool:
+    """Whether a collective of ``op`` with these sizes (elements, None where not flat or not
+    said) is one a library issues for the model's parameters (communicates.PARAMETER_OPS), or a
+    gradient bucket's all-reduce (a flat tensor of millions of elements on every rank)."""
+    if op.upper() in PARAMETER_OPS:
+        return True
+    known = [n for n in numels if n is not None]
+    return op.upper() == "ALLREDUCE" and len(known) == len(numels) and min(known) >= GRADIENT_BUCKET_MIN_NUMEL
+
+
+def _flat_numel(shape: str | None) -> int | None:
+    """Elements of a 1-D shape as DETAIL prints it ("[51123456]"); None for any other."""
+    inner = (shape or "").strip("[] ")
+    return int(inner) if inner.isdigit() else None
+
+
+def _other_modules_ran(
+    s: Leftovers, found: str, op: str, ranks: list[int], absent: list[int], said: list[str]
+) -> Explanation:
+    """Other sizes in a collective issued for the model's parameters: the ranks ran other
+    modules. Read from what these ops are, not from the files: said as the likely reading."""
+    kind = "gradient reduce-scatter" if "SCATTER" in op.upper() else "parameter all-gather"
+    what = (
+        f"most likely the {kind} that ZeRO-3 or FSDP issues for the modules a forward or backward runs "
+        "(a call of the user's own to the same op with a per-rank size would be a plain shape mismatch)"
+        if op.upper() in PARAMETER_OPS
+        else "a gradient bucket's all-reduce (a flat tensor of millions of elements: DDP's or ZeRO's)"
+    )
+    explained = s.d.explanation(
+        Cause.DATA_DEPENDENT_BRANCH,
+        f"{found}. {op} here is {what}: with other sizes, the ranks ran other modules at this step. "
+        "The likely reading is a branch on each rank's data: a batch with no images that skips the "
+        "vision tower, an expert no token was routed to, a loss term computed only for some samples. "
+        "What would confirm it: the batches each rank had at that step (their modalities, or which "
+        "parameters got gradients: find_unused_parameters=True names them under DDP)",
+        ranks=ranks,
+        absent_ranks=absent,
+        op=op,
+        site=None,
+        evidence=[*s.evidence, *said],
+    )
+    explained.fix = (
+        "Make every rank run the same modules at every step: feed a dummy input through the branch "
+        "a batch lacks (a blank image through the vision tower, multiplied by zero into the loss), "
+        "group batches by modality so every rank has the same kind at one step, or, under DDP, "
+        "find_unused_parameters=True; under ZeRO-3, ZeRO-2 does not gather parameters per module."
+    )
+    return explained
 
 
 def a_rank_failed_first(s: Leftovers) -> Explanation | None:
@@ -473,6 +529,8 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                     f"with {sizes} elements, which {who(sorted(works))} completed: the first to part, "
                     "with a size of its own there"
                 )
+            if not first and _issued_for_parameters(op, list(by_size)):
+                return _other_modules_ran(s, message, op, sorted(works), [], [])
             return s.d.explanation(
                 Cause.COLLECTIVE_SHAPE_MISMATCH,
                 message,
