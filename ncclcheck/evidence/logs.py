@@ -515,6 +515,7 @@ class _TextFile:
     # "(Worker_TP1 pid=1390) ERROR ...", then its traceback): the rank of the prefixed line
     # just before, and whether a traceback it opened is being read
     last_prefixed: int | None = None
+    timed_out: bool = False  # a watchdog timeout was read: what the job printed after is no phase
     # the job's last two lines of its own output (not torch's, not NCCL's): line, number, rank
     own_output: deque[tuple[str, int, int | None]] = field(default_factory=lambda: deque(maxlen=2))
     adopted: int | None = None
@@ -733,13 +734,14 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
             source,
             int(limit.group(1)) if (limit := _WORK_TIMEOUT.search(line)) else None,
         )
-        if not text.found.output_before and text.own_output:
+        if not text.timed_out and text.own_output:
             # what the job printed last before its first timeout: the phase a process not
             # waiting in the collective was in ("Clustering 111M points", "Saving checkpoint")
             text.found.output_before = [
                 OwnOutput(said.strip()[:200], Source(str(text.path), at), whose)
                 for said, at, whose in text.own_output
             ]
+        text.timed_out = True
         _own(text, rank, "timeout", timed_out, number)
     if progress := _PROGRESS.search(line):
         _own(
@@ -828,8 +830,13 @@ def _own(text: _TextFile, rank: int | None, kind: str, value: Any, number: int) 
         return
     record = text.found.rank(rank)
     if kind == "timeout":
-        if value not in record.timeouts:
+        # one timeout, said again ("terminate called ... what(): [Rank 1] Watchdog caught ..."):
+        # kept once, the fuller line of the two
+        same = next((w for w in record.timeouts if (w.group, w.seq) == (value.group, value.seq)), None)
+        if same is None:
             record.timeouts.append(value)
+        elif (same.op == "" and value.op) or (same.numel_in is None and value.numel_in is not None):
+            record.timeouts[record.timeouts.index(same)] = value
     elif kind == "progress":
         record.progress[value.group] = value
     elif kind == "ending":

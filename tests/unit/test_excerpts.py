@@ -267,3 +267,17 @@ def test_details_check_on_gradient_buckets_of_other_sizes_reads_as_other_modules
     assert finding.cause is Cause.DATA_DEPENDENT_BRANCH
     assert "gradient bucket" in finding.message
     assert finding.absent_ranks == []  # two ranks, two sizes: neither is the odd one
+
+
+def test_a_timeout_said_twice_is_one_and_what_follows_a_timeout_is_no_phase(tmp_path: Path) -> None:
+    said = (
+        "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=BROADCAST, "
+        "Timeout(ms)=1800000) ran for 1800500 milliseconds before timing out."
+    )
+    log = tmp_path / "rank1.log"
+    log.write_text(
+        f"[E ProcessGroupNCCL.cpp:828] {said}\nterminate called after throwing\n  what():  {said}\n"
+    )
+    job = read_leftovers([log])
+    assert len(job.ranks[1].timeouts) == 1
+    assert job.output_before == []  # nothing of the job's own came before the timeout
