@@ -332,6 +332,10 @@ class Aftermath:
     unplaced: list[UnplacedStack] = field(default_factory=list)  # stacks of no known rank
     spliced: list[str] = field(default_factory=list)  # "file:line" holding two ranks' output, split
     output_before: list[OwnOutput] = field(default_factory=list)  # the job's last lines before a timeout
+    # a process listing posted with the dumps (`ps aux`, `ps -eo pid,stat,...`): pid -> STAT
+    process_states: dict[int, tuple[str, Source]] = field(default_factory=dict)
+    # a stack dumper's failure to attach ("py-spy dump --pid N" then "Error: ..."): pid -> why
+    dump_errors: dict[int, tuple[str, Source]] = field(default_factory=dict)
     # NCCL's COLL launches of processes of no known rank (no communicator init line, no
     # prefix): "host pid N (device [d])" -> its launches on a communicator of every rank
     unplaced_issued: dict[str, list[Issued]] = field(default_factory=dict)
@@ -362,6 +366,7 @@ class Aftermath:
         return bool(
             self.unplaced
             or self.unplaced_issued
+            or self.dump_errors
             or self.fr_trace
             or self.desync
             or self.barrier_late

@@ -516,6 +516,8 @@ class _TextFile:
     # just before, and whether a traceback it opened is being read
     last_prefixed: int | None = None
     timed_out: bool = False  # a watchdog timeout was read: what the job printed after is no phase
+    ps_columns: tuple[int, int] | None = None  # a ps listing's PID and STAT columns, while in it
+    dumping: int | None = None  # the pid of the `py-spy dump` command just read
     # the job's last two lines of its own output (not torch's, not NCCL's): line, number, rank
     own_output: deque[tuple[str, int, int | None]] = field(default_factory=lambda: deque(maxlen=2))
     adopted: int | None = None
@@ -538,11 +540,52 @@ class _TextFile:
 _SPLICED = re.compile(r"(?<=\S)(?=\[(?:rank|default)\d+\]:)")
 
 
+# `ps aux` / `ps -eo pid,stat,...`: a header naming PID and STAT, then a row per process
+_PS_HEADER = re.compile(r"^\s*(?:\w+\s+)*?PID\s+(?:\S+\s+)*?STAT\b")
+# a stack dumper that could not attach: "py-spy dump --pid 123", then "Error: Failed to ..."
+_DUMP_COMMAND = re.compile(r"\bpy-spy\s+dump\b.*?--pid[= ](\d+)")
+_DUMP_ERROR = re.compile(r"^\s*(?:Error|Reason):\s*(.+?)\s*$")
+
+
+def _process_listing(text: _TextFile, line: str, number: int) -> bool:
+    """Rows of a `ps` listing under its header: each pid's STAT (D: uninterruptible sleep,
+    a process blocked in the kernel on a disk or a network file system)."""
+    columns = text.ps_columns
+    if columns is None:
+        return False
+    cells = line.split()
+    if len(cells) <= max(columns) or not cells[columns[0]].isdigit():
+        text.ps_columns = None
+        return False
+    where = Source(str(text.path), number)
+    text.found.process_states[int(cells[columns[0]])] = (cells[columns[1]], where)
+    text.kinds.add("a process listing (ps)")
+    return True
+
+
 def _read_text(path: Path, found: Aftermath) -> None:
     text = _TextFile(path, found)
     with open(path, encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, 1):
             raw = raw.rstrip("\n")
+            if "PID" in raw and _PS_HEADER.match(raw):
+                header = raw.split()
+                text.ps_columns = (header.index("PID"), header.index("STAT"))
+                continue
+            if text.ps_columns is not None and _process_listing(text, raw, number):
+                continue
+            if "py-spy" in raw and (command := _DUMP_COMMAND.search(raw)):
+                text.dumping = int(command.group(1))
+            elif text.dumping is not None and (error := _DUMP_ERROR.match(raw)):
+                pid, said = text.dumping, error.group(1)
+                before = found.dump_errors.get(pid)
+                if before is None or said not in before[0]:
+                    said = f"{before[0]}; {said}" if before else said
+                    found.dump_errors[pid] = (said, Source(str(path), number))
+                if (rank := _rank_from_name(path)) is not None:
+                    found.rank(rank).pid = found.rank(rank).pid or pid
+                text.kinds.add("a stack dumper's error")
+                continue
             if "]:" in raw[1:] and (pieces := _SPLICED.split(raw)) and len(pieces) > 1:
                 for piece in pieces:  # each rank's part read as its own line
                     _line(text, number, piece)

@@ -281,3 +281,30 @@ def test_a_timeout_said_twice_is_one_and_what_follows_a_timeout_is_no_phase(tmp_
     job = read_leftovers([log])
     assert len(job.ranks[1].timeouts) == 1
     assert job.output_before == []  # nothing of the job's own came before the timeout
+
+
+def test_a_rank_in_uninterruptible_sleep_while_the_others_wait_is_the_straggler(tmp_path: Path) -> None:
+    listing = tmp_path / "ps_node3.txt"
+    listing.write_text(
+        "  PID STAT     TIME CMD\n"
+        " 9101 D+   01:10:02 python train.py\n"
+        " 9102 R+   01:02:40 python train.py\n"
+        " 9103 R+   01:02:41 python train.py\n"
+    )
+    failed = tmp_path / "rank24_pid9101.txt"
+    failed.write_text(
+        "$ py-spy dump --pid 9101\nError: Failed to suspend process\nReason: EPERM: Operation not permitted\n"
+    )
+    waiting = tmp_path / "pid9102.txt"
+    waiting.write_text(
+        'Thread 9102 (active): "MainThread"\n'
+        "    barrier (torch/distributed/distributed_c10d.py:4101)\n"
+        "    save (train.py:210)\n"
+    )
+    (finding,) = run_doctor_from([listing, failed, waiting]).findings
+    assert finding.cause is Cause.STRAGGLER
+    assert finding.absent_ranks == [24]
+    assert any("STAT D+" in line for line in finding.evidence)
+    # the same rank running (R): nothing says it is held outside; no rank is set apart for it
+    listing.write_text(listing.read_text().replace(" 9101 D+", " 9101 R+"))
+    assert all(24 not in f.absent_ranks for f in run_doctor_from([listing, failed, waiting]).findings)

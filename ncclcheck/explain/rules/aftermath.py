@@ -1156,6 +1156,58 @@ def _never_issued(
     return unexplained
 
 
+def a_rank_blocked_in_the_kernel(s: Leftovers) -> Explanation | None:
+    """A rank with no stack whose process a `ps` listing shows in uninterruptible sleep (STAT
+    D: blocked in the kernel on a disk or a network file system; a stack dumper cannot stop
+    it, so its dump fails) while other processes wait in a collective: it is outside every
+    collective, and the one the others wait for."""
+    blocked = [
+        r
+        for r, rec in sorted(s.job.ranks.items())
+        if rec.stack is None
+        and rec.pid is not None
+        and s.job.process_states.get(rec.pid, ("", None))[0].startswith("D")
+    ]
+    if not blocked:
+        return None
+    placed = sorted(
+        r for r, rec in s.job.ranks.items() if rec.stack is not None and blocking(rec.stack).waits_for_peers
+    )
+    unplaced = [u.label for u in s.job.unplaced if blocking(u.stack).waits_for_peers]
+    if not placed and not unplaced:
+        return None
+    facts = []
+    for rank in blocked:
+        pid = s.job.ranks[rank].pid
+        assert pid is not None
+        state, where = s.job.process_states[pid]
+        facts.append(f"rank {rank} (pid {pid}): STAT {state} in the process listing ({where})")
+        if pid in s.job.dump_errors:
+            error, at = s.job.dump_errors[pid]
+            facts.append(f"rank {rank} (pid {pid}): its stack dump failed: {error} ({at})")
+    waiting = who(placed) if placed else f"the processes of {', '.join(unplaced)}"
+    found = s.d.explanation(
+        Cause.STRAGGLER,
+        f"{who(blocked)} {'is' if len(blocked) == 1 else 'are'} in uninterruptible sleep (STAT D: blocked "
+        "in the kernel, on a disk or a network file system), with no stack (a dumper cannot stop a "
+        f"process in that state), while {waiting} wait in a collective: {who(blocked)} is outside every "
+        "collective, the one the others wait for; the collective is only where they wait",
+        ranks=placed,
+        absent_ranks=blocked,
+        op=None,
+        site=None,
+        evidence=[*s.evidence, *facts],
+    )
+    found.fix = (
+        f"Look at the host of {who(blocked)}, not at NCCL: what its process reads or writes there (a "
+        "checkpoint or log on a shared file system, a dataset on a network mount): `cat /proc/PID/stack` "
+        "and `cat /proc/PID/wchan` show the kernel call it sleeps in, dmesg the file system's errors. "
+        "Write checkpoints and logs to local disk and copy them off in the background; a longer "
+        "process-group timeout only hides the stall"
+    )
+    return found
+
+
 def stacks_decide(s: Leftovers) -> Explanation | None:
     stacks = {r: rec.stack for r, rec in s.job.ranks.items() if rec.stack is not None}
     if not stacks:
@@ -1346,6 +1398,7 @@ AFTERMATH_RULES = (
     unplaced_sequences_disagree,
     completed_on_some_ranks_only,
     some_ranks_never_issued_it,
+    a_rank_blocked_in_the_kernel,
     stacks_decide,
     every_rank_at_one_position,
 )
