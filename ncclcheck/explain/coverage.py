@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncclcheck.causes import Cause
 from ncclcheck.evidence.traces import LoaderPass
 from ncclcheck.explain.context import Context
 from ncclcheck.lint.findings import located
@@ -58,7 +59,47 @@ def coverage(d: Context) -> Coverage:
         found.not_run.append(after)
     _train_pass_ends(d, found)
     _periodic_actions(d, found, linter)
+    _decisions_on_local_values(d, found, linter)
     return found
+
+
+# lint's readings of a decision each rank takes on a value of its own (its loss, its clock,
+# its data, an exception it catches): a dry run in which the ranks did not part has not
+# shown that they cannot, only that they did not within its budget
+_LOCAL_DECISIONS = frozenset(
+    {Cause.UNSYNCHRONIZED_DECISION, Cause.RANK_EARLY_EXIT, Cause.DATA_DEPENDENT_BRANCH, Cause.RANK_EXCEPTION}
+)
+
+
+def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> None:
+    """Each decision lint reads as taken on a rank's own value, in the user's files, as a part
+    the dry run did not check: the ranks took it alike (or not at all) within the budget, so
+    what ran cannot vouch for the run where one rank takes it alone (an early stop on its own
+    loss, a save on its own clock, a batch skipped for its own NaN)."""
+    said = {(f.location.path, f.location.line) for f in found.found_in_source if f.location}
+    for path in _user_files(d):
+        module = linter.load(Path(path))
+        if module is None:
+            continue
+        for finding in linter.check(module):
+            if finding.cause not in _LOCAL_DECISIONS or finding.location is None:
+                continue
+            where = located(finding)
+            if (where.path, where.line) in said:
+                continue
+            said.add((where.path, where.line))
+            checked = relative(where.checked_path or where.path, d.ev.cwd)
+            decided_at = f"{checked}:{where.condition_line or where.line}"
+            reading = finding.message.split(": ranks that take it")[0]
+            found.not_run.append(
+                Gap(
+                    f"{decided_at}: a decision each rank takes on a value of its own ({finding.cause}, "
+                    f"as lint reads it: {reading}); in the dry run the ranks did not part there, which is "
+                    "not that they cannot. Not checked: make it fire on one rank (its test true on rank 1 "
+                    "only) or run `ncclcheck lint` on it",
+                    True,
+                )
+            )
 
 
 def _after_the_stop(d: Context, linter: Linter) -> Gap | None:

@@ -30,6 +30,7 @@ from ncclcheck.lint.syntax import (
     names_tested_for_value,
     reaching_nodes_in,
     reads_shape,
+    tensor_value_roots,
     tests_membership,
     walk_scope,
 )
@@ -281,7 +282,9 @@ class ScopeChecker:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
             if names & self.linter.rooted_names(self.scope, self.module).keys():
                 return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
-            if names and names <= self.linter.sync_points(self.scope, self.module).keys():
+            synced = self.linter.sync_points(self.scope, self.module).keys()
+            read = tensor_value_roots(test) or names
+            if read and read <= synced:
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
         if kind in (RANK, DATA):
             return kind

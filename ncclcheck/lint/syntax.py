@@ -17,6 +17,7 @@ from ncclcheck.lint.tables import (
     NEW_GROUP,
     RANK_ZERO_DECORATORS,
     SCOPES,
+    TENSOR_VALUE_CALLS,
 )
 
 
@@ -178,6 +179,30 @@ def keyword_true(call: ast.Call, name: str) -> bool:
     return any(
         k.arg == name and not (isinstance(k.value, ast.Constant) and not k.value.value) for k in call.keywords
     )
+
+
+def tensor_value_roots(expr: ast.expr) -> set[str]:
+    """The names whose tensor values ``expr`` reads (``loss`` of ``stop(loss.item())``,
+    ``x`` of ``torch.isfinite(x)`` and of ``x.shape[0]``): what makes a test data-dependent,
+    as opposed to the other names in it (an object whose method is called)."""
+    roots: set[str] = set()
+    for node in ast.walk(expr):
+        value: ast.expr | None = None
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in TENSOR_VALUE_CALLS
+        ):
+            value = node.func.value
+        elif isinstance(node, ast.Call) and called_names(node) & TENSOR_VALUE_CALLS and node.args:
+            value = node.args[0]
+        elif isinstance(node, ast.Attribute) and node.attr == "shape":
+            value = node.value
+        while isinstance(value, (ast.Attribute, ast.Subscript, ast.Call)):
+            value = value.func if isinstance(value, ast.Call) else value.value
+        if isinstance(value, ast.Name):
+            roots.add(value.id)
+    return roots
 
 
 def reads_shape(expr: ast.expr) -> bool:

@@ -175,3 +175,20 @@ def test_doctor_names_the_same_random_decision_on_the_hung_job() -> None:
     )
     assert "a test each rank answers for itself (a random draw" in finding["message"], finding
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
+def test_an_early_stop_on_each_ranks_own_loss_that_never_fired_is_partial_and_its_twin_aligned() -> None:
+    """The patience counter runs out on no rank within the dry run's budget: the ranks did
+    not part, but a real run's ranks can; the decision is said not checked (partial, exit
+    5), never aligned. The twin decides on the all-reduced loss: aligned."""
+    broken = SCRIPTS / "patience_on_local_loss.py"
+    proc, report = preflight("--nproc-per-node=2", str(broken))
+    assert proc.returncode == 5, (proc.stderr[-2000:], report)
+    assert report["verdict"] == "partial" and not report["findings"], report
+    decided = line_in(broken, "if stopper.should_stop(loss.item()):")
+    (gap,) = [g for g in report["summary"]["not_run"] if "a decision each rank takes" in g]
+    assert gap.startswith(f"tests/scripts/patience_on_local_loss.py:{decided}: a decision each rank takes"), (
+        gap
+    )
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "patience_on_reduced_loss.py"))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
