@@ -98,6 +98,10 @@ class Context:
         how, code = self.exit_of(rank)
         if how is End.EXCEPTION:
             return True
+        if how is End.SYS_EXIT and code not in (None, 0):
+            # sys.exit(7): a failed worker to torchrun, which stops the job (a crash); only a
+            # clean exit leaves the others waiting (rank-early-exit)
+            return True
         if how is End.KILLED and code is not None:
             # torchrun's own SIGTERM to the survivors of a failure is not a death of its own
             return not (code == -15 and self.ev.first_failure not in (None, rank))

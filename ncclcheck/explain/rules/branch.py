@@ -67,20 +67,28 @@ def is_certain(explanation: Explanation) -> bool:
     )
 
 
+_EXITS = ("return", "break", "continue")  # Decided.statement's first word for an exit
+
+
 def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
     """The construct a replay saw one side take and the other not (explain/lines.py):
     the except that swallowed an exception, the exit and the values its test read, the
     loop that ran more passes."""
     d = f.d
     seconds = d.ev.lines.seconds if d.ev.lines is not None else 0.0
+    call, made, other = f.call, f.made, f.other
+    if f.alt is not None and set(found.side) == set(made) and found.statement.split()[0] in _EXITS:
+        # the ranks that took the exit are the ones that went on: the call they left behind,
+        # the other side's, is the one the exit skips (a rank-0 block the others return from)
+        call, made, other = f.alt, f.other, f.made
     return call_finding(
         d,
         found.cause,
-        f"{found.headline}: the ranks parted there, and {who(f.made)} went on to {op_text(f.call)} at "
-        f"{d.site(f.call.site)} that {who(f.other)} never made",
-        f.call,
-        f.made,
-        f.other,
+        f"{found.headline}: the ranks parted there, and {who(made)} went on to {op_text(call)} at "
+        f"{d.site(call.site)} that {who(other)} never made",
+        call,
+        made,
+        other,
         [
             *f.evidence,
             f"line evidence from a replay of the dry run up to the divergence ({seconds:.1f} s), "

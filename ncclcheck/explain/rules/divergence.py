@@ -106,7 +106,7 @@ def rank_killed_in_the_call(p: Parting) -> Explanation | None:
 
 
 def ranks_left_the_script(p: Parting) -> Explanation | None:
-    left = [r for r in p.first.absent if p.d.exit_of(r)[0] is End.SYS_EXIT]
+    left = [r for r in p.first.absent if p.d.exit_of(r)[0] is End.SYS_EXIT and not p.d.died(r)]
     if left and len(left) == len(p.first.absent):
         return exited_early(p.d, p.first, p.made, left, p.evidence)
     return None
