@@ -21,7 +21,18 @@ import pytest
 from ncclcheck.evidence.movement import usage
 from ncclcheck.launch.proctree import kill_tree
 
-from ..conftest import JOB_PG_TIMEOUT_S, PLAYBOOKS, REPO, SCRIPTS, WAIT_S, line_in, run_bounded
+from ..conftest import (
+    JOB_BOUND_S,
+    JOB_PG_TIMEOUT_S,
+    PLAYBOOKS,
+    REPO,
+    SCRIPTS,
+    WAIT_S,
+    line_in,
+    run_bounded,
+    run_to_its_end,
+    torchrun_argv,
+)
 
 pytestmark = pytest.mark.ranks
 
@@ -665,4 +676,23 @@ def test_a_job_of_srun_tasks_is_read_from_their_slurm_variables() -> None:
     finding = report["findings"][0]
     assert finding["cause"] == "rank-conditional-collective", finding
     assert finding["site"] == f"tests/scripts/slurm_rank0_collective.py:{line_in(script, '# rank 0 alone')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
+@pytest.mark.parametrize("mode", ["broken", "fixed"])
+def test_an_error_swallowed_around_a_helpers_collective_is_named_at_the_handler(mode: str) -> None:
+    """The loop runs six passes on every rank (range(6)); rank 1's third pass raised in the
+    helper and the caller's handler swallowed it: the ranks are a call apart, not at passes
+    of different counts. doctor names the handler; the fixed twin runs to its end."""
+    script = SCRIPTS / "scores_skip_bad_records.py"
+    if mode == "fixed":
+        result = run_to_its_end(torchrun_argv(script, 2), JOB_BOUND_S, env={"MODE": "fixed"})
+        assert result.returncode == 0, result.output[-3000:]
+        return
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-exception", finding
+    handler = line_in(script, "except ValueError as err:  # a bad shard")
+    assert f"handler at tests/scripts/scores_skip_bad_records.py:{handler}" in finding["message"], finding
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])

@@ -325,15 +325,25 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
         if swallowing is not None and inside:
             deciding = Frame(deciding_file, swallowing.lineno, "")
             where = d.site(deciding)
+            call, made, other = f.call, f.made, f.other
+            in_the_try = [
+                fr
+                for fr in f.alt_stack
+                if fr.file == deciding_file and any(reading.contains(b, fr.line) for b in swallowing.body)
+            ]
+            if f.alt is not None and in_the_try:
+                # the side waiting inside the try is at the call the raising side skipped
+                call, made, other = f.alt, f.other, f.made
             return call_finding(
                 d,
                 Cause.RANK_EXCEPTION,
-                f"{who(f.made)} and {who(f.other)} are at different calls of one pass of the loop at "
+                f"{who(made)} and {who(other)} are at different calls of one pass of the loop at "
                 f"{loop_site}, inside a try whose handler swallows errors ({where}): a rank that "
-                "raised skipped the rest of a pass, its collectives included",
-                f.call,
-                f.made,
-                f.other,
+                f"raised there skipped {op_text(call)} at {d.site(call.site)}, the rest of its pass, and "
+                "went on",
+                call,
+                made,
+                other,
                 list(f.evidence),
                 Reason(ReasonKind.SWALLOWED_ERROR, deciding, "try"),
             )

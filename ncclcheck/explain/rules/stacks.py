@@ -783,14 +783,34 @@ def _loop_finding(
     evidence: list[str],
 ) -> Explanation:
     assert inside.site is not None
-    swallowing = reading.swallowing_try(inside.site.file, inside.site.line)
+    # a try whose handler swallows the error, around the call at any depth from the loop's
+    # function in: `try: eval_step(batch)` in the loop, the all_reduce inside eval_step
+    depth = inside.frames.index(frame) if frame in inside.frames else len(inside.frames) - 1
+    swallowing, swallowing_file = None, inside.site.file
+    for below in reversed(inside.frames[depth:]):
+        swallowing = reading.swallowing_try(below.file, below.line)
+        if swallowing is not None:
+            swallowing_file = below.file
+            break
     loop_frame = Frame(frame.file, loop.lineno, "")
     loop_site = diagnoser.site(loop_frame)
     # a `continue` of this loop before the call: one rank skipped a pass (a NaN loss, an
     # empty batch), and from there the ranks were a call apart, to the loop's end
-    skipped = skips_a_pass(frame, loop) if swallowing is None else None
+    skipped, skipped_file = None, frame.file
+    if swallowing is None:
+        # in this loop, else in a loop of a function it calls on the way to the collective
+        # (`train_epoch(...)` in the epoch loop, its `continue` on a NaN loss inside)
+        skipped = skips_a_pass(frame, loop)
+        for below in inside.frames[depth + 1 :]:
+            if skipped is not None:
+                break
+            for inner in reading.enclosing_loops(below.file, below.line):
+                skipped = skips_a_pass(below, inner)
+                if skipped is not None:
+                    skipped_file = below.file
+                    break
     if skipped is not None:
-        skip = SkippedPass.of(diagnoser, frame.file, skipped)
+        skip = SkippedPass.of(diagnoser, skipped_file, skipped)
         return diagnoser.explanation(
             skip.cause,
             f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
@@ -806,12 +826,19 @@ def _loop_finding(
         )
     if swallowing is not None:
         cause = Cause.RANK_EXCEPTION
-        try_frame = Frame(inside.site.file, swallowing.lineno, "")
+        try_frame = Frame(swallowing_file, swallowing.lineno, "")
         reason = Reason(ReasonKind.SWALLOWED_ERROR, try_frame, "try")
+        handler = next(
+            (h for h in swallowing.handlers if not any(isinstance(n, ast.Raise) for n in ast.walk(h))), None
+        )
+        at = (
+            f" at {diagnoser.site(Frame(swallowing_file, handler.lineno, ''))}" if handler is not None else ""
+        )
         message = (
-            f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside a try whose handler "
-            f"swallows errors, while {who(outside.ranks)} are past the loop: they skipped one of its "
-            f"collectives"
+            f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} inside a try whose handler"
+            f"{at} swallows errors, while {who(outside.ranks)} {'is' if len(outside.ranks) == 1 else 'are'} "
+            f"past the loop at {loop_site}: a pass that raised there skipped its collectives, and the ranks "
+            "were a call apart from then to the loop's end"
         )
     else:
         reason = Reason(ReasonKind.LOADER_LENGTH, loop_frame, ast.unparse(loop).splitlines()[0])
@@ -821,7 +848,6 @@ def _loop_finding(
             f"{inside.blocking}), {who(outside.ranks)} already left it: the loop ran fewer "
             f"times on them"
         )
-        depth = inside.frames.index(frame) if frame in inside.frames else len(inside.frames) - 1
         cause, detail = _loader_cause(inside.frames[: depth + 1], loop, evidence)
         message += detail
     return diagnoser.explanation(
