@@ -97,6 +97,20 @@ def run_to_its_end(
     return result
 
 
+def aligned_but_for_decisions(returncode: int | None, report: dict[str, Any]) -> None:
+    """A run of a fixed twin that shares its file with the broken one (MODE=fixed): no error,
+    and aligned, or partial only for the broken side's decision on a rank's own value, which
+    the file still holds and preflight lists as not checked (explain/coverage.py)."""
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert not errors, errors
+    if report["verdict"] == "partial":
+        assert returncode == 5, report
+        gaps = report["summary"]["not_run"]
+        assert gaps and all("a decision each rank takes on a value of its own" in gap for gap in gaps), gaps
+    else:
+        assert (returncode, report["verdict"]) == (0, "aligned"), report
+
+
 def line_in(path: Path, fragment: str) -> int:
     """The number of the one line of ``path`` that holds ``fragment``."""
     (number,) = [n for n, text in enumerate(path.read_text().splitlines(), 1) if fragment in text]

@@ -64,11 +64,11 @@ def coverage(d: Context) -> Coverage:
 
 
 # lint's readings of a decision each rank takes on a value of its own (its loss, its clock,
-# its data, an exception it catches): a dry run in which the ranks did not part has not
-# shown that they cannot, only that they did not within its budget
-_LOCAL_DECISIONS = frozenset(
-    {Cause.UNSYNCHRONIZED_DECISION, Cause.RANK_EARLY_EXIT, Cause.DATA_DEPENDENT_BRANCH, Cause.RANK_EXCEPTION}
-)
+# a random draw, its data): a dry run in which the ranks did not part has not shown that
+# they cannot, only that they did not within its budget. Not a rank test (rank-early-exit:
+# the same on every run, so the dry run took it as the real run will), nor a handler
+# (rank-exception: what raises is not a decision the run can be said to have skipped).
+_LOCAL_DECISIONS = frozenset({Cause.UNSYNCHRONIZED_DECISION, Cause.DATA_DEPENDENT_BRANCH})
 
 
 def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> None:
@@ -95,8 +95,9 @@ def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> N
                 Gap(
                     f"{decided_at}: a decision each rank takes on a value of its own ({finding.cause}, "
                     f"as lint reads it: {reading}); in the dry run the ranks did not part there, which is "
-                    "not that they cannot. Not checked: make it fire on one rank (its test true on rank 1 "
-                    "only) or run `ncclcheck lint` on it",
+                    "not that they cannot (lint reads the source: a decision on a path this run's "
+                    "settings never take reads the same). Not checked: make it fire on one rank (its test "
+                    "true on rank 1 only), or `--perturb`",
                     True,
                 )
             )
