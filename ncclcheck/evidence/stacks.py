@@ -260,6 +260,11 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
 _THREAD_IDLE = ("wait", "_wait_for_tstate_lock", "select", "poll", "sleep", "get", "accept", "recv")
 
 
+def _bare(function: str) -> str:
+    """A function's own name: ``wait`` of ``Condition.wait`` (py-spy 0.4 prints the class)."""
+    return function.rsplit(".", 1)[-1]
+
+
 def _in_backward(stack: ProcessStack, main: ThreadStack) -> Blocking:
     """The main thread idles in autograd's backward while the engine's threads run it. A
     Python hook running there (no collective frame of its own) says what the rank does: a
@@ -267,9 +272,10 @@ def _in_backward(stack: ProcessStack, main: ThreadStack) -> Blocking:
     native call after them, or other work. With no such thread, the work is native: DDP's
     reducer, whose gradient all-reduce has no Python frame."""
     for thread in stack.threads:
-        if thread is main or not thread.frames or thread.frames[0].function in _THREAD_IDLE:
+        # py-spy 0.4 names methods with their class ("Condition.wait", "Thread._bootstrap")
+        if thread is main or not thread.frames or _bare(thread.frames[0].function) in _THREAD_IDLE:
             continue
-        if thread.frames[-1].function in ("_bootstrap", "_bootstrap_inner", "run"):
+        if _bare(thread.frames[-1].function) in ("_bootstrap", "_bootstrap_inner", "run"):
             continue  # a Python thread of the program's own (a logger, a monitor), not the engine's
         where = f"{_short(thread.frames[0].file)}:{thread.frames[0].line} in {thread.frames[0].function}"
         name = thread.name or "the autograd engine's thread"

@@ -308,3 +308,28 @@ def test_a_rank_in_uninterruptible_sleep_while_the_others_wait_is_the_straggler(
     # the same rank running (R): nothing says it is held outside; no rank is set apart for it
     listing.write_text(listing.read_text().replace(" 9101 D+", " 9101 R+"))
     assert all(24 not in f.absent_ranks for f in run_doctor_from([listing, failed, waiting]).findings)
+
+
+def test_a_rank_in_backward_beside_idle_threads_named_as_py_spy_0_4_names_them_waits_on_its_peers(
+    tmp_path: Path,
+) -> None:
+    """py-spy 0.4 prints methods with their class (`Condition.wait`, `Thread._bootstrap`):
+    a DataLoader's idle queue feeder beside a main thread in backward is no backward hook."""
+    from ncclcheck.evidence.stacks import blocking
+
+    dump = tmp_path / "rank0.txt"
+    dump.write_text(
+        'Thread 11 (idle): "MainThread"\n'
+        "    _engine_run_backward (torch/autograd/graph.py:979)\n"
+        "    Tensor.backward (torch/_tensor.py:623)\n"
+        "    train_one_epoch (train.py:34)\n"
+        'Thread 12 (idle): "QueueFeederThread"\n'
+        "    Condition.wait (threading.py:327)\n"
+        "    Queue._feed (multiprocessing/queues.py:231)\n"
+        "    Thread.run (threading.py:982)\n"
+        "    Thread._bootstrap (threading.py:1002)\n"
+    )
+    stack = read_leftovers([dump]).ranks[0].stack
+    assert stack is not None
+    waits = blocking(stack)
+    assert waits.waits_for_peers and "DDP gradient buckets" in waits.what

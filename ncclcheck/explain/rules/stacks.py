@@ -809,6 +809,26 @@ def _loop_finding(
                 if skipped is not None:
                     skipped_file = below.file
                     break
+    if skipped is None and swallowing is None:
+        caught = _handler_that_continues(loop, frame.line)
+        if caught is not None:
+            # `try: batch = next(it) / except OSError: continue`: a rank whose pass raised
+            # skipped the rest of it, its collectives included
+            handler_site = diagnoser.site(Frame(frame.file, caught.lineno, ""))
+            return diagnoser.explanation(
+                Cause.RANK_EXCEPTION,
+                f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
+                f"{who(outside.ranks)} already left it: the handler at {handler_site} (`except"
+                f"{' ' + ast.unparse(caught.type) if caught.type is not None else ''}: ... continue`) "
+                "swallows an error and skips the rest of a pass, its collectives included, on the rank "
+                "that raised, and the ranks were a call apart from there to the loop's end",
+                ranks=inside.ranks,
+                absent_ranks=outside.ranks,
+                op=inside.blocking,
+                site=_site(inside),
+                evidence=evidence,
+                reason=Reason(ReasonKind.SWALLOWED_ERROR, Frame(frame.file, caught.lineno, ""), "except"),
+            )
     if skipped is not None:
         skip = SkippedPass.of(diagnoser, skipped_file, skipped)
         return diagnoser.explanation(
@@ -860,6 +880,24 @@ def _loop_finding(
         evidence=evidence,
         reason=reason,
     )
+
+
+def _handler_that_continues(loop: ast.stmt, before_line: int) -> ast.ExceptHandler | None:
+    """An ``except`` in ``loop``'s body, before ``before_line``, that goes on to the next
+    pass of this loop (a ``continue`` of its own, not of a loop inside it)."""
+    for node in ast.walk(loop):
+        if not isinstance(node, ast.Try) or node.lineno >= before_line:
+            continue
+        for handler in node.handlers:
+            inner_loops = [n for n in ast.walk(handler) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]
+            own = [
+                n
+                for n in ast.walk(handler)
+                if isinstance(n, ast.Continue) and not any(n in ast.walk(inner) for inner in inner_loops)
+            ]
+            if own:
+                return handler
+    return None
 
 
 def _loader_cause(frames: list[Frame], loop: ast.stmt, evidence: list[str]) -> tuple[Cause, str]:
