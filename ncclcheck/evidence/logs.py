@@ -586,7 +586,10 @@ def _read_text(path: Path, found: Aftermath) -> None:
                     found.rank(rank).pid = found.rank(rank).pid or pid
                 text.kinds.add("a stack dumper's error")
                 continue
-            if "]:" in raw[1:] and (pieces := _SPLICED.split(raw)) and len(pieces) > 1:
+            # a second rank's prefix past the line's start (no slice: this runs on every line)
+            if (raw.find("[rank", 1) != -1 or raw.find("[default", 1) != -1) and len(
+                pieces := _SPLICED.split(raw)
+            ) > 1:
                 for piece in pieces:  # each rank's part read as its own line
                     _line(text, number, piece)
                 text.found.spliced.append(f"{path}:{number}")

@@ -809,42 +809,30 @@ def _loop_finding(
                 if skipped is not None:
                     skipped_file = below.file
                     break
-    if skipped is None and swallowing is None:
-        caught = _handler_that_continues(loop, frame.line)
-        if caught is not None:
-            # `try: batch = next(it) / except OSError: continue`: a rank whose pass raised
-            # skipped the rest of it, its collectives included
-            handler_site = diagnoser.site(Frame(frame.file, caught.lineno, ""))
-            return diagnoser.explanation(
-                Cause.RANK_EXCEPTION,
-                f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
-                f"{who(outside.ranks)} already left it: the handler at {handler_site} (`except"
-                f"{' ' + ast.unparse(caught.type) if caught.type is not None else ''}: ... continue`) "
-                "swallows an error and skips the rest of a pass, its collectives included, on the rank "
-                "that raised, and the ranks were a call apart from there to the loop's end",
-                ranks=inside.ranks,
-                absent_ranks=outside.ranks,
-                op=inside.blocking,
-                site=_site(inside),
-                evidence=evidence,
-                reason=Reason(ReasonKind.SWALLOWED_ERROR, Frame(frame.file, caught.lineno, ""), "except"),
-            )
-    if skipped is not None:
+    caught = _handler_that_continues(loop, frame.line) if skipped is None and swallowing is None else None
+    if caught is not None:
+        # `try: batch = next(it) / except OSError: continue`: a rank whose pass raised
+        # skipped the rest of it, its collectives included
+        handler_frame = Frame(frame.file, caught.lineno, "")
+        caught_type = f" {ast.unparse(caught.type)}" if caught.type is not None else ""
+        cause, reason = Cause.RANK_EXCEPTION, Reason(ReasonKind.SWALLOWED_ERROR, handler_frame, "except")
+        message = (
+            f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
+            f"{who(outside.ranks)} already left it: the handler at {diagnoser.site(handler_frame)} (`except"
+            f"{caught_type}: ... continue`) swallows an error and skips the rest of a pass, its "
+            "collectives included, on the rank that raised, and the ranks were a call apart from there "
+            "to the loop's end"
+        )
+    elif skipped is not None:
         skip = SkippedPass.of(diagnoser, skipped_file, skipped)
-        return diagnoser.explanation(
-            skip.cause,
+        cause, reason, evidence = skip.cause, skip.reason, [*evidence, skip.evidence]
+        message = (
             f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
             f"{who(outside.ranks)} already left it: {skip.said} skipped the rest of a pass, its "
             "collectives included, on some rank, and the ranks were a call apart from there to the "
-            "loop's end",
-            ranks=inside.ranks,
-            absent_ranks=outside.ranks,
-            op=inside.blocking,
-            site=_site(inside),
-            evidence=[*evidence, skip.evidence],
-            reason=skip.reason,
+            "loop's end"
         )
-    if swallowing is not None:
+    elif swallowing is not None:
         cause = Cause.RANK_EXCEPTION
         try_frame = Frame(swallowing_file, swallowing.lineno, "")
         reason = Reason(ReasonKind.SWALLOWED_ERROR, try_frame, "try")
