@@ -65,6 +65,11 @@ class DryRunSettings:
     # periodic actions (file, line of the if) made to fire once within the budget (record/firing.py)
     fire_periodic: bool = True
     fire_actions: tuple[tuple[str, int], ...] = ()  # found by preflight where fire_periodic
+    # decisions on a rank's own value (lint/decisions.py): watched in the dry run, and each
+    # one the ranks took alike forced on one rank in a run of its own (record/firing.py)
+    force_decisions: bool = True
+    watch_decisions: tuple[tuple[str, int], ...] = ()  # (file, line of the test), found by preflight
+    forced_decision: tuple[str, int, int] | None = None  # (file, line, rank) in a forcing run
 
     # -- timeouts derived from the stall timeout -----------------------------------------
 
@@ -109,6 +114,15 @@ class DryRunSettings:
     def for_replay(self, plan: str) -> DryRunSettings:
         """The replay up to a divergence: the plan of explain/lines.py, no check-in."""
         return replace(self, lines_plan=plan, probe_timeout=0.0)
+
+    def forcing(self, path: str, line: int, rank: int) -> DryRunSettings:
+        """A run with the test at ``path:line`` turned to its other side on ``rank`` at its
+        first evaluation: no check-in (the first run made it), no replay (the forced test
+        is the deciding line), no further forcing."""
+        forced = (path, line, rank)
+        return replace(
+            self, forced_decision=forced, probe_timeout=0.0, line_evidence=False, force_decisions=False
+        )
 
     def started_by(self, launcher: Launcher) -> DryRunSettings:
         """The settings for ranks that ``launcher`` starts: no store to check in through

@@ -22,7 +22,7 @@ from ncclcheck.cli.common import (
     emit_report,
     torchrun_options,
 )
-from ncclcheck.commands.preflight import report_from, run_preflight
+from ncclcheck.commands.preflight import MAX_FORCED_DECISIONS, report_from, run_preflight
 from ncclcheck.evidence.traces import load_traces
 from ncclcheck.launch.stop import listen_for_a_stop
 from ncclcheck.launch.torchrun import Progress
@@ -167,6 +167,15 @@ def preflight_command(
         "save, an evaluation) fire once at its first test, so that it runs within the budget; "
         "the rest of its test (a rank test) is left as written.",
     ),
+    force_decisions: bool = typer.Option(
+        True,
+        "--force-decisions/--no-force-decisions",
+        help="Where a test that decides on a rank's own value (its loss, its clock, its batch: "
+        "lint's reading) ran without parting the ranks, run again with rank 1 made to take its "
+        "other side once: the run the real job has the day that value differs. One more short run "
+        f"per such decision, at most {MAX_FORCED_DECISIONS}; the report says what was forced and "
+        "what followed.",
+    ),
     world_size: int = typer.Option(
         None,
         "--world-size",
@@ -218,6 +227,7 @@ def preflight_command(
         perturb=perturb,
         line_evidence=line_evidence,
         fire_periodic=fire_periodic,
+        force_decisions=force_decisions,
         eval_batches=_eval_batches(eval_batches),
         train_end_batches=train_end_batches,
         launcher=Launcher.ACCELERATE

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ncclcheck.catalogue import load_catalogue
 from ncclcheck.causes import Cause
 from ncclcheck.commands.startup import (
     launch_failure,
@@ -23,6 +24,7 @@ from ncclcheck.errors import InputError, UsageError
 from ncclcheck.evidence.replayed import load_replay
 from ncclcheck.evidence.traces import TRACE_GLOB, RankTrace, load_traces
 from ncclcheck.explain.context import Evidence
+from ncclcheck.explain.coverage import Gap
 from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, guard_of, own_starter
 from ncclcheck.launch.replay import WarmReplay
@@ -43,6 +45,7 @@ from ncclcheck.launch.virtual import (
     reference_of,
     run_virtual,
 )
+from ncclcheck.lint.decisions import decisions_to_watch
 from ncclcheck.lint.periodic import actions_to_fire
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
 from ncclcheck.record.bootstrap import find_module_file
@@ -112,6 +115,8 @@ def run_preflight(
     settings, spawn_site = _resolve_launcher(settings, torchrun, path, virtual)
     if settings.fire_periodic:
         settings = replace(settings, fire_actions=tuple(actions_to_fire(Path(path))))
+    # watched in every run (which side each rank took); forced below where they did not part
+    settings = replace(settings, watch_decisions=tuple(decisions_to_watch(Path(path))))
     if settings.launcher == Launcher.SLURM:
         _check_allocation(torchrun)
     own_dir = trace_dir is None
@@ -132,6 +137,7 @@ def run_preflight(
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
             warm = _WarmUp(torchrun, settings, folder)  # the replay's server, started once the run goes quiet
+            again = _Again(script, script_args, torchrun, as_module)
             try:
                 launch = run_dry(
                     script, script_args, torchrun, settings, folder, on_progress, as_module, None, warm.start
@@ -145,11 +151,10 @@ def run_preflight(
                 if launch.stalled or launch.returncode:  # where ranks part, almost always
                     warm.start()
                 first = Diagnosis.of(folder, launch)
-                diagnosis = _with_line_evidence(
-                    first, script, script_args, torchrun, settings, as_module, warm.server
-                )
+                diagnosis = _with_line_evidence(first, again, settings, warm.server)
             finally:
                 warm.close()
+            diagnosis = _with_forced_decisions(diagnosis, again, settings)
             report = diagnosis.report
         if settings.launcher == Launcher.ACCELERATE:
             report.summary["launcher"] = (
@@ -241,6 +246,7 @@ class Diagnosis:
     report: Report
     launch: LaunchResult | None
     replay_plan: dict[str, Any] | None
+    not_run: list[Gap]
 
     @classmethod
     def of(
@@ -252,7 +258,7 @@ class Diagnosis:
 
     @classmethod
     def read(cls, evidence: Evidence, launch: LaunchResult | None) -> Diagnosis:
-        report, replay_plan = diagnose(evidence)
+        report, replay_plan, not_run = diagnose(evidence)
         if launch is not None and launch.probe_failed:
             report.findings.insert(0, _probe_finding(evidence.traces, evidence.world_size))
             report.verdict = Verdict.CRASH
@@ -263,7 +269,7 @@ class Diagnosis:
                 "on its call chains traced"
                 + (f"; it did not run as the first run did: {replay.mismatch}" if replay.mismatch else "")
             )
-        return cls(evidence, report, launch, replay_plan)
+        return cls(evidence, report, launch, replay_plan, not_run)
 
 
 SMALL_WORLD = 16  # worlds up to this size run every rank
@@ -442,21 +448,30 @@ class _WarmUp:
             self.server.close()
 
 
+@dataclass(frozen=True)
+class _Again:
+    """What a second run of the script takes besides its settings: a replay, a forcing run."""
+
+    script: str
+    script_args: list[str]
+    torchrun: TorchrunOptions
+    as_module: bool
+
+    def run(self, settings: DryRunSettings, folder: Path, warm: WarmReplay | None = None) -> LaunchResult:
+        return run_dry(
+            self.script, self.script_args, self.torchrun, settings, folder, None, self.as_module, warm
+        )
+
+
 def _with_line_evidence(
-    first: Diagnosis,
-    script: str,
-    script_args: list[str],
-    torchrun: TorchrunOptions,
-    settings: DryRunSettings,
-    as_module: bool,
-    warm: WarmReplay | None = None,
+    first: Diagnosis, again: _Again, settings: DryRunSettings, warm: WarmReplay | None = None
 ) -> Diagnosis:
     """Replay the dry run up to the first divergence with the functions on its call
     chains traced (explain/lines.py), when the source alone was not certain why the
     ranks parted: anything but a rank test around the call itself. ``warm``: a server
     with torch imported that forks the replay's ranks (launch/replay.py)."""
     launch = first.launch
-    if launch is None or launch.interrupted or not _may_replay(torchrun, settings):
+    if launch is None or launch.interrupted or not _may_replay(again.torchrun, settings):
         return first
     plan = first.replay_plan
     if plan is None:
@@ -469,19 +484,160 @@ def _with_line_evidence(
         plan_path.write_text(json.dumps(plan), encoding="utf-8")
         replay_settings = settings.for_replay(str(plan_path))
         started = time.monotonic()
-        replayed = run_dry(
-            script, script_args, torchrun, replay_settings, folder / "replay", None, as_module, warm
-        )
+        replayed = again.run(replay_settings, folder / "replay", warm)
         if warm is not None and not replayed.interrupted and not any((folder / "replay").glob(TRACE_GLOB)):
             # the warm server ended before it forked a rank (seen once on a loaded machine,
             # its output unread): the replay through torchrun, as without it
-            run_dry(script, script_args, torchrun, replay_settings, folder / "replay", None, as_module)
+            again.run(replay_settings, folder / "replay")
         replay = load_replay(folder / "replay", first.evidence.traces, stops)
         replay.seconds = time.monotonic() - started
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     first.evidence.lines = replay
     return Diagnosis.read(first.evidence, first.launch)
+
+
+# Each forced decision is a dry run of its own: the first few the run reached are forced,
+# the rest stay listed as not checked (a script with more is rare, and each costs a run).
+MAX_FORCED_DECISIONS = 3
+FORCED_RANK = 1  # not rank 0, which scripts often set apart by design (logging, saving)
+
+
+def _with_forced_decisions(first: Diagnosis, again: _Again, settings: DryRunSettings) -> Diagnosis:
+    """Run again with one rank made to take the other side of each decision on a rank's own
+    value that the dry run reached without the ranks parting (lint/decisions.py,
+    record/firing.py): what the real run does the day one rank's loss, clock or batch goes
+    its own way. Where the ranks then part, that run's report is the answer, said as forced;
+    where they stay aligned, the decision is checked and no longer listed as not run."""
+    report, launch = first.report, first.launch
+    world = first.evidence.world_size
+    if (
+        not settings.force_decisions
+        or launch is None
+        or launch.interrupted
+        or report.has_errors
+        or report.verdict not in (Verdict.ALIGNED, Verdict.PARTIAL)
+        or world <= FORCED_RANK
+        or again.torchrun.nnodes not in ("1", "1:1")  # the other nodes' ranks are not this preflight's
+        or settings.launcher == Launcher.SPAWN
+    ):
+        return first
+    # a test whose values were alike on every rank is not turned on one: a state the real
+    # run reaches only if those values can differ, which the dry run says nothing of
+    reached = [gap for gap in first.not_run if gap.decision is not None and gap.reached and not gap.alike]
+    if not reached:
+        return first
+    said: list[str] = []
+    checked: list[Gap] = []
+    for gap in reached[:MAX_FORCED_DECISIONS]:
+        assert gap.decision is not None
+        path, line = gap.decision.path, gap.decision.line
+        where = f"{relative(path, first.evidence.cwd)}:{line}"
+        folder = private_trace_dir()
+        started = time.monotonic()
+        try:
+            forced_launch = again.run(settings.forcing(path, line, FORCED_RANK), folder)
+            forced = Diagnosis.of(folder, forced_launch)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        seconds = time.monotonic() - started
+        if forced_launch.interrupted:
+            break  # stopped by a signal: what was forced so far is said
+        outcome = _what_forcing_did(forced, path, line, where)
+        if outcome.parted:
+            _say_forced(forced.report, gap, where, outcome.text)
+            forced.report.summary["forced"] = [*said, f"{where}: {outcome.text} ({seconds:.1f} s)"]
+            return forced
+        said.append(f"{where}: {outcome.text} ({seconds:.1f} s)")
+        if outcome.checked:
+            checked.append(gap)
+    left = len(reached) - MAX_FORCED_DECISIONS
+    if left > 0:
+        said.append(f"{left} more decision(s) of this kind not forced: at most {MAX_FORCED_DECISIONS} runs")
+    if said:
+        report.summary["forced"] = said
+    remaining = [gap for gap in first.not_run if gap not in checked]
+    if remaining:
+        report.summary["not_run"] = [gap.text for gap in remaining]
+    else:
+        report.summary.pop("not_run", None)
+    if report.verdict is Verdict.PARTIAL and not any(gap.communicates for gap in remaining):
+        report.verdict = Verdict.ALIGNED
+    first.not_run = remaining
+    return first
+
+
+@dataclass(frozen=True)
+class _Forced:
+    text: str
+    parted: bool = False  # the ranks parted after it: the forced run's report is the answer
+    checked: bool = False  # they went on together past it, through collectives
+
+
+def _what_forcing_did(forced: Diagnosis, path: str, line: int, where: str) -> _Forced:
+    """Read the forcing run: whether the forced side was taken, and what followed."""
+    traces = forced.evidence.traces
+    trace = traces.get(FORCED_RANK)
+    turned = next(
+        (
+            d
+            for d in (trace.decided if trace else [])
+            if d.forced and os.path.realpath(d.site.file) == os.path.realpath(path) and d.site.line == line
+        ),
+        None,
+    )
+    if turned is None:
+        return _Forced(
+            f"forced on rank {FORCED_RANK}, its test was not reached there in that run: not checked"
+        )
+    side = "true" if turned.taken else "false"
+    head = f"its test made {side} on rank {FORCED_RANK} alone, at its first test in {turned.site.function}()"
+    report = forced.report
+    errors = [f for f in report.findings if f.severity is Severity.ERROR]
+    own = trace.exit if trace else None
+    if own is not None and own.how is End.EXCEPTION:
+        # a forced side can be one the script's state never allows (an `if x is None` turned
+        # with x set): what it raised says nothing of the real run
+        return _Forced(f"{head}: rank {FORCED_RANK} then raised {own.message or 'an exception'}; not checked")
+    if errors:
+        return _Forced(head, parted=True)
+    if not all(max((call.time for call in t.calls), default=0.0) > turned.time for t in traces.values()):
+        return _Forced(f"{head}: no collective ran after it before the dry run ended; not checked")
+    return _Forced(f"{head}: the ranks stayed aligned through the collectives after it", checked=True)
+
+
+def _say_forced(report: Report, gap: Gap, where: str, what: str) -> None:
+    """The forcing run's first error, said as what follows when one rank takes the decision:
+    the decision is the cause (lint's reading of it) and its test the site; where the
+    ranks then parted is the evidence."""
+    decision = gap.decision
+    assert decision is not None
+    finding = next(f for f in report.findings if f.severity is Severity.ERROR)
+    # what each rank did where they parted stays; the forcing run's own reading of why (a
+    # test watched apart, or none found on the way) does not: the forced test is the reason
+    finding.evidence = [line for line in finding.evidence if line.startswith(("rank ", "call chain"))]
+    finding.evidence[:0] = [
+        f"the ranks then parted at {finding.site}" if finding.site else "the ranks then parted",
+        "the first dry run's ranks had all taken it alike; this is the run in which rank "
+        f"{FORCED_RANK} alone took the other side, as the real run does the day its own value differs",
+    ]
+    finding.message = (
+        f"a decision each rank takes on a value of its own, as lint reads it: {decision.reading}; "
+        f"{what}: the ranks parted"
+    )
+    if finding.cause is not decision.cause:
+        finding.cause = decision.cause
+        entry = load_catalogue().get(decision.cause)
+        finding.fix, finding.playbook = entry.fix.direct, decision.cause.value
+    finding.site = where
+    # the forced decision is checked: it parted the ranks
+    listed = report.summary.get("not_run")
+    if isinstance(listed, list):
+        kept = [text for text in listed if not str(text).startswith(f"{where}:")]
+        if kept:
+            report.summary["not_run"] = kept
+        else:
+            report.summary.pop("not_run")
 
 
 def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchResult | None) -> str:

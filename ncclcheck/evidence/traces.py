@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ncclcheck.errors import InputError
 from ncclcheck.evidence.align import Divergence, StreamAligner, divergences
@@ -109,6 +109,16 @@ class RankEnding:
         return error.removesuffix(f" at {where.file}:{where.line} in {where.function}") if where else error
 
 
+class Decided(NamedTuple):
+    """A watched decision took a side on this rank for the first time, or was forced to."""
+
+    site: Frame  # the test's line, in the function that took it
+    taken: bool
+    forced: bool
+    time: float
+    read: str | None  # a digest of the values its test read at its first evaluation (there only)
+
+
 @dataclass
 class RankTrace:
     rank: int
@@ -132,6 +142,8 @@ class RankTrace:
     adapted: list[tuple[str, Frame]] = field(default_factory=list)  # framework options the dry run set
     # periodic actions that fired, at their if: "fired", or "made to fire" (record/firing.py)
     fired: list[tuple[str, Frame]] = field(default_factory=list)
+    # decisions on a rank's own value, each side the first time it was taken (record/firing.py)
+    decided: list[Decided] = field(default_factory=list)
     rooted_reads: list[RootedRead] = field(default_factory=list)
     phase: str = "train"
     last_time: float = 0.0
@@ -563,6 +575,10 @@ def _apply(
                 dst=int(record["reduce"]["dst"]),
             )
         )
+    elif kind == "decided":
+        site = trace_frame(record["site"])
+        taken, forced, read = bool(record["taken"]), bool(record["forced"]), record.get("read")
+        trace.decided.append(Decided(site, taken, forced, float(record["time"]), read))
     elif kind in ("cpu", "perturb", "framework", "fired"):
         noted = (str(record["kind"]), trace_frame(record["site"]))
         {

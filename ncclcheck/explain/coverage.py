@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ncclcheck.causes import Cause
 from ncclcheck.evidence.traces import LoaderPass
 from ncclcheck.explain.context import Context
+from ncclcheck.lint.decisions import LocalDecision, local_decisions
 from ncclcheck.lint.findings import located
 from ncclcheck.lint.periodic import PeriodicAction, periodic_actions
 from ncclcheck.lint.project import Linter
@@ -31,7 +31,7 @@ from ncclcheck.lint.syntax import reaching_nodes_in
 from ncclcheck.model import Finding, Severity
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
-from ncclcheck.wording import is_user, line_ranges, relative
+from ncclcheck.wording import is_user, line_ranges, relative, who
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,9 @@ class Gap:
 
     text: str
     communicates: bool  # it reaches a collective: what ran cannot vouch for it
+    decision: LocalDecision | None = None  # a decision on a rank's own value (lint/decisions.py)
+    reached: bool = False  # that test ran in the dry run (record/firing.py watched it)
+    alike: bool = False  # there, every rank's test read the same values
 
 
 @dataclass
@@ -63,44 +66,84 @@ def coverage(d: Context) -> Coverage:
     return found
 
 
-# lint's readings of a decision each rank takes on a value of its own (its loss, its clock,
-# a random draw, its data): a dry run in which the ranks did not part has not shown that
-# they cannot, only that they did not within its budget. Not a rank test (rank-early-exit:
-# the same on every run, so the dry run took it as the real run will), nor a handler
-# (rank-exception: what raises is not a decision the run can be said to have skipped).
-_LOCAL_DECISIONS = frozenset({Cause.UNSYNCHRONIZED_DECISION, Cause.DATA_DEPENDENT_BRANCH})
-
-
 def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> None:
-    """Each decision lint reads as taken on a rank's own value, in the user's files, as a part
-    the dry run did not check: the ranks took it alike (or not at all) within the budget, so
-    what ran cannot vouch for the run where one rank takes it alone (an early stop on its own
-    loss, a save on its own clock, a batch skipped for its own NaN)."""
+    """Each decision lint reads as taken on a rank's own value (lint/decisions.py), in the
+    user's files, as a part the dry run did not check: the ranks took it alike (or not at
+    all) within the budget, so what ran cannot vouch for the run where one rank takes it
+    alone (an early stop on its own loss, a save on its own clock, a batch skipped for its
+    own NaN). What the watched test did on each rank is said (record/firing.py)."""
     said = {(f.location.path, f.location.line) for f in found.found_in_source if f.location}
-    for path in _user_files(d):
+    watched = _watched(d)
+    # the files whose tests were watched too: a module no recorded collective was called
+    # through (a save that never fired) still holds the decision
+    files = {*_user_files(d), *(path for path, _line in watched if os.path.isfile(path))}
+    for path in sorted(files):
         module = linter.load(Path(path))
         if module is None:
             continue
-        for finding in linter.check(module):
-            if finding.cause not in _LOCAL_DECISIONS or finding.location is None:
+        for decision in local_decisions(linter, module):
+            if (decision.path, decision.line) in said:
                 continue
-            where = located(finding)
-            if (where.path, where.line) in said:
-                continue
-            said.add((where.path, where.line))
-            checked = relative(where.checked_path or where.path, d.ev.cwd)
-            decided_at = f"{checked}:{where.condition_line or where.line}"
-            reading = finding.message.split(": ranks that take it")[0]
+            said.add((decision.path, decision.line))
+            taken, reads = watched.get((os.path.realpath(decision.path), decision.line), ({}, {}))
+            if len({frozenset(sides) for sides in taken.values()}) > 1:
+                continue  # the ranks took it apart in the run: what followed was checked (or found)
+            # every rank's test read the same values: a value they share on the path that ran
+            alike = len(reads) > 1 and len(set(reads.values())) == 1
+            what = _what_the_test_did(taken, d.ev.world_size)
+            if alike:
+                what += (
+                    ", and at its first evaluation it read the same values on every rank (a value "
+                    "synchronised on the path that ran, or data alike on every rank); whether it can "
+                    "differ per rank was not checked: where every path synchronises it first, nothing "
+                    "is wrong; where not, `--perturb` makes rank-local values differ"
+                )
+            else:
+                what += (
+                    "; the ranks did not part there, which is not that they cannot. Not checked: make "
+                    "it fire on one rank (its test true on rank 1 only), or `--perturb`"
+                )
             found.not_run.append(
                 Gap(
-                    f"{decided_at}: a decision each rank takes on a value of its own ({finding.cause}, "
-                    f"as lint reads it: {reading}); in the dry run the ranks did not part there, which is "
-                    "not that they cannot (lint reads the source: a decision on a path this run's "
-                    "settings never take reads the same). Not checked: make it fire on one rank (its test "
-                    "true on rank 1 only), or `--perturb`",
+                    f"{relative(decision.path, d.ev.cwd)}:{decision.line}: a decision each rank takes on "
+                    f"a value of its own ({decision.cause}, as lint reads it: {decision.reading}); {what}",
                     True,
+                    decision=decision,
+                    reached=bool(taken),
+                    alike=alike,
                 )
             )
+
+
+def _watched(d: Context) -> dict[tuple[str, int], tuple[dict[int, set[bool]], dict[int, str]]]:
+    """(file, line) of each watched test -> (rank -> the sides it took unforced, rank -> a
+    digest of what the test read at its first evaluation)."""
+    watched: dict[tuple[str, int], tuple[dict[int, set[bool]], dict[int, str]]] = {}
+    for rank, trace in d.ev.traces.items():
+        for decided in trace.decided:
+            if decided.forced:
+                continue
+            sides, reads = watched.setdefault(
+                (os.path.realpath(decided.site.file), decided.site.line), ({}, {})
+            )
+            sides.setdefault(rank, set()).add(decided.taken)
+            if decided.read is not None:
+                reads.setdefault(rank, decided.read)
+    return watched
+
+
+def _what_the_test_did(taken: dict[int, set[bool]], world: int) -> str:
+    if not taken:
+        return "the dry run never reached its test (or ran without watching it)"
+    by_sides: dict[tuple[bool, ...], list[int]] = {}
+    for rank, sides in sorted(taken.items()):
+        by_sides.setdefault(tuple(sorted(sides)), []).append(rank)
+    words = {(False,): "false each time", (True,): "true each time", (False, True): "both true and false"}
+    parts = [f"{words[s]} on {who(ranks)}" for s, ranks in by_sides.items()]
+    unreached = world - len(taken)
+    if unreached > 0:
+        parts.append(f"not reached on {unreached} rank(s)")
+    return "in the dry run its test was " + "; ".join(parts)
 
 
 def _after_the_stop(d: Context, linter: Linter) -> Gap | None:

@@ -15,7 +15,7 @@ from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.evidence.traces import divergences_of, eval_calls_without_loader
 from ncclcheck.explain.context import Context, Evidence
-from ncclcheck.explain.coverage import Coverage, coverage
+from ncclcheck.explain.coverage import Coverage, Gap, coverage
 from ncclcheck.explain.engine import Explanation
 from ncclcheck.explain.rules.divergence import crashed, explain_divergence
 from ncclcheck.explain.rules.quiet import explain_stall_without_divergence, warnings
@@ -30,6 +30,7 @@ class Diagnosed(NamedTuple):
 
     report: Report
     replay_plan: dict[str, Any] | None
+    not_run: list[Gap]  # what summary["not_run"] says, with the decisions preflight may force
 
 
 def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Diagnosed:
@@ -62,7 +63,7 @@ def diagnose(evidence: Evidence, catalogue: Catalogue | None = None) -> Diagnose
         summary=summary,
     )
     plan = next((e.replay_plan for e in explanations if e.replay_plan is not None), None)
-    return Diagnosed(report, plan)
+    return Diagnosed(report, plan, covered.not_run)
 
 
 def _explanations(d: Context) -> list[Explanation]:

@@ -36,7 +36,7 @@ from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S, ENV_TRAIN_END
-from ncclcheck.record.firing import ENV_FIRE
+from ncclcheck.record.firing import ENV_DECISIONS, ENV_FIRE
 from ncclcheck.record.launched import ENV_LAUNCHER, ENV_SLURM_PORT, launcher_tmpdir
 from ncclcheck.record.lines import ENV_LINES
 from ncclcheck.record.nccl_timing import ENV_NCCL_TIMING
@@ -399,6 +399,13 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
     }
     if settings.fire_actions:
         env[ENV_FIRE] = json.dumps([list(action) for action in settings.fire_actions])
+    if settings.watch_decisions:
+        env[ENV_DECISIONS] = json.dumps(
+            {
+                "watch": [list(decision) for decision in settings.watch_decisions],
+                "force": list(settings.forced_decision) if settings.forced_decision else None,
+            }
+        )
     if settings.lines_plan:
         env[ENV_PURE_PYTHON] = "1"  # every call through Python, where the replay's stop is
     return env

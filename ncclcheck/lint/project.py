@@ -673,7 +673,7 @@ class Linter:
                     named = [name for target in node.targets for name in bound_names(target)]
                 for name in named:
                     synced.setdefault(name, []).append(call.lineno)
-            self._synced[key] = synced
+            self._synced[key] = _and_what_follows_from_them(synced, list(self.nodes(scope)))
         return self._synced[key]
 
     def rooted_names(self, scope: ast.AST, module: ParsedModule) -> dict[str, tuple[str, int]]:
@@ -801,3 +801,40 @@ class Linter:
                 if causes is None or finding.cause in causes:
                     return True
         return False
+
+
+# Names a value the same on every rank may be built from besides synchronised ones: the
+# tensor and math modules and the builtins that convert (`best = torch.zeros(1)`,
+# `best = float("inf")`); a clock or a random module is not among them.
+_SAME_EVERYWHERE = frozenset({"torch", "math", "np", "numpy", "float", "int", "bool", "min", "max", "abs"})
+
+
+def _and_what_follows_from_them(synced: dict[str, list[int]], nodes: list[ast.AST]) -> dict[str, list[int]]:
+    """``synced`` and every name whose every assignment in the scope is built only from
+    synchronised names and constants (``best = val_acc.clone()`` after val_acc was
+    broadcast, ``best = torch.zeros(1)`` before): its value agrees across ranks too."""
+    assigned: dict[str, list[ast.Assign]] = {}
+    stores: dict[str, int] = {}  # every binding of the name: a for target, a with, an unpacking
+    for node in nodes:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            assigned.setdefault(node.targets[0].id, []).append(node)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):  # the scope's nodes, walked
+            stores[node.id] = stores.get(node.id, 0) + 1
+    found = dict(synced)
+    changed = True
+    while changed:
+        changed = False
+        for name, assignments in assigned.items():
+            if name in found or stores.get(name, 0) != len(assignments):
+                continue  # bound some other way too (a loop, a +=): not followed
+            if all(_built_from(a.value, found) for a in assignments):
+                found[name] = [a.lineno for a in assignments]
+                changed = True
+    return found
+
+
+def _built_from(value: ast.expr, synced: dict[str, list[int]]) -> bool:
+    read = {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read <= (synced.keys() | _SAME_EVERYWHERE) and not any(
+        isinstance(n, ast.Attribute) and n.attr in ("rank", "get_rank", "local_rank") for n in ast.walk(value)
+    )

@@ -286,6 +286,11 @@ class ScopeChecker:
             read = tensor_value_roots(test) or names
             if read and read <= synced:
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
+            elif self.judged_by_own_function(test):
+                # `stopper.should_stop(loss.item())`: the data goes into the project's own
+                # judgement (a patience count, a best so far), which decides on what this
+                # rank has seen: a decision, not a test of the batch at hand
+                return "unsynced"
         if kind in (RANK, DATA):
             return kind
         if called_names(test) & UNSYNCED_CALLS:
@@ -511,6 +516,17 @@ class ScopeChecker:
             collective,
             guard,
         )
+
+    def judged_by_own_function(self, test: ast.expr) -> bool:
+        """Whether a call to a function of the project takes a tensor's value in ``test``."""
+        for call in (n for n in ast.walk(test) if isinstance(n, ast.Call)):
+            reads_value = any(
+                called_names(arg) & TENSOR_VALUE_CALLS
+                for arg in [*call.args, *(k.value for k in call.keywords)]
+            )
+            if reads_value and self.linter.resolve_call(call, self.module, self.function) is not None:
+                return True
+        return False
 
     def report_exit(self, guard: Guard, exit_node: ast.stmt, call: ast.expr, collective: Collective) -> None:
         if id(exit_node) in self.reported_exits:

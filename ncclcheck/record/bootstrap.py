@@ -319,7 +319,8 @@ def main() -> None:
     sys.argv = [script, *legacy, *sys.argv[2:]]
     sys.path[0] = os.getcwd() if module is not None else os.path.dirname(script)
     recorder.outermost_frame = sys._getframe()
-    # periodic actions fire once within the budget (record/firing.py)
+    # periodic actions fire once within the budget, decisions on a rank's own value are
+    # watched, one is forced in a second run (record/firing.py)
     firing.install(
         lambda file, line, function, forced: recorder.write(
             {
@@ -328,7 +329,18 @@ def main() -> None:
                 "site": [file, line, function],
                 "time": time.time(),
             }
-        )
+        ),
+        lambda file, line, function, taken, forced, read: recorder.write(
+            {
+                "t": "decided",
+                "taken": taken,
+                "forced": forced,
+                "read": read,
+                "site": [file, line, function],
+                "time": time.time(),
+            }
+        ),
+        int(os.environ.get("RANK", "0")),
     )
     # a replay for line evidence (explain/lines.py): installed last, nearest the script
     if os.environ.get(lines.ENV_LINES):

@@ -13,6 +13,16 @@ it would at step 1000. Every rank evaluates the part at the same pass of its loo
 the ranks step together, so they fire together, and the script's own counters are left
 as they are: a checkpoint saved this way is named after the step the dry run was at.
 
+The same compile watches the decisions lint reads as taken on a rank's own value
+(lint/decisions.py), listed in ``NCCLCHECK_DECISIONS``: the whole test of each listed
+``if`` or ``while`` is wrapped (``if stopper.should_stop(loss.item()):`` becomes ``if
+__ncclcheck_decide__(k, stopper.should_stop(loss.item())):``), and the first time each
+side is taken is noted, so the report can say which side each rank took in the run. A
+second run names one decision and one rank to force: there the test's first value on
+that rank is turned to the other side (once; every other rank, and that rank after,
+keep their own), which is what the real run does when one rank's loss, clock or batch
+goes its own way.
+
 The main script is compiled through runpy's own reader, imported modules through their
 loader's ``get_code``; files not listed are compiled as always. Lines and file names
 are kept, so stacks and sites read the same.
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import hashlib
 import importlib.machinery
 import json
 import os
@@ -32,17 +43,136 @@ from types import CodeType
 from typing import Any
 
 ENV_FIRE = "NCCLCHECK_FIRE"  # JSON: [[file, line of the if], ...]
+# JSON: {"watch": [[file, line of the if or while], ...], "force": [file, line, rank] or null}
+ENV_DECISIONS = "NCCLCHECK_DECISIONS"
 _HELPER = "__ncclcheck_fire__"
+_DECIDE = "__ncclcheck_decide__"
+_READ = "__ncclcheck_read__"
+
+
+class Decisions:
+    """The watched decisions: which sides each has taken on this rank, what its test read the
+    first time, and the one to force here, if any. ``note(file, line, function, taken,
+    forced, read)`` is told the first time each side is taken (``forced``: the value was
+    turned; ``read``: a digest of the values the test read at its first evaluation, else
+    None). Two ranks whose tests read the same values there decide on a value they share
+    (synchronised on the path that ran, or data alike on every rank): turning it on one rank
+    alone would be a state the real run never reaches."""
+
+    def __init__(
+        self,
+        watched: list[tuple[str, int]],
+        force: tuple[str, int] | None,
+        note: Callable[[str, int, str, bool, bool, str | None], None],
+    ) -> None:
+        self.lines: dict[str, set[int]] = {}
+        for file, line in watched:
+            self.lines.setdefault(os.path.realpath(file), set()).add(line)
+        self.force = (os.path.realpath(force[0]), force[1]) if force else None
+        self.keys: list[tuple[str, int]] = []  # key -> (file, line of the test)
+        self.seen: set[tuple[int, bool]] = set()
+        self.reading: dict[int, list[str]] = {}  # key -> what its first evaluation has read so far
+        self.evaluated: set[int] = set()
+        self.forced = False
+        self.note = note
+
+    def read(self, key: int, value: Any) -> Any:
+        """A value the test at ``key`` reads (a name, an attribute, a call's result), noted at
+        its first evaluation only; returned as it is."""
+        if key not in self.evaluated:
+            self.reading.setdefault(key, []).append(_digest(value))
+        return value
+
+    def decide(self, key: int, value: Any) -> bool:
+        taken = bool(value)
+        read = None
+        if key not in self.evaluated:
+            self.evaluated.add(key)
+            read = hashlib.sha1("\x1f".join(self.reading.pop(key, [])).encode()).hexdigest()[:16]
+        forced = False
+        if not self.forced and self.force == self.keys[key]:
+            self.forced = forced = True
+            taken = not taken
+        if forced or (key, taken) not in self.seen:
+            self.seen.add((key, taken))
+            file, line = self.keys[key]
+            self.note(file, line, sys._getframe(1).f_code.co_name, taken, forced, read)
+        return taken
+
+    def wrap(self, test: ast.expr, path: str, line: int) -> ast.expr:
+        self.keys.append((os.path.realpath(path), line))
+        key = len(self.keys) - 1
+
+        class Reads(ast.NodeTransformer):
+            """Each value the test reads, wrapped to be noted; a called function itself is not
+            a value (``stopper.should_stop`` in ``stopper.should_stop(loss)``)."""
+
+            def visit_Call(self, node: ast.Call) -> ast.AST:
+                node.args = [self.visit(arg) for arg in node.args]
+                for keyword in node.keywords:
+                    keyword.value = self.visit(keyword.value)
+                if isinstance(node.func, ast.Attribute):
+                    node.func.value = self.visit(node.func.value)
+                return _call(_READ, key, node)
+
+            def visit_Name(self, node: ast.Name) -> ast.AST:
+                return _call(_READ, key, node) if isinstance(node.ctx, ast.Load) else node
+
+            def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+                return _call(_READ, key, node) if isinstance(node.ctx, ast.Load) else node
+
+            def visit_Subscript(self, node: ast.Subscript) -> ast.AST:
+                return _call(_READ, key, node) if isinstance(node.ctx, ast.Load) else node
+
+            def visit_Lambda(self, node: ast.Lambda) -> ast.AST:
+                return node  # its body runs later, if at all
+
+            def visit_NamedExpr(self, node: ast.NamedExpr) -> ast.AST:
+                node.value = self.visit(node.value)
+                return node
+
+        read = Reads().visit(test)
+        assert isinstance(read, ast.expr)
+        return _call(_DECIDE, key, read)
+
+
+def _call(helper: str, key: int, node: ast.expr) -> ast.expr:
+    call = ast.Call(ast.Name(helper, ast.Load()), [ast.Constant(key), node], [])
+    return ast.copy_location(call, node)
+
+
+def _digest(value: Any) -> str:
+    """What a value is, as far as two ranks could share it: numbers, strings and small
+    tensors by value, anything else by its type (an object is not a value two ranks read)."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return repr(value)
+    if isinstance(value, tuple | list) and len(value) <= 64:
+        return "[" + ",".join(_digest(item) for item in value) + "]"
+    numel = getattr(value, "numel", None)
+    if callable(numel) and type(value).__module__.startswith("torch"):
+        try:
+            if numel() <= 4096:
+                return f"tensor{tuple(value.shape)}:{value.detach().cpu().flatten().tolist()!r}"
+            return f"tensor{tuple(value.shape)}"
+        except Exception:  # a meta or fake tensor has no values to read
+            return f"tensor{tuple(getattr(value, 'shape', ()))}"
+    return type(value).__qualname__
 
 
 class Firing:
     """Which periodic parts have fired; ``note(file, line, function, forced)`` is told each
     first one (``forced``: its own value was false)."""
 
-    def __init__(self, actions: list[tuple[str, int]], note: Callable[[str, int, str, bool], None]) -> None:
+    def __init__(
+        self,
+        actions: list[tuple[str, int]],
+        note: Callable[[str, int, str, bool], None],
+        decisions: Decisions | None = None,
+    ) -> None:
         self.lines: dict[str, set[int]] = {}
         for file, line in actions:
             self.lines.setdefault(os.path.realpath(file), set()).add(line)
+        self.decisions = decisions
         self.keys: list[tuple[str, int]] = []  # key -> (file, line of the if)
         self.fired: set[int] = set()
         self.note = note
@@ -57,13 +187,17 @@ class Firing:
 
     def compile(self, source: str | bytes, path: str) -> CodeType | None:
         """The module's code with its listed tests wrapped; None when it lists none."""
-        wanted = self.lines.get(os.path.realpath(path))
-        if not wanted:
+        real = os.path.realpath(path)
+        wanted = self.lines.get(real, set())
+        decided = self.decisions.lines.get(real, set()) if self.decisions else set()
+        if not wanted and not decided:
             return None
         tree = ast.parse(source, filename=path)
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and node.lineno in wanted:
                 node.test = self._wrapped(node.test, path, node.lineno)
+            if self.decisions and isinstance(node, ast.If | ast.While) and node.lineno in decided:
+                node.test = self.decisions.wrap(node.test, path, node.lineno)
         return compile(ast.fix_missing_locations(tree), path, "exec", dont_inherit=True)
 
     def _wrapped(self, test: ast.expr, path: str, line: int) -> ast.expr:
@@ -90,13 +224,28 @@ class Firing:
         return wrapped
 
 
-def install(note: Callable[[str, int, str, bool], None]) -> Firing | None:
+def install(
+    note: Callable[[str, int, str, bool], None],
+    note_decision: Callable[[str, int, str, bool, bool, str | None], None],
+    rank: int,
+) -> Firing | None:
     """Compile the listed files with their tests wrapped, from here on; None when the run
     lists none."""
-    raw = os.environ.get(ENV_FIRE)
-    if not raw:
+    raw_fire, raw_decisions = os.environ.get(ENV_FIRE), os.environ.get(ENV_DECISIONS)
+    if not raw_fire and not raw_decisions:
         return None
-    firing = Firing([(str(f), int(n)) for f, n in json.loads(raw)], note)
+    decisions = None
+    if raw_decisions:
+        listed = json.loads(raw_decisions)
+        force = listed.get("force")
+        decisions = Decisions(
+            [(str(f), int(n)) for f, n in listed.get("watch", [])],
+            (str(force[0]), int(force[1])) if force and int(force[2]) == rank else None,
+            note_decision,
+        )
+        setattr(builtins, _DECIDE, decisions.decide)
+        setattr(builtins, _READ, decisions.read)
+    firing = Firing([(str(f), int(n)) for f, n in json.loads(raw_fire or "[]")], note, decisions)
     setattr(builtins, _HELPER, firing.fire)
 
     # the main script: runpy reads it with _get_code_from_file ((run_name, fname) -> (code,
@@ -120,7 +269,8 @@ def install(note: Callable[[str, int, str, bool], None]) -> Firing | None:
 
     def get_code(self: importlib.machinery.SourceFileLoader, fullname: str) -> CodeType | None:
         path = self.get_filename(fullname)
-        if os.path.realpath(path) in firing.lines:
+        real = os.path.realpath(path)
+        if real in firing.lines or (decisions is not None and real in decisions.lines):
             code = firing.compile(self.get_data(path), path)
             if code is not None:
                 return code

@@ -174,6 +174,7 @@ def print_report(report: Report, out: Console | None = None) -> None:
         ("gpus", "the ranks' GPUs (NVML)"),
         ("virtual", "virtual ranks that ran, and why"),
         ("eval_fast_forward", "eval passes fast-forwarded (--eval-batches)"),
+        ("forced", "decisions on a rank's own value, forced on one rank in a run of their own"),
         ("not_run", "not run, so not checked"),
         ("covered", "what ran of the train loops and their periodic actions"),
     ):

@@ -178,12 +178,43 @@ def test_doctor_names_the_same_random_decision_on_the_hung_job() -> None:
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
 
 
-def test_an_early_stop_on_each_ranks_own_loss_that_never_fired_is_partial_and_its_twin_aligned() -> None:
+def test_an_early_stop_on_each_ranks_own_loss_is_forced_on_one_rank_and_its_twin_aligned() -> None:
     """The patience counter runs out on no rank within the dry run's budget: the ranks did
-    not part, but a real run's ranks can; the decision is said not checked (partial, exit
-    5), never aligned. The twin decides on the all-reduced loss: aligned."""
+    not part, but a real run's ranks can. preflight runs again with rank 1 made to take the
+    stop alone, at the test's first evaluation: rank 1 leaves the epoch loop, rank 0 waits
+    in the next epoch's gradient all-reduce. The decision is the cause and its test the
+    site. The twin decides on the all-reduced loss: nothing to force, aligned."""
     broken = SCRIPTS / "patience_on_local_loss.py"
+    decided = line_in(broken, "if stopper.should_stop(loss.item()):")
     proc, report = preflight("--nproc-per-node=2", str(broken))
+    assert proc.returncode == 1, (proc.stderr[-2000:], report)
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"]) == (
+        "unsynchronized-decision",
+        f"tests/scripts/patience_on_local_loss.py:{decided}",
+    ), finding
+    assert "its test made true on rank 1 alone, at its first test in main()" in finding["message"], finding
+    backward = line_in(SCRIPTS / "patience_trainer.py", ".backward()")
+    assert (
+        finding["evidence"][0] == f"the ranks then parted at tests/scripts/patience_trainer.py:{backward}"
+    ), finding
+    assert "rank 1: no call (it ran to the end of the script)" in finding["evidence"], finding
+    (forced,) = report["summary"]["forced"]
+    assert forced.startswith(
+        f"tests/scripts/patience_on_local_loss.py:{decided}: its test made true on rank 1"
+    ), forced
+    assert "not_run" not in report["summary"], report["summary"]
+
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "patience_on_reduced_loss.py"))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+    assert "forced" not in report["summary"], report["summary"]
+
+
+def test_an_early_stop_not_forced_is_listed_with_the_side_each_rank_took() -> None:
+    """--no-force-decisions: the decision is said not checked (partial, exit 5), with what
+    its test did on each rank in the dry run, never aligned."""
+    broken = SCRIPTS / "patience_on_local_loss.py"
+    proc, report = preflight("--nproc-per-node=2", "--no-force-decisions", str(broken))
     assert proc.returncode == 5, (proc.stderr[-2000:], report)
     assert report["verdict"] == "partial" and not report["findings"], report
     decided = line_in(broken, "if stopper.should_stop(loss.item()):")
@@ -191,5 +222,4 @@ def test_an_early_stop_on_each_ranks_own_loss_that_never_fired_is_partial_and_it
     assert gap.startswith(f"tests/scripts/patience_on_local_loss.py:{decided}: a decision each rank takes"), (
         gap
     )
-    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "patience_on_reduced_loss.py"))
-    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+    assert "in the dry run its test was false each time on ranks 0-1" in gap, gap

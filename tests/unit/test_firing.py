@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from ncclcheck.lint.periodic import actions_to_fire
-from ncclcheck.record.firing import Firing
+from ncclcheck.record.firing import Decisions, Firing
 
 SOURCE = """\
 import torch.distributed as dist
@@ -83,3 +83,62 @@ def test_a_file_that_lists_no_action_is_compiled_as_always(script: Path, tmp_pat
     other.write_text("x = 1\n")
     firing = Firing(actions_to_fire(script), lambda *_: None)
     assert firing.compile(other.read_text(), str(other)) is None
+
+
+DECIDING = """\
+def run(losses, stopper):
+    seen = []
+    for loss in losses:
+        seen.append(loss)
+        if stopper(loss):
+            break
+    return seen
+"""
+
+
+def _decide(
+    tmp_path: Path, force: tuple[str, int] | None, losses: list[float]
+) -> tuple[list[float], list[tuple[int, bool, bool, str | None]]]:
+    path = tmp_path / "decide.py"
+    path.write_text(DECIDING)
+    noted: list[tuple[int, bool, bool, str | None]] = []
+    decisions = Decisions(
+        [(str(path), 5)],
+        (str(path), 5) if force else None,
+        lambda file, line, function, taken, forced, read: noted.append((line, taken, forced, read)),
+    )
+    code = Firing([], lambda *_: None, decisions).compile(path.read_text(), str(path))
+    assert code is not None
+    builtins.__ncclcheck_decide__ = decisions.decide  # type: ignore[attr-defined]
+    builtins.__ncclcheck_read__ = decisions.read  # type: ignore[attr-defined]
+    try:
+        namespace: dict[str, object] = {"__name__": "decide"}
+        exec(code, namespace)
+        seen = namespace["run"](losses, lambda loss: loss > 100.0)  # type: ignore[operator]
+    finally:
+        del builtins.__ncclcheck_decide__  # type: ignore[attr-defined]
+        del builtins.__ncclcheck_read__  # type: ignore[attr-defined]
+    return seen, noted
+
+
+def test_a_watched_decision_notes_each_side_the_first_time_and_keeps_its_value(tmp_path: Path) -> None:
+    seen, noted = _decide(tmp_path, None, [1.0, 2.0, 200.0, 3.0])
+    assert seen == [1.0, 2.0, 200.0]  # the script's own stop, unchanged
+    assert [(line, taken, forced) for line, taken, forced, _ in noted] == [
+        (5, False, False),
+        (5, True, False),
+    ]
+    assert noted[0][3] is not None and noted[1][3] is None  # what it read: the first evaluation only
+
+
+def test_a_forced_decision_takes_the_other_side_once_then_its_own(tmp_path: Path) -> None:
+    seen, noted = _decide(tmp_path, ("forced", 5), [1.0, 2.0, 3.0])
+    assert seen == [1.0]  # stopped at its first test, which was false
+    assert noted[0][:3] == (5, True, True)
+
+
+def test_what_a_test_read_is_the_same_only_for_the_same_values(tmp_path: Path) -> None:
+    first = _decide(tmp_path, None, [1.0, 2.0])[1][0][3]
+    same = _decide(tmp_path, None, [1.0, 5.0])[1][0][3]
+    other = _decide(tmp_path, None, [1.5, 2.0])[1][0][3]
+    assert first == same != other  # the loss read at the first test decides; the stopper is a function

@@ -5,9 +5,12 @@ from a divergence of the traces, doctor from ranks waiting at different lines.""
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from ncclcheck.causes import Cause
+from ncclcheck.errors import InputError
 from ncclcheck.explain import lines
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import (
@@ -18,6 +21,8 @@ from ncclcheck.explain.engine import (
     cause_of_exit,
     first_explanation,
 )
+from ncclcheck.lint.decisions import LocalDecision, local_decisions
+from ncclcheck.lint.project import Linter
 from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import loaders, reading
@@ -242,6 +247,100 @@ def a_test_the_ranks_answered_differently(f: Fork) -> Explanation | None:
             Reason(reason_kind, deciding, f"if {guard.text}"),
         )
     return None
+
+
+def a_watched_decision_the_ranks_took_apart(f: Fork) -> Explanation | None:
+    """A test lint reads as a decision on a rank's own value (lint/decisions.py), watched in
+    the run (record/firing.py), that the two sides took differently, in a function on
+    either side's call chain: measured, not read. The collective it decides is the one on
+    the side whose chain passes through the test's function after the test (the save a
+    clock let one rank into), else the call the ranks parted at."""
+    d = f.d
+    sides: dict[tuple[str, int], dict[int, set[bool]]] = {}
+    function_of: dict[tuple[str, int], str] = {}
+    for rank in f.members:
+        trace = d.ev.traces.get(rank)
+        for decided in trace.decided if trace else []:
+            key = (os.path.realpath(decided.site.file), decided.site.line)
+            sides.setdefault(key, {}).setdefault(rank, set()).add(decided.taken)
+            function_of[key] = decided.site.function
+    on_the_way = {
+        (os.path.realpath(frame.file), frame.function.rsplit(".", 1)[-1])
+        for frame in [*f.stack[max(f.common - 1, 0) :], *f.alt_stack[max(f.common - 1, 0) :]]
+    }
+    for (path, line), taken in sides.items():
+        if (path, function_of[(path, line)].rsplit(".", 1)[-1]) not in on_the_way:
+            continue
+        made_sides = set().union(*(taken.get(r, set()) for r in f.made))
+        other_sides = set().union(*(taken.get(r, set()) for r in f.other))
+        if made_sides == other_sides:
+            continue
+        decision = _lint_reading(path, line)
+        test = reading.decision_at(path, line)
+        if decision is None or test is None:
+            continue
+        call, made, other = f.call, f.made, f.other
+        if f.alt is not None and _after_the_test(f.alt.user_stack, path, line):
+            call, made, other = f.alt, f.other, f.made
+        deciding = Frame(path, line, function_of[(path, line)])
+        where = d.site(deciding)
+        took = "; ".join(
+            f"{who(ranks)} {_sides_said(taken_sides)}"
+            for ranks, taken_sides in ((f.made, made_sides), (f.other, other_sides))
+        )
+        kind = (
+            ReasonKind.DATA_TEST if decision.cause is Cause.DATA_DEPENDENT_BRANCH else ReasonKind.LOCAL_TEST
+        )
+        return call_finding(
+            d,
+            decision.cause,
+            f"`{test}` at {where}, a decision each rank takes on a value of its own, went one way "
+            f"on {who(made)} and another on {who(other)}: {who(made)} went on to {op_text(call)} at "
+            f"{d.site(call.site)} that {who(other)} never made",
+            call,
+            made,
+            other,
+            [
+                *f.evidence,
+                f"the test, watched in the run: {took}",
+                f"lint's reading of it: {decision.reading}",
+            ],
+            Reason(kind, deciding, test),
+        )
+    return None
+
+
+def _lint_reading(path: str, line: int) -> LocalDecision | None:
+    linter = Linter()
+    try:
+        module = linter.load(Path(path))
+    except InputError:
+        return None
+    if module is None:
+        return None
+    return next(
+        (x for x in local_decisions(linter, module) if os.path.realpath(x.path) == path and x.line == line),
+        None,
+    )
+
+
+def _after_the_test(stack: list[Frame], path: str, line: int) -> bool:
+    """A frame of ``stack`` in the test's function, past the test: the call it let through."""
+    function = reading.enclosing_function(path, line)
+    return function is not None and any(
+        os.path.realpath(frame.file) == path
+        and line < frame.line <= (function.end_lineno or frame.line)
+        and function.lineno <= line
+        for frame in stack
+    )
+
+
+def _sides_said(sides: set[bool]) -> str:
+    if sides == {True, False}:
+        return "took both sides"
+    if not sides:
+        return "never reached it"
+    return f"found it {'true' if True in sides else 'false'} each time"
 
 
 def one_call_in_a_loop_reaches_other_functions(f: Fork) -> Explanation | None:
@@ -490,6 +589,9 @@ FORK_RULES = (
     a_pass_one_side_skipped,
     a_test_the_ranks_answered_differently,
     one_call_in_a_loop_reaches_other_functions,
+    # measured where the source reading found nothing: the rules above say more (the loop
+    # left, the values a replay read) where they apply
+    a_watched_decision_the_ranks_took_apart,
     nothing_in_the_source,
 )
 

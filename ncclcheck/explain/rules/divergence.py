@@ -4,6 +4,7 @@ loader, a skipped step, a straggler); the source reasoning is branch.py's."""
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
@@ -12,9 +13,9 @@ from ncclcheck.evidence.traces import LoaderPass
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.branch import explain_fork
-from ncclcheck.model import Frame, Severity
+from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.record.tracefile import End
-from ncclcheck.source import reading
+from ncclcheck.source import origins, reading
 from ncclcheck.wording import (
     collapse,
     op_text,
@@ -65,6 +66,9 @@ def shapes_differ(p: Parting) -> Explanation | None:
     if p.first.kind is not Mismatch.SHAPE:
         return None
     call = p.first.calls[p.made[0]]
+    in_another_order = _a_loop_over_a_set(p, call) if call is not None else None
+    if in_another_order is not None:
+        return in_another_order
     return p.d.explanation(
         Cause.COLLECTIVE_SHAPE_MISMATCH,
         f"{who(p.first.members)} call {call.op if call else '?'} at the same "
@@ -73,8 +77,68 @@ def shapes_differ(p: Parting) -> Explanation | None:
         absent_ranks=[],
         op=call.op if call else None,
         site=p.d.site(call.site if call else None),
-        evidence=p.evidence,
+        evidence=[*p.evidence, *(_where_the_tensor_comes_from(p.d, call) if call else [])],
     )
+
+
+def _a_loop_over_a_set(p: Parting, call: CollectiveCall) -> Explanation | None:
+    """The call is made once per item of a loop whose items come from a set: the same
+    calls on every rank, each rank in its own order (a set of strings iterates in the order
+    of their hashes, which Python randomises per process), so the n-th calls pair items of
+    other sizes."""
+    stack = call.user_stack
+    for level in range(len(stack) - 1, -1, -1):
+        frame = stack[level]
+        for loop in reading.enclosing_loops(frame.file, frame.line):
+            if not isinstance(loop, ast.For | ast.AsyncFor):
+                continue
+            chain = origins.bindings(stack[: level + 1], loop.iter, origins.is_unordered)
+            unordered = next((b for b in chain if origins.is_unordered(b.value)), None)
+            if unordered is None and not origins.is_unordered(loop.iter):
+                continue
+            items = ast.unparse(loop.iter)
+            loop_site = p.d.site(Frame(frame.file, loop.lineno, ""))
+            came = [f"{b} at {p.d.site(b.frame)}" for b in chain]
+            source = unordered.text if unordered is not None else items
+            return p.d.explanation(
+                Cause.COLLECTIVE_ORDER_MISMATCH,
+                f"{who(p.first.members)} call {call.op} at {p.d.site(call.site)} once per item of the loop "
+                f"over `{items}` at {loop_site}, whose items come from a set (`{source}`): each process "
+                "meets them in its own order, so the n-th calls pair items of other sizes",
+                ranks=p.first.members,
+                absent_ranks=[],
+                op=call.op,
+                site=p.d.site(call.site),
+                evidence=[
+                    *p.evidence,
+                    *([f"where the loop's items come from: {'; '.join(came)}"] if came else []),
+                    "a set of strings iterates in the order of their hashes, which Python randomises "
+                    "per process (PYTHONHASHSEED): the ranks of one job disagree",
+                ],
+            )
+    return None
+
+
+def _where_the_tensor_comes_from(d: Context, call: CollectiveCall) -> list[str]:
+    """The tensor given at the call, followed back to where its size is set, where the source
+    says: boolean indexing or a call whose size the data gives."""
+    site = call.site
+    if site is None:
+        return []
+    said: list[str] = []
+    for made in reading.calls_on_line(site.file, site.line):
+        if reading.callee_name(made) != call.op:
+            continue
+        for argument in made.args:
+            chain = origins.bindings(call.user_stack, argument, origins.sized_by_data)
+            sized = next((b for b in chain if origins.sized_by_data(b.value)), None)
+            if sized is not None:
+                said.append(
+                    f"`{ast.unparse(argument)}` comes from {sized} at "
+                    f"{d.site(sized.frame)}: its size is what each rank's own data gives; gather the "
+                    "sizes first and pad to the largest (or all_gather_object)"
+                )
+    return said
 
 
 def requests_differ(p: Parting) -> Explanation | None:

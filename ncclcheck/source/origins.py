@@ -1,0 +1,174 @@
+"""Where a value given to a collective comes from, read back along the call chain.
+
+Two ranks at the same call with other sizes, or with the same calls in another order, do
+run the same code: what differs is a value. This module follows that value back through
+the source of the frames on the call's stack: a name to its assignment in its function,
+a parameter to the argument its caller passed, ``d.items()`` to ``d``, a comprehension
+to what it iterates. The shape rule (explain/rules/divergence.py) reads the chain it
+returns to say what differs and where it comes from: a loop over a set, whose order
+Python's per-process string hashing decides; a tensor cut by each rank's own data.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ncclcheck.model import Frame
+from ncclcheck.source import reading
+
+# methods that hand back the same items, in the same order, as the object they are called on
+_SAME_ITEMS = frozenset({"items", "keys", "values", "copy", "clone", "detach", "contiguous", "float", "cpu"})
+_SET_OPS = (ast.Sub, ast.BitOr, ast.BitAnd, ast.BitXor)
+# calls whose result's size is what the data gives (a mask's count, the unique values)
+SIZED_BY_DATA = frozenset({"nonzero", "masked_select", "unique", "argwhere", "bincount", "cat", "stack"})
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One step back: ``name`` bound to ``text`` at ``frame`` (a parameter: the caller's
+    argument, at the caller's line)."""
+
+    name: str
+    text: str
+    frame: Frame
+    value: ast.expr
+    passed_to: str = ""  # a parameter: the function the caller passed ``text`` to
+
+    def __str__(self) -> str:
+        if self.passed_to:
+            return f"`{self.text}` passed to {self.passed_to}() as {self.name}"
+        return f"`{self.name} = {self.text}`"
+
+
+def bindings(
+    stack: list[Frame], expr: ast.expr, want: Callable[[ast.expr], bool] | None = None, depth: int = 6
+) -> list[Binding]:
+    """The bindings ``expr`` (read in the innermost frame of ``stack``) comes from, nearest
+    first: a name to an assignment before the frame's line, a parameter to its caller's
+    argument. Where a name is assigned more than once (``names = sorted(names)`` under an
+    option), the path to a value ``want`` holds for is the one returned, else the one
+    through each name's latest assignment. Stops where the source no longer says (an
+    attribute, a call's result, a name bound another way too)."""
+    paths = _paths(stack, len(stack) - 1, expr, depth)
+    if want is not None:
+        for path in paths:
+            if any(want(binding.value) for binding in path):
+                return path
+    return paths[0] if paths else []
+
+
+def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[list[Binding]]:
+    expr = followed(expr)
+    if depth == 0 or level < 0 or not isinstance(expr, ast.Name):
+        return [[]]
+    frame = stack[level]
+    function = reading.enclosing_function(frame.file, frame.line)
+    if function is None:
+        return [[]]
+    assignments = _assignments(function, expr.id, frame.line)
+    if assignments is None:
+        return [[]]
+    found: list[list[Binding]] = []
+    for assigned in assignments:  # latest first
+        here = Binding(
+            expr.id, ast.unparse(assigned.value), Frame(frame.file, assigned.lineno, ""), assigned.value
+        )
+        found += [[here, *rest] for rest in _paths(stack, level, assigned.value, depth - 1)]
+    if found:
+        return found
+    argument = _argument_for(function, expr.id, stack[level - 1] if level else None)
+    if argument is None:
+        return [[]]
+    caller = stack[level - 1]
+    passed_to = function.name if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) else ""
+    here = Binding(expr.id, ast.unparse(argument), Frame(caller.file, caller.line, ""), argument, passed_to)
+    return [[here, *rest] for rest in _paths(stack, level - 1, argument, depth - 1)]
+
+
+def followed(expr: ast.expr) -> ast.expr:
+    """The part of ``expr`` whose items (order, size) it has: ``d`` of ``d.items()``, the
+    iterable of a comprehension."""
+    while True:
+        if (
+            isinstance(expr, ast.Call)
+            and isinstance(expr.func, ast.Attribute)
+            and expr.func.attr in _SAME_ITEMS
+            and not expr.args
+        ):
+            expr = expr.func.value
+        elif isinstance(expr, ast.ListComp | ast.DictComp | ast.GeneratorExp) and expr.generators:
+            expr = expr.generators[0].iter
+        elif (
+            isinstance(expr, ast.Call)
+            and reading.callee_name(expr) in ("list", "tuple", "dict")
+            and expr.args
+        ):
+            expr = expr.args[0]
+        else:
+            return expr
+
+
+def is_unordered(expr: ast.expr) -> bool:
+    """A set: a display, a set comprehension, set() or frozenset(), or an operator of sets."""
+    expr = followed(expr)
+    if isinstance(expr, ast.Set | ast.SetComp):
+        return True
+    if isinstance(expr, ast.Call) and reading.callee_name(expr) in ("set", "frozenset"):
+        return True
+    return (
+        isinstance(expr, ast.BinOp)
+        and isinstance(expr.op, _SET_OPS)
+        and (is_unordered(expr.left) or is_unordered(expr.right))
+    )
+
+
+def sized_by_data(expr: ast.expr) -> bool:
+    """Boolean indexing (``x[mask]``, ``x[x > 0]``) or a call whose size the data gives."""
+    if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Name | ast.Compare | ast.UnaryOp):
+        return not (isinstance(expr.slice, ast.Name) and expr.slice.id in ("i", "j", "k", "idx", "index"))
+    return any(
+        isinstance(node, ast.Call) and reading.callee_name(node) in SIZED_BY_DATA for node in ast.walk(expr)
+    )
+
+
+def _assignments(function: ast.AST, name: str, before: int) -> list[ast.Assign] | None:
+    """Each ``name = ...`` of the function at or before line ``before``, latest first; None
+    where the name is also bound another way (a loop target, ``+=``): the source alone
+    does not say which binding holds."""
+    simple = {
+        id(node.targets[0]): node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+    }
+    found: list[ast.Assign] = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
+            assigned = simple.get(id(node))
+            if assigned is None:
+                return None
+            if assigned.lineno <= before:
+                found.append(assigned)
+    return sorted(found, key=lambda a: -a.lineno)
+
+
+def _argument_for(function: ast.AST, name: str, caller: Frame | None) -> ast.expr | None:
+    """The caller's argument for parameter ``name`` of ``function``, at the caller's line."""
+    if caller is None or not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    params = [a.arg for a in (*function.args.posonlyargs, *function.args.args)]
+    if name not in params:
+        return None
+    for call in reading.calls_on_line(caller.file, caller.line):
+        if reading.callee_name(call) != function.name:
+            continue
+        for keyword in call.keywords:
+            if keyword.arg == name:
+                return keyword.value
+        position = params.index(name)
+        if params and params[0] in ("self", "cls") and isinstance(call.func, ast.Attribute):
+            position -= 1  # obj.method(x): x is the parameter after self
+        if 0 <= position < len(call.args) and not isinstance(call.args[position], ast.Starred):
+            return call.args[position]
+    return None

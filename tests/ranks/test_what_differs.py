@@ -1,0 +1,51 @@
+"""The same call on every rank, with another value: preflight names what differs and where
+it comes from (source/origins.py), on real ranks, each with its fixed twin. A loop over a
+set meets its items in each process's own order (a collective-order-mismatch, fixed by
+sorting), a tensor cut by each rank's own mask has each rank's own length (a
+collective-shape-mismatch, fixed by padding to the gathered longest)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..conftest import SCRIPTS, line_in
+from .test_preflight import preflight
+
+pytestmark = pytest.mark.ranks
+
+
+def test_a_loop_over_a_set_of_names_is_an_order_mismatch_traced_to_the_set() -> None:
+    script = SCRIPTS / "metrics_over_a_set.py"
+    # ten names: two processes' hash seeds order them alike about never
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-order-mismatch", finding
+    assert (
+        finding["site"] == f"tests/scripts/metrics_over_a_set.py:{line_in(script, 'dist.all_reduce(matrix)')}"
+    )
+    assert "whose items come from a set (`set(CLASSES) - set(" in finding["message"], finding
+    (came,) = [e for e in finding["evidence"] if e.startswith("where the loop's items come from")]
+    built = line_in(script, "enabled = set(CLASSES)")
+    assert f"at tests/scripts/metrics_over_a_set.py:{built}" in came, came
+    assert "sorted(" in finding["fix"], finding["fix"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_gather_of_each_ranks_masked_rows_names_the_mask_and_its_padded_twin_is_aligned() -> None:
+    script = SCRIPTS / "gather_masked_predictions.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-shape-mismatch", finding
+    masked = line_in(script, "kept = predictions[labels >= 0]")
+    assert any(
+        e.startswith("`kept` comes from `kept = predictions[labels >= 0]` at ")
+        and f"gather_masked_predictions.py:{masked}" in e
+        for e in finding["evidence"]
+    ), finding["evidence"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)

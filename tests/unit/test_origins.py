@@ -1,0 +1,70 @@
+"""source/origins.py on files written here: a value followed back through assignments and
+parameters, and what it is (a set's order, a size the data gives)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from ncclcheck.model import Frame
+from ncclcheck.source import origins
+
+SOURCE = """\
+import torch
+
+def sync(stats, extra):
+    for name, value in stats.items():
+        reduce(value)
+
+def main(options):
+    names = set(options) | {"loss"}
+    if options.get("sorted"):
+        names = sorted(names)
+    stats = {name: torch.zeros(3) for name in names}
+    sync(stats, None)
+    kept = torch.arange(8)[torch.arange(8) > 3]
+    reduce(kept)
+    for step in range(3):
+        kept = kept + step
+"""
+
+
+def _stack(tmp_path: Path, *lines: tuple[str, int]) -> list[Frame]:
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    return [Frame(str(path), line, function) for function, line in lines]
+
+
+def test_a_loop_is_followed_through_the_parameter_to_the_set_it_was_built_from(tmp_path: Path) -> None:
+    stack = _stack(tmp_path, ("main", 12), ("sync", 5))
+    chain = origins.bindings(stack, ast.parse("stats.items()", mode="eval").body, origins.is_unordered)
+    assert [str(b) for b in chain] == [
+        "`stats` passed to sync() as stats",
+        "`stats = {name: torch.zeros(3) for name in names}`",
+        "`names = set(options) | {'loss'}`",
+    ]
+    assert [b.frame.line for b in chain] == [12, 11, 8]
+
+
+def test_without_a_wish_the_latest_assignment_is_followed(tmp_path: Path) -> None:
+    stack = _stack(tmp_path, ("main", 12), ("sync", 5))
+    chain = origins.bindings(stack, ast.parse("stats", mode="eval").body)
+    assert str(chain[-1]) == "`names = sorted(names)`"
+    assert not origins.is_unordered(chain[-1].value)
+
+
+def test_a_name_also_bound_by_a_loop_is_not_followed(tmp_path: Path) -> None:
+    stack = _stack(tmp_path, ("main", 17))
+    assert origins.bindings(stack, ast.parse("kept", mode="eval").body) == []
+
+
+def test_what_a_set_is_and_what_the_data_sizes() -> None:
+    def expr(text: str) -> ast.expr:
+        return ast.parse(text, mode="eval").body
+
+    assert all(origins.is_unordered(expr(t)) for t in ("{1, 2}", "set(x)", "a - set(b)", "{k for k in x}"))
+    assert not any(origins.is_unordered(expr(t)) for t in ("sorted(set(x))", "[1, 2]", "a - b", "dict(x)"))
+    assert all(
+        origins.sized_by_data(expr(t)) for t in ("x[mask]", "x[x > 0]", "torch.cat(parts)", "x.nonzero()")
+    )
+    assert not any(origins.sized_by_data(expr(t)) for t in ("x[0]", "x[i]", "x[:4]", "torch.zeros(3)"))
