@@ -85,6 +85,9 @@ ACCELERATE_SAVE_STATE = (
     "collectively under FSDP or DeepSpeed)"
 )
 ZERO_CONSOLIDATE = "(ZeroRedundancyOptimizer broadcasts every rank's shard)"
+# a model whose parameters FSDP (FSDP(...), fully_shard) or ZeRO-3 shard: its forward
+# all-gathers them from every rank
+SHARDED_FORWARD = "forward of a sharded model (FSDP or ZeRO-3 all-gathers its parameters from every rank)"
 # torch.distributed.checkpoint's entry points: each plans the save or load across the
 # ranks with collectives (unless no_dist=True)
 DCP_MODULE = "torch.distributed.checkpoint"

@@ -13,6 +13,7 @@ from ncclcheck.communicates import (
     DCP_MODULE,
     LIGHTNING_COLLECTIVES,
     RECEIVER_METHODS,
+    SHARDED_FORWARD,
     STATE_DICT_FUNCTIONS,
     STATE_DICT_MODULE,
     ZERO_CONSOLIDATE,
@@ -372,6 +373,8 @@ class Linter:
             if func.id in module.dist_functions:
                 return dist_label(func.id, call)
             if func.id in ddp_names:
+                if module.shards_parameters:  # FSDP or ZeRO-3: every forward gathers the shards
+                    return f"{func.id}(...) {SHARDED_FORWARD}"
                 return f"{func.id}(...) forward through DistributedDataParallel"
             if func.id in module.dcp_functions and not keyword_true(call, "no_dist"):
                 return f"{func.id}() (torch.distributed.checkpoint plans it across the ranks)"

@@ -73,6 +73,31 @@ def ddp_wrapped_names(nodes: Iterable[ast.AST], forward_communicates: bool = Tru
             and (not forward_communicates or _forward_broadcasts(node.value))
         ):
             names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+    return names | sharded_names(nodes)
+
+
+def sharded_names(nodes: Iterable[ast.AST]) -> set[str]:
+    """Names of models whose parameters are sharded across the ranks, so that every forward
+    all-gathers them: bound to ``FSDP(...)``, passed to ``fully_shard(...)`` (FSDP2 makes
+    the module itself sharded), or the engine ``deepspeed.initialize`` returns first."""
+    names: set[str] = set()
+    for node in nodes:
+        if not isinstance(node, ast.Call):
+            continue
+        callee = _callee_name(node)
+        if callee == "fully_shard" and node.args and isinstance(node.args[0], ast.Name):
+            names.add(node.args[0].id)
+    for node in nodes:
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        callee = _callee_name(node.value)
+        if callee in ("FSDP", "FullyShardedDataParallel", "fully_shard"):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif callee == "initialize" and "deepspeed" in ast.unparse(node.value.func):
+            for target in node.targets:
+                first = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
+                if isinstance(first, ast.Name):
+                    names.add(first.id)
     return names
 
 

@@ -49,3 +49,22 @@ def test_a_gather_of_each_ranks_masked_rows_names_the_mask_and_its_padded_twin_i
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_sharded_models_forward_on_rank_zero_alone_is_named_at_the_model_call_and_its_twin_aligned() -> (
+    None
+):
+    """fully_shard: a forward all-gathers the parameters from every rank, so a preview on
+    rank 0 alone is a rank-conditional collective, sited at the model's call in the user's
+    code (not in FSDP's internals); the twin previews on every rank."""
+    script = SCRIPTS / "fsdp2_preview_on_rank0.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    forward = line_in(script, "predicted = model(samples)")
+    assert finding["site"] == f"tests/scripts/fsdp2_preview_on_rank0.py:{forward}", finding
+    assert "FSDP2 (fully_shard)" in finding["message"], finding
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)

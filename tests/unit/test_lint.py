@@ -1411,3 +1411,60 @@ def test_a_skip_whose_test_communicates_is_agreed_on_and_the_same_test_alone_is_
     assert lint_source(tmp_path, SKIP_ON_NONFINITE.replace("{test}", agreed)) == []
     alone = lint_source(tmp_path, SKIP_ON_NONFINITE.replace("{test}", "not torch.isfinite(loss).item()"))
     assert [cause for cause, _line, _severity in alone] == ["data-dependent-branch"]
+
+
+SHARDED_PREVIEW = """\
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+def preview(model, samples):
+    with torch.no_grad():
+        return model(samples)
+
+def main(model, samples):
+    fully_shard(model)
+    {call}
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (
+            "if dist.get_rank() == 0:\n        preview(model, samples)",
+            [("rank-conditional-collective", 7, "error")],
+        ),
+        ("preview(model, samples)", []),  # every rank runs the forward
+        ("if dist.get_rank() == 0:\n        print(samples.shape)", []),
+    ],
+    ids=["under-a-rank-test", "on-every-rank", "no-forward"],
+)
+def test_a_sharded_models_forward_under_a_rank_test_is_a_rank_conditional_collective(
+    tmp_path: Path, call: str, expected: list[tuple[str, int, str]]
+) -> None:
+    # fully_shard makes every forward all-gather the parameters: followed into the helper
+    assert lint_source(tmp_path, SHARDED_PREVIEW.format(call=call)) == expected
+
+
+def test_a_deepspeed_engines_forward_on_rank_zero_alone_is_named_as_a_sharded_forward(tmp_path: Path) -> None:
+    source = """\
+    import deepspeed
+    import torch.distributed as dist
+
+    def main(model, config, sample):
+        zero3 = {"zero_optimization": {"stage": 3}}
+        engine, optimizer, _, _ = deepspeed.initialize(model=model, config=zero3)
+        if dist.get_rank() == 0:
+            engine(sample)
+    """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(source))
+    findings, _ = run_lint([path])
+    (finding,) = findings
+    assert (finding.cause, finding.location.line, finding.severity) == (
+        "rank-conditional-collective",
+        8,
+        "error",
+    )
+    assert "forward of a sharded model" in finding.message
