@@ -69,6 +69,7 @@ class DryRunSettings:
     # one the ranks took alike forced on one rank in a run of its own (record/firing.py)
     force_decisions: bool = True
     watch_decisions: tuple[tuple[str, int], ...] = ()  # (file, line of the test), found by preflight
+    watch_handlers_in: tuple[str, ...] = ()  # the user's files whose except handlers note what they catch
     forced_decision: tuple[str, int, int] | None = None  # (file, line, rank) in a forcing run
 
     # -- timeouts derived from the stall timeout -----------------------------------------

@@ -116,7 +116,8 @@ def run_preflight(
     if settings.fire_periodic:
         settings = replace(settings, fire_actions=tuple(actions_to_fire(Path(path))))
     # watched in every run (which side each rank took); forced below where they did not part
-    settings = replace(settings, watch_decisions=tuple(decisions_to_watch(Path(path))))
+    decisions, files = decisions_to_watch(Path(path))
+    settings = replace(settings, watch_decisions=tuple(decisions), watch_handlers_in=tuple(files))
     if settings.launcher == Launcher.SLURM:
         _check_allocation(torchrun)
     own_dir = trace_dir is None

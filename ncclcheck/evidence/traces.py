@@ -119,6 +119,14 @@ class Decided(NamedTuple):
     read: str | None  # a digest of the values its test read at its first evaluation (there only)
 
 
+class Caught(NamedTuple):
+    """An except handler of the user's caught an error, the first time it did on this rank."""
+
+    site: Frame  # the except line, in the function that caught it
+    error: str  # "IndexError: index 7 is out of bounds ..."
+    raised: Frame | None  # where it was raised: the innermost frame in the user's files
+
+
 @dataclass
 class RankTrace:
     rank: int
@@ -144,6 +152,8 @@ class RankTrace:
     fired: list[tuple[str, Frame]] = field(default_factory=list)
     # decisions on a rank's own value, each side the first time it was taken (record/firing.py)
     decided: list[Decided] = field(default_factory=list)
+    # the first error each except handler of the user's files caught (record/firing.py)
+    caught: list[Caught] = field(default_factory=list)
     rooted_reads: list[RootedRead] = field(default_factory=list)
     phase: str = "train"
     last_time: float = 0.0
@@ -574,6 +584,11 @@ def _apply(
                 reduce_site=trace_frame(record["reduce"]["site"]),
                 dst=int(record["reduce"]["dst"]),
             )
+        )
+    elif kind == "caught":
+        raised = record.get("raised")
+        trace.caught.append(
+            Caught(trace_frame(record["site"]), str(record["error"]), trace_frame(raised) if raised else None)
         )
     elif kind == "decided":
         site = trace_frame(record["site"])

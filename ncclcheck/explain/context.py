@@ -5,6 +5,7 @@ ranks at different calls at one point of their histories, which the source readi
 
 from __future__ import annotations
 
+import ast
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,29 @@ class Context:
 
     def site(self, frame: Frame | None) -> str | None:
         return f"{relative(frame.file, self.ev.cwd)}:{frame.line}" if frame else None
+
+    def caught_by(self, ranks: Sequence[int], path: str, swallowing: ast.Try) -> list[str]:
+        """What each of ``ranks`` caught in the handlers of ``swallowing`` (a try in ``path``),
+        as the run noted it (record/firing.py): the error, where it was raised, the except
+        that swallowed it. The measured reason of a skipped call, where the source can only
+        say that a handler could have."""
+        lines = {handler.lineno: handler for handler in swallowing.handlers}
+        said: list[str] = []
+        for rank in ranks:
+            trace = self.ev.traces.get(rank)
+            for caught in trace.caught if trace else []:
+                handler = lines.get(caught.site.line)
+                if handler is None or os.path.realpath(caught.site.file) != os.path.realpath(path):
+                    continue
+                raised = (
+                    f", raised at {self.site(caught.raised)} in {caught.raised.function}()"
+                    if caught.raised
+                    else ""
+                )
+                kinds = f" {ast.unparse(handler.type)}" if handler.type is not None else ""
+                where = self.site(caught.site)
+                said.append(f"rank {rank} caught {caught.error}{raised}, in `except{kinds}` at {where}")
+        return said
 
     def describe_call(self, call: CollectiveCall | None) -> str:
         if call is None:

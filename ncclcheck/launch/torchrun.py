@@ -399,11 +399,12 @@ def dry_run_environment(settings: DryRunSettings, trace_dir: Path) -> dict[str, 
     }
     if settings.fire_actions:
         env[ENV_FIRE] = json.dumps([list(action) for action in settings.fire_actions])
-    if settings.watch_decisions:
+    if settings.watch_decisions or settings.watch_handlers_in:
         env[ENV_DECISIONS] = json.dumps(
             {
                 "watch": [list(decision) for decision in settings.watch_decisions],
                 "force": list(settings.forced_decision) if settings.forced_decision else None,
+                "handlers_in": list(settings.watch_handlers_in),
             }
         )
     if settings.lines_plan:

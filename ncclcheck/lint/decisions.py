@@ -47,15 +47,16 @@ def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]
     return sorted(found.values(), key=lambda decision: decision.line)
 
 
-def decisions_to_watch(script: Path) -> list[tuple[str, int]]:
+def decisions_to_watch(script: Path) -> tuple[list[tuple[str, int]], list[str]]:
     """(file, line of the test) of every local decision in the script and the local modules
-    it imports: what a dry run watches (record/firing.py). A file that cannot be read gives
-    none: the run itself reports on it."""
+    it imports, and those files: what a dry run watches (record/firing.py: the decisions'
+    tests, and every except handler of the files). A file that cannot be read gives none:
+    the run itself reports on it."""
     linter = Linter()
     try:
         linter.load(script)
     except InputError:
-        return []
+        return [], []
     watched: list[tuple[str, int]] = []
     done: set[Path] = set()
     # checking a module loads the local modules its calls resolve into: those too, in turn
@@ -68,4 +69,4 @@ def decisions_to_watch(script: Path) -> list[tuple[str, int]]:
                 continue
             if module is not None:
                 watched += [(d.path, d.line) for d in local_decisions(linter, module)]
-    return watched
+    return watched, sorted(str(path) for path in done)

@@ -341,6 +341,15 @@ def main() -> None:
             }
         ),
         int(os.environ.get("RANK", "0")),
+        lambda file, line, function, error, raised: recorder.write(
+            {
+                "t": "caught",
+                "site": [file, line, function],
+                "error": error,
+                "raised": list(raised) if raised else None,
+                "time": time.time(),
+            }
+        ),
     )
     # a replay for line evidence (explain/lines.py): installed last, nearest the script
     if os.environ.get(lines.ENV_LINES):

@@ -48,6 +48,7 @@ ENV_DECISIONS = "NCCLCHECK_DECISIONS"
 _HELPER = "__ncclcheck_fire__"
 _DECIDE = "__ncclcheck_decide__"
 _READ = "__ncclcheck_read__"
+_CAUGHT = "__ncclcheck_caught__"
 
 
 class Decisions:
@@ -64,10 +65,17 @@ class Decisions:
         watched: list[tuple[str, int]],
         force: tuple[str, int] | None,
         note: Callable[[str, int, str, bool, bool, str | None], None],
+        handlers_in: list[str] | None = None,
+        note_caught: Callable[[str, int, str, str, tuple[str, int, str] | None], None] | None = None,
     ) -> None:
         self.lines: dict[str, set[int]] = {}
         for file, line in watched:
             self.lines.setdefault(os.path.realpath(file), set()).add(line)
+        # files whose except handlers note the first error each catches
+        self.handler_files = {os.path.realpath(file) for file in handlers_in or []}
+        self.handlers: list[tuple[str, int]] = []  # key -> (file, line of the except)
+        self.caught_once: set[int] = set()
+        self.note_caught = note_caught
         self.force = (os.path.realpath(force[0]), force[1]) if force else None
         self.keys: list[tuple[str, int]] = []  # key -> (file, line of the test)
         self.seen: set[tuple[int, bool]] = set()
@@ -98,6 +106,36 @@ class Decisions:
             file, line = self.keys[key]
             self.note(file, line, sys._getframe(1).f_code.co_name, taken, forced, read)
         return taken
+
+    def caught(self, key: int) -> None:
+        """The handler at ``key`` caught the error being handled: noted the first time, with
+        where it was raised (the innermost frame in the watched files, else the innermost)."""
+        if key in self.caught_once or self.note_caught is None:
+            return
+        self.caught_once.add(key)
+        error = sys.exc_info()[1]
+        if error is None:
+            return
+        raised: tuple[str, int, str] | None = None
+        traceback = error.__traceback__
+        while traceback is not None:
+            code = traceback.tb_frame.f_code
+            where = (code.co_filename, traceback.tb_lineno, code.co_name)
+            if raised is None or os.path.realpath(code.co_filename) in self.handler_files:
+                raised = where
+            traceback = traceback.tb_next
+        file, line = self.handlers[key]
+        text = f"{type(error).__name__}: {error}"[:300]
+        self.note_caught(file, line, sys._getframe(1).f_code.co_name, text, raised)
+
+    def note_handlers(self, tree: ast.Module, path: str) -> None:
+        """Each except handler of ``tree`` starts by noting what it caught."""
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ExceptHandler):
+                self.handlers.append((os.path.realpath(path), node.lineno))
+                call = ast.Call(ast.Name(_CAUGHT, ast.Load()), [ast.Constant(len(self.handlers) - 1)], [])
+                note = ast.copy_location(ast.Expr(ast.copy_location(call, node)), node)
+                node.body.insert(0, note)
 
     def wrap(self, test: ast.expr, path: str, line: int) -> ast.expr:
         self.keys.append((os.path.realpath(path), line))
@@ -190,9 +228,12 @@ class Firing:
         real = os.path.realpath(path)
         wanted = self.lines.get(real, set())
         decided = self.decisions.lines.get(real, set()) if self.decisions else set()
-        if not wanted and not decided:
+        handlers = self.decisions is not None and real in self.decisions.handler_files
+        if not wanted and not decided and not handlers:
             return None
         tree = ast.parse(source, filename=path)
+        if handlers and self.decisions is not None:
+            self.decisions.note_handlers(tree, path)
         for node in ast.walk(tree):
             if isinstance(node, ast.If) and node.lineno in wanted:
                 node.test = self._wrapped(node.test, path, node.lineno)
@@ -228,6 +269,7 @@ def install(
     note: Callable[[str, int, str, bool], None],
     note_decision: Callable[[str, int, str, bool, bool, str | None], None],
     rank: int,
+    note_caught: Callable[[str, int, str, str, tuple[str, int, str] | None], None] | None = None,
 ) -> Firing | None:
     """Compile the listed files with their tests wrapped, from here on; None when the run
     lists none."""
@@ -242,9 +284,12 @@ def install(
             [(str(f), int(n)) for f, n in listed.get("watch", [])],
             (str(force[0]), int(force[1])) if force and int(force[2]) == rank else None,
             note_decision,
+            [str(f) for f in listed.get("handlers_in", [])],
+            note_caught,
         )
         setattr(builtins, _DECIDE, decisions.decide)
         setattr(builtins, _READ, decisions.read)
+        setattr(builtins, _CAUGHT, decisions.caught)
     firing = Firing([(str(f), int(n)) for f, n in json.loads(raw_fire or "[]")], note, decisions)
     setattr(builtins, _HELPER, firing.fire)
 
@@ -270,7 +315,9 @@ def install(
     def get_code(self: importlib.machinery.SourceFileLoader, fullname: str) -> CodeType | None:
         path = self.get_filename(fullname)
         real = os.path.realpath(path)
-        if real in firing.lines or (decisions is not None and real in decisions.lines):
+        if real in firing.lines or (
+            decisions is not None and (real in decisions.lines or real in decisions.handler_files)
+        ):
             code = firing.compile(self.get_data(path), path)
             if code is not None:
                 return code

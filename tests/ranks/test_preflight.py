@@ -239,10 +239,21 @@ def test_an_error_caught_around_a_step_function_is_a_rank_exception() -> None:
     step_line, try_line = line_in(script, "simulate_oom="), line_in(script, "try:")
     assert finding["site"] == f"tests/scripts/oom_skip_step.py:{step_line}"
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
-    assert (
-        f"the call is inside a try at tests/scripts/oom_skip_step.py:{try_line} whose handler swallows"
-        in "\n".join(finding["evidence"])
+    except_line, raise_line = (
+        line_in(script, "except torch.cuda.OutOfMemoryError"),
+        line_in(script, "raise torch"),
     )
+    evidence = "\n".join(finding["evidence"])
+    assert (
+        f"the call is inside a try at tests/scripts/oom_skip_step.py:{try_line} whose handler "
+        f"(at tests/scripts/oom_skip_step.py:{except_line}) swallows" in evidence
+    ), evidence
+    # what the handler caught on rank 1, as the run noted it: the error and where it was raised
+    assert (
+        "rank 1 caught OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB, raised at "
+        f"tests/scripts/oom_skip_step.py:{raise_line} in train_step(), in "
+        f"`except torch.cuda.OutOfMemoryError` at tests/scripts/oom_skip_step.py:{except_line}"
+    ) in evidence, evidence
 
 
 def test_decoding_that_stops_at_each_ranks_own_end_of_sequence_is_a_data_dependent_branch() -> None:

@@ -142,3 +142,42 @@ def test_what_a_test_read_is_the_same_only_for_the_same_values(tmp_path: Path) -
     same = _decide(tmp_path, None, [1.0, 5.0])[1][0][3]
     other = _decide(tmp_path, None, [1.5, 2.0])[1][0][3]
     assert first == same != other  # the loss read at the first test decides; the stopper is a function
+
+
+CATCHING = """\
+def load(record):
+    return record["label"]
+
+def run(records):
+    kept = []
+    for record in records:
+        try:
+            kept.append(load(record))
+        except KeyError:
+            continue
+    return kept
+"""
+
+
+def test_a_handler_notes_the_first_error_it_catches_and_where_it_was_raised(tmp_path: Path) -> None:
+    path = tmp_path / "catch.py"
+    path.write_text(CATCHING)
+    noted: list[tuple[int, str, str, tuple[str, int, str] | None]] = []
+    decisions = Decisions(
+        [],
+        None,
+        lambda *_: None,
+        [str(path)],
+        lambda file, line, function, error, raised: noted.append((line, function, error, raised)),
+    )
+    code = Firing([], lambda *_: None, decisions).compile(path.read_text(), str(path))
+    assert code is not None
+    builtins.__ncclcheck_caught__ = decisions.caught  # type: ignore[attr-defined]
+    try:
+        namespace: dict[str, object] = {"__name__": "catch"}
+        exec(code, namespace)
+        kept = namespace["run"]([{"label": 1}, {}, {"other": 2}])  # type: ignore[operator]
+    finally:
+        del builtins.__ncclcheck_caught__  # type: ignore[attr-defined]
+    assert kept == [1]  # the handler still continues
+    assert noted == [(9, "run", "KeyError: 'label'", (str(path), 2, "load"))]  # once, the first

@@ -443,7 +443,7 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
                 call,
                 made,
                 other,
-                list(f.evidence),
+                [*f.evidence, *d.caught_by(sorted([*made, *other]), deciding_file, swallowing)],
                 Reason(ReasonKind.SWALLOWED_ERROR, deciding, "try"),
             )
         return None

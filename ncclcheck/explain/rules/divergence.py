@@ -540,6 +540,7 @@ def skipped_step(
         f"{d.site(site)} for {step.get('loader')} batch {step.get('batch')}",
     ]
     cause, reason = Cause.DATA_DEPENDENT_BRANCH, ""
+    caught: list[str] = []  # what the skipping ranks' handlers caught, as the run noted it
     if site is not None:
         # the try may be a caller's, around the step function the error left early
         swallow, swallow_file = None, site.file
@@ -567,10 +568,12 @@ def skipped_step(
                 site = frame
         if swallow is not None:
             cause = Cause.RANK_EXCEPTION
+            handlers = ", ".join(d.site(Frame(swallow_file, h.lineno, "")) or "" for h in swallow.handlers)
             reason = (
                 f"the call is inside a try at {d.site(Frame(swallow_file, swallow.lineno, ''))}"
-                " whose handler swallows the error and continues"
+                f" whose handler (at {handlers}) swallows the error and continues"
             )
+            caught = d.caught_by(skipped, swallow_file, swallow)
         elif exits:
             guard = exits[-1]
             cause = {
@@ -583,6 +586,7 @@ def skipped_step(
             )
     if reason:
         evidence.append(reason)
+    evidence += caught
     return d.explanation(
         cause,
         f"{who(skipped)} skipped the {op_text(earlier)} at {d.site(site)} for one "
