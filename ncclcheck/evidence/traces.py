@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -116,7 +117,6 @@ class Decided(NamedTuple):
     taken: bool
     forced: bool
     time: float
-    read: str | None  # a digest of the values its test read at its first evaluation (there only)
 
 
 class Caught(NamedTuple):
@@ -152,6 +152,9 @@ class RankTrace:
     fired: list[tuple[str, Frame]] = field(default_factory=list)
     # decisions on a rank's own value, each side the first time it was taken (record/firing.py)
     decided: list[Decided] = field(default_factory=list)
+    # (file, line) of a watched test -> evaluations n -> (a digest of what it read over its
+    # first n, whether a value read was a fraction) (record/firing.py)
+    decision_reads: dict[tuple[str, int], dict[int, tuple[str, bool]]] = field(default_factory=dict)
     # the first error each except handler of the user's files caught (record/firing.py)
     caught: list[Caught] = field(default_factory=list)
     rooted_reads: list[RootedRead] = field(default_factory=list)
@@ -592,8 +595,12 @@ def _apply(
         )
     elif kind == "decided":
         site = trace_frame(record["site"])
-        taken, forced, read = bool(record["taken"]), bool(record["forced"]), record.get("read")
-        trace.decided.append(Decided(site, taken, forced, float(record["time"]), read))
+        taken, forced = bool(record["taken"]), bool(record["forced"])
+        trace.decided.append(Decided(site, taken, forced, float(record["time"])))
+    elif kind == "decision_read":
+        file, line = record["site"]
+        digests = trace.decision_reads.setdefault((os.path.realpath(str(file)), int(line)), {})
+        digests[int(record["n"])] = (str(record["read"]), bool(record["informative"]))
     elif kind in ("cpu", "perturb", "framework", "fired"):
         noted = (str(record["kind"]), trace_frame(record["site"]))
         {

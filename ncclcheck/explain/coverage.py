@@ -73,10 +73,10 @@ def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> N
     alone (an early stop on its own loss, a save on its own clock, a batch skipped for its
     own NaN). What the watched test did on each rank is said (record/firing.py)."""
     said = {(f.location.path, f.location.line) for f in found.found_in_source if f.location}
-    watched = _watched(d)
+    sides = _sides_taken(d)
     # the files whose tests were watched too: a module no recorded collective was called
     # through (a save that never fired) still holds the decision
-    files = {*_user_files(d), *(path for path, _line in watched if os.path.isfile(path))}
+    files = {*_user_files(d), *(path for path, _line in sides if os.path.isfile(path))}
     for path in sorted(files):
         module = linter.load(Path(path))
         if module is None:
@@ -85,16 +85,20 @@ def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> N
             if (decision.path, decision.line) in said:
                 continue
             said.add((decision.path, decision.line))
-            taken, reads = watched.get((os.path.realpath(decision.path), decision.line), ({}, {}))
-            if len({frozenset(sides) for sides in taken.values()}) > 1:
+            key = (os.path.realpath(decision.path), decision.line)
+            taken = sides.get(key, {})
+            if len({frozenset(taken_sides) for taken_sides in taken.values()}) > 1:
                 continue  # the ranks took it apart in the run: what followed was checked (or found)
-            # every rank's test read the same values: a value they share on the path that ran
-            alike = len(reads) > 1 and len(set(reads.values())) == 1
+            # every rank's test read the same values: a value they share on the path that ran,
+            # where a value was a fraction (no coincidence) or the function synchronises it on
+            # some path (counts that agree, a patience still at 0, are no such sign)
+            same, fraction = _reads_alike(d, key)
+            alike = same and (fraction or decision.synced_somewhere)
             what = _what_the_test_did(taken, d.ev.world_size)
             if alike:
                 what += (
-                    ", and at its first evaluation it read the same values on every rank (a value "
-                    "synchronised on the path that ran, or data alike on every rank); whether it can "
+                    ", and it read the same values on every rank each time (a value synchronised on "
+                    "the path that ran, or drawn alike on every rank); whether it can "
                     "differ per rank was not checked: where every path synchronises it first, nothing "
                     "is wrong; where not, `--perturb` makes rank-local values differ"
                 )
@@ -115,21 +119,26 @@ def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> N
             )
 
 
-def _watched(d: Context) -> dict[tuple[str, int], tuple[dict[int, set[bool]], dict[int, str]]]:
-    """(file, line) of each watched test -> (rank -> the sides it took unforced, rank -> a
-    digest of what the test read at its first evaluation)."""
-    watched: dict[tuple[str, int], tuple[dict[int, set[bool]], dict[int, str]]] = {}
+def _sides_taken(d: Context) -> dict[tuple[str, int], dict[int, set[bool]]]:
+    """(file, line) of each watched test -> rank -> the sides it took, unforced."""
+    sides: dict[tuple[str, int], dict[int, set[bool]]] = {}
     for rank, trace in d.ev.traces.items():
         for decided in trace.decided:
-            if decided.forced:
-                continue
-            sides, reads = watched.setdefault(
-                (os.path.realpath(decided.site.file), decided.site.line), ({}, {})
-            )
-            sides.setdefault(rank, set()).add(decided.taken)
-            if decided.read is not None:
-                reads.setdefault(rank, decided.read)
-    return watched
+            if not decided.forced:
+                key = (os.path.realpath(decided.site.file), decided.site.line)
+                sides.setdefault(key, {}).setdefault(rank, set()).add(decided.taken)
+    return sides
+
+
+def _reads_alike(d: Context, key: tuple[str, int]) -> tuple[bool, bool]:
+    """Whether every rank's test at ``key`` read the same values over the evaluations they
+    all made, and whether a value among them was a fraction (record/firing.py)."""
+    reads = [trace.decision_reads.get(key, {}) for trace in d.ev.traces.values()]
+    common = set.intersection(*(set(r) for r in reads)) if reads else set()
+    if len(reads) < 2 or not common:
+        return False, False
+    most = max(common)
+    return len({r[most][0] for r in reads}) == 1, any(r[most][1] for r in reads)
 
 
 def _what_the_test_did(taken: dict[int, set[bool]], world: int) -> str:

@@ -13,6 +13,8 @@ it decides the same on every run, so the dry run took it as the real run will.
 
 from __future__ import annotations
 
+import ast
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.errors import InputError
 from ncclcheck.lint.findings import ParsedModule, located
 from ncclcheck.lint.project import Linter
+from ncclcheck.source import reading
 
 LOCAL_DECISIONS = frozenset({Cause.UNSYNCHRONIZED_DECISION, Cause.DATA_DEPENDENT_BRANCH})
 
@@ -30,6 +33,10 @@ class LocalDecision:
     line: int  # the line of the ``if`` or ``while`` whose test decides
     cause: Cause  # lint's reading
     reading: str  # lint's words for what the test skips or reaches
+    # a value the test reads is given to a collective somewhere in the function, on some
+    # path (`dist.broadcast(epoch_loss, 0)` under an option): where the run saw every rank
+    # read the same values, that path is the likely one, and the decision is not forced
+    synced_somewhere: bool = False
 
 
 def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]:
@@ -43,8 +50,49 @@ def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]
         path = where.checked_path or where.path
         line = where.condition_line or where.line
         reading = finding.message.split(": ranks that take it")[0]
-        found.setdefault((path, line), LocalDecision(path, line, finding.cause, reading))
+        synced = _synced_somewhere(linter, module, path, line)
+        found.setdefault((path, line), LocalDecision(path, line, finding.cause, reading, synced))
     return sorted(found.values(), key=lambda decision: decision.line)
+
+
+def _synced_somewhere(linter: Linter, module: ParsedModule, path: str, line: int) -> bool:
+    """Whether a name the test at ``line`` reads, or a name its value is computed from in
+    the function, is passed to (or returned by) a collective anywhere in that function."""
+    if os.path.realpath(path) != os.path.realpath(module.path):
+        return False
+    scope = reading.enclosing_function(str(module.path), line)
+    chain = reading.enclosing_chain(str(module.path), line)
+    test = next((n.test for n in reversed(chain) if isinstance(n, ast.If | ast.While)), None)
+    if scope is None or test is None:
+        return False
+    synced = linter.sync_points(scope, module)
+    values: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) and node.value is not None:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                for name in reading.bound_names(target):
+                    values.setdefault(name, []).append(node.value)
+    seen: set[str] = set()
+    pending = reading.names_read(test)[0]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in synced:
+            return True
+        for value in values.get(name, []):
+            if _calls_a_collective(linter, module, value):
+                return True  # `val_loss = evaluate_mean(model)`: a helper that all-reduces
+            pending |= reading.names_read(value)[0]
+    return False
+
+
+def _calls_a_collective(linter: Linter, module: ParsedModule, value: ast.expr) -> bool:
+    for call in (node for node in ast.walk(value) if isinstance(node, ast.Call)):
+        if linter.collective_of_call(call, module, None, set()) is not None:
+            return True
+    return False
 
 
 def decisions_to_watch(script: Path) -> tuple[list[tuple[str, int]], list[str]]:

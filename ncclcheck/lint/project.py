@@ -24,6 +24,7 @@ from ncclcheck.errors import InputError
 # side's branch is paired with the other's, so lint leaves them out.
 from ncclcheck.lint.findings import Collective, Function, ParsedModule, dedupe, located, relative_path
 from ncclcheck.lint.rank_sets import imported_rank_names
+from ncclcheck.lint.reaching import tests_over
 from ncclcheck.lint.samplers import eval_loaders_without_sampler
 from ncclcheck.lint.scope import ScopeChecker
 from ncclcheck.lint.syntax import (
@@ -643,13 +644,20 @@ class Linter:
             for name in bound_names(target)
         }
         synced = synced | from_collectives
+        # an assignment under a test on a rank-local value takes that value's difference
+        # too (`bad += 1` in the else of `if val_loss < best`: a patience count each rank
+        # keeps for itself)
+        guarded = tests_over(scope)
         for _ in range(3):
             before = len(local)
             for node in assignments:
                 value = node.value
                 if value is None:
                     continue
-                if self.is_rank_local(value, module, function, synced, local):
+                if self.is_rank_local(value, module, function, synced, local) or any(
+                    self.is_rank_local(test, module, function, synced, local)
+                    for test in guarded.get(id(node), [])
+                ):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     # `self.total += loss.item()` makes an attribute rank-local, not `self`
                     local |= {name for t in targets for name in bound_names(t)} - synced

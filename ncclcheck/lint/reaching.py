@@ -57,10 +57,22 @@ def reaching_names(
     earlier ``placement = value.placements[0]`` rank-dependent when the body starts with
     ``value = states[name]`` (torch's fsdp/_optim_utils.py)."""
     bindings: dict[str, list[tuple[int, ast.expr | None]]] = {}  # None: a for target
+    guarded = tests_over(scope)
+    guard_of: dict[tuple[str, int], list[ast.expr]] = {}  # the tests a binding is made under
     for node in ast.walk(scope):
         if isinstance(node, (ast.For, ast.AsyncFor)):
             for name in bound_names(node.target) & derived:
                 bindings.setdefault(name, []).append((node.lineno, None))
+        if (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id in derived
+        ):
+            # `bad += 1`: the old value and the new part
+            whole = ast.BinOp(ast.Name(node.target.id, ast.Load()), node.op, node.value)
+            bindings.setdefault(node.target.id, []).append((node.lineno, whole))
+            guard_of[(node.target.id, node.lineno)] = guarded.get(id(node), [])
+            continue
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -68,6 +80,7 @@ def reaching_names(
             for target, value in paired(whole_target, node.value):
                 for name in bound_names(target) & derived:
                     bindings.setdefault(name, []).append((node.lineno, value))
+                    guard_of[(name, node.lineno)] = guarded.get(id(node), [])
     for name, lines in (synced_at or {}).items():
         if name in derived:
             bindings.setdefault(name, []).extend((at, _SYNCED) for at in lines)
@@ -99,9 +112,27 @@ def reaching_names(
             known[key] = any(
                 value is not None
                 and flows(at, to, name)
-                and holds(value, {n for n in names_read(value)[0] & derived if reaches(n, at)})
+                and any(
+                    holds(read, {n for n in names_read(read)[0] & derived if reaches(n, at)})
+                    for read in (value, *guard_of.get((name, at), []))
+                )
                 for at, value in bindings[name]
             )
         return known[key]
 
     return {name for name in derived if reaches(name, line)}
+
+
+def tests_over(scope: ast.AST) -> dict[int, list[ast.expr]]:
+    """id of each assignment in ``scope`` -> the tests of the ``if``s it is made under: a
+    value assigned in one branch differs between ranks wherever the test does (`bad += 1`
+    in the else of `if val_loss < best`)."""
+    found: dict[int, list[ast.expr]] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, ast.If):
+            for inner in (
+                n for branch in (node.body, node.orelse) for stmt in branch for n in ast.walk(stmt)
+            ):
+                if isinstance(inner, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                    found.setdefault(id(inner), []).append(node.test)
+    return found

@@ -330,12 +330,11 @@ def main() -> None:
                 "time": time.time(),
             }
         ),
-        lambda file, line, function, taken, forced, read: recorder.write(
+        lambda file, line, function, taken, forced: recorder.write(
             {
                 "t": "decided",
                 "taken": taken,
                 "forced": forced,
-                "read": read,
                 "site": [file, line, function],
                 "time": time.time(),
             }
@@ -348,6 +347,15 @@ def main() -> None:
                 "error": error,
                 "raised": list(raised) if raised else None,
                 "time": time.time(),
+            }
+        ),
+        lambda file, line, count, digest, informative: recorder.write(
+            {
+                "t": "decision_read",
+                "site": [file, line],
+                "n": count,
+                "read": digest,
+                "informative": informative,
             }
         ),
     )

@@ -35,6 +35,7 @@ import builtins
 import hashlib
 import importlib.machinery
 import json
+import math
 import os
 import runpy
 import sys
@@ -51,60 +52,75 @@ _READ = "__ncclcheck_read__"
 _CAUGHT = "__ncclcheck_caught__"
 
 
+# what a watched test read is digested over its first evaluations, and noted after these
+# counts: every rank at the same count compares alike or not
+READ_NOTED_AT = (1, 2, 4, 8, 16, 32)
+
+
 class Decisions:
-    """The watched decisions: which sides each has taken on this rank, what its test read the
-    first time, and the one to force here, if any. ``note(file, line, function, taken,
-    forced, read)`` is told the first time each side is taken (``forced``: the value was
-    turned; ``read``: a digest of the values the test read at its first evaluation, else
-    None). Two ranks whose tests read the same values there decide on a value they share
-    (synchronised on the path that ran, or data alike on every rank): turning it on one rank
-    alone would be a state the real run never reaches."""
+    """The watched decisions: which sides each has taken on this rank, what its test read,
+    and the one to force here, if any. ``note(file, line, function, taken, forced)`` is told
+    the first time each side is taken (``forced``: the value was turned); ``note_read(file,
+    line, n, digest, informative)`` a digest of what the test read over its first ``n``
+    evaluations, at each count of READ_NOTED_AT (``informative``: a value read was a
+    fraction, which two ranks share by chance about never). Ranks whose tests read the same
+    values decide on a value they share (synchronised, or seeded alike): turning it on one
+    rank alone would be a state the real run never reaches."""
 
     def __init__(
         self,
         watched: list[tuple[str, int]],
         force: tuple[str, int] | None,
-        note: Callable[[str, int, str, bool, bool, str | None], None],
+        note: Callable[[str, int, str, bool, bool], None],
         handlers_in: list[str] | None = None,
         note_caught: Callable[[str, int, str, str, tuple[str, int, str] | None], None] | None = None,
+        note_read: Callable[[str, int, int, str, bool], None] | None = None,
     ) -> None:
         self.lines: dict[str, set[int]] = {}
         for file, line in watched:
             self.lines.setdefault(os.path.realpath(file), set()).add(line)
+        self.force = (os.path.realpath(force[0]), force[1]) if force else None
+        self.keys: list[tuple[str, int]] = []  # key -> (file, line of the test)
+        self.seen: set[tuple[int, bool]] = set()
+        self.reading: dict[int, list[str]] = {}  # key -> what the evaluation under way has read
+        self.evaluations: dict[int, int] = {}
+        self.digests: dict[int, str] = {}
+        self.informative: set[int] = set()
+        self.forced = False
+        self.note = note
+        self.note_read = note_read
         # files whose except handlers note the first error each catches
         self.handler_files = {os.path.realpath(file) for file in handlers_in or []}
         self.handlers: list[tuple[str, int]] = []  # key -> (file, line of the except)
         self.caught_once: set[int] = set()
         self.note_caught = note_caught
-        self.force = (os.path.realpath(force[0]), force[1]) if force else None
-        self.keys: list[tuple[str, int]] = []  # key -> (file, line of the test)
-        self.seen: set[tuple[int, bool]] = set()
-        self.reading: dict[int, list[str]] = {}  # key -> what its first evaluation has read so far
-        self.evaluated: set[int] = set()
-        self.forced = False
-        self.note = note
 
     def read(self, key: int, value: Any) -> Any:
-        """A value the test at ``key`` reads (a name, an attribute, a call's result), noted at
-        its first evaluation only; returned as it is."""
-        if key not in self.evaluated:
+        """A value the test at ``key`` reads (a name, an attribute, a call's result), noted
+        over its first evaluations; returned as it is."""
+        if self.evaluations.get(key, 0) < READ_NOTED_AT[-1]:
             self.reading.setdefault(key, []).append(_digest(value))
+            if key not in self.informative and _fraction(value):
+                self.informative.add(key)
         return value
 
     def decide(self, key: int, value: Any) -> bool:
         taken = bool(value)
-        read = None
-        if key not in self.evaluated:
-            self.evaluated.add(key)
-            read = hashlib.sha1("\x1f".join(self.reading.pop(key, [])).encode()).hexdigest()[:16]
+        count = self.evaluations.get(key, 0) + 1
+        file, line = self.keys[key]
+        if count <= READ_NOTED_AT[-1]:
+            self.evaluations[key] = count
+            joined = "\x1f".join([self.digests.get(key, ""), *self.reading.pop(key, [])])
+            self.digests[key] = hashlib.sha1(joined.encode()).hexdigest()[:16]
+            if count in READ_NOTED_AT and self.note_read is not None:
+                self.note_read(file, line, count, self.digests[key], key in self.informative)
         forced = False
         if not self.forced and self.force == self.keys[key]:
             self.forced = forced = True
             taken = not taken
         if forced or (key, taken) not in self.seen:
             self.seen.add((key, taken))
-            file, line = self.keys[key]
-            self.note(file, line, sys._getframe(1).f_code.co_name, taken, forced, read)
+            self.note(file, line, sys._getframe(1).f_code.co_name, taken, forced)
         return taken
 
     def caught(self, key: int) -> None:
@@ -177,6 +193,19 @@ class Decisions:
 def _call(helper: str, key: int, node: ast.expr) -> ast.expr:
     call = ast.Call(ast.Name(helper, ast.Load()), [ast.Constant(key), node], [])
     return ast.copy_location(call, node)
+
+
+def _fraction(value: Any) -> bool:
+    """A float, or a small floating tensor, with a fractional part."""
+    if isinstance(value, float):
+        return math.isfinite(value) and not value.is_integer()
+    if type(value).__module__.startswith("torch") and callable(getattr(value, "is_floating_point", None)):
+        try:
+            if value.is_floating_point() and value.numel() <= 4096:
+                return bool(((value - value.trunc()) != 0).any())
+        except Exception:  # a meta or fake tensor has no values to read
+            return False
+    return False
 
 
 def _digest(value: Any) -> str:
@@ -267,9 +296,10 @@ class Firing:
 
 def install(
     note: Callable[[str, int, str, bool], None],
-    note_decision: Callable[[str, int, str, bool, bool, str | None], None],
+    note_decision: Callable[[str, int, str, bool, bool], None],
     rank: int,
     note_caught: Callable[[str, int, str, str, tuple[str, int, str] | None], None] | None = None,
+    note_read: Callable[[str, int, int, str, bool], None] | None = None,
 ) -> Firing | None:
     """Compile the listed files with their tests wrapped, from here on; None when the run
     lists none."""
@@ -286,6 +316,7 @@ def install(
             note_decision,
             [str(f) for f in listed.get("handlers_in", [])],
             note_caught,
+            note_read,
         )
         setattr(builtins, _DECIDE, decisions.decide)
         setattr(builtins, _READ, decisions.read)

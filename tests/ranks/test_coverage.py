@@ -223,3 +223,21 @@ def test_an_early_stop_not_forced_is_listed_with_the_side_each_rank_took() -> No
         gap
     )
     assert "in the dry run its test was false each time on ranks 0-1" in gap, gap
+
+
+def test_a_patience_count_kept_from_each_ranks_own_loss_is_forced_and_its_twin_on_the_mean_aligned() -> None:
+    """`bad += 1` under `if val_loss < best`: the count takes the difference of each rank's
+    loss (lint reads it through the test it is kept under), though the test that stops
+    reads only the count, alike on every rank within a dry run (0 at first). Forced on
+    rank 1, the stop parts the ranks; the twin counts on the loss averaged over every rank:
+    nothing to force."""
+    broken = SCRIPTS / "patience_counter.py"
+    proc, report = preflight("--nproc-per-node=2", str(broken))
+    assert proc.returncode == 1, (proc.stderr[-2000:], report)
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"]) == (
+        "unsynchronized-decision",
+        f"tests/scripts/patience_counter.py:{line_in(broken, 'if bad >= patience:')}",
+    ), finding
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "patience_counter_on_mean.py"))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)

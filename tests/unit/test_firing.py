@@ -98,14 +98,16 @@ def run(losses, stopper):
 
 def _decide(
     tmp_path: Path, force: tuple[str, int] | None, losses: list[float]
-) -> tuple[list[float], list[tuple[int, bool, bool, str | None]]]:
+) -> tuple[list[float], list[tuple[int, bool, bool]], list[tuple[int, str, bool]]]:
     path = tmp_path / "decide.py"
     path.write_text(DECIDING)
-    noted: list[tuple[int, bool, bool, str | None]] = []
+    noted: list[tuple[int, bool, bool]] = []
+    reads: list[tuple[int, str, bool]] = []
     decisions = Decisions(
         [(str(path), 5)],
         (str(path), 5) if force else None,
-        lambda file, line, function, taken, forced, read: noted.append((line, taken, forced, read)),
+        lambda file, line, function, taken, forced: noted.append((line, taken, forced)),
+        note_read=lambda file, line, count, digest, fraction: reads.append((count, digest, fraction)),
     )
     code = Firing([], lambda *_: None, decisions).compile(path.read_text(), str(path))
     assert code is not None
@@ -118,30 +120,30 @@ def _decide(
     finally:
         del builtins.__ncclcheck_decide__  # type: ignore[attr-defined]
         del builtins.__ncclcheck_read__  # type: ignore[attr-defined]
-    return seen, noted
+    return seen, noted, reads
 
 
 def test_a_watched_decision_notes_each_side_the_first_time_and_keeps_its_value(tmp_path: Path) -> None:
-    seen, noted = _decide(tmp_path, None, [1.0, 2.0, 200.0, 3.0])
+    seen, noted, reads = _decide(tmp_path, None, [1.0, 2.0, 200.0, 3.0])
     assert seen == [1.0, 2.0, 200.0]  # the script's own stop, unchanged
-    assert [(line, taken, forced) for line, taken, forced, _ in noted] == [
-        (5, False, False),
-        (5, True, False),
-    ]
-    assert noted[0][3] is not None and noted[1][3] is None  # what it read: the first evaluation only
+    assert noted == [(5, False, False), (5, True, False)]
+    assert [count for count, _, _ in reads] == [1, 2]  # what it read, after 1 and 2 evaluations (of 3)
 
 
 def test_a_forced_decision_takes_the_other_side_once_then_its_own(tmp_path: Path) -> None:
-    seen, noted = _decide(tmp_path, ("forced", 5), [1.0, 2.0, 3.0])
+    seen, noted, _ = _decide(tmp_path, ("forced", 5), [1.0, 2.0, 3.0])
     assert seen == [1.0]  # stopped at its first test, which was false
-    assert noted[0][:3] == (5, True, True)
+    assert noted[0] == (5, True, True)
 
 
 def test_what_a_test_read_is_the_same_only_for_the_same_values(tmp_path: Path) -> None:
-    first = _decide(tmp_path, None, [1.0, 2.0])[1][0][3]
-    same = _decide(tmp_path, None, [1.0, 5.0])[1][0][3]
-    other = _decide(tmp_path, None, [1.5, 2.0])[1][0][3]
-    assert first == same != other  # the loss read at the first test decides; the stopper is a function
+    first = _decide(tmp_path, None, [1.5, 2.0])[2]
+    same = _decide(tmp_path, None, [1.5, 2.0])[2]
+    other = _decide(tmp_path, None, [1.5, 2.5])[2]
+    counts = _decide(tmp_path, None, [1.0, 2.0])[2]
+    assert first == same and first[0] == other[0] and first[1] != other[1]  # the second loss differs
+    assert all(fraction for _, _, fraction in first)  # 1.5 is a fraction: no coincidence
+    assert not any(fraction for _, _, fraction in counts)  # whole numbers agree by chance often
 
 
 CATCHING = """\

@@ -1468,3 +1468,31 @@ def test_a_deepspeed_engines_forward_on_rank_zero_alone_is_named_as_a_sharded_fo
         "error",
     )
     assert "forward of a sharded model" in finding.message
+
+
+def test_a_count_kept_under_a_test_on_a_local_loss_is_local_too(tmp_path: Path) -> None:
+    # `bad` is only ever 0 or bad + 1, but which depends on each rank's own loss
+    source = """\
+    import torch.distributed as dist
+
+    def evaluate(model):
+        return model().item()
+
+    def main(model, patience):
+        best, bad = float("inf"), 0
+        for epoch in range(100):
+            dist.all_reduce(model.grad)
+            loss = evaluate(model)
+            if loss < best:
+                best, bad = loss, 0
+            else:
+                bad += 1
+            if bad >= patience:
+                break
+    """
+    assert lint_source(tmp_path, source) == [("unsynchronized-decision", 9, "warning")]
+    synced = source.replace(
+        "return model().item()",
+        "value = model()\n        dist.all_reduce(value)\n        return value.item()",
+    )
+    assert lint_source(tmp_path, synced) == []
