@@ -544,7 +544,7 @@ def _with_forced_decisions(first: Diagnosis, again: _Again, settings: DryRunSett
         seconds = time.monotonic() - started
         if forced_launch.interrupted:
             break  # stopped by a signal: what was forced so far is said
-        outcome = _what_forcing_did(forced, path, line, where)
+        outcome = _what_forcing_did(forced, path, line)
         if outcome.parted:
             _say_forced(forced.report, gap, where, outcome.text)
             forced.report.summary["forced"] = [*said, f"{where}: {outcome.text} ({seconds:.1f} s)"]
@@ -575,7 +575,7 @@ class _Forced:
     checked: bool = False  # they went on together past it, through collectives
 
 
-def _what_forcing_did(forced: Diagnosis, path: str, line: int, where: str) -> _Forced:
+def _what_forcing_did(forced: Diagnosis, path: str, line: int) -> _Forced:
     """Read the forcing run: whether the forced side was taken, and what followed."""
     traces = forced.evidence.traces
     trace = traces.get(FORCED_RANK)
