@@ -137,9 +137,13 @@ def compare(calls: dict[int, CollectiveCall | None]) -> Mismatch | None:
 
 
 def _pair_across_lines(calls: dict[int, CollectiveCall | None]) -> bool:
-    """Calls that differ by line alone, of an op a rank may call from its own branch."""
+    """Calls that differ by line alone, of an op a rank may call from its own branch, or
+    DDP's own gradient all-reduce from backward() on another line (the documented way to
+    keep a rank that skips its batch in step: a backward of a zeroed loss in the handler)."""
     made = [c for c in calls.values() if c is not None]
-    if len(made) < len(calls) or made[0].op not in BRANCH_PAIRED:
+    if len(made) < len(calls):
+        return False
+    if made[0].op not in BRANCH_PAIRED and not all(c.source == "ddp" for c in made):
         return False
     steps = {_step(c) for c in made}
     return len({(c.op, c.signature[1:], _request(c)) for c in made}) == 1 and (

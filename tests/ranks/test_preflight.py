@@ -255,6 +255,10 @@ def test_an_error_caught_around_a_step_function_is_a_rank_exception() -> None:
         f"`except torch.cuda.OutOfMemoryError` at tests/scripts/oom_skip_step.py:{except_line}"
     ) in evidence, evidence
 
+    # the twin's handler still makes the step's all-reduce (of zeros)
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
 
 def test_decoding_that_stops_at_each_ranks_own_end_of_sequence_is_a_data_dependent_branch() -> None:
     script = SCRIPTS / "generate_until_eos.py"

@@ -1,7 +1,11 @@
 """One rank runs out of memory in a training step, catches the error and skips the
 batch (facebookresearch/fairseq#708): its DDP gradient all_reduce for that step is
 never made, so its later steps pair with the other ranks' earlier ones. The OOM
-is raised on purpose on rank 1 at step 2, as a batch too large for its GPU would."""
+is raised on purpose on rank 1 at step 2, as a batch too large for its GPU would.
+MODE=fixed: the rank that skips the batch still makes the step's gradient all-reduce,
+with a backward of a zeroed loss, so the ranks stay a step together."""
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -34,6 +38,9 @@ def main() -> None:
         except torch.cuda.OutOfMemoryError:
             print(f"rank {dist.get_rank()}: OOM at step {step}, skipping the batch", flush=True)
             torch.cuda.empty_cache()
+            if os.environ.get("MODE") == "fixed":
+                optimizer.zero_grad()
+                (model(features[:1]).sum() * 0.0).backward()  # the all-reduce, of zeros
             continue
     dist.destroy_process_group()
 

@@ -717,3 +717,25 @@ def test_statements_after_a_stop_skip_what_ran_in_earlier_passes_and_what_waits_
     assert [stmt.lineno for stmt in after] == [8] and not in_loop
     after, in_loop = statements_after(str(script), 15)  # the caller's frame: no loop there
     assert [stmt.lineno for stmt in after] == [16] and not in_loop
+
+
+def test_ddps_gradient_all_reduce_from_a_backward_on_another_line_pairs_at_the_same_batch() -> None:
+    # the fix of a swallowed OOM: the skipping rank runs a backward of a zeroed loss in its
+    # handler (line 43), which all-reduces the same buckets as the others' step (line 24)
+    from dataclasses import replace
+
+    def bucket(rank: int, seq: int, line: int, batch: int) -> CollectiveCall:
+        made = call(rank, seq, line=line, shape=18)
+        return replace(made, source="ddp", position={"loader": "loader", "pass": 0, "batch": batch})
+
+    same_batch = {
+        0: [bucket(0, 0, 24, 3), bucket(0, 1, 24, 4)],
+        1: [bucket(1, 0, 43, 3), bucket(1, 1, 24, 4)],
+    }
+    assert divergences(same_batch) == []
+    # a rank a batch behind from another line is a skipped step, not a pairing
+    a_batch_apart = {0: [bucket(0, 0, 24, 3), bucket(0, 1, 24, 4)], 1: [bucket(1, 0, 43, 4)]}
+    assert divergences(a_batch_apart)[0].seq == 0
+    # the user's own all_reduce from two lines still mixes two values
+    users_own = {0: [call(0, 0, line=24)], 1: [call(1, 0, line=43)]}
+    assert divergences(users_own)[0].kind is Mismatch.SITE
