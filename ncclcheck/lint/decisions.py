@@ -95,6 +95,22 @@ def _calls_a_collective(linter: Linter, module: ParsedModule, value: ast.expr) -
     return False
 
 
+def decision_at(path: str, line: int) -> LocalDecision | None:
+    """lint's reading of the test at ``path:line``, if it reads one there."""
+    linter = Linter()
+    try:
+        module = linter.load(Path(path))
+    except InputError:
+        return None
+    if module is None:
+        return None
+    real = os.path.realpath(path)
+    return next(
+        (d for d in local_decisions(linter, module) if os.path.realpath(d.path) == real and d.line == line),
+        None,
+    )
+
+
 def decisions_to_watch(script: Path) -> tuple[list[tuple[str, int]], list[str]]:
     """(file, line of the test) of every local decision in the script and the local modules
     it imports, and those files: what a dry run watches (record/firing.py: the decisions'

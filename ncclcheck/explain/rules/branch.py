@@ -7,10 +7,8 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from ncclcheck.causes import Cause
-from ncclcheck.errors import InputError
 from ncclcheck.explain import lines
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import (
@@ -21,8 +19,7 @@ from ncclcheck.explain.engine import (
     cause_of_exit,
     first_explanation,
 )
-from ncclcheck.lint.decisions import LocalDecision, local_decisions
-from ncclcheck.lint.project import Linter
+from ncclcheck.lint.decisions import decision_at
 from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import loaders, reading
@@ -275,7 +272,7 @@ def a_watched_decision_the_ranks_took_apart(f: Fork) -> Explanation | None:
         other_sides = set().union(*(taken.get(r, set()) for r in f.other))
         if made_sides == other_sides:
             continue
-        decision = _lint_reading(path, line)
+        decision = decision_at(path, line)
         test = reading.decision_at(path, line)
         if decision is None or test is None:
             continue
@@ -308,20 +305,6 @@ def a_watched_decision_the_ranks_took_apart(f: Fork) -> Explanation | None:
             Reason(kind, deciding, test),
         )
     return None
-
-
-def _lint_reading(path: str, line: int) -> LocalDecision | None:
-    linter = Linter()
-    try:
-        module = linter.load(Path(path))
-    except InputError:
-        return None
-    if module is None:
-        return None
-    return next(
-        (x for x in local_decisions(linter, module) if os.path.realpath(x.path) == path and x.line == line),
-        None,
-    )
 
 
 def _after_the_test(stack: list[Frame], path: str, line: int) -> bool:
