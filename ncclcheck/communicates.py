@@ -411,6 +411,29 @@ DEFERRED_FRAMES = (
     ),
 )
 
+
+@dataclass(frozen=True)
+class StepHook:
+    """A method a framework calls every step and communicates with what it returns: a rank
+    on which it returns no value skips that collective while the others make it."""
+
+    method: str
+    base: str  # the method's class derives from a class of this name
+    # the attribute which, set to False in the class, hands backward to the user's code
+    manual_switch: str
+    what: str  # the collective, said in lint's finding
+
+
+STEP_HOOKS = (
+    StepHook(
+        "training_step",
+        "LightningModule",
+        "automatic_optimization",
+        "Lightning's backward of the loss training_step returns (DDP's gradient all-reduce; "
+        "under DDP, Lightning raises on a rank whose training_step returns None)",
+    ),
+)
+
 # ncclcheck's own wrappers around a collective (the recorder's, the watchdog's); the
 # recorder's DataLoader wrapper is not one: a rank stuck in its data is not in a collective.
 OWN_WRAPPERS = {

@@ -790,6 +790,7 @@ class Linter:
                 scope.body if isinstance(scope, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)) else []
             )
             checker.block(body, [])
+            checker.returns_without_a_value()
             if function is not None and is_rank_zero_only(function.node):
                 checker.decorated_rank_zero()
             findings += checker.findings

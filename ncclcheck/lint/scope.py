@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import STEP_HOOKS, StepHook
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
@@ -45,6 +46,7 @@ from ncclcheck.source.reading import (
     DATA,
     RANK,
     kind_of,
+    reads_a_reduction,
 )
 
 
@@ -276,7 +278,9 @@ class ScopeChecker:
             # a test that communicates to be answered (`if any_rank(not finite):`, a helper
             # that all-reduces the flag): every rank gets the same answer
             return "other"
-        if kind == DATA and not (called_names(test) & TENSOR_VALUE_CALLS or reads_shape(test)):
+        if kind == DATA and not (
+            called_names(test) & TENSOR_VALUE_CALLS or reads_shape(test) or reads_a_reduction(test)
+        ):
             kind = "other"  # len() of a list, any() of flags: the same on every rank as a rule
         if kind == DATA:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
@@ -528,7 +532,9 @@ class ScopeChecker:
                 return True
         return False
 
-    def report_exit(self, guard: Guard, exit_node: ast.stmt, call: ast.expr, collective: Collective) -> None:
+    def report_exit(
+        self, guard: Guard, exit_node: ast.stmt, call: ast.expr | ast.stmt, collective: Collective
+    ) -> None:
         if id(exit_node) in self.reported_exits:
             return  # one finding per exit: the first call it skips
         self.reported_exits.add(id(exit_node))
@@ -547,6 +553,58 @@ class ScopeChecker:
             collective,
             guard,
         )
+
+    def step_hook(self) -> StepHook | None:
+        """The framework hook this function is, where the framework communicates with what
+        it returns (communicates.STEP_HOOKS): a LightningModule's training_step under
+        automatic optimisation."""
+        function = self.function
+        if function is None or function.class_name is None:
+            return None
+        hook = next((h for h in STEP_HOOKS if h.method == function.name), None)
+        owner = next(
+            (
+                node
+                for node in self.module.all_nodes
+                if isinstance(node, ast.ClassDef) and node.name == function.class_name
+            ),
+            None,
+        )
+        if hook is None or owner is None:
+            return None
+        if not any(ast.unparse(base).rsplit(".", 1)[-1] == hook.base for base in owner.bases):
+            return None
+        for node in ast.walk(owner):
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and node.value.value is False
+                and any(isinstance(t, ast.Attribute) and t.attr == hook.manual_switch for t in node.targets)
+            ):
+                return None  # the user calls backward (manual_backward) in the body, seen there
+        return hook
+
+    def returns_without_a_value(self) -> None:
+        """At the end of a step hook: a `return` (or `return None`) under a test on a rank's
+        own value skips what the framework does with the returned loss, on that rank only."""
+        hook = self.step_hook()
+        if hook is None:
+            return
+        for guard, exit_node, _loop in self.pending_exits:
+            if not isinstance(exit_node, ast.Return):
+                continue
+            if exit_node.value is not None and not (
+                isinstance(exit_node.value, ast.Constant) and exit_node.value.value is None
+            ):
+                continue
+            after = Collective(
+                hook.what,
+                [f"{hook.method}() returns to the framework at {self.path}:{exit_node.lineno}"],
+                self.path,
+                exit_node.lineno,
+                exit_node.col_offset,
+            )
+            self.report_exit(guard, exit_node, exit_node, after)
 
     def rooted_reason(self, guard: Guard) -> str:
         """Why a condition is rank-local when it reads what dist.reduce left on a rank: said,
@@ -584,7 +642,7 @@ class ScopeChecker:
         self,
         cause: Cause,
         severity: str,
-        call: ast.expr,
+        call: ast.expr | ast.stmt,
         message: str,
         collective: Collective,
         guard: Guard | None = None,

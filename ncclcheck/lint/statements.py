@@ -34,13 +34,13 @@ class Checker(Protocol):
     def check_ordered_loop(self, loop: ast.For | ast.AsyncFor) -> None: ...
     def check_while_test(self, loop: ast.While) -> None: ...
     def report_exit(
-        self, guard: Guard, exit_node: ast.stmt, call: ast.expr, collective: Collective
+        self, guard: Guard, exit_node: ast.stmt, call: ast.expr | ast.stmt, collective: Collective
     ) -> None: ...
     def add(
         self,
         cause: Cause,
         severity: str,
-        call: ast.expr,
+        call: ast.expr | ast.stmt,
         message: str,
         collective: Collective,
         guard: Guard | None = None,

@@ -97,6 +97,23 @@ DATA_CALLS = frozenset(
     }
 )
 DATA_ATTRS = frozenset({"shape", "ndim"})
+# A tensor's (or an array's) reductions, called as its methods or torch's (`mask.sum() == 0`,
+# `torch.max(x)`): a test on one reads the values of the data. Python's lists have no such
+# methods, and the builtins of the same names (`sum(counts)`) are not read as such.
+REDUCTION_METHODS = frozenset({"sum", "mean", "max", "min", "amax", "amin", "norm", "std", "prod"})
+
+
+def reads_a_reduction(expr: ast.AST) -> bool:
+    """Whether ``expr`` calls a reduction of a value (``mask.sum()``, ``torch.max(x)``)."""
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in REDUCTION_METHODS
+        and not (isinstance(node.func.value, ast.Name) and node.func.value.id == "math")
+        for node in ast.walk(expr)
+    )
+
+
 # Calls whose value differs between ranks by construction, each with what it reads:
 # a decision on one, never synchronised, can part the ranks.
 RANK_LOCAL_CALLS = {
@@ -386,7 +403,7 @@ def kind_of(expr: ast.AST, derived: set[str]) -> str:
     names, attrs, calls = names_read(expr)
     if (names | attrs) & (RANK_NAMES | derived) or calls & RANK_CALLS or reads_rank_environment(expr):
         return RANK
-    if calls & DATA_CALLS or attrs & DATA_ATTRS:
+    if calls & DATA_CALLS or attrs & DATA_ATTRS or reads_a_reduction(expr):
         return DATA
     return OTHER
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -1496,3 +1497,65 @@ def test_a_count_kept_under_a_test_on_a_local_loss_is_local_too(tmp_path: Path) 
         "value = model()\n        dist.all_reduce(value)\n        return value.item()",
     )
     assert lint_source(tmp_path, synced) == []
+
+
+LIGHTNING_STEP = """\
+import lightning.pytorch as pl
+import torch
+
+class Tagger(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        {manual}
+
+    def training_step(self, batch, batch_idx):
+        tokens, labels = batch
+        if {test}:
+            return {returned}
+        return self.net(tokens).sum()
+"""
+
+
+@pytest.mark.parametrize(
+    ("manual", "test", "returned", "expected"),
+    [
+        # Lightning backs the returned loss and DDP all-reduces its gradients: a rank that
+        # returns nothing skips that (and, under DDP, Lightning raises there)
+        ("", "torch.isnan(tokens).any()", "None", [("data-dependent-branch", 12, "warning")]),
+        ("", "labels.sum() == 0", "", [("data-dependent-branch", 12, "warning")]),
+        # a loss returned on both sides keeps the step
+        ("", "labels.sum() == 0", "tokens.sum() * 0.0", []),
+        # under manual optimisation the user calls backward: nothing after the return
+        ("self.automatic_optimization = False", "labels.sum() == 0", "None", []),
+        # a test on a Python value alike on every rank (the epoch) decides alike
+        ("", "self.current_epoch == 0", "None", []),
+    ],
+    ids=["nan-none", "empty-bare", "zero-loss", "manual", "epoch"],
+)
+def test_a_lightning_training_step_that_returns_nothing_on_a_ranks_own_data_skips_the_backward(
+    tmp_path: Path, manual: str, test: str, returned: str, expected: list[tuple[str, int, str]]
+) -> None:
+    source = LIGHTNING_STEP.format(manual=manual, test=test, returned=returned)
+    assert lint_source(tmp_path, source) == expected
+
+
+def test_a_training_step_of_a_class_that_is_no_lightning_module_is_no_step_hook(tmp_path: Path) -> None:
+    source = LIGHTNING_STEP.replace("pl.LightningModule", "object").format(
+        manual="", test="torch.isnan(tokens).any()", returned="None"
+    )
+    assert lint_source(tmp_path, source) == []
+
+
+@pytest.mark.parametrize(
+    ("test", "kind"),
+    [
+        ("mask.sum() == 0", "data"),
+        ("torch.max(scores) > 10", "data"),
+        ("sum(counts) == 0", "other"),  # the builtin: a list's sum
+        ("math.prod(shape) > 4", "other"),
+    ],
+)
+def test_a_reduction_of_a_tensor_in_a_test_reads_the_data(test: str, kind: str) -> None:
+    from ncclcheck.source.reading import kind_of
+
+    assert kind_of(ast.parse(test, mode="eval").body, set()) == kind
