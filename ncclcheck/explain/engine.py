@@ -57,6 +57,11 @@ def cause_of_exit(condition_kind: str) -> Cause:
     }.get(condition_kind, Cause.UNSYNCHRONIZED_DECISION)
 
 
+def reason_of_local_decision(cause: Cause) -> ReasonKind:
+    """The reason a decision on a rank's own value gives, by lint's cause for it."""
+    return ReasonKind.DATA_TEST if cause is Cause.DATA_DEPENDENT_BRANCH else ReasonKind.LOCAL_TEST
+
+
 @dataclass(frozen=True)
 class Reason:
     kind: ReasonKind

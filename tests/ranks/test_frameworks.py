@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import FRAMEWORKS, REPO, line_in
+from ..conftest import FRAMEWORKS, REPO, aligned_but_for_decisions, line_in
 from .test_doctor import doctor_on_hung
 from .test_preflight import leftover_ranks, preflight
 
@@ -258,6 +258,30 @@ def test_lightning_log_dict_with_a_name_only_one_rank_logs_names_that_reduction(
         "rank 1: Lightning reduces self.log('val_loss_pos_only', sync_dist=True) here; "
         "rank 0: no such reduction at this point" in "\n".join(finding["evidence"])
     )
+
+
+SKIP_PADDING = REPO / "tests" / "scripts" / "lightning_skip_padding_batch.py"
+
+
+@pytest.mark.parametrize("mode", ["broken", "fixed"])
+def test_a_lightning_step_returning_none_on_one_ranks_batch_is_named_at_its_test(mode: str) -> None:
+    """The rank dies of Lightning's refusal; what sent it there is the test on its own batch,
+    watched in the run: that test is the site, with the error as evidence."""
+    pytest.importorskip("lightning", reason="lightning is not installed")
+    proc, report = preflight("--nproc-per-node=2", str(SKIP_PADDING), env={"MODE": mode})
+    if mode == "fixed":
+        aligned_but_for_decisions(proc.returncode, report)
+        return
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "data-dependent-branch", json.dumps(finding, indent=1)
+    test_line = line_in(SKIP_PADDING, "if mask.sum() == 0")
+    assert finding["site"] == f"tests/scripts/lightning_skip_padding_batch.py:{test_line}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1]), finding
+    assert "rank 1 took `if mask.sum() == 0`" in finding["message"], finding["message"]
+    said = "\n".join(finding["evidence"])
+    assert "Skipping the `training_step` by returning None" in said, said
+    assert "Lightning's backward of the loss training_step returns" in said, said
 
 
 def test_accelerate_save_state_on_the_main_process_alone_is_found_by_what_it_waits_in(tmp_path: Path) -> None:

@@ -326,6 +326,54 @@ def test_diagnosis_of_a_dead_rank() -> None:
     assert report.verdict.value == "crash"
 
 
+STEP_SKIPPED_ON_EMPTY = """\
+import lightning.pytorch as pl
+
+class Tagger(pl.LightningModule):
+    def training_step(self, batch, batch_idx):
+        tokens, mask = batch
+        if mask.sum() == 0:
+            return None
+        return self.net(tokens).sum()
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "also_on_rank_0", "cause"),
+    [
+        ("after", False, "data-dependent-branch"),
+        # taken long before its last collective: not what it died of
+        ("before", False, "rank-crashed"),
+        # the survivor took it that way too: no sign it sent rank 1 anywhere else
+        ("after", True, "rank-crashed"),
+    ],
+    ids=["just-before-dying", "long-before", "taken-by-both"],
+)
+def test_a_rank_that_dies_right_after_a_decision_no_other_rank_took_is_named_at_that_test(
+    tmp_path: Path, when: str, also_on_rank_0: bool, cause: str
+) -> None:
+    from ncclcheck.evidence.traces import Decided
+
+    script = tmp_path / "train.py"
+    script.write_text(STEP_SKIPPED_ON_EMPTY)
+    test = Frame(str(script), 6, "Tagger.training_step")
+    rank0 = [call(0, 0, time=1.0, path=str(script)), call(0, 1, time=3.0, path=str(script))]
+    rank1 = [call(1, 0, time=1.0, path=str(script))]
+    traces = {0: trace(0, rank0), 1: trace(1, rank1, exit_=None)}
+    traces[1].decided.append(Decided(test, True, False, 2.0 if when == "after" else 0.5))
+    if also_on_rank_0:
+        traces[0].decided.append(Decided(test, True, False, 2.0))
+    report = diagnose_report(
+        Evidence(traces=traces, world_size=2, rank_exits={1: 1, 0: -15}, first_failure=1, cwd=str(tmp_path))
+    )
+    finding = report.findings[0]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (cause, [0], [1]), finding
+    if cause == "data-dependent-branch":
+        assert finding.site == "train.py:6"
+        assert finding.message.startswith("rank 1 took `if mask.sum() == 0` at train.py:6 true, which no")
+        assert any(line.startswith("lint's reading of it: ") for line in finding.evidence)
+
+
 def test_a_rank_that_dies_before_any_collective_is_sited_where_its_error_left(tmp_path: Path) -> None:
     # One rank more than there are GPUs: set_device fails on rank 1 right after
     # init_process_group, and torchrun stops rank 0 before its first collective.

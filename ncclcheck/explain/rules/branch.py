@@ -18,6 +18,7 @@ from ncclcheck.explain.engine import (
     ReasonKind,
     cause_of_exit,
     first_explanation,
+    reason_of_local_decision,
 )
 from ncclcheck.lint.decisions import decision_at
 from ncclcheck.model import CollectiveCall, Frame
@@ -285,9 +286,6 @@ def a_watched_decision_the_ranks_took_apart(f: Fork) -> Explanation | None:
             f"{who(ranks)} {_sides_said(taken_sides)}"
             for ranks, taken_sides in ((f.made, made_sides), (f.other, other_sides))
         )
-        kind = (
-            ReasonKind.DATA_TEST if decision.cause is Cause.DATA_DEPENDENT_BRANCH else ReasonKind.LOCAL_TEST
-        )
         return call_finding(
             d,
             decision.cause,
@@ -302,7 +300,7 @@ def a_watched_decision_the_ranks_took_apart(f: Fork) -> Explanation | None:
                 f"the test, watched in the run: {took}",
                 f"lint's reading of it: {decision.reading}",
             ],
-            Reason(kind, deciding, test),
+            Reason(reason_of_local_decision(decision.cause), deciding, test),
         )
     return None
 

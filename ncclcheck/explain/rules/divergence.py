@@ -5,14 +5,16 @@ loader, a skipped step, a straggler); the source reasoning is branch.py's."""
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass
 
 from ncclcheck.causes import Cause
 from ncclcheck.evidence.align import Divergence, Mismatch
-from ncclcheck.evidence.traces import LoaderPass
+from ncclcheck.evidence.traces import Decided, LoaderPass
 from ncclcheck.explain.context import Context, Fork
-from ncclcheck.explain.engine import Explanation, first_explanation
+from ncclcheck.explain.engine import Explanation, Reason, first_explanation, reason_of_local_decision
 from ncclcheck.explain.rules.branch import explain_fork
+from ncclcheck.lint.decisions import LocalDecision, decision_at
 from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import origins, reading
@@ -402,6 +404,31 @@ def crashed(d: Context, dead: list[int], divergence: Divergence | None) -> Expla
         message = message.replace(
             f"{who(dead)} died", f"{who(dead)} died after an eval pass with no batch", 1
         )
+    sent = None if empty else _decided_before_dying(d, dead)
+    if sent is not None:
+        # The error is what the rank died of; the test it alone took just before is why it
+        # was there (a training_step returning None on a NaN batch, which Lightning refuses
+        # under DDP): that decision's cause and fix, at the test's line.
+        decision, test, deciding, taken = sent
+        message = (
+            f"{who(dead)} took `{test}` at {d.site(deciding)} {'true' if taken else 'false'}, which "
+            f"no other rank did, then died" + message.removeprefix(f"{who(dead)} died")
+        )
+        evidence.append(
+            f"the test, watched in the run: {who(dead)} found it {'true' if taken else 'false'} after "
+            f"{'its' if len(dead) == 1 else 'their'} last collective; no other rank did"
+        )
+        evidence.append(f"lint's reading of it: {decision.reading}")
+        return d.explanation(
+            decision.cause,
+            message,
+            ranks=survivors,
+            absent_ranks=dead,
+            op=op,
+            site=d.site(deciding),
+            evidence=evidence,
+            reason=Reason(reason_of_local_decision(decision.cause), deciding, test),
+        )
     finding = d.explanation(
         Cause.RANK_CRASHED,
         message,
@@ -419,6 +446,38 @@ def crashed(d: Context, dead: list[int], divergence: Divergence | None) -> Expla
             "collectives (reduce a sum and a count, not a mean of a list)."
         )
     return finding
+
+
+def _decided_before_dying(d: Context, dead: list[int]) -> tuple[LocalDecision, str, Frame, bool] | None:
+    """The last watched decision (lint/decisions.py) the dead ranks took one way after their
+    last collective, that no rank still alive ever took that way: what sent them to the
+    error they died of. None where the run did not watch one, or another rank took it too."""
+    others = [r for r in d.ev.traces if r not in dead]
+    if not others:
+        return None
+    taken_elsewhere = {
+        (os.path.realpath(x.site.file), x.site.line, x.taken) for r in others for x in d.ev.traces[r].decided
+    }
+    found: list[tuple[float, Decided]] = []
+    for rank in dead:
+        trace = d.ev.traces.get(rank)
+        if trace is None:
+            continue
+        last_call = max((c.time for c in trace.calls), default=None)
+        for decided in trace.decided:
+            key = (os.path.realpath(decided.site.file), decided.site.line, decided.taken)
+            if decided.forced or key in taken_elsewhere:
+                continue
+            if last_call is not None and decided.time < last_call:
+                continue
+            found.append((decided.time, decided))
+    for _time, decided in sorted(found, key=lambda pair: pair[0], reverse=True):
+        path = os.path.realpath(decided.site.file)
+        decision = decision_at(path, decided.site.line)
+        test = reading.decision_at(path, decided.site.line)
+        if decision is not None and test is not None:
+            return decision, test, decided.site, decided.taken
+    return None
 
 
 def join_without_stand_in(d: Context, first: Divergence, evidence: list[str]) -> Explanation | None:
