@@ -177,6 +177,9 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
     context = Context(Evidence(world_size=max(world, 1)))
     explanation = explain_leftovers(context, job)
     crashed = explanation is not None and explanation.cause is Cause.RANK_CRASHED
+    # a transport that found mismatched calls ends the job with an error (gloo aborts, NCCL's
+    # transport fails the call): a crash, unless some rank waited out a timeout first
+    crashed = crashed or (bool(job.size_mismatches) and not any(r.timeouts for r in job.ranks.values()))
     report = Report(command="doctor", verdict=Verdict.CRASH if crashed else Verdict.HANG, world_size=world)
     if job.unplaced:
         report.summary["stacks_of_no_known_rank"] = unplaced_classes(

@@ -305,6 +305,21 @@ class FingerprintMismatch:
 
 
 @dataclass(frozen=True)
+class SizeMismatch:
+    """A transport's own report that two ranks' collectives did not match: gloo's size check
+    ("op.preamble.length <= op.nbytes. 1480 vs 4"), NCCL's IB transport ("collective mismatch
+    error, local size X remote size Y"), NCCL's "Mismatched collective detected ... around
+    rank N". It says the calls differ at one point, not whether in size or in kind."""
+
+    rank: int | None  # the rank that printed it, where a prefix says so
+    expected: int | None  # bytes the reporting rank's own call expected
+    received: int | None  # bytes its peer's call sent
+    around_rank: int | None  # NCCL's "at and around rank N"
+    said_by: str  # "gloo's size check", ...
+    source: Source
+
+
+@dataclass(frozen=True)
 class UnplacedStack:
     """A stack dump whose rank nothing says (a py-spy dump of one process posted alone):
     read, described, never counted as a rank."""
@@ -353,6 +368,11 @@ class Aftermath:
     # ("ncclRemoteError", "NET/IB : Got completion ... with error", "Connection reset by
     # peer"), with the rank that printed each where a prefix says it
     transport_errors: list[tuple[int | None, Source]] = field(default_factory=list)
+    # a transport's report that the ranks' collectives did not match (SizeMismatch)
+    size_mismatches: list[SizeMismatch] = field(default_factory=list)
+    # the job's own lines that say a rank skipped or dropped a batch or step ("rank 1:
+    # dropping batch 15 (...)"), with the rank its prefix or its text names
+    skip_lines: list[OwnOutput] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)
@@ -371,6 +391,7 @@ class Aftermath:
             or self.desync
             or self.barrier_late
             or self.mismatches
+            or self.size_mismatches
         ) or any(
             r.timeouts
             or r.progress

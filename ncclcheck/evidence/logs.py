@@ -35,6 +35,7 @@ from ncclcheck.evidence.aftermath import (
     Progress,
     ProgressBar,
     RankAftermath,
+    SizeMismatch,
     Source,
     TimedOutWork,
     UnplacedStack,
@@ -244,6 +245,9 @@ def _may_matter(line: str) -> bool:
         or "monitoredBarrier" in line
         or "collective #" in line
         or "Detected mismatch between collectives" in line
+        or "op.nbytes" in line
+        or "ollective mismatch" in line
+        or "Mismatched collective" in line
         or "ncclRemoteError" in line
         or "ncclSystemError" in line
         or "network error" in line
@@ -666,6 +670,10 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     ):
         if line.strip():  # the job's own output: the last of it before a timeout is evidence
             text.own_output.append((line, number, rank))
+            if ("kip" in line or "rop" in line or "gnor" in line or "KIP" in line) and (
+                _SKIPPED_STEP.search(line)
+            ):
+                _skip_line(text, rank, line, number)
         return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
         text.found.run_ids.add(run.group(1))
@@ -689,7 +697,12 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         )
         text.kinds.add("NCCL communicator set-up errors")
         return
-    if _TRANSPORT_ERROR.search(line):
+    # a transport's report of mismatched calls is no failing transport (and may end a
+    # rank's traceback: read on)
+    mismatch = ("op.nbytes" in line or "ollective mismatch" in line or "Mismatched collective" in line) and (
+        _size_mismatch(text, rank, line, number)
+    )
+    if not mismatch and _TRANSPORT_ERROR.search(line):
         text.found.transport_errors.append((rank, Source(str(text.path), number)))
         text.kinds.add("NCCL or transport errors")
     if "watchdog got stuck" in line or "Heartbeat monitor timed out" in line:
@@ -757,6 +770,55 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _ending_from_traceback(text, rank, stream, line)
             else:
                 _stack_from_cut_traceback(text, rank, stream)
+
+
+# gloo: "[enforce fail at .../pair.cc:456] op.preamble.length <= op.nbytes. 1480 vs 4" (newer
+# gloo adds "Received data size doesn't match expected size"): the peer sent 1480 bytes to a
+# receive of 4
+_GLOO_SIZES = re.compile(r"op\.preamble\.length <= op\.nbytes\. (\d+) vs (\d+)")
+# NCCL's IB transport: "collective mismatch error, local size 496640 remote size 65536"
+_NET_SIZES = re.compile(r"collective mismatch error, local size (\d+) remote size (\d+)")
+# NCCL (2.4-2.7): "Mismatched collective detected, please check your collective calls at and
+# around rank 39"
+_AROUND_RANK = re.compile(r"Mismatched collective detected.*?around rank (\d+)")
+
+
+# the job's own word that a rank left out a step: "skipping batch 12", "dropped a batch",
+# "ignoring sample 7 (...)", "skip this step: loss is nan"
+_SKIPPED_STEP = re.compile(
+    r"\b(?:skip(?:s|ping|ped)?|drop(?:s|ping|ped)?|ignor(?:e|es|ing|ed))\b\W{0,3}(?:\w+\W{1,3}){0,3}?"
+    r"(?:batch|step|sample|iteration|record|example)s?\b",
+    re.IGNORECASE,
+)
+# a loss scaler's overflow skip (DeepSpeed's "OVERFLOW! Rank 0 Skipping step", apex's
+# "Gradient overflow.  Skipping step"): agreed on every rank, printed by one
+_AGREED_SKIP = re.compile(r"overflow|loss scale", re.IGNORECASE)
+_RANK_IN_TEXT = re.compile(r"\brank[ =:#\[]{0,2}(\d+)\b", re.IGNORECASE)
+
+
+def _skip_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    if _AGREED_SKIP.search(line):
+        return
+    if rank is None and (named := _RANK_IN_TEXT.search(line)):
+        rank = int(named.group(1))
+    text.found.skip_lines.append(OwnOutput(line.strip()[:200], Source(str(text.path), number), rank))
+
+
+def _size_mismatch(text: _TextFile, rank: int | None, line: str, number: int) -> bool:
+    source = Source(str(text.path), number)
+    if gloo := _GLOO_SIZES.search(line):
+        found = SizeMismatch(rank, int(gloo.group(2)), int(gloo.group(1)), None, "gloo's size check", source)
+    elif net := _NET_SIZES.search(line):
+        found = SizeMismatch(
+            rank, int(net.group(1)), int(net.group(2)), None, "NCCL's network transport", source
+        )
+    elif around := _AROUND_RANK.search(line):
+        found = SizeMismatch(rank, None, None, int(around.group(1)), "NCCL's collective check", source)
+    else:
+        return False
+    text.found.size_mismatches.append(found)
+    text.kinds.add("a transport's report of mismatched collectives")
+    return True
 
 
 def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:

@@ -1289,3 +1289,116 @@ def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeli
     assert "waits for its next batch from its data pipeline (at /srv/asr/train.py:412 in run_epoch)" in (
         finding.message
     )
+
+
+def _gloo_abort_log(before: str = "", after: str = "") -> str:
+    """A 2-rank CPU job whose ranks' calls stopped matching: gloo's receive on rank 1 got more
+    bytes than its call expected and gloo aborted it; rank 0's read then failed."""
+    return (
+        before + "terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+        "  what():  [enforce fail at ../third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+        "op.preamble.length <= op.nbytes. 2304 vs 8\n"
+        + after
+        + "[rank0]: Traceback (most recent call last):\n"
+        '[rank0]:   File "/home/me/proj/fit.py", line 88, in <module>\n'
+        "[rank0]:     loss.backward()\n"
+        "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:40122: Connection reset by peer\n"
+        "E1205 10:00:03.000000 900 torch/distributed/elastic/multiprocessing/api.py:900] failed\n"
+        "Failures:\n"
+        "[1]:\n"
+        "  time      : 2026-12-05_10:00:03\n"
+        "  host      : box\n"
+        "  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : -15 (pid: 901)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 15 (SIGTERM) received by PID 901\n"
+        "Root Cause (first observed failure):\n"
+        "[0]:\n"
+        "  time      : 2026-12-05_10:00:03\n"
+        "  host      : box\n"
+        "  rank      : 1 (local_rank: 1)\n"
+        "  exitcode  : -6 (pid: 902)\n"
+        "  error_file: <N/A>\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 902\n"
+    )
+
+
+def test_gloos_size_check_is_a_mismatch_of_the_calls_not_a_transport_and_sets_no_rank_apart(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(_gloo_abort_log())
+    report = run_doctor_from([log])
+    finding = report.findings[0]
+    assert report.verdict.value == "crash"
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH, finding
+    assert finding.absent_ranks == []  # which rank parted, these lines do not say
+    assert "rank 1's call expected 8 bytes and its peer's sent 2,304" in finding.message
+    assert "rank 0's call, as its traceback ends: /home/me/proj/fit.py:88 in <module>" in finding.evidence
+    assert finding.fix.startswith("What decides")
+
+
+@pytest.mark.parametrize(
+    ("said", "cause"),
+    [
+        ("[rank1]: skipping batch 41: loss is nan\n", Cause.DATA_DEPENDENT_BRANCH),
+        ("12:00:01 WARNING rank 1 dropped a batch (ValueError: empty record)\n", Cause.RANK_EXCEPTION),
+    ],
+)
+def test_a_rank_that_said_it_skipped_a_step_before_the_mismatch_is_the_likely_odd_one(
+    tmp_path: Path, said: str, cause: Cause
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(_gloo_abort_log(before="[rank0]: epoch 0 step 40 loss 0.71\n" + said))
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is cause, finding
+    assert (finding.ranks, finding.absent_ranks) == ([0], [1])
+    assert "the likely reading is that rank 1 skipped that step's collectives" in finding.message
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # a loss scaler's skip is agreed on every rank, printed by one
+        ("[2026-12-05 10:00:01] [INFO] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536\n", ""),
+        # what a rank did after the calls parted is a consequence, not the reason
+        ("", "[rank0]: dropping batch 9 after an error\n"),
+    ],
+    ids=["loss-scaler", "after-the-failure"],
+)
+def test_a_skip_that_is_agreed_or_comes_after_the_mismatch_sets_no_rank_apart(
+    tmp_path: Path, before: str, after: str
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(_gloo_abort_log(before=before, after=after))
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert finding.absent_ranks == []
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (
+            "node3:4411:4502 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req 0/1 tag 7 peer "
+            "10.0.0.2<4242> collective mismatch error, local size 1024 remote size 4096",
+            "a call expected 1,024 bytes and its peer's sent 4,096",
+        ),
+        (
+            "node3:4411:4411 [2] init.cc:1247 NCCL WARN Mismatched collective detected, please check your "
+            "collective calls at and around rank 5. You can use NCCL_DEBUG=INFO",
+            "at and around rank 5",
+        ),
+    ],
+    ids=["net-ib", "nccl-check"],
+)
+def test_nccls_own_reports_of_mismatched_calls_are_no_failing_network(
+    tmp_path: Path, line: str, said: str
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(line + "\n")
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH, finding
+    assert said in finding.message
+    assert finding.absent_ranks == []

@@ -320,6 +320,104 @@ def _other_modules_ran(
     return explained
 
 
+_EXCEPTION_NAME = re.compile(r"\b\w*(?:Error|Exception)\b")
+
+
+def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
+    """gloo's size check, NCCL's network transport or NCCL's own check reported that the
+    calls two ranks made do not match: no failing network, whatever error ends the ranks
+    (gloo aborts the receiving rank). The report says the calls differ, not how: the same
+    call with tensors of other sizes, or another call (a rank that skipped or added one).
+    A rank whose own output says it skipped a step before it is the likely odd one."""
+    if not s.job.size_mismatches:
+        return None
+    first = s.job.size_mismatches[0]
+    reporter = first.rank
+    aborted = sorted(
+        r for r, record in s.job.ranks.items() if record.ending is not None and record.ending.signal == 6
+    )
+    if reporter is None and first.said_by == "gloo's size check" and len(aborted) == 1:
+        reporter = aborted[0]  # gloo's failed check aborts the process that made it
+    said = []
+    for report in s.job.size_mismatches:
+        whose = f"rank {report.rank}" if report.rank is not None else "a rank"
+        if report.expected is not None:
+            said.append(
+                f"{report.said_by} ({report.source}): {whose}'s call expected {report.expected:,} "
+                f"bytes, its peer's sent {report.received:,}"
+            )
+        else:
+            said.append(
+                f"{report.said_by} ({report.source}): the calls differ around rank {report.around_rank}"
+            )
+    if reporter is not None and first.rank is None and first.expected is not None:
+        said.append(f"rank {reporter} is the rank gloo aborted (SIGABRT): its receive is the one that failed")
+    for rank, record in sorted(s.job.ranks.items()):
+        ending = record.ending
+        if ending is not None and ending.error_site is not None:
+            at = ending.error_site
+            said.append(f"rank {rank}'s call, as its traceback ends: {at.file}:{at.line} in {at.function}")
+    before = [
+        line
+        for line in s.job.skip_lines
+        if line.rank is not None
+        and (line.source.path != first.source.path or (line.source.line or 0) < (first.source.line or 0))
+    ]
+    skipping = sorted({line.rank for line in before if line.rank is not None})
+    involved = sorted(
+        {r for r in (reporter, first.around_rank) if r is not None}
+        | {r for r, record in s.job.ranks.items() if record.ending is not None and record.ending.error_site}
+    )
+    what = (
+        f"rank {reporter}'s call expected {first.expected:,} bytes and its peer's sent {first.received:,}"
+        if reporter is not None and first.expected is not None
+        else f"a call expected {first.expected:,} bytes and its peer's sent {first.received:,}"
+        if first.expected is not None
+        else f"at and around rank {first.around_rank}"
+    )
+    if len(skipping) == 1 and len(s.job.ranks) > 1:
+        odd = skipping[0]
+        line = next(x for x in before if x.rank == odd)
+        cause = Cause.RANK_EXCEPTION if _EXCEPTION_NAME.search(line.text) else Cause.DATA_DEPENDENT_BRANCH
+        others = sorted(r for r in s.job.ranks if r != odd)
+        return s.d.explanation(
+            cause,
+            f"rank {odd} said it left out a step before the ranks' calls stopped matching "
+            f"({first.said_by}: {what}): the likely reading is that rank {odd} skipped that step's "
+            f"collectives (DDP's gradient all-reduce in its backward) and its next call met another "
+            f"of the others'. Rank {odd}'s line: '{line.text}' ({line.source})",
+            ranks=others,
+            absent_ranks=[odd],
+            op=None,
+            site=None,
+            evidence=[
+                *s.evidence,
+                *said,
+                "what would confirm it: the code that prints that line, and "
+                "whether the others skip with it (a flag all-reduced first)",
+            ],
+        )
+    found = s.d.explanation(
+        Cause.COLLECTIVE_SHAPE_MISMATCH,
+        f"{first.said_by} found that the ranks' calls do not match ({what}): the same collective with "
+        "tensors of other sizes on some ranks, or another collective (a rank that skipped or added "
+        "one, a call under a rank test). These files do not say which, nor which rank parted",
+        ranks=involved,
+        absent_ranks=[],
+        op=None,
+        site=None,
+        evidence=[*s.evidence, *said],
+    )
+    found.fix = (
+        "What decides: the call each rank makes at that point. Run with "
+        "TORCH_DISTRIBUTED_DEBUG=DETAIL (it names both calls, op and shapes, before running them), "
+        "or dump the ranks' stacks while they wait (`ncclcheck doctor --pid`). Same call, other "
+        "sizes: pad to a common size first (gather the sizes, then the padded tensors); another "
+        "call: let every rank make the same collectives in the same order"
+    )
+    return found
+
+
 def a_rank_failed_first(s: Leftovers) -> Explanation | None:
     dead = sorted(r for r, record in s.job.ranks.items() if _really_failed(record))
     if not dead:
@@ -1386,6 +1484,7 @@ _FIND_THE_REASON = (
 # numbers alone; then ranks behind the others; then the stacks; then alike everywhere.
 AFTERMATH_RULES = (
     the_debug_check_says,
+    a_transport_found_the_calls_differ,
     a_rank_failed_first,
     a_rank_never_published_its_nccl_id,
     the_desync_report_says,
