@@ -1402,3 +1402,35 @@ def test_nccls_own_reports_of_mismatched_calls_are_no_failing_network(
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH, finding
     assert said in finding.message
     assert finding.absent_ranks == []
+
+
+def _pg_watchdog_line(rank: int, seq: int, op: str, numel: int) -> str:
+    return (
+        f"[rank{rank}]:[E1204 22:01:13.504000000 ProcessGroupNCCL.cpp:616] [PG ID 0 PG GUID 0(default_pg) "
+        f"Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, "
+        f"NumelIn={numel}, NumelOut={numel}, Timeout(ms)=1800000) ran for 1800083 milliseconds "
+        "before timing out."
+    )
+
+
+def test_ranks_timed_out_one_collective_later_had_completed_the_one_a_rank_still_waits_in(
+    tmp_path: Path,
+) -> None:
+    # no progress line: each rank's watchdog names its oldest unfinished collective, so ranks
+    # 1-3, timed out in #1841, had completed #1840, which rank 0 never did
+    log = tmp_path / "job.log"
+    lines = [_pg_watchdog_line(r, 1841, "ALLREDUCE", 1) for r in (1, 2, 3)]
+    lines.append(_pg_watchdog_line(0, 1840, "BROADCAST", 4096))
+    log.write_text("\n".join(lines) + "\n")
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH, finding
+    assert (finding.ranks, finding.absent_ranks) == ([0], [1, 2, 3])
+    assert "ranks 1-3 completed their own #1840" in finding.message
+    assert any("from their watchdog's timeout in the next one" in line for line in finding.evidence)
+
+
+def test_ranks_all_timed_out_in_one_collective_are_not_said_to_have_completed_it(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("\n".join(_pg_watchdog_line(r, 1840, "ALLREDUCE", 1) for r in (0, 1)) + "\n")
+    findings = run_doctor_from([log]).findings
+    assert not findings or findings[0].cause is not Cause.COLLECTIVE_ORDER_MISMATCH

@@ -1097,6 +1097,15 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
         done = {
             r: n for r, rec in sorted(s.job.ranks.items()) if (n := rec.last_completed(group)) is not None
         }
+        # a rank's watchdog times out its oldest unfinished collective of the group first (the
+        # earlier ones were enqueued, so timed, before it): one that timed out in #n and said
+        # nothing of #n-1 had completed it
+        inferred = {
+            r: min(w.seq for w in rec.timeouts if w.group == group) - 1
+            for r, rec in sorted(s.job.ranks.items())
+            if r not in done and any(w.group == group for w in rec.timeouts)
+        }
+        done = {**inferred, **done}
         if not waits:
             continue
         first = min(waits.values())
@@ -1119,6 +1128,11 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
             f"{who(past)} completed collectives of group {group} up to #{furthest}; {who(stuck)} never "
             f"completed #{first}"
         )
+        if any(r in inferred for r in past):
+            said += (
+                f" ({who(sorted(r for r in past if r in inferred))}: from {its(past)} watchdog's timeout "
+                "in the next one, which it reports only once the collectives before it completed)"
+            )
         # past the one collective a failing transport may leave half done: proven. At it,
         # the transport's failure is a reading only where the files show one failing (an
         # NCCL error, a network error); a timeout on every side stands against it
