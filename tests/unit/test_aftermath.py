@@ -1434,3 +1434,39 @@ def test_ranks_all_timed_out_in_one_collective_are_not_said_to_have_completed_it
     log.write_text("\n".join(_pg_watchdog_line(r, 1840, "ALLREDUCE", 1) for r in (0, 1)) + "\n")
     findings = run_doctor_from([log]).findings
     assert not findings or findings[0].cause is not Cause.COLLECTIVE_ORDER_MISMATCH
+
+
+SKIPS_ITS_BACKWARD = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def fit(model, loader, optimizer):
+    model = DDP(model)
+    for inputs, targets in loader:
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        if not torch.isfinite(loss):
+            continue
+        loss.backward()
+        optimizer.step()
+"""
+
+
+@pytest.mark.parametrize("at_the_backward", [True, False])
+def test_a_mismatch_at_a_call_the_source_skips_under_a_branch_names_that_branch(
+    tmp_path: Path, at_the_backward: bool
+) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(SKIPS_ITS_BACKWARD)
+    line = 12 if at_the_backward else 13  # loss.backward(), or optimizer.step(): no collective
+    log = tmp_path / "job.log"
+    log.write_text(_gloo_abort_log().replace('"/home/me/proj/fit.py", line 88', f'"{script}", line {line}'))
+    finding = run_doctor_from([log]).findings[0]
+    if not at_the_backward:
+        assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+        return
+    assert finding.cause is Cause.DATA_DEPENDENT_BRANCH, finding
+    assert finding.site is not None and finding.site.endswith("fit.py:10")
+    assert (finding.ranks, finding.absent_ranks) == ([0], [1])
+    assert "The likely reading is that rank 1 took it" in finding.message

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from ncclcheck.causes import Cause
 from ncclcheck.communicates import GRADIENT_BUCKET_MIN_NUMEL, PARAMETER_OPS, issued_at, starts_a_pass
@@ -397,6 +398,9 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
                 "whether the others skip with it (a flag all-reduced first)",
             ],
         )
+    skipped = _a_call_the_source_lets_ranks_skip(s, what, first.said_by, said)
+    if skipped is not None:
+        return skipped
     found = s.d.explanation(
         Cause.COLLECTIVE_SHAPE_MISMATCH,
         f"{first.said_by} found that the ranks' calls do not match ({what}): the same collective with "
@@ -416,6 +420,77 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
         "call: let every rank make the same collectives in the same order"
     )
     return found
+
+
+_SKIPPABLE = (
+    Cause.DATA_DEPENDENT_BRANCH,
+    Cause.UNSYNCHRONIZED_DECISION,
+    Cause.RANK_EXCEPTION,
+    Cause.RANK_EARLY_EXIT,
+    Cause.RANK_CONDITIONAL_COLLECTIVE,
+)
+
+
+def _a_call_the_source_lets_ranks_skip(
+    s: Leftovers, what: str, said_by: str, said: list[str]
+) -> Explanation | None:
+    """The ranks' calls did not match; where the tracebacks put some ranks at one call of
+    the user's and the source (lint's reading, where the files are on this machine) has a
+    branch that skips that call on the ranks that take it, the others took it: the likely
+    reading, with the branch's line as the site."""
+    from ncclcheck.lint import located, run_lint  # reads source: only for this case
+
+    at: dict[tuple[str, int], list[int]] = {}
+    for rank, record in sorted(s.job.ranks.items()):
+        ending = record.ending
+        if ending is not None and ending.error_site is not None and Path(ending.error_site.file).is_file():
+            at.setdefault((ending.error_site.file, ending.error_site.line), []).append(rank)
+    if len(at) != 1:
+        return None
+    ((path, line), there) = next(iter(at.items()))
+    others = sorted(r for r in s.job.ranks if r not in there)
+    if not others:
+        return None
+    try:
+        findings, _ = run_lint([Path(path)])
+    except Exception:  # unreadable source must not hide what the files say
+        return None
+    skips = [
+        f
+        for f in findings
+        if f.cause in _SKIPPABLE
+        and located(f).line == line
+        and Path(located(f).path).resolve() == Path(path).resolve()
+    ]
+    if not skips:
+        return None
+    reading = skips[0]
+    where = located(reading)
+    decided = where.condition_line or where.line
+    site = f"{s.d.site(Frame(where.path, decided, ''))}"
+    message = (
+        f"{said_by} found that the ranks' calls do not match ({what}); {who(there)}'s traceback ends "
+        f"in the call at {s.d.site(Frame(path, line, ''))}, which the source skips on the ranks that "
+        f"take a branch: {reading.message}. The likely reading is that {who(others)} took it and "
+        f"{'its' if len(others) == 1 else 'their'} next call met another of {who(there)}'s"
+    )
+    return s.d.explanation(
+        reading.cause,
+        message,
+        ranks=there,
+        absent_ranks=others,
+        op=None,
+        site=site,
+        evidence=[
+            *s.evidence,
+            *said,
+            f"lint's reading of {s.d.site(Frame(path, line, ''))}: {reading.message}",
+            f"what would confirm it: where {who(others)} {'was' if len(others) == 1 else 'were'} "
+            "(a traceback or a stack of "
+            + ("its" if len(others) == 1 else "theirs")
+            + "), or TORCH_DISTRIBUTED_DEBUG=DETAIL's check naming both calls",
+        ],
+    )
 
 
 def a_rank_failed_first(s: Leftovers) -> Explanation | None:
