@@ -57,7 +57,7 @@ class Coverage:
 def coverage(d: Context) -> Coverage:
     found = Coverage()
     linter = Linter()
-    after = _after_the_stop(d, linter)
+    after = _after_the_stop(d, linter, found)
     if after is not None:
         found.not_run.append(after)
     _train_pass_ends(d, found)
@@ -155,9 +155,11 @@ def _what_the_test_did(taken: dict[int, set[bool]], world: int) -> str:
     return "in the dry run its test was " + "; ".join(parts)
 
 
-def _after_the_stop(d: Context, linter: Linter) -> Gap | None:
+def _after_the_stop(d: Context, linter: Linter, found: Coverage) -> Gap | None:
     """What the script does after the point where the budget stopped the dry run (a final
-    evaluation, a save, a barrier after the epochs): not checked, and said so."""
+    evaluation, a save, a barrier after the epochs): not checked, and said so; lint's errors
+    decided there (a save on rank 0 whose helper all-reduces) are what the source decides
+    of it."""
     stopped = next(
         (
             t.exit.stack
@@ -176,6 +178,7 @@ def _after_the_stop(d: Context, linter: Linter) -> Gap | None:
             lines = line_ranges([(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in after])
             parts.append(f"{lines} of {frame.function}() in {relative(frame.file, d.ev.cwd)}")
             reaches += _collectives_in(linter, frame.file, after)
+            _lint_errors_after(d, linter, frame.file, after, found)
         if in_loop:
             break  # deeper frames ran in the loop's earlier passes
     if not parts:
@@ -189,6 +192,35 @@ def _after_the_stop(d: Context, linter: Linter) -> Gap | None:
         "one epoch (its own option) to check it too",
         bool(reaches),
     )
+
+
+def _lint_errors_after(
+    d: Context, linter: Linter, path: str, statements: list[ast.stmt], found: Coverage
+) -> None:
+    """lint's errors in ``path`` whose test or call lies in these statements, which the dry
+    run never reached: the source decides them, as for a periodic action that never fired."""
+    module = linter.load(Path(path))
+    if module is None:
+        return
+    spans = [(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in statements]
+    for finding in linter.check(module):
+        where = located(finding)
+        if finding.severity is not Severity.ERROR:
+            continue
+        if os.path.realpath(where.checked_path or where.path) != os.path.realpath(path):
+            continue
+        lines = [n for n in (where.condition_line, where.call_line) if n is not None]
+        if not any(first <= n <= last for n in lines for first, last in spans):
+            continue
+        if any(finding.site == said.site and finding.cause == said.cause for said in found.found_in_source):
+            continue
+        if not finding.fix and finding.cause in d.catalogue:
+            finding.fix = d.catalogue.get(finding.cause).fix.direct
+        finding.evidence = [
+            *finding.evidence,
+            "the dry run never ran it (the budget stopped the run before it): the source decides",
+        ]
+        found.found_in_source.append(finding)
 
 
 def _collectives_in(linter: Linter, path: str, statements: list[ast.stmt]) -> list[str]:

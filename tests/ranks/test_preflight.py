@@ -562,21 +562,40 @@ def test_zero_consolidate_state_dict_on_rank_zero_alone_is_named_with_its_fix() 
 def test_code_after_the_point_where_the_budget_stopped_is_said_not_checked(tmp_path: Path) -> None:
     script = SCRIPTS / "final_barrier.py"
     env = {"CKPT_DIR": str(tmp_path)}
-    proc, report = preflight("--nproc-per-node=2", str(script), env=env)
-    # nothing wrong in what ran; the barrier after the loop did not run: partial, not aligned
+    barrier_line = line_in(script, "dist.barrier()")
+
+    # the fixed twin: nothing wrong in what ran, the barrier after the loop did not run and
+    # nothing decides it: partial, not aligned
+    fixed = SCRIPTS / "final_barrier_on_every_rank.py"
+    proc, report = preflight("--nproc-per-node=2", str(fixed), env=env)
     assert proc.returncode == 5, proc.stderr[-2000:]
     assert report["verdict"] == "partial", report["findings"]
-    stop_line = line_in(script, "for (x,) in train_loader:")
-    if_line, barrier_line = line_in(script, "if rank == 0:"), line_in(script, "dist.barrier()")
     (not_run,) = report["summary"]["not_run"]
-    assert f"and it reaches dist.barrier at tests/scripts/final_barrier.py:{barrier_line}" in not_run, not_run
+    fixed_barrier = line_in(fixed, "dist.barrier()")
+    name = "tests/scripts/final_barrier_on_every_rank.py"
+    assert f"and it reaches dist.barrier at {name}:{fixed_barrier}" in not_run, not_run
     assert not_run.startswith(
-        f"the budget stopped the dry run at tests/scripts/final_barrier.py:{stop_line} in <module>(): "
-        f"what the script does after that did not run (lines {if_line}-{barrier_line} of <module>() "
-        "in tests/scripts/final_barrier.py)"
+        f"the budget stopped the dry run at {name}:{line_in(fixed, 'for (x,) in train_loader:')} in "
+        f"<module>(): what the script does after that did not run (lines "
+        f"{line_in(fixed, 'if rank == 0:')}-{fixed_barrier} of <module>() in {name})"
     )  # the print before and destroy_process_group() after wait for nothing: left out
 
-    # one epoch: the loop ends within the budget, and what follows it is checked
+    # the broken script: the same lines did not run, and the source decides them
+    proc, report = preflight("--nproc-per-node=2", str(script), env=env)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["verdict"] == "misaligned", report["findings"]
+    (finding,) = [f for f in report["findings"] if f["severity"] == "error"]
+    assert (finding["cause"], finding["site"]) == (
+        "rank-conditional-collective",
+        f"tests/scripts/final_barrier.py:{barrier_line}",
+    )
+    assert (
+        "the dry run never ran it (the budget stopped the run before it): the source decides"
+        in (finding["evidence"])
+    )
+    assert report["summary"]["not_run"]
+
+    # one epoch: the loop ends within the budget, and what follows it runs and is found
     proc, report = preflight("--nproc-per-node=2", str(script), env={**env, "EPOCHS": "1"})
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]

@@ -2,7 +2,8 @@
 final checkpoint's barrier runs on rank 0 only.
 
 EPOCHS=3 (the default): the dry run's budget stops it inside the second epoch, so the
-code after the loop is not checked, and the report says which lines those are.
+code after the loop does not run; the report says which lines those are, and what the
+source decides of them (lint reads the barrier under the rank test).
 EPOCHS=1: the loop ends within the budget and the barrier is found.
 """
 
