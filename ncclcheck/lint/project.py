@@ -71,6 +71,7 @@ class Linter:
         self._ddp: dict[int, set[str]] = {}
         self._mentions: dict[int, bool] = {}
         self._synced: dict[int, dict[str, list[int]]] = {}
+        self._local_attributes: dict[int, set[str]] = {}  # id(module tree) -> rank-local attributes
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
         self._properties: tuple[int, frozenset[str]] = (-1, frozenset())  # (modules read, their properties)
         self.files_checked = 0
@@ -718,6 +719,8 @@ class Linter:
         for node in ast.walk(value):
             if isinstance(node, ast.Name) and node.id in local:
                 return True
+            if isinstance(node, ast.Attribute) and node.attr in self.local_attributes(module):
+                return True
             if not isinstance(node, ast.Call):
                 continue
             func = node.func
@@ -740,6 +743,42 @@ class Linter:
             if target is not None and self.returns_local_number(target):
                 return True
         return False
+
+    def local_attributes(self, module: ParsedModule) -> set[str]:
+        """Attributes a method of the module sets on ``self`` only from a rank-local value
+        (``self.local_val_loss = torch.stack(losses).mean().item()``), constants aside: read
+        anywhere in the module (``pl_module.local_val_loss`` in a callback), each rank's own."""
+        key = id(module.tree)
+        if key in self._local_attributes:
+            return self._local_attributes[key]
+        self._local_attributes[key] = set()  # while computing: what it reads is not one yet
+        local: set[str] = set()
+        other: set[str] = set()
+        for functions in module.functions.values():
+            for function in functions:
+                if function.class_name is None:
+                    continue
+                synced = set(self.sync_points(function.node, module))
+                names = self.rank_local_names(function.node, module, function)
+                for node in self.nodes(function.node):
+                    if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) or node.value is None:
+                        continue
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    attributes = {
+                        t.attr
+                        for t in targets
+                        if isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id == "self"
+                    }
+                    if not attributes or _a_starting_value(node.value):
+                        continue
+                    if self.is_rank_local(node.value, module, function, synced, names):
+                        local |= attributes
+                    else:
+                        other |= attributes
+        self._local_attributes[key] = local - other
+        return self._local_attributes[key]
 
     def returns_local_number(self, function: Function) -> bool:
         """A function that turns tensors into a number with ``.item()`` and communicates nothing."""
@@ -849,4 +888,15 @@ def _built_from(value: ast.expr, synced: dict[str, list[int]]) -> bool:
     read = {n.id for n in ast.walk(value) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return read <= (synced.keys() | _SAME_EVERYWHERE) and not any(
         isinstance(n, ast.Attribute) and n.attr in ("rank", "get_rank", "local_rank") for n in ast.walk(value)
+    )
+
+
+def _a_starting_value(value: ast.expr) -> bool:
+    """A constant, or ``float("inf")``: what an attribute starts from, alike everywhere."""
+    if isinstance(value, ast.Constant):
+        return True
+    return (
+        isinstance(value, ast.Call)
+        and ast.unparse(value.func) in ("float", "int")
+        and all(isinstance(a, ast.Constant) for a in value.args)
     )

@@ -1559,3 +1559,45 @@ def test_a_reduction_of_a_tensor_in_a_test_reads_the_data(test: str, kind: str) 
     from ncclcheck.source.reading import kind_of
 
     assert kind_of(ast.parse(test, mode="eval").body, set()) == kind
+
+
+CALLBACK_ON_A_LOCAL_ATTRIBUTE = """\
+import lightning.pytorch as pl
+import torch
+
+class Model(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+        self.val_loss = float("inf")
+
+    def on_validation_epoch_end(self):
+        self.val_loss = {value}
+        self.losses.clear()
+
+class SaveBest(pl.Callback):
+    def __init__(self):
+        self.best = float("inf")
+
+    def on_validation_end(self, trainer, pl_module):
+        current = pl_module.val_loss
+        if current < self.best:
+            self.best = current
+            trainer.save_checkpoint("best.ckpt")
+"""
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        # each rank's own mean, read by another object's method
+        ("torch.stack(self.losses).mean().item()", [("unsynchronized-decision", 22, "warning")]),
+        # the metric Lightning synchronised: the same on every rank
+        ("self.trainer.callback_metrics['val_loss']", []),
+    ],
+    ids=["own-mean", "synced-metric"],
+)
+def test_an_attribute_set_only_from_a_ranks_own_value_is_rank_local_wherever_read(
+    tmp_path: Path, value: str, expected: list[tuple[str, int, str]]
+) -> None:
+    assert lint_source(tmp_path, CALLBACK_ON_A_LOCAL_ATTRIBUTE.format(value=value)) == expected
