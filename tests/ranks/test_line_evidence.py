@@ -44,15 +44,13 @@ def test_an_early_return_on_the_data_two_calls_below_the_loop_shows_the_value_it
     proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
-    # the source alone calls a test on a parameter a rank-local value; the values it
-    # read on rank 1 are tensors: the data decided
+    # the source reads the test as one on the data (a reduction of the batch); the line
+    # evidence shows which side each rank took and the values it read there
     assert finding["cause"] == "data-dependent-branch", finding
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
     exit_line = line_in(script, "        return")
     where = f"tests/scripts/helper_return_on_data.py:{exit_line}"
-    assert finding["message"].startswith(
-        f"rank 1 took the `return` under `if batch.abs().max() > 100` at {where}"
-    )
+    assert finding["message"].startswith(f"rank 1 left step() early through the `return` at {where}")
     text = evidence_of(finding)
     assert (
         f"`return` under `if batch.abs().max() > 100` at {where} ran once on rank 1, 0 times on rank 0"
