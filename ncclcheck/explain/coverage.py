@@ -52,6 +52,7 @@ class Coverage:
     # what the source alone decides of a part that did not run (lint's errors in a
     # periodic action that never fired: a rank-0-only evaluation every N steps)
     found_in_source: list[Finding] = field(default_factory=list)
+    checked: dict[Path, list[Finding]] = field(default_factory=dict)  # lint's findings per file
 
 
 def coverage(d: Context) -> Coverage:
@@ -199,28 +200,35 @@ def _lint_errors_after(
 ) -> None:
     """lint's errors in ``path`` whose test or call lies in these statements, which the dry
     run never reached: the source decides them, as for a periodic action that never fired."""
-    module = linter.load(Path(path))
-    if module is None:
-        return
     spans = [(stmt.lineno, stmt.end_lineno or stmt.lineno) for stmt in statements]
-    for finding in linter.check(module):
+    for finding in _checked(linter, Path(path), found):
         where = located(finding)
         if finding.severity is not Severity.ERROR:
             continue
         if os.path.realpath(where.checked_path or where.path) != os.path.realpath(path):
             continue
         lines = [n for n in (where.condition_line, where.call_line) if n is not None]
-        if not any(first <= n <= last for n in lines for first, last in spans):
-            continue
-        if any(finding.site == said.site and finding.cause == said.cause for said in found.found_in_source):
-            continue
-        if not finding.fix and finding.cause in d.catalogue:
-            finding.fix = d.catalogue.get(finding.cause).fix.direct
-        finding.evidence = [
-            *finding.evidence,
-            "the dry run never ran it (the budget stopped the run before it): the source decides",
-        ]
-        found.found_in_source.append(finding)
+        if any(first <= n <= last for n in lines for first, last in spans):
+            _decided_by_the_source(d, finding, "the budget stopped the run before it", found)
+
+
+def _checked(linter: Linter, path: Path, found: Coverage) -> list[Finding]:
+    """lint's findings on ``path``, read once for the whole coverage pass."""
+    if path not in found.checked:
+        module = linter.load(path)
+        found.checked[path] = linter.check(module) if module is not None else []
+    return found.checked[path]
+
+
+def _decided_by_the_source(d: Context, finding: Finding, why: str, found: Coverage) -> None:
+    """A lint error in code the dry run never ran, reported as what the source decides
+    (with the playbook's fix), once however many gaps hold it."""
+    if any(finding is said for said in found.found_in_source):
+        return
+    if not finding.fix and finding.cause in d.catalogue:
+        finding.fix = d.catalogue.get(finding.cause).fix.direct
+    finding.evidence = [*finding.evidence, f"the dry run never ran it ({why}): the source decides"]
+    found.found_in_source.append(finding)
 
 
 def _collectives_in(linter: Linter, path: str, statements: list[ast.stmt]) -> list[str]:
@@ -334,7 +342,6 @@ def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
         for kind, f in t.fired
         if kind == "made to fire"
     }
-    checked: dict[Path, list[Finding]] = {}  # lint's findings per file, read once
     for action in actions:
         path = os.path.realpath(action.path)
         first, last = action.body
@@ -348,19 +355,8 @@ def _periodic_actions(d: Context, found: Coverage, linter: Linter) -> None:
             )
             continue
         chain = " -> ".join(action.collective.chain)
-        if action.path not in checked:
-            module = linter.load(action.path)
-            checked[action.path] = linter.check(module) if module is not None else []
-        for finding in _lint_errors_in(action, checked[action.path]):
-            if any(finding is said for said in found.found_in_source):
-                continue  # two actions around one call: said once
-            if not finding.fix and finding.cause in d.catalogue:
-                finding.fix = d.catalogue.get(finding.cause).fix.direct
-            finding.evidence = [
-                *finding.evidence,
-                f"the dry run never ran it (`if {action.test}` at {where} never fired): the source decides",
-            ]
-            found.found_in_source.append(finding)
+        for finding in _lint_errors_in(action, _checked(linter, action.path, found)):
+            _decided_by_the_source(d, finding, f"`if {action.test}` at {where} never fired", found)
         found.not_run.append(
             Gap(
                 f"`if {action.test}` at {where} never fired in the dry run: it reaches "
