@@ -1470,3 +1470,19 @@ def test_a_mismatch_at_a_call_the_source_skips_under_a_branch_names_that_branch(
     assert finding.site is not None and finding.site.endswith("fit.py:10")
     assert (finding.ranks, finding.absent_ranks) == ([0], [1])
     assert "The likely reading is that rank 1 took it" in finding.message
+
+
+def test_ranks_the_files_say_nothing_of_are_not_set_apart_with_the_one_the_transport_found(
+    tmp_path: Path,
+) -> None:
+    # four ranks print; only rank 0's traceback and rank 1's abort say where a call was
+    script = tmp_path / "fit.py"
+    script.write_text(SKIPS_ITS_BACKWARD)
+    others = "".join(f"[rank{r}]: epoch 0 step 40 loss 0.7\n" for r in (2, 3))
+    log = tmp_path / "job.log"
+    log.write_text(
+        _gloo_abort_log(before=others).replace('"/home/me/proj/fit.py", line 88', f'"{script}", line 12')
+    )
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.DATA_DEPENDENT_BRANCH, finding
+    assert (finding.ranks, finding.absent_ranks) == ([0], [1])

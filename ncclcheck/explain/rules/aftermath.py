@@ -398,7 +398,7 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
                 "whether the others skip with it (a flag all-reduced first)",
             ],
         )
-    skipped = _a_call_the_source_lets_ranks_skip(s, what, first.said_by, said)
+    skipped = _a_call_the_source_lets_ranks_skip(s, reporter, what, first.said_by, said)
     if skipped is not None:
         return skipped
     found = s.d.explanation(
@@ -432,12 +432,13 @@ _SKIPPABLE = (
 
 
 def _a_call_the_source_lets_ranks_skip(
-    s: Leftovers, what: str, said_by: str, said: list[str]
+    s: Leftovers, reporter: int | None, what: str, said_by: str, said: list[str]
 ) -> Explanation | None:
     """The ranks' calls did not match; where the tracebacks put some ranks at one call of
     the user's and the source (lint's reading, where the files are on this machine) has a
-    branch that skips that call on the ranks that take it, the others took it: the likely
-    reading, with the branch's line as the site."""
+    branch that skips that call on the ranks that take it, the rank the transport found in
+    another call (``reporter``) took it: the likely reading, with the branch's line as the
+    site. Ranks the files say nothing of are not set apart."""
     from ncclcheck.lint import located, run_lint  # reads source: only for this case
 
     at: dict[tuple[str, int], list[int]] = {}
@@ -448,9 +449,9 @@ def _a_call_the_source_lets_ranks_skip(
     if len(at) != 1:
         return None
     ((path, line), there) = next(iter(at.items()))
-    others = sorted(r for r in s.job.ranks if r not in there)
-    if not others:
+    if reporter is None or reporter in there:
         return None
+    others = [reporter]
     try:
         findings, _ = run_lint([Path(path)])
     except Exception:  # unreadable source must not hide what the files say
