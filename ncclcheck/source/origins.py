@@ -124,6 +124,69 @@ def is_unordered(expr: ast.expr) -> bool:
     )
 
 
+_DEFAULT_DICTS = frozenset({"defaultdict", "Counter"})
+
+
+def filled_on_first_sight(path: str, line: int, expr: ast.expr) -> ast.stmt | ast.expr | None:
+    """Where the dict ``expr`` (read at ``path:line``; a name of its function or an
+    attribute of ``self``) gets each key the first time the key is met: ``d[k] = ...``
+    under ``if k not in d``, ``d.setdefault(k, ...)``, or any ``d[k]`` of a defaultdict or
+    a Counter. Such a dict holds its keys in the order the process first met them, which
+    each rank's own data decides, not in an order the ranks share. None where the
+    source shows no such filling (a dict built from a fixed list keeps that list's order)."""
+    target = followed(expr)
+    if isinstance(target, ast.Name):
+        scope: ast.AST | None = reading.enclosing_function(path, line) or reading.parse(path)
+    elif isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self":
+        scope = next(
+            (n for n in reversed(reading.enclosing_chain(path, line)) if isinstance(n, ast.ClassDef)), None
+        )
+    else:
+        return None
+    if scope is None:
+        return None
+    text = ast.unparse(target)
+
+    def is_target(node: ast.AST) -> bool:
+        return isinstance(node, ast.Name | ast.Attribute) and ast.unparse(node) == text
+
+    defaulting = any(
+        isinstance(node, ast.Assign)
+        and any(is_target(t) for t in node.targets)
+        and isinstance(node.value, ast.Call)
+        and reading.callee_name(node.value) in _DEFAULT_DICTS
+        for node in ast.walk(scope)
+    )
+    for node in ast.walk(scope):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.NotIn)
+            and is_target(node.test.comparators[0])
+        ):
+            key = ast.unparse(node.test.left)
+            if any(
+                isinstance(stored, ast.Subscript)
+                and is_target(stored.value)
+                and ast.unparse(stored.slice) == key
+                for statement in node.body
+                if isinstance(statement, ast.Assign)
+                for stored in statement.targets
+            ):
+                return node
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setdefault"
+            and is_target(node.func.value)
+        ):
+            return node
+        if defaulting and isinstance(node, ast.Subscript) and is_target(node.value):
+            return node
+    return None
+
+
 def sized_by_data(expr: ast.expr) -> bool:
     """Boolean indexing (``x[mask]``, ``x[x > 0]``) or a call whose size the data gives."""
     if isinstance(expr, ast.Subscript) and isinstance(expr.slice, ast.Name | ast.Compare | ast.UnaryOp):

@@ -1,7 +1,8 @@
 """The same call on every rank, with another value: preflight names what differs and where
 it comes from (source/origins.py), on real ranks, each with its fixed twin. A loop over a
 set meets its items in each process's own order (a collective-order-mismatch, fixed by
-sorting), a tensor cut by each rank's own mask has each rank's own length (a
+sorting), as does a dict filled on first sight (fixed by creating its keys up front), a
+tensor cut by each rank's own mask has each rank's own length (a
 collective-shape-mismatch, fixed by padding to the gathered longest)."""
 
 from __future__ import annotations
@@ -29,6 +30,26 @@ def test_a_loop_over_a_set_of_names_is_an_order_mismatch_traced_to_the_set() -> 
     built = line_in(script, "enabled = set(CLASSES)")
     assert f"at tests/scripts/metrics_over_a_set.py:{built}" in came, came
     assert "sorted(" in finding["fix"], finding["fix"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_dict_that_takes_each_head_on_first_sight_is_an_order_mismatch_traced_to_its_filling() -> None:
+    """A dict keeps its keys in insertion order: created on first sight (setdefault), the
+    per-head counts are in the order each rank's own shard met the heads. Its twin creates
+    every head's counts up front."""
+    script = SCRIPTS / "heads_met_in_data_order.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-order-mismatch", finding
+    reduced = line_in(script, "dist.all_reduce(slots)")
+    assert finding["site"] == f"tests/scripts/heads_met_in_data_order.py:{reduced}"
+    filled = line_in(script, "counts.setdefault(head")
+    assert "takes each key the first time the process meets it (`counts.setdefault(head" in finding["message"]
+    assert f"heads_met_in_data_order.py:{filled}" in finding["message"], finding["message"]
+    assert "up front" in finding["fix"], finding["fix"]
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)

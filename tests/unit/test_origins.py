@@ -68,3 +68,58 @@ def test_what_a_set_is_and_what_the_data_sizes() -> None:
         origins.sized_by_data(expr(t)) for t in ("x[mask]", "x[x > 0]", "torch.cat(parts)", "x.nonzero()")
     )
     assert not any(origins.sized_by_data(expr(t)) for t in ("x[0]", "x[i]", "x[:4]", "torch.zeros(3)"))
+
+
+FIRST_SIGHT = """\
+import collections
+
+class Bank:
+    def __init__(self):
+        self.sums = {}
+        self.fixed = {name: 0 for name in ("loss", "acc")}
+
+    def add(self, name, value):
+        if name not in self.sums:
+            self.sums[name] = value
+        self.fixed[name] += value
+
+    def sync(self):
+        for name, total in self.sums.items():
+            reduce(total)
+        for name, total in self.fixed.items():
+            reduce(total)
+
+def evaluate(batches):
+    counts = {}
+    tallies = collections.defaultdict(float)
+    listed = {}
+    for head, x in batches:
+        counts.setdefault(head, []).append(x)
+        tallies[head] += 1
+        listed[head] = x
+    for head in counts:
+        reduce(counts[head])
+    for head in tallies.keys():
+        reduce(tallies[head])
+    for head in listed:
+        reduce(listed[head])
+"""
+
+
+def test_a_dict_filled_on_first_sight_is_told_from_one_filled_in_a_fixed_order(tmp_path: Path) -> None:
+    """``if k not in d: d[k] = ...``, ``d.setdefault(k, ...)`` and a defaultdict's ``d[k]``
+    add each key when the process first meets it; a dict built from a fixed list, or whose
+    keys are set unconditionally, is not read as one (its order may still be the data's,
+    but the source does not say so)."""
+    path = tmp_path / "bank.py"
+    path.write_text(FIRST_SIGHT)
+
+    def filling(line: int, text: str) -> str | None:
+        found = origins.filled_on_first_sight(str(path), line, ast.parse(text, mode="eval").body)
+        return None if found is None else ast.unparse(found).splitlines()[0]
+
+    assert filling(15, "self.sums.items()") == "if name not in self.sums:"
+    assert filling(17, "self.fixed.items()") is None
+    assert filling(29, "counts") == "counts.setdefault(head, [])"
+    assert filling(31, "tallies.keys()") == "tallies[head]"
+    assert filling(33, "listed") is None

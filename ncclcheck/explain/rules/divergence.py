@@ -68,7 +68,10 @@ def shapes_differ(p: Parting) -> Explanation | None:
     if p.first.kind is not Mismatch.SHAPE:
         return None
     call = p.first.calls[p.made[0]]
-    in_another_order = _a_loop_over_a_set(p, call) if call is not None else None
+    # a tensor whose size the data sets differs per rank as it is: a dict it sits in is not
+    # then what differs, whatever order that dict keeps
+    sized = _where_the_tensor_comes_from(p.d, call) if call is not None else []
+    in_another_order = _a_loop_in_each_ranks_own_order(p, call, dicts=not sized) if call is not None else None
     if in_another_order is not None:
         return in_another_order
     return p.d.explanation(
@@ -79,34 +82,64 @@ def shapes_differ(p: Parting) -> Explanation | None:
         absent_ranks=[],
         op=call.op if call else None,
         site=p.d.site(call.site if call else None),
-        evidence=[*p.evidence, *(_where_the_tensor_comes_from(p.d, call) if call else [])],
+        evidence=[*p.evidence, *sized],
     )
 
 
-def _a_loop_over_a_set(p: Parting, call: CollectiveCall) -> Explanation | None:
-    """The call is made once per item of a loop whose items come from a set: the same
-    calls on every rank, each rank in its own order (a set of strings iterates in the order
-    of their hashes, which Python randomises per process), so the n-th calls pair items of
-    other sizes."""
+def _a_loop_in_each_ranks_own_order(
+    p: Parting, call: CollectiveCall, dicts: bool = True
+) -> Explanation | None:
+    """The call is made once per item of a loop whose items each process orders its own
+    way: the same calls on every rank, in another order, so the n-th calls pair items of
+    other sizes. Two sources of such an order: a set (a set of strings iterates in the
+    order of their hashes, which Python randomises per process), and, where ``dicts``, a
+    dict that takes each key the first time the process meets it (the order of each
+    rank's own data)."""
     stack = call.user_stack
     for level in range(len(stack) - 1, -1, -1):
         frame = stack[level]
         for loop in reading.enclosing_loops(frame.file, frame.line):
             if not isinstance(loop, ast.For | ast.AsyncFor):
                 continue
-            chain = origins.bindings(stack[: level + 1], loop.iter, origins.is_unordered)
-            unordered = next((b for b in chain if origins.is_unordered(b.value)), None)
-            if unordered is None and not origins.is_unordered(loop.iter):
-                continue
             items = ast.unparse(loop.iter)
             loop_site = p.d.site(Frame(frame.file, loop.lineno, ""))
+            chain = origins.bindings(stack[: level + 1], loop.iter, origins.is_unordered)
             came = [f"{b} at {p.d.site(b.frame)}" for b in chain]
-            source = unordered.text if unordered is not None else items
-            return p.d.explanation(
+            unordered = next((b for b in chain if origins.is_unordered(b.value)), None)
+            if unordered is not None or origins.is_unordered(loop.iter):
+                source = unordered.text if unordered is not None else items
+                why = f"whose items come from a set (`{source}`): each process meets them in its own order"
+                how = (
+                    "a set of strings iterates in the order of their hashes, which Python randomises "
+                    "per process (PYTHONHASHSEED): the ranks of one job disagree"
+                )
+                fix = None  # the playbook's: sort
+            else:
+                filled = _filled_on_first_sight(frame, loop.iter, chain) if dicts else None
+                if filled is None:
+                    continue
+                dict_text, filling, filled_at = filled
+                why = (
+                    f"a dict (`{dict_text}`) that takes each key the first time the process meets it "
+                    f"(`{filling}` at {p.d.site(filled_at)}): it holds its keys in the order each rank "
+                    "first met them"
+                )
+                how = (
+                    "a dict keeps its keys in insertion order: where what each rank meets first is its "
+                    "own data's doing (a metric added under a test of the batch, a name read from a "
+                    "record), the ranks' orders differ"
+                )
+                # sorting is not enough: a rank that never met a key has one call fewer
+                fix = (
+                    f"Create every key of `{dict_text}` up front, on every rank, in one fixed order (zeros "
+                    "for what a rank never meets), or iterate a fixed list of names, not the dict's own "
+                    "order; where the names cannot be known beforehand, all_gather_object them and "
+                    "loop over the sorted union."
+                )
+            explanation = p.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
                 f"{who(p.first.members)} call {call.op} at {p.d.site(call.site)} once per item of the loop "
-                f"over `{items}` at {loop_site}, whose items come from a set (`{source}`): each process "
-                "meets them in its own order, so the n-th calls pair items of other sizes",
+                f"over `{items}` at {loop_site}, {why}, so the n-th calls pair items of other sizes",
                 ranks=p.first.members,
                 absent_ranks=[],
                 op=call.op,
@@ -114,10 +147,25 @@ def _a_loop_over_a_set(p: Parting, call: CollectiveCall) -> Explanation | None:
                 evidence=[
                     *p.evidence,
                     *([f"where the loop's items come from: {'; '.join(came)}"] if came else []),
-                    "a set of strings iterates in the order of their hashes, which Python randomises "
-                    "per process (PYTHONHASHSEED): the ranks of one job disagree",
+                    how,
                 ],
             )
+            explanation.fix = fix
+            return explanation
+    return None
+
+
+def _filled_on_first_sight(
+    frame: Frame, items: ast.expr, chain: list[origins.Binding]
+) -> tuple[str, str, Frame] | None:
+    """The dict a loop's items come from, where it is filled key by key on first sight:
+    its text, the filling's source (its first line) and where that is."""
+    candidates = [(frame, items), *((binding.frame, binding.value) for binding in chain)]
+    for where, expr in candidates:
+        filling = origins.filled_on_first_sight(where.file, where.line, expr)
+        if filling is not None:
+            first_line = ast.unparse(filling).splitlines()[0].rstrip(":")
+            return ast.unparse(origins.followed(expr)), first_line, Frame(where.file, filling.lineno, "")
     return None
 
 
