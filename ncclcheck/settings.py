@@ -60,9 +60,6 @@ class DryRunSettings:
     train_end_batches: int = DEFAULT_TRAIN_END_BATCHES
     launcher: Launcher = Launcher.AUTO
     accelerate_config: str | None = None  # --launcher accelerate: accelerate launch's --config_file
-    # on one node under torchrun, fork the ranks from one interpreter that imported torch
-    # (launch/warm.py), with torchrun's environment and failure policy; False: torchrun itself
-    warm_start: bool = True
     line_evidence: bool = True  # replay up to a divergence the source cannot explain (explain/lines.py)
     lines_plan: str | None = None  # set for that replay: what to trace, where to stop (record/lines.py)
     # periodic actions (file, line of the if) made to fire once within the budget (record/firing.py)

@@ -176,13 +176,6 @@ def preflight_command(
         f"per such decision, at most {MAX_FORCED_DECISIONS}; the report says what was forced and "
         "what followed.",
     ),
-    warm_start: bool = typer.Option(
-        True,
-        "--warm-start/--no-warm-start",
-        help="On one node under torchrun, fork the ranks from one interpreter that imported "
-        "torch, with the environment, rendezvous store and failure policy torchrun gives them "
-        "(about half the CPU of a 2-rank run); --no-warm-start runs torchrun itself.",
-    ),
     world_size: int = typer.Option(
         None,
         "--world-size",
@@ -235,7 +228,6 @@ def preflight_command(
         line_evidence=line_evidence,
         fire_periodic=fire_periodic,
         force_decisions=force_decisions,
-        warm_start=warm_start,
         eval_batches=_eval_batches(eval_batches),
         train_end_batches=train_end_batches,
         launcher=Launcher.ACCELERATE

@@ -27,6 +27,7 @@ from ncclcheck.explain.context import Evidence
 from ncclcheck.explain.coverage import Gap
 from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, guard_of, own_starter
+from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import (
     LaunchResult,
     Progress,
@@ -44,11 +45,9 @@ from ncclcheck.launch.virtual import (
     reference_of,
     run_virtual,
 )
-from ncclcheck.launch.warm import WarmStart
 from ncclcheck.lint.decisions import decisions_to_watch
 from ncclcheck.lint.periodic import actions_to_fire
 from ncclcheck.model import Finding, Report, Severity, Verdict, format_ranks
-from ncclcheck.record import preimport
 from ncclcheck.record.bootstrap import find_module_file
 from ncclcheck.record.tracefile import End
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
@@ -139,16 +138,17 @@ def run_preflight(
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
             warm = _WarmUp(torchrun, settings, folder)  # the replay's server, started once the run goes quiet
-            modules = tuple(preimport.modules_for([str(path), *files]))  # for the warm servers
-            again = _Again(script, script_args, torchrun, as_module, modules)
+            again = _Again(script, script_args, torchrun, as_module)
             try:
-                launch = again.run(settings, folder, on_progress=on_progress, on_quiet=warm.start)
+                launch = run_dry(
+                    script, script_args, torchrun, settings, folder, on_progress, as_module, None, warm.start
+                )
                 spawned_elsewhere = _own_launcher_exit(folder)
                 if asked == Launcher.AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
                     for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
                         stale.unlink(missing_ok=True)
                     settings, spawn_site = settings.started_by(Launcher.SPAWN), spawned_elsewhere
-                    launch = again.run(settings, folder, on_progress=on_progress)
+                    launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
                 if launch.stalled or launch.returncode:  # where ranks part, almost always
                     warm.start()
                 first = Diagnosis.of(folder, launch)
@@ -429,20 +429,20 @@ def _may_replay(torchrun: TorchrunOptions, settings: DryRunSettings) -> bool:
 
 
 class _WarmUp:
-    """The replay's server (launch/warm.py), started at the first sign of a hang (a quiet
-    spell, or a run that failed) so that its torch import, at the lowest priority,
-    overlaps the wait for the verdict and the diagnosis; closed whatever happens."""
+    """The replay's server (launch/replay.py), started at the first sign of a hang (a
+    quiet spell, or a run that failed) so that its torch import overlaps the wait for
+    the verdict and the diagnosis; closed whatever happens."""
 
     def __init__(self, torchrun: TorchrunOptions, settings: DryRunSettings, folder: Path) -> None:
         self.torchrun, self.settings, self.folder = torchrun, settings, folder
-        self.server: WarmStart | None = None
+        self.server: WarmReplay | None = None
 
     def start(self) -> None:
         # ranks as torchrun starts them (the server gives its environment): an accelerate,
         # deepspeed or torch.distributed.launch run's replay goes through that launcher again
         fits = self.settings.launcher in (Launcher.TORCHRUN, Launcher.SLURM)
         if self.server is None and fits and _may_replay(self.torchrun, self.settings):
-            self.server = WarmStart.start(self.torchrun.nproc_per_node, self.folder)
+            self.server = WarmReplay.start(self.torchrun.nproc_per_node, self.folder)
 
     def close(self) -> None:
         if self.server is not None:
@@ -451,80 +451,26 @@ class _WarmUp:
 
 @dataclass(frozen=True)
 class _Again:
-    """What every run of the script takes besides its settings: the first, a replay, a
-    forcing run."""
+    """What a second run of the script takes besides its settings: a replay, a forcing run."""
 
     script: str
     script_args: list[str]
     torchrun: TorchrunOptions
     as_module: bool
-    modules: tuple[str, ...] = ()  # what a warm server imports besides torch (record/preimport.py)
 
-    def run(
-        self,
-        settings: DryRunSettings,
-        folder: Path,
-        warm: WarmStart | None = None,
-        *,
-        on_progress: Callable[[Progress], None] | None = None,
-        on_quiet: Callable[[], None] | None = None,
-        noted_in: Path | None = None,
-        cold: bool = False,
-    ) -> LaunchResult:
-        """``warm``: the server that forks the ranks; where None and torchrun's part is one
-        a server can play (``warm_fits``), one is started for this run at once (``noted_in``:
-        an earlier run's folder, whose rank 0 noted what it imported); ``cold``: through
-        the launcher itself."""
-        if warm is None and not cold and self.warm_fits(settings):
-            server = WarmStart.start(self.torchrun.nproc_per_node, noted_in, idle=False, modules=self.modules)
-            try:
-                launch = self._run(settings, folder, server, on_progress, on_quiet)
-            finally:
-                server.close()
-            if launch.interrupted or _anything_ran(folder):
-                return launch
-            # the server ended before it forked a rank (its output unread): through
-            # torchrun, as without it
-            cold = True
-        return self._run(settings, folder, warm, on_progress, on_quiet)
-
-    def warm_fits(self, settings: DryRunSettings) -> bool:
-        """Whether torchrun's part in a run can be played by a warm server: ranks torchrun
-        starts on this node alone (--standalone), nothing of its rendezvous asked for."""
-        return settings.warm_start and settings.launcher == Launcher.TORCHRUN and self.torchrun.standalone
-
-    def _run(
-        self,
-        settings: DryRunSettings,
-        folder: Path,
-        warm: WarmStart | None,
-        on_progress: Callable[[Progress], None] | None,
-        on_quiet: Callable[[], None] | None,
-    ) -> LaunchResult:
+    def run(self, settings: DryRunSettings, folder: Path, warm: WarmReplay | None = None) -> LaunchResult:
         return run_dry(
-            self.script,
-            self.script_args,
-            self.torchrun,
-            settings,
-            folder,
-            on_progress,
-            self.as_module,
-            warm,
-            on_quiet,
+            self.script, self.script_args, self.torchrun, settings, folder, None, self.as_module, warm
         )
 
 
-def _anything_ran(folder: Path) -> bool:
-    return any(folder.glob(TRACE_GLOB)) or (folder / "torchrun.log").exists()
-
-
 def _with_line_evidence(
-    first: Diagnosis, again: _Again, settings: DryRunSettings, warm: WarmStart | None = None
+    first: Diagnosis, again: _Again, settings: DryRunSettings, warm: WarmReplay | None = None
 ) -> Diagnosis:
     """Replay the dry run up to the first divergence with the functions on its call
     chains traced (explain/lines.py), when the source alone was not certain why the
     ranks parted: anything but a rank test around the call itself. ``warm``: a server
-    with torch imported that forks the replay's ranks (launch/warm.py)."""
+    with torch imported that forks the replay's ranks (launch/replay.py)."""
     launch = first.launch
     if launch is None or launch.interrupted or not _may_replay(again.torchrun, settings):
         return first
@@ -543,7 +489,7 @@ def _with_line_evidence(
         if warm is not None and not replayed.interrupted and not any((folder / "replay").glob(TRACE_GLOB)):
             # the warm server ended before it forked a rank (seen once on a loaded machine,
             # its output unread): the replay through torchrun, as without it
-            again.run(replay_settings, folder / "replay", cold=True)
+            again.run(replay_settings, folder / "replay")
         replay = load_replay(folder / "replay", first.evidence.traces, stops)
         replay.seconds = time.monotonic() - started
     finally:
@@ -591,8 +537,7 @@ def _with_forced_decisions(first: Diagnosis, again: _Again, settings: DryRunSett
         folder = private_trace_dir()
         started = time.monotonic()
         try:
-            forcing = settings.forcing(path, line, FORCED_RANK)
-            forced_launch = again.run(forcing, folder, noted_in=launch.trace_dir)
+            forced_launch = again.run(settings.forcing(path, line, FORCED_RANK), folder)
             forced = Diagnosis.of(folder, forced_launch)
         finally:
             shutil.rmtree(folder, ignore_errors=True)

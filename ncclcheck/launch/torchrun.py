@@ -31,8 +31,8 @@ from ncclcheck.evidence.traces import TRACE_GLOB, RankEnding, load_traces
 from ncclcheck.evidence.waits import OutsideWait, standoff, timeout_limit
 from ncclcheck.launch.launchers import free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.stop import STOP_ASKED
-from ncclcheck.launch.warm import WarmStart
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
 from ncclcheck.record.fastforward import ENV_AGREE_WAIT, ENV_EVAL_BATCHES, ENV_READ_S, ENV_TRAIN_END
@@ -67,15 +67,10 @@ class TorchrunOptions:
     master_addr: str | None = None
     master_port: int | None = None
 
-    @property
-    def standalone(self) -> bool:
-        """One node, nothing of the rendezvous asked for: torchrun --standalone's launch."""
-        rendezvous = (self.rdzv_backend, self.rdzv_endpoint, self.master_addr, self.master_port)
-        return not any(value is not None for value in rendezvous) and self.nnodes in ("1", "1:1")
-
     def argv(self) -> list[str]:
         args = [f"--nproc-per-node={self.nproc_per_node}", f"--nnodes={self.nnodes}"]
-        if self.standalone:
+        rendezvous = (self.rdzv_backend, self.rdzv_endpoint, self.master_addr, self.master_port)
+        if not any(value is not None for value in rendezvous) and self.nnodes in ("1", "1:1"):
             args.append("--standalone")  # a free port on localhost, nothing shared
         for flag, value in (
             ("--node-rank", self.node_rank),
@@ -425,11 +420,11 @@ def run_dry(
     trace_dir: Path,
     on_progress: Callable[[Progress], None] | None = None,
     as_module: bool = False,
-    warm: WarmStart | None = None,
+    warm: WarmReplay | None = None,
     on_quiet: Callable[[], None] | None = None,
 ) -> LaunchResult:
-    """``warm``: a server that imported torch already forks the ranks (launch/warm.py),
-    with torchrun's environment and failure policy; torchrun starts them otherwise.
+    """``warm``: a server that imported torch already forks the ranks (launch/replay.py),
+    for the replay that gives line evidence; torchrun starts them otherwise.
     ``on_quiet``: called once, the first time no rank has written for a moment."""
     trace_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = trace_dir / "torchrun.log"

@@ -482,7 +482,7 @@ def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
 
 def run_forked(command: list[str], env: dict[str, str], log_path: str | None = None) -> NoReturn:
     """A rank forked from a server that imported torch already (launch/virtual.py,
-    launch/warm.py): its ``env`` set and its output sent to ``log_path`` (kept where
+    launch/replay.py): its ``env`` set and its output sent to ``log_path`` (kept where
     None), ``main`` with ``command`` (script or -m module, and the script's arguments)
     as its arguments, then the process ends as an interpreter would, its exit hooks
     run; whatever fails, even the set-up, it never returns into the server's code."""

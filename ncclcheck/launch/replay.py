@@ -1,0 +1,189 @@
+"""A warm start for the replay that gives line evidence (record/lines.py).
+
+The replay runs the dry run a second time up to the divergence. Started through
+torchrun it pays again what the first run paid before the script's first line:
+torchrun's interpreter and its torch import, then each rank's interpreter and torch
+import (about 4 s of the 4-5 s a replay cost on 2 cores). This server
+(``python -m ncclcheck.launch.replay``) is started at the first sign of a hang (the
+first run's ranks quiet for a moment, or a run that failed), imports torch at the
+lowest priority while the hang is confirmed and diagnosed, and then waits for
+one order on its stdin: the replay's environment and command, or nothing (no replay
+was needed: it exits). It forks the ranks from the warm interpreter with the
+environment torchrun would give them on one node, and hosts the rendezvous store
+the ranks join as torchrun's agent's (``TORCHELASTIC_USE_AGENT_STORE``), so the
+script and the recorder see the launch they saw in the first run. It ends when every
+rank has ended; the ranks are its children, in its session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ncclcheck.launch.launchers import free_port
+from ncclcheck.launch.virtual import VirtualLayout
+from ncclcheck.record.launched import ENV_SLURM_PORT
+from ncclcheck.settings import Launcher
+
+
+class WarmReplay:
+    """The parent's handle on the server: start it early, hand it the replay or close it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.used = False
+
+    @classmethod
+    def start(cls, nproc: int, first_run: Path | None = None) -> WarmReplay:
+        """``first_run``: the first run's trace folder, where its rank 0 noted the torch
+        modules it imported beyond the server's (record/preimport.py)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if nproc > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ncclcheck.launch.replay", *([str(first_run)] if first_run else [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        return cls(proc)
+
+    def launch(
+        self, command: list[str], env: dict[str, str], nproc: int, log_path: Path
+    ) -> subprocess.Popen[bytes]:
+        """Fork the replay's ranks: ``command`` is the bootstrap's arguments, ``env``
+        the dry run's settings. Returns the server, which ends when the ranks have."""
+        order = {
+            "command": command,
+            "env": env,
+            "nproc": nproc,
+            "port": free_port(),
+            "log": str(log_path),
+            "cwd": os.getcwd(),
+        }
+        if env.get("NCCLCHECK_LAUNCHER") == Launcher.SLURM:
+            order["env"] = {**env, ENV_SLURM_PORT: str(free_port())}
+        assert self.proc.stdin is not None
+        self.used = True
+        try:
+            self.proc.stdin.write(json.dumps(order).encode() + b"\n")
+            self.proc.stdin.close()
+        except (OSError, ValueError):  # a broken pipe; ValueError: its stdin closed already
+            pass  # the server is gone: the watcher sees it end with nothing written
+        return self.proc
+
+    def close(self) -> None:
+        """Stop the server and every rank it forked (they share its session)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+
+
+def rank_environment(nproc: int, port: int) -> list[dict[str, str]]:
+    """What torchrun (--standalone, one node) gives each of ``nproc`` ranks."""
+    layout = VirtualLayout(world_size=nproc, per_node=nproc)
+    ranks = []
+    for rank in range(nproc):
+        env = layout.environment(rank)
+        env.update(
+            {
+                "MASTER_ADDR": "localhost",  # torchrun --standalone's
+                "MASTER_PORT": str(port),
+                "TORCHELASTIC_USE_AGENT_STORE": "True",
+                "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "0",
+                "TORCHELASTIC_RUN_ID": "ncclcheck-replay",
+                "ROLE_NAME": "default",
+            }
+        )
+        env["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", env["OMP_NUM_THREADS"])
+        ranks.append(env)
+    return ranks
+
+
+# -- the server ------------------------------------------------------------------------
+
+
+def _import_at_idle_priority() -> None:
+    """What each rank would import on its own, once, here: in a thread of the lowest
+    priority (SCHED_IDLE), so that a server started while the first run still computes
+    takes none of its CPU. The thread has ended before any rank is forked, and the
+    ranks are forked from the main thread, whose priority they inherit."""
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
+        try:
+            import torch.distributed
+            import torch.nn.parallel
+            import torch.utils.data  # noqa: F401
+
+            import ncclcheck.record.bootstrap  # noqa: F401  (the recorder and what it patches)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=work, name="ncclcheck-replay-import")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+
+
+def serve(first_run: str | None) -> int:
+    _import_at_idle_priority()
+    import torch.distributed
+
+    from ncclcheck.record import preimport
+    from ncclcheck.record.bootstrap import run_forked
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # no replay was needed
+    if first_run is not None:  # what the first run's rank 0 imported beyond this server: once, here
+        preimport.import_noted(first_run)
+    order: dict[str, Any] = json.loads(line)
+    log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(order["cwd"])
+    os.environ.update(order["env"])
+    # Fork before the store's threads exist: a child forked from a threaded process
+    # inherits locks it cannot release. The ranks' clients retry until it listens.
+    children: dict[int, int] = {}
+    for rank, env in enumerate(rank_environment(int(order["nproc"]), int(order["port"]))):
+        pid = os.fork()
+        if pid == 0:
+            run_forked(order["command"], env)  # its output: the log set above
+        children[pid] = rank
+    store = torch.distributed.TCPStore(
+        "localhost", int(order["port"]), is_master=True, wait_for_workers=False, use_libuv=True
+    )
+    worst = 0
+    while children:
+        pid, status = os.waitpid(-1, 0)
+        rank = children.pop(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            print(f"ncclcheck replay: rank {rank} exited with code {code}", flush=True)
+            worst = worst or (code if code > 0 else 1)
+    del store
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1] if len(sys.argv) > 1 else None))
