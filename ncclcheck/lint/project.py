@@ -44,7 +44,7 @@ from ncclcheck.lint.syntax import (
     returns_cat,
     walk_scope,
 )
-from ncclcheck.lint.tables import DIST_OPS, RANK_WORDS, ROOTED, UNSYNCED_CALLS
+from ncclcheck.lint.tables import DIST_OPS, NUMBER_OF, RANK_WORDS, ROOTED, UNSYNCED_CALLS
 from ncclcheck.model import Finding
 from ncclcheck.source.reading import (
     bound_names,
@@ -52,6 +52,7 @@ from ncclcheck.source.reading import (
     rank_derived_names,
     rank_fields,
     rank_functions,
+    reads_a_reduction,
 )
 
 
@@ -727,12 +728,20 @@ class Linter:
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name in UNSYNCED_CALLS:
                 return True
-            if name in ("item", "tolist") and isinstance(func, ast.Attribute):
-                root = func.value
-                while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
-                    root = root.func if isinstance(root, ast.Call) else root.value
-                if not (isinstance(root, ast.Name) and root.id in synced):
-                    return True
+            if (
+                isinstance(func, ast.Attribute)
+                and name in ("item", "tolist")
+                and not _of_synced(func.value, synced)
+            ):
+                return True
+            if (
+                isinstance(func, ast.Name)
+                and name in NUMBER_OF
+                and len(node.args) == 1
+                and reads_a_reduction(node.args[0])
+                and not _of_synced(node.args[0], synced)
+            ):
+                return True  # int(batch["mask"].sum()): .item() by another name
             target = (
                 self._resolve_name_call(func.id, module)
                 if isinstance(func, ast.Name)
@@ -900,3 +909,11 @@ def _a_starting_value(value: ast.expr) -> bool:
         and ast.unparse(value.func) in ("float", "int")
         and all(isinstance(a, ast.Constant) for a in value.args)
     )
+
+
+def _of_synced(value: ast.expr, synced: set[str]) -> bool:
+    """Whether ``value`` is read off a name the function synchronised (all-reduced)."""
+    root = value
+    while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
+        root = root.func if isinstance(root, ast.Call) else root.value
+    return isinstance(root, ast.Name) and root.id in synced

@@ -317,6 +317,13 @@ class ScopeChecker:
             and names & self.rank_local_reaching(test.lineno)
         ):
             return "unsynced"
+        # an attribute the module only ever sets from a rank's own value (a token count, a
+        # best loss), read in the test: `if self.tokens_seen >= budget: break`
+        attributes = {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+        if attributes & self.linter.local_attributes(self.module) and (
+            self.collectives(branches) or has_exit(branches)
+        ):
+            return "unsynced"
         return kind
 
     @property

@@ -42,6 +42,10 @@ RANK_ZERO_DECORATORS = frozenset(
 # conditions on values that differ between ranks by construction
 UNSYNCED_CALLS = frozenset(RANK_LOCAL_CALLS)
 
+# Python's numbers made of a tensor (`int(mask.sum())`, `float(loss.mean())`): what
+# `.item()` gives, each rank its own, where the tensor is a reduction of its own values
+NUMBER_OF = frozenset({"int", "float", "bool"})
+
 
 EVAL_NAMES = re.compile(
     r"(^|_)(val|valid|validation|eval|evaluation|test|dev)(_|$|loader|set|data)", re.IGNORECASE

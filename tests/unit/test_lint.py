@@ -1601,3 +1601,45 @@ def test_an_attribute_set_only_from_a_ranks_own_value_is_rank_local_wherever_rea
     tmp_path: Path, value: str, expected: list[tuple[str, int, str]]
 ) -> None:
     assert lint_source(tmp_path, CALLBACK_ON_A_LOCAL_ATTRIBUTE.format(value=value)) == expected
+
+
+TRAINER_WITH_A_TOKEN_BUDGET = """\
+import torch
+import torch.distributed as dist
+
+class Trainer:
+    def __init__(self, model, loader, budget):
+        self.model, self.loader, self.budget = model, loader, budget
+        self.tokens_seen = 0
+
+    def fit(self):
+        for batch in self.loader:
+            loss = self.model(batch).mean()
+            loss.backward()
+            dist.all_reduce(loss)
+            count = {count}
+            self.tokens_seen += count
+            if self.tokens_seen >= self.budget:
+                break
+"""
+
+
+@pytest.mark.parametrize(
+    ("count", "expected"),
+    [
+        # each rank's own batch, made a Python number by int() as .item() would
+        ('int(batch["attention_mask"].sum())', [("unsynchronized-decision", 13, "warning")]),
+        ('float(batch["attention_mask"].sum().item())', [("unsynchronized-decision", 13, "warning")]),
+        # the same count on every rank: a reduction of what was all-reduced, or a length
+        ("int(loss.sum())", []),
+        ("int(len(self.loader))", []),
+    ],
+    ids=["int-of-a-reduction", "item", "synced", "length"],
+)
+def test_a_counter_kept_on_self_from_each_ranks_own_batch_decides_on_a_local_value(
+    tmp_path: Path, count: str, expected: list[tuple[str, int, str]]
+) -> None:
+    """``self.tokens_seen += int(batch[...].sum())``: an attribute set only from a rank's
+    own value is rank-local where a test reads it, and a break under that test skips the
+    collectives of the passes after it."""
+    assert lint_source(tmp_path, TRAINER_WITH_A_TOKEN_BUDGET.format(count=count)) == expected
