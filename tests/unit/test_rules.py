@@ -16,7 +16,7 @@ from ncclcheck.evidence.traces import LoaderPass, RankEnding, RankTrace
 from ncclcheck.explain.context import Evidence, Fork
 from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.explain.engine import Explanation, ReasonKind, first_explanation
-from ncclcheck.explain.rules import branch, divergence, stacks
+from ncclcheck.explain.rules import branch, divergence, quiet, stacks
 from ncclcheck.explain.rules.branch import explain_fork
 from ncclcheck.explain.rules.divergence import explain_divergence
 from ncclcheck.explain.rules.stacks import explain_classes
@@ -622,3 +622,31 @@ def test_when_nothing_in_the_source_explains_the_fork_it_says_so_and_gives_no_fi
     assert any("no test, exit or swallowing try" in line for line in explanation.evidence)
     finding = explanation.finding(load_catalogue(PLAYBOOKS))
     assert finding.fix == ""
+
+
+@pytest.mark.parametrize(
+    ("lengths", "said"),
+    [
+        # one dataset read whole by every rank: the same positions are the same samples
+        ((4, 4), "the ranks evaluate the same samples"),
+        # positions in datasets of other lengths: shards sliced per rank, not one set twice
+        ((4, 3), "its per-rank shards are made by hand"),
+    ],
+)
+def test_an_eval_loader_without_a_sampler_is_said_to_repeat_samples_only_where_one_dataset_is_read(
+    tmp_path: Path, lengths: tuple[int, int], said: str
+) -> None:
+    traces = {rank: trace(rank, []) for rank in (0, 1)}
+    for rank, length in enumerate(lengths):
+        traces[rank].passes = [
+            LoaderPass(
+                "val_loader", 0, "eval", length, "SequentialSampler", False, "TensorDataset", length, True
+            )
+        ]
+        traces[rank].passes[0].sample_ids = list(range(length * 8))
+    (warning,) = [
+        w
+        for w in quiet.warnings(diagnoser(tmp_path, traces=traces), [])
+        if w.cause is Cause.MISSING_DISTRIBUTED_SAMPLER
+    ]
+    assert said in warning.message, warning.message
