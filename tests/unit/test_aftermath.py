@@ -1291,6 +1291,57 @@ def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeli
     )
 
 
+_WAITING_FOR_A_BATCH = (
+    'Thread {pid} (idle): "MainThread"\n'
+    "    poll (multiprocessing/connection.py:257)\n"
+    "    get (multiprocessing/queues.py:113)\n"
+    "    _try_get_data (torch/utils/data/dataloader.py:1133)\n"
+    "    __next__ (torch/utils/data/dataloader.py:633)\n"
+    "    evaluate (/srv/seg/loop.py:88)\n"
+)
+_IN_A_BROADCAST = (
+    'Thread {pid} (idle): "MainThread"\n'
+    "    broadcast (torch/distributed/distributed_c10d.py:2824)\n"
+    "    wrapper (torch/distributed/c10d_logger.py:83)\n"
+    "    share_batch (/srv/seg/loop.py:71)\n"
+    "    evaluate (/srv/seg/loop.py:90)\n"
+)
+_SLEEPING = 'Thread {pid} (idle): "MainThread"\n    sleep (/srv/seg/loop.py:140)\n'
+
+
+@pytest.mark.parametrize(
+    ("third", "said"),
+    [
+        (_WAITING_FOR_A_BATCH, "pid7003.txt (pid 7003) waits for the next batch from its data pipeline"),
+        # a dump outside any collective and outside its pipeline: another reading fits too
+        (_SLEEPING, None),
+    ],
+    ids=["loader", "sleep"],
+)
+def test_dumps_of_no_known_rank_in_collectives_beside_one_held_by_its_loader_name_that_one(
+    tmp_path: Path, third: str, said: str | None
+) -> None:
+    """Two processes in a broadcast, one waiting for its next batch: the broadcast waits for
+    a peer, and the one process seen elsewhere is held by its own loader. No rank is known,
+    so none is named."""
+    dumps = []
+    for pid, body in ((7001, _IN_A_BROADCAST), (7002, _IN_A_BROADCAST), (7003, _WAITING_FOR_A_BATCH)):
+        if pid == 7003:
+            body = third
+        dump = tmp_path / f"pid{pid}.txt"
+        dump.write_text(f"Process {pid}: /usr/bin/python3 loop.py\n\n" + body.format(pid=pid))
+        dumps.append(dump)
+    report = run_doctor_from(dumps)
+    if said is None:
+        assert not [f for f in report.findings if f.cause == Cause.STRAGGLER], report.findings
+        return
+    (finding,) = report.findings
+    assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([], [])
+    assert said in finding.message, finding.message
+    assert "while the other dumps wait in collectives (broadcast)" in finding.message
+
+
 def _gloo_abort_log(before: str = "", after: str = "") -> str:
     """A 2-rank CPU job whose ranks' calls stopped matching: gloo's receive on rank 1 got more
     bytes than its call expected and gloo aborted it; rank 0's read then failed."""

@@ -494,24 +494,55 @@ def _parted_without_source(s: Standoff, small: StackClass, big: StackClass) -> E
 def held_by_their_data_pipeline(
     d: Context, classes: list[StackClass], labels: list[str]
 ) -> Explanation | None:
-    """Stack dumps of no known rank, every one waiting for its next batch outside any
-    collective: whatever rank each is, its own data pipeline holds it (a rank in a collective
-    would wait for it). Nothing is said of ranks: none is known."""
-    if not classes or any(c.in_collective or _data_frame(c) is None for c in classes):
+    """Stack dumps of no known rank, each either waiting for its next batch outside any
+    collective or waiting in a collective: whatever rank each is, the first are held by
+    their own data pipeline, and the others, in a collective, wait for a peer, which the
+    first are the ones seen to be elsewhere. Nothing is said of ranks: none is known. A dump
+    outside any collective and outside its data pipeline (a sleep, the script's end) leaves
+    it unsaid: another reading fits too."""
+    if not classes:
         return None
-    frame = _data_frame(classes[0])
+    held = [c for c in classes if not c.in_collective and _data_frame(c) is not None]
+    elsewhere = [c for c in classes if not c.in_collective and _data_frame(c) is None]
+    waiting = [c for c in classes if c.in_collective]
+    if not held or elsewhere:
+        return None
+    frame = _data_frame(held[0])
     assert frame is not None
+
+    def names(group: list[StackClass]) -> list[str]:
+        return [labels[i] for c in group for i in c.ranks]
+
+    if not waiting:
+        message = (
+            f"{'the dumped process waits' if len(labels) == 1 else 'every dumped process waits'} for its "
+            f"next batch from its data pipeline (at {_frame_text(frame)}), outside any collective: held by "
+            "its loader workers or the thread that feeds it, not by a peer. Which rank it is, the dump does "
+            "not say; ranks in a collective would wait for it"
+        )
+    else:
+        held_names = names(held)
+        verb = "waits" if len(held_names) == 1 else "wait"
+        calls = ", ".join(sorted({c.blocking for c in waiting}))
+        message = (
+            f"{', '.join(held_names)} {verb} for the next batch from its data pipeline (at "
+            f"{_frame_text(frame)}), outside any collective, while the other dumps wait in collectives "
+            f"({calls}): the collectives wait for a peer, and the process held by its loader is the one "
+            "these dumps show elsewhere. Which rank each dump is, the dumps do not say; what would "
+            "confirm it: every rank's dump with its rank, or the NCCL watchdog lines naming the rank "
+            "that never joined"
+        )
     found = d.explanation(
         Cause.STRAGGLER,
-        f"{'the dumped process waits' if len(labels) == 1 else 'every dumped process waits'} for its next "
-        f"batch from its data pipeline (at {_frame_text(frame)}), outside any collective: held by its loader "
-        "workers or the thread that feeds it, not by a peer. Which rank it is, the dump does not say; "
-        "ranks in a collective would wait for it",
+        message,
         ranks=[],
         absent_ranks=[],
         op=None,
         site=None,
-        evidence=[f"{label}: waits in its data pipeline" for label in labels],
+        evidence=[
+            *(f"{label}: waits in its data pipeline" for label in names(held)),
+            *(f"{labels[i]}: {c.blocking}" for c in waiting for i in c.ranks),
+        ],
     )
     found.fix = _MEND_THE_PIPELINE
     return found
