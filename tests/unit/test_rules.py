@@ -650,3 +650,39 @@ def test_an_eval_loader_without_a_sampler_is_said_to_repeat_samples_only_where_o
         if w.cause is Cause.MISSING_DISTRIBUTED_SAMPLER
     ]
     assert said in warning.message, warning.message
+
+
+BUDGET_THEN_EVALUATE = """\
+def evaluate(loader):
+    for batch in loader:
+        all_gather(batch)
+
+def fit(loader, val_loader, budget):
+    seen = 0
+    for batch in loader:
+        backward_all_reduce(batch)
+        seen += count(batch)
+        if seen >= budget:
+            break
+    evaluate(val_loader)
+"""
+
+
+def test_a_rank_still_in_the_train_loop_never_entered_the_eval_loop_the_other_waits_in(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 left the train loop by its own count and waits in evaluate's loop; rank 1 is
+    still training, before the call to evaluate: it never entered that loop, so the eval
+    loop did not run fewer times on it (no uneven-eval-batches); the break that sent rank 0
+    out decides."""
+    path = script(tmp_path, BUDGET_THEN_EVALUATE)
+    explanation = _doctor(
+        tmp_path,
+        {
+            0: waiting_in("all_gather", (path, 3, "evaluate"), (path, 12, "fit")),
+            1: waiting_in("all_reduce", (path, 8, "fit")),
+        },
+    )
+    assert explanation.cause is not Cause.UNEVEN_EVAL_BATCHES, explanation.message
+    assert explanation.reason is not None and explanation.reason.text.startswith("break"), explanation
+    assert explanation.site == "train.py:11", explanation

@@ -764,8 +764,15 @@ def _left_loop(
                 # the source-reading diagnosis names the branch
                 return None
             # the shared function's loops that the other side is outside of, then the
-            # loops of the functions below it, which the other side has left entirely
-            candidates = [(here, there.line)] + [(f, None) for f in inside.frames[len(shared) :]]
+            # loops of the functions below it, which the other side has left entirely: only
+            # where it got past the call into them (after it, or a pass ahead in a loop of
+            # the shared function around both); a side still before the call never entered
+            # them (a train loop it is still in, the other side gone on to evaluate)
+            before_the_call = there.line < here.line and not any(
+                reading.contains(loop, there.line) for loop in reading.enclosing_loops(here.file, here.line)
+            )
+            below = [] if before_the_call else [(f, None) for f in inside.frames[len(shared) :]]
+            candidates: list[tuple[Frame, int | None]] = [(here, there.line), *below]
             # a loop of the shared function around both sides (an epoch loop around a train
             # loop one side is in and a save the other waits in): the other side may be a
             # pass ahead, not past the inner loop
