@@ -496,8 +496,8 @@ def held_by_their_data_pipeline(
 ) -> Explanation | None:
     """Stack dumps of no known rank, each either waiting for its next batch outside any
     collective or waiting in a collective: whatever rank each is, the first are held by
-    their own data pipeline, and the others, in a collective, wait for a peer, which the
-    first are the ones seen to be elsewhere. Nothing is said of ranks: none is known. A dump
+    their own data pipeline, and the others wait in a collective for a peer, of which the
+    first are the only ones seen elsewhere. Nothing is said of ranks: none is known. A dump
     outside any collective and outside its data pipeline (a sleep, the script's end) leaves
     it unsaid: another reading fits too."""
     if not classes:
