@@ -266,6 +266,60 @@ def test_diagnosis_of_an_order_cycle_across_groups() -> None:
     assert report.findings[0].cause == "collective-order-mismatch"
 
 
+def test_a_cycle_made_by_one_ranks_extra_call_on_a_side_group_is_the_rank_test_that_sent_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 0 alone saves, and its save all-reduces on a side group while rank 1 went on to
+    the default group's next call: each waits for the other in another group, a cycle, but
+    no order differs; the rank test on rank 0's chain decided (fresh w01, a Trainer's
+    `if self.is_main: self.save_checkpoint()`). The same cycle with no rank test stays an
+    order mismatch."""
+    path = write(
+        tmp_path,
+        """
+        def main(rank, side):
+            if rank == 0:
+                all_reduce(group=side)
+            all_reduce()
+    """,
+    )
+    rank0 = [call(0, 0, group="1", line=4, path=path)]
+    rank1 = [call(1, 0, group="0", line=5, path=path)]
+    report = diagnose_report(
+        Evidence(
+            traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True, cwd=str(tmp_path)
+        )
+    )
+    finding = report.findings[0]
+    assert (finding.cause, finding.site, finding.ranks, finding.absent_ranks) == (
+        "rank-conditional-collective",
+        "train.py:4",
+        [0],
+        [1],
+    )
+    assert "each side waits for the other in a different process group: a cycle" in finding.evidence
+    (tmp_path / "plain").mkdir()  # another file: the source reading caches by path
+    unguarded = write(
+        tmp_path / "plain",
+        """
+        def main(rank, side):
+            all_reduce(group=side)
+            all_reduce()
+    """,
+    )
+    rank0 = [call(0, 0, group="1", line=3, path=unguarded)]
+    rank1 = [call(1, 0, group="0", line=4, path=unguarded)]
+    report = diagnose_report(
+        Evidence(
+            traces={0: trace(0, rank0), 1: trace(1, rank1)},
+            world_size=2,
+            stalled=True,
+            cwd=str(tmp_path / "plain"),
+        )
+    )
+    assert report.findings[0].cause == "collective-order-mismatch"
+
+
 def test_a_dry_run_stopped_before_its_budget_is_incomplete_never_aligned() -> None:
     """Stopped from outside (a CI job's timeout) with nothing wrong so far: its own verdict
     and exit code, and what it did check, never "aligned" (exit 0) for a pipeline to pass."""

@@ -13,7 +13,7 @@ from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.evidence.traces import Decided, LoaderPass
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, Reason, first_explanation, reason_of_local_decision
-from ncclcheck.explain.rules.branch import explain_fork
+from ncclcheck.explain.rules.branch import explain_fork, rank_test_around_the_call
 from ncclcheck.lint.decisions import LocalDecision, decision_at
 from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.record.tracefile import End
@@ -61,7 +61,20 @@ def explain_divergence(d: Context, found: list[Divergence]) -> Explanation:
 
 
 def cycle_across_groups(p: Parting) -> Explanation | None:
-    return order_mismatch(p.d, p.found)
+    cycle = _cycle(p.found)
+    if cycle is None:
+        return None
+    evidence = _cycle_evidence(p.d, *cycle)
+    # a cycle is also what one rank's extra call on a group of its own makes: rank 0
+    # alone saves, and its save all-reduces on a side group while the others went on to
+    # the next step's gradients. A rank test on that side's chain sends it there alone,
+    # whatever the other group shows: the order is no mismatch, the rank test decided
+    for side in cycle:
+        fork = Fork.of(p.d, side.members, side.calls, side.present, side.absent, evidence)
+        sent_alone = rank_test_around_the_call(fork)
+        if sent_alone is not None:
+            return sent_alone
+    return order_mismatch(p.d, *cycle, evidence)
 
 
 def shapes_differ(p: Parting) -> Explanation | None:
@@ -339,38 +352,44 @@ def mixed_requests(d: Context, first: Divergence, made: list[int], evidence: lis
     )
 
 
-def order_mismatch(d: Context, found: list[Divergence]) -> Explanation | None:
-    """Two groups each waiting on ranks that are waiting in the other: a cycle."""
-    # lowest present rank first, so the report does not depend on which call was first
+def _cycle(found: list[Divergence]) -> tuple[Divergence, Divergence] | None:
+    """Two groups each waiting on ranks that are waiting in the other, lowest present
+    rank first (so the report does not depend on which call was first)."""
     missing = sorted((d for d in found if d.kind is Mismatch.MISSING), key=lambda d: (d.present[:1], d.group))
     for i, one in enumerate(missing):
         for two in missing[i + 1 :]:
             if one.group == two.group:
                 continue
             if set(one.present) & set(two.absent) and set(one.absent) & set(two.present):
-                call_one = one.calls[one.present[0]]
-                call_two = two.calls[two.present[0]]
-                evidence = [
-                    f"group {one.group}: {who(one.present)} are in "
-                    f"{d.describe_call(call_one)}; {who(one.absent)} have not "
-                    f"made that call",
-                    f"group {two.group}: {who(two.present)} are in "
-                    f"{d.describe_call(call_two)}; {who(two.absent)} have not "
-                    f"made that call",
-                    "each side waits for the other in a different process group: a cycle",
-                ]
-                return d.explanation(
-                    Cause.COLLECTIVE_ORDER_MISMATCH,
-                    f"{who(one.present)} and {who(two.present)} "
-                    f"issue the same collectives in a different order across process groups "
-                    f"{one.group} and {two.group}",
-                    ranks=one.present,
-                    absent_ranks=one.absent,
-                    op=call_one.op if call_one else None,
-                    site=d.site(call_one.site if call_one else None),
-                    evidence=evidence,
-                )
+                return one, two
     return None
+
+
+def _cycle_evidence(d: Context, one: Divergence, two: Divergence) -> list[str]:
+    return [
+        *(
+            f"group {side.group}: {who(side.present)} are in {d.describe_call(side.calls[side.present[0]])}; "
+            f"{who(side.absent)} have not made that call"
+            for side in (one, two)
+        ),
+        "each side waits for the other in a different process group: a cycle",
+    ]
+
+
+def order_mismatch(d: Context, one: Divergence, two: Divergence, evidence: list[str]) -> Explanation:
+    """A cycle across groups that no rank test explains: the same calls, in another order."""
+    call_one = one.calls[one.present[0]]
+    return d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"{who(one.present)} and {who(two.present)} "
+        f"issue the same collectives in a different order across process groups "
+        f"{one.group} and {two.group}",
+        ranks=one.present,
+        absent_ranks=one.absent,
+        op=call_one.op if call_one else None,
+        site=d.site(call_one.site if call_one else None),
+        evidence=evidence,
+    )
 
 
 def exited_early(
