@@ -144,7 +144,12 @@ def decided(fork: Fork, replay: Replay) -> Decided | None:
     other = [r for r in fork.other if r in replay.ranks]
     if not made or not other:
         return None
-    depth = {(f.file, f.function): i for i, f in enumerate([*fork.stack, *fork.alt_stack])}
+    # how deep each function is on the stack it lies on (not the place in both stacks one
+    # after the other: the other side's main() is no deeper than this side's evaluate())
+    depth: dict[tuple[str, str], int] = {}
+    for stack in (fork.stack, fork.alt_stack):
+        for i, f in enumerate(stack):
+            depth[(f.file, f.function)] = max(depth.get((f.file, f.function), -1), i)
     found: list[tuple[int, int, Decided]] = []
     keys = {key for rank in (*made, *other) for key in replay.ranks[rank].counts}
     for key in sorted(keys):
@@ -299,6 +304,11 @@ def _entered(
     entered = max(replay.ranks[r].count(key) for r in side)
     if min(replay.ranks[r].count(test_key) for r in rest) < entered:
         return None  # the others did not come to the test as often: something before it parted them
+    if _read_alike(branch.test, test_key, [*side, *rest], replay):
+        # a test of plain values that read the same on every rank, as often, cannot have
+        # gone two ways by itself: something the replay does not see made the sides differ
+        # (an action made to fire on one rank, a pass cut short), so it is not the answer
+        return None
     text = ast.unparse(branch.test)
     source_kind = reading.condition_kind(path, branch.test)
     kind = _kind(source_kind, text, path, test_key, side, replay)
@@ -389,6 +399,18 @@ def _kind(kind: str, text: str, path: str, key: Key, side: list[int], replay: Re
     if seen and all(v.startswith("tensor ") for v in seen):
         return reading.DATA
     return kind
+
+
+def _read_alike(test: ast.expr, key: Key, ranks: list[int], replay: Replay) -> bool:
+    """Whether every rank came to the test as often and read the same values in it last,
+    for a test of names and constants alone (a call in it may read what the snapshot
+    does not hold: a clock, a file, a draw)."""
+    if any(isinstance(node, ast.Call) for node in ast.walk(test)):
+        return False
+    if len({replay.ranks[r].count(key) for r in ranks}) != 1:
+        return False
+    snapshots = [replay.ranks[r].values.get(key, {}).get("last") for r in ranks]
+    return all(snapshots) and all(s == snapshots[0] for s in snapshots)
 
 
 def _values_text(key: Key, ranks: list[int], replay: Replay, which: str) -> str:

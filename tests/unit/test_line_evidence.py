@@ -179,3 +179,49 @@ def test_lines_that_differ_without_an_exit_handler_or_loop_name_nothing(tmp_path
         "steps.py:3 ran 2 times on rank 0, once on rank 1",
         "steps.py:4 ran 2 times on rank 0, once on rank 1",
     ]
+
+
+def test_the_loop_one_rank_is_still_in_is_named_not_the_loop_the_other_went_on_in(tmp_path: Path) -> None:
+    """Fresh w07: a hand-split validation set, 33 records on rank 0 and 32 on rank 1, two
+    batches against one; rank 0 waits in its second validation batch, rank 1 went back to
+    training. Every line of the train loop ran more on rank 1 (it went on), and the
+    validation's `if step % EVAL_EVERY == 0` was made to fire on rank 1 only as far as the
+    replay saw, with the same values read on both ranks: the loop that decided is the
+    validation's, in the deeper function, not the train loop, not the test."""
+    path, _ = _load(
+        tmp_path,
+        """
+        def validate(sync, batches):
+            for batch in batches:
+                sync(batch)
+
+        def main(sync, train, val, every):
+            step = 0
+            for batch in train:
+                sync(batch)
+                step += 1
+                if step % every == 0:
+                    validate(sync, val)
+        """,
+    )
+    here = str(path)
+    val_body, train_body, test, in_test = 4, 9, 11, 12
+    same = {"first": {"step": "1", "every": "5"}, "last": {"step": "1", "every": "5"}}
+    replay = _replay(
+        {
+            0: {(here, val_body): 2, (here, train_body): 1, (here, test): 1, (here, in_test): 0},
+            1: {(here, val_body): 1, (here, train_body): 2, (here, test): 1, (here, in_test): 1},
+        },
+        values={0: {(here, test): same}, 1: {(here, test): same}},
+    )
+    fork = _fork(path, "validate", val_body, phase="eval")
+    fork.stack = [Frame(here, in_test, "main"), Frame(here, val_body, "validate")]
+    fork.alt_stack = [Frame(here, train_body, "main")]
+    found = lines.decided(fork, replay)
+    assert found is not None
+    assert (found.cause, found.side, found.frame.line, found.statement) == (
+        Cause.UNEVEN_EVAL_BATCHES,
+        [0],
+        val_body - 1,
+        "for batch in batches",
+    )
