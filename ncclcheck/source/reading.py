@@ -648,6 +648,26 @@ def swallowing_try(path: str, line: int) -> ast.Try | None:
     return None
 
 
+def try_that_continues(loop: ast.stmt, before_line: int) -> tuple[ast.Try, ast.ExceptHandler] | None:
+    """A try in ``loop``'s body, before ``before_line``, with an ``except`` that goes on to
+    the next pass of this loop (a ``continue`` of its own, not of a loop inside it): the
+    way a rank whose pass raised skips the rest of it (`try: batch = decode(...) / except
+    ValueError: continue`), its collectives included."""
+    for node in ast.walk(loop):
+        if not isinstance(node, ast.Try) or node.lineno >= before_line:
+            continue
+        for handler in node.handlers:
+            inner_loops = [n for n in ast.walk(handler) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]
+            own = [
+                n
+                for n in ast.walk(handler)
+                if isinstance(n, ast.Continue) and not any(n in ast.walk(inner) for inner in inner_loops)
+            ]
+            if own:
+                return node, handler
+    return None
+
+
 def loop_targets(loop: ast.stmt) -> list[str]:
     """The names a for loop binds on each pass (``for step, (x, y) in ...``)."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):

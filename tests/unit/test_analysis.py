@@ -12,6 +12,7 @@ from ncclcheck.errors import InputError
 from ncclcheck.evidence.align import Mismatch, compare, divergences
 from ncclcheck.evidence.traces import (
     CallWindow,
+    Caught,
     RankEnding,
     RankTrace,
     divergences_of,
@@ -20,7 +21,7 @@ from ncclcheck.evidence.traces import (
 )
 from ncclcheck.explain.context import Evidence
 from ncclcheck.explain.diagnose import diagnose
-from ncclcheck.model import CollectiveCall, Frame, Report
+from ncclcheck.model import CollectiveCall, Finding, Frame, Report
 from ncclcheck.render.lanes import build_lanes
 from ncclcheck.source import reading
 
@@ -318,6 +319,49 @@ def test_a_cycle_made_by_one_ranks_extra_call_on_a_side_group_is_the_rank_test_t
         )
     )
     assert report.findings[0].cause == "collective-order-mismatch"
+
+
+def test_a_step_skipped_by_a_handler_that_continues_before_the_call_is_a_rank_exception(
+    tmp_path: Path,
+) -> None:
+    """Fresh w05: `try: batch = encode(lines) / except (ValueError, KeyError): continue`
+    before the step, a record in an old format on one rank: that rank's DDP all-reduces
+    pair with the next batch's of the others. The swallowed error decided, not the data:
+    rank-exception at the handler, with what the rank caught there; where the loop also
+    exits under a test, what the rank caught says which of the two skipped the step."""
+    path = write(
+        tmp_path,
+        """
+        def train(loader, step):
+            for lines in loader:
+                try:
+                    batch = encode(lines)
+                except (ValueError, KeyError):
+                    continue
+                if batch is None:
+                    continue
+                step(batch)
+    """,
+    )
+    handler, call_line = 6, 10
+
+    def skipped(caught: list[Caught]) -> Finding:
+        rank0 = [call(0, 0, batch=4, line=call_line, path=path)]
+        rank1 = [call(1, 0, batch=3, line=call_line, path=path)]
+        traces = {0: trace(0, rank0), 1: trace(1, rank1)}
+        traces[0].caught = caught
+        evidence = Evidence(traces=traces, world_size=2, stalled=True, cwd=str(tmp_path))
+        return diagnose_report(evidence).findings[0]
+
+    raised = Frame(path, 5, "train")
+    finding = skipped([Caught(Frame(path, handler, "train"), "ValueError: not enough values", raised)])
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == ("rank-exception", [1], [0])
+    assert f"the handler `except (ValueError, KeyError)` at train.py:{handler} swallows" in "\n".join(
+        finding.evidence
+    )
+    assert any(line.startswith("rank 0 caught ValueError: not enough values") for line in finding.evidence)
+    # nothing caught: the test's `continue` skipped it, as far as the run tells
+    assert skipped([]).cause == "unsynchronized-decision"
 
 
 def test_a_dry_run_stopped_before_its_budget_is_incomplete_never_aligned() -> None:

@@ -692,6 +692,12 @@ def skipped_step(
                 # any exit of that loop: a break after the call ends the pass early too
                 exits = reading.conditional_exits(frame.file, loop)
                 site = frame
+        # a try before the call in the loop whose handler goes on to the next pass: what
+        # the skipping ranks caught there decides over a test's exit, which only could have
+        continuing = None
+        if loop is not None and swallow is None:
+            continuing = reading.try_that_continues(loop, site.line)
+        caught_before = d.caught_by(skipped, site.file, continuing[0]) if continuing is not None else []
         if swallow is not None:
             cause = Cause.RANK_EXCEPTION
             handlers = ", ".join(d.site(Frame(swallow_file, h.lineno, "")) or "" for h in swallow.handlers)
@@ -700,6 +706,15 @@ def skipped_step(
                 f" whose handler (at {handlers}) swallows the error and continues"
             )
             caught = d.caught_by(skipped, swallow_file, swallow)
+        elif continuing is not None and (caught_before or not exits):
+            handler = continuing[1]
+            kinds = f" {ast.unparse(handler.type)}" if handler.type is not None else ""
+            cause = Cause.RANK_EXCEPTION
+            reason = (
+                f"the handler `except{kinds}` at {d.site(Frame(site.file, handler.lineno, ''))} swallows "
+                f"an error and goes on to the next pass, skipping the rest of this one"
+            )
+            caught = caught_before
         elif exits:
             guard = exits[-1]
             cause = {

@@ -847,7 +847,10 @@ def _loop_finding(
                 if skipped is not None:
                     skipped_file = below.file
                     break
-    caught = _handler_that_continues(loop, frame.line) if skipped is None and swallowing is None else None
+    continuing = None
+    if skipped is None and swallowing is None:
+        continuing = reading.try_that_continues(loop, frame.line)
+    caught = continuing[1] if continuing is not None else None
     if caught is not None:
         # `try: batch = next(it) / except OSError: continue`: a rank whose pass raised
         # skipped the rest of it, its collectives included
@@ -906,24 +909,6 @@ def _loop_finding(
         evidence=evidence,
         reason=reason,
     )
-
-
-def _handler_that_continues(loop: ast.stmt, before_line: int) -> ast.ExceptHandler | None:
-    """An ``except`` in ``loop``'s body, before ``before_line``, that goes on to the next
-    pass of this loop (a ``continue`` of its own, not of a loop inside it)."""
-    for node in ast.walk(loop):
-        if not isinstance(node, ast.Try) or node.lineno >= before_line:
-            continue
-        for handler in node.handlers:
-            inner_loops = [n for n in ast.walk(handler) if isinstance(n, (ast.For, ast.AsyncFor, ast.While))]
-            own = [
-                n
-                for n in ast.walk(handler)
-                if isinstance(n, ast.Continue) and not any(n in ast.walk(inner) for inner in inner_loops)
-            ]
-            if own:
-                return handler
-    return None
 
 
 def _loader_cause(frames: list[Frame], loop: ast.stmt, evidence: list[str]) -> tuple[Cause, str]:
