@@ -131,9 +131,11 @@ def filled_on_first_sight(path: str, line: int, expr: ast.expr) -> ast.stmt | as
     """Where the dict ``expr`` (read at ``path:line``; a name of its function or an
     attribute of ``self``) gets each key the first time the key is met: ``d[k] = ...``
     under ``if k not in d``, ``d.setdefault(k, ...)``, or any ``d[k]`` of a defaultdict or
-    a Counter. Such a dict holds its keys in the order the process first met them, which
-    each rank's own data decides, not in an order the ranks share. None where the
-    source shows no such filling (a dict built from a fixed list keeps that list's order)."""
+    a Counter; in its function, or in a function of the same file it is passed to
+    (``update(state, batch)`` whose ``state.setdefault(task, ...)`` fills it). Such a dict
+    holds its keys in the order the process first met them, which each rank's own data
+    decides, not in an order the ranks share. None where the source shows no such
+    filling (a dict built from a fixed list keeps that list's order)."""
     target = followed(expr)
     if isinstance(target, ast.Name):
         scope: ast.AST | None = reading.enclosing_function(path, line) or reading.parse(path)
@@ -145,7 +147,12 @@ def filled_on_first_sight(path: str, line: int, expr: ast.expr) -> ast.stmt | as
         return None
     if scope is None:
         return None
-    text = ast.unparse(target)
+    return _filled_in(path, scope, ast.unparse(target), passed=2 if isinstance(target, ast.Name) else 0)
+
+
+def _filled_in(path: str, scope: ast.AST, text: str, passed: int) -> ast.stmt | ast.expr | None:
+    """The first-sight filling of the dict named ``text`` in ``scope``; through a call that
+    passes it, ``passed`` functions deep, in the function it is passed to."""
 
     def is_target(node: ast.AST) -> bool:
         return isinstance(node, ast.Name | ast.Attribute) and ast.unparse(node) == text
@@ -184,7 +191,28 @@ def filled_on_first_sight(path: str, line: int, expr: ast.expr) -> ast.stmt | as
             return node
         if defaulting and isinstance(node, ast.Subscript) and is_target(node.value):
             return node
+    if passed <= 0:
+        return None
+    for call in (n for n in ast.walk(scope) if isinstance(n, ast.Call)):
+        position = next((i for i, a in enumerate(call.args) if is_target(a)), None)
+        if position is None or not isinstance(call.func, ast.Name):
+            continue
+        callee = _function_of_the_file(path, call.func.id)
+        params = [a.arg for a in (*callee.args.posonlyargs, *callee.args.args)] if callee else []
+        if callee is not None and position < len(params):
+            filled = _filled_in(path, callee, params[position], passed - 1)
+            if filled is not None:
+                return filled
     return None
+
+
+def _function_of_the_file(path: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+    """The module-level function ``name`` of ``path``, where it defines one."""
+    tree = reading.parse(path)
+    body = tree.body if isinstance(tree, ast.Module) else []
+    return next(
+        (n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == name), None
+    )
 
 
 def sized_by_data(expr: ast.expr) -> bool:

@@ -123,3 +123,41 @@ def test_a_dict_filled_on_first_sight_is_told_from_one_filled_in_a_fixed_order(t
     assert filling(29, "counts") == "counts.setdefault(head, [])"
     assert filling(31, "tallies.keys()") == "tallies[head]"
     assert filling(33, "listed") is None
+
+
+PASSED_TO_A_FILLER = """\
+def fill(state, names):
+    for task in dict.fromkeys(names):
+        state.setdefault(task, 0)
+
+def show(state, names):
+    for task in names:
+        print(state.get(task))
+
+def evaluate(batches):
+    state = {}
+    seen = {}
+    for names in batches:
+        fill(state, names)
+        show(seen, names)
+    for task, total in state.items():
+        reduce(total)
+    for task, total in seen.items():
+        reduce(total)
+"""
+
+
+def test_a_dict_passed_to_a_function_that_fills_it_on_first_sight_is_read_as_one(tmp_path: Path) -> None:
+    """Fresh w08: the eval state is a dict made in evaluate() and filled by a helper it is
+    passed to (`state.setdefault(task, ...)` on its parameter), then iterated in evaluate's
+    order: the helper's filling is where the order comes from. A dict passed to a helper
+    that only reads it is not."""
+    path = tmp_path / "metrics.py"
+    path.write_text(PASSED_TO_A_FILLER)
+
+    def filling(line: int, text: str) -> str | None:
+        found = origins.filled_on_first_sight(str(path), line, ast.parse(text, mode="eval").body)
+        return None if found is None else ast.unparse(found).splitlines()[0]
+
+    assert filling(15, "state.items()") == "state.setdefault(task, 0)"
+    assert filling(17, "seen.items()") is None
