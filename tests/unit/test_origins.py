@@ -4,6 +4,7 @@ parameters, and what it is (a set's order, a size the data gives)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 from ncclcheck.model import Frame
@@ -70,6 +71,12 @@ def test_what_a_set_is_and_what_the_data_sizes() -> None:
     assert not any(origins.sized_by_data(expr(t)) for t in ("x[0]", "x[i]", "x[:4]", "torch.zeros(3)"))
 
 
+def _filling(path: Path, line: int, text: str) -> str | None:
+    """The first line of where the dict read as ``text`` at ``path:line`` is filled on first sight."""
+    found = origins.filled_on_first_sight(str(path), line, ast.parse(text, mode="eval").body)
+    return None if found is None else ast.unparse(found).splitlines()[0]
+
+
 FIRST_SIGHT = """\
 import collections
 
@@ -113,11 +120,7 @@ def test_a_dict_filled_on_first_sight_is_told_from_one_filled_in_a_fixed_order(t
     but the source does not say so)."""
     path = tmp_path / "bank.py"
     path.write_text(FIRST_SIGHT)
-
-    def filling(line: int, text: str) -> str | None:
-        found = origins.filled_on_first_sight(str(path), line, ast.parse(text, mode="eval").body)
-        return None if found is None else ast.unparse(found).splitlines()[0]
-
+    filling = functools.partial(_filling, path)
     assert filling(15, "self.sums.items()") == "if name not in self.sums:"
     assert filling(17, "self.fixed.items()") is None
     assert filling(29, "counts") == "counts.setdefault(head, [])"
@@ -154,10 +157,6 @@ def test_a_dict_passed_to_a_function_that_fills_it_on_first_sight_is_read_as_one
     that only reads it is not."""
     path = tmp_path / "metrics.py"
     path.write_text(PASSED_TO_A_FILLER)
-
-    def filling(line: int, text: str) -> str | None:
-        found = origins.filled_on_first_sight(str(path), line, ast.parse(text, mode="eval").body)
-        return None if found is None else ast.unparse(found).splitlines()[0]
-
+    filling = functools.partial(_filling, path)
     assert filling(15, "state.items()") == "state.setdefault(task, 0)"
     assert filling(17, "seen.items()") is None
