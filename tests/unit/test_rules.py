@@ -652,6 +652,38 @@ def test_an_eval_loader_without_a_sampler_is_said_to_repeat_samples_only_where_o
     assert said in warning.message, warning.message
 
 
+@pytest.mark.parametrize(
+    ("passes", "warned"),
+    [
+        # rank 0 evaluated twice after the ranks had parted, rank 1 once: 2 against 1 in
+        # all, every pass one batch (fresh w03, a DistributedSampler building a loader per
+        # evaluate() call)
+        ({0: [1, 1], 1: [1]}, None),
+        # the first pass itself is longer on rank 0
+        ({0: [2, 1], 1: [1]}, "rank 0: 2, rank 1: 1"),
+    ],
+)
+def test_eval_passes_are_compared_pass_by_pass_not_in_total(
+    tmp_path: Path, passes: dict[int, list[int]], warned: str | None
+) -> None:
+    traces = {rank: trace(rank, []) for rank in passes}
+    for rank, lengths in passes.items():
+        traces[rank].passes = [
+            LoaderPass(f"loader#{n + 1}", n, "eval", b, "DistributedSampler", True, "TensorDataset", b, True)
+            for n, b in enumerate(lengths)
+        ]
+    said = [
+        w.message
+        for w in quiet.warnings(diagnoser(tmp_path, traces=traces), [])
+        if w.cause is Cause.UNEVEN_EVAL_BATCHES
+    ]
+    if warned is None:
+        assert said == []
+    else:
+        (message,) = said
+        assert warned in message, message
+
+
 BUDGET_THEN_EVALUATE = """\
 def evaluate(loader):
     for batch in loader:

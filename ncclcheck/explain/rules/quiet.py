@@ -122,17 +122,8 @@ def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
     uneven_train = uneven_train_loader(d)
     if uneven_train is not None and Cause.UNEVEN_EVAL_BATCHES not in causes:
         found.append(uneven_train)
-    # complete passes only: a rank that died mid-pass has a partial count
-    counts = {
-        r: sum(p.batches for p in t.eval_passes if p.exhausted)
-        for r, t in d.ev.traces.items()
-        if any(p.exhausted for p in t.eval_passes)
-    }
-    if (
-        len(counts) > 1
-        and len(set(counts.values())) > 1
-        and not causes & {Cause.UNEVEN_EVAL_BATCHES, Cause.MISSING_DISTRIBUTED_SAMPLER}
-    ):
+    counts = _first_uneven_eval_pass(d)
+    if counts is not None and not causes & {Cause.UNEVEN_EVAL_BATCHES, Cause.MISSING_DISTRIBUTED_SAMPLER}:
         found.append(
             Explanation(
                 cause=Cause.UNEVEN_EVAL_BATCHES,
@@ -147,6 +138,26 @@ def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
             )
         )
     return found
+
+
+def _first_uneven_eval_pass(d: Context) -> dict[int, int] | None:
+    """Each rank's batches in the first eval pass whose length differs between the ranks,
+    comparing the n-th complete pass of each rank with the others' n-th (a rank that died
+    mid-pass has a partial count). Not their totals: a rank that evaluated once more, after
+    the ranks had parted elsewhere, has more batches in all without any loader of another
+    length."""
+    lengths = {
+        r: [p.batches for p in t.eval_passes if p.exhausted]
+        for r, t in d.ev.traces.items()
+        if any(p.exhausted for p in t.eval_passes)
+    }
+    if len(lengths) < 2:
+        return None
+    for n in range(min(len(passes) for passes in lengths.values())):
+        counts = {r: passes[n] for r, passes in lengths.items()}
+        if len(set(counts.values())) > 1:
+            return counts
+    return None
 
 
 # What a wait on the outside world is, and how to keep it from failing the job.
