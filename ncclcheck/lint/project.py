@@ -717,7 +717,12 @@ class Linter:
         synced: set[str],
         local: set[str],
     ) -> bool:
-        for node in ast.walk(value):
+        pending: list[ast.AST] = [value]
+        while pending:
+            node = pending.pop()
+            if isinstance(node, ast.Call) and self._returns_what_it_synced(node, module, function):
+                continue  # `out_of_time(start)` all-reduces its flag: what it is given stays inside
+            pending.extend(ast.iter_child_nodes(node))
             if isinstance(node, ast.Name) and node.id in local:
                 return True
             if isinstance(node, ast.Attribute) and node.attr in self.local_attributes(module):
@@ -752,6 +757,28 @@ class Linter:
             if target is not None and self.returns_local_number(target):
                 return True
         return False
+
+    def _returns_what_it_synced(
+        self, call: ast.Call, module: ParsedModule, function: Function | None
+    ) -> bool:
+        """A call of a project function every ``return`` of which gives back values built
+        only from what it synchronised (``flag = ...; dist.all_reduce(flag, MAX); return
+        bool(flag.item())``, an early stopper's ``dist.broadcast(decision, src=0)`` then
+        ``return bool(decision[1])``): its result agrees across ranks, whatever it was
+        given."""
+        func = call.func
+        target = (
+            self._resolve_name_call(func.id, module)
+            if isinstance(func, ast.Name)
+            else self._resolve_attribute_call(func, module, function)
+            if isinstance(func, ast.Attribute)
+            else None
+        )
+        if target is None or self.collective_of_function(target) is None:
+            return False
+        returns = [n.value for n in self.nodes(target.node) if isinstance(n, ast.Return) and n.value]
+        synced = self.sync_points(target.node, target.module)
+        return bool(returns) and all(_built_from(value, synced) for value in returns)
 
     def local_attributes(self, module: ParsedModule) -> set[str]:
         """Attributes a method of the module sets on ``self`` only from a rank-local value

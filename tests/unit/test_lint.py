@@ -1643,3 +1643,50 @@ def test_a_counter_kept_on_self_from_each_ranks_own_batch_decides_on_a_local_val
     own value is rank-local where a test reads it, and a break under that test skips the
     collectives of the passes after it."""
     assert lint_source(tmp_path, TRAINER_WITH_A_TOKEN_BUDGET.format(count=count)) == expected
+
+
+TIME_BUDGET_BY_A_HELPER = """\
+import time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def out_of_time(start):
+    flag = torch.tensor([int(time.time() - start > 5)])
+    dist.all_reduce({synced}, op=dist.ReduceOp.MAX)
+    return {returned}
+
+def main(loader):
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(2, 2))
+    start = time.time()
+    step, stop = 0, False
+    for epoch in range(3):
+        for (x,) in loader:
+            loss = model(x).mean()
+            loss.backward()
+            if out_of_time(start):
+                stop = True
+                break
+        if stop:
+            break
+"""
+
+
+@pytest.mark.parametrize(
+    ("synced", "returned", "expected"),
+    [
+        # fresh w06: the helper all-reduces the flag it returns, MAX over ranks
+        ("flag", "bool(flag.item())", []),
+        # it all-reduces something else and returns its own clock's reading
+        ("torch.zeros(1)", "bool(flag.item())", [("unsynchronized-decision", 19, "warning")]),
+        ("flag", "time.time() - start > 5", [("unsynchronized-decision", 19, "warning")]),
+    ],
+    ids=["returns-what-it-reduced", "reduces-something-else", "returns-its-clock"],
+)
+def test_a_helper_that_returns_what_it_synchronised_settles_what_it_was_given(
+    tmp_path: Path, synced: str, returned: str, expected: list[tuple[str, int, str]]
+) -> None:
+    """``if out_of_time(start): break`` with ``start = time.time()``: the clock goes in, but
+    what comes out was all-reduced inside; the ranks take the break together."""
+    assert lint_source(tmp_path, TIME_BUDGET_BY_A_HELPER.format(synced=synced, returned=returned)) == expected
