@@ -747,13 +747,7 @@ class Linter:
                 and not _of_synced(node.args[0], synced)
             ):
                 return True  # int(batch["mask"].sum()): .item() by another name
-            target = (
-                self._resolve_name_call(func.id, module)
-                if isinstance(func, ast.Name)
-                else self._resolve_attribute_call(func, module, function)
-                if isinstance(func, ast.Attribute)
-                else None
-            )
+            target = self.resolve_call(node, module, function)
             if target is not None and self.returns_local_number(target):
                 return True
         return False
@@ -766,14 +760,7 @@ class Linter:
         bool(flag.item())``, an early stopper's ``dist.broadcast(decision, src=0)`` then
         ``return bool(decision[1])``): its result agrees across ranks, whatever it was
         given."""
-        func = call.func
-        target = (
-            self._resolve_name_call(func.id, module)
-            if isinstance(func, ast.Name)
-            else self._resolve_attribute_call(func, module, function)
-            if isinstance(func, ast.Attribute)
-            else None
-        )
+        target = self.resolve_call(call, module, function)
         if target is None or self.collective_of_function(target) is None:
             return False
         returns = [n.value for n in self.nodes(target.node) if isinstance(n, ast.Return) and n.value]
