@@ -1408,6 +1408,61 @@ def test_a_rank_that_said_it_skipped_a_step_before_the_mismatch_is_the_likely_od
     assert "the likely reading is that rank 1 skipped that step's collectives" in finding.message
 
 
+_SKIPS_A_MALFORMED_BATCH = """\
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def train(loader, model, rank):
+    for lines in loader:
+        try:
+            batch = encode(lines)
+        except ({caught}) as exc:
+            log.warning("rank %d: {printed} (%s)", rank, exc)
+            continue
+        loss = model(batch)
+        loss.backward()
+"""
+
+
+@pytest.mark.parametrize(
+    ("caught", "printed", "cause"),
+    [
+        # fresh w05: the message of the ValueError, not its name, is in the line
+        ("ValueError, KeyError", "skipping malformed batch", Cause.RANK_EXCEPTION),
+        # the line printed elsewhere: the handler in the loop is not what said it
+        ("ValueError, KeyError", "retrying the decode", Cause.DATA_DEPENDENT_BRANCH),
+    ],
+    ids=["printed-by-the-handler", "printed-elsewhere"],
+)
+def test_a_skip_printed_by_an_except_that_continues_around_the_call_is_a_swallowed_error(
+    tmp_path: Path, caught: str, printed: str, cause: Cause
+) -> None:
+    """gloo's size check, and rank 1's own line before it: `skipping malformed batch (not
+    enough values to unpack ...)`. With the source of rank 0's last call at hand, the
+    `except` in the loop around that call, which goes on to the next pass, prints that
+    line: a swallowed error (rank-exception), not a test of the data."""
+    source = tmp_path / "fit.py"
+    source.write_text(_SKIPS_A_MALFORMED_BATCH.format(caught=caught, printed=printed))
+    said = (
+        "12:00:01 WARNING rank 1: skipping malformed batch (not enough values to unpack (expected 2, got 1))"
+    )
+    log = tmp_path / "job.log"
+    log.write_text(
+        _gloo_abort_log(before=f"[rank0]: epoch 0 step 40 loss 0.71\n{said}\n").replace(
+            '"/home/me/proj/fit.py", line 88, in <module>', f'"{source}", line 14, in train'
+        )
+    )
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is cause, finding
+    assert (finding.ranks, finding.absent_ranks) == ([0], [1])
+    handler = [line for line in finding.evidence if line.startswith("the line is printed by the `except")]
+    assert len(handler) == (cause is Cause.RANK_EXCEPTION)
+    if handler:
+        assert f"`except (ValueError, KeyError)` at {source}:10" in handler[0]
+
+
 @pytest.mark.parametrize(
     ("before", "after"),
     [

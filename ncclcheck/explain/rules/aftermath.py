@@ -10,6 +10,7 @@ rules (rules/stacks.py); what no rule explains is said as such, with the evidenc
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from ncclcheck.explain.context import Context
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Frame, Severity, format_ranks
+from ncclcheck.source import reading
 from ncclcheck.wording import its, relative, signal_name, who
 
 # what a rank that only waited says when it gives up (NCCL's watchdog, gloo, c10d)
@@ -380,6 +382,10 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
         odd = skipping[0]
         line = next(x for x in before if x.rank == odd)
         cause = Cause.RANK_EXCEPTION if _EXCEPTION_NAME.search(line.text) else Cause.DATA_DEPENDENT_BRANCH
+        printed_by = _a_handler_that_prints(s, line.text)
+        if printed_by is not None:
+            cause = Cause.RANK_EXCEPTION  # the skip is said from an except: an error was swallowed
+            said.append(printed_by)
         others = sorted(r for r in s.job.ranks if r != odd)
         return s.d.explanation(
             cause,
@@ -420,6 +426,37 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
         "call: let every rank make the same collectives in the same order"
     )
     return found
+
+
+def _a_handler_that_prints(s: Leftovers, text: str) -> str | None:
+    """Where the source of a traceback's last call is on this machine: the ``except`` in the
+    loop around that call, before it, that goes on to the next pass and prints ``text`` (a
+    literal piece of its message is in the line): the rank that printed it swallowed an
+    error and skipped the rest of that pass. What it says, or None."""
+    for record in s.job.ranks.values():
+        at = record.ending.error_site if record.ending is not None else None
+        if at is None or not Path(at.file).is_file():
+            continue
+        loop = reading.innermost_loop(at.file, at.line)
+        found = reading.try_that_continues(loop, at.line) if loop is not None else None
+        if found is None:
+            continue
+        handler = found[1]
+        pieces = [
+            piece.strip()
+            for node in ast.walk(handler)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            for piece in re.split(r"%\w|\{[^}]*\}", node.value)
+            if len(piece.strip()) >= 8
+        ]
+        if any(piece in text for piece in pieces):
+            kinds = f" {ast.unparse(handler.type)}" if handler.type is not None else ""
+            return (
+                f"the line is printed by the `except{kinds}` at {at.file}:{handler.lineno}, in the loop "
+                f"around {at.file}:{at.line}, which goes on to the next pass: the error was swallowed "
+                "and the rest of that pass, its collectives included, skipped"
+            )
+    return None
 
 
 _SKIPPABLE = (
