@@ -245,6 +245,7 @@ def _construct(
             evidence.append(f"the test read, when it sent {who(side)} out: {values}")
         if kind == reading.RANK:
             evidence.append(f"the test `{guard.text}` is computed from the rank")
+        evidence += _where_the_flag_is_set(fork, guard.text)
         return 1, Decided(
             REASON_OF_KIND[kind],
             cause_of_exit(kind),
@@ -279,6 +280,19 @@ def _branch_entered(chain: list[ast.AST], line: int) -> ast.If | None:
             first, last = _body_span(node)
             return node if first <= line <= last else None
     return None
+
+
+def _where_the_flag_is_set(fork: Fork, test: str) -> list[str]:
+    """A test of a flag attribute decides what set the flag: where the files on either
+    side's chain set it, and under which test (a callback's `if logs["loss"] <= target:
+    control.should_training_stop = True`), the line a user looks for next."""
+    paths = [f.file for f in (*fork.stack, *fork.alt_stack)]
+    said = []
+    for path, line, guard in reading.where_a_flag_is_set(paths, test)[:3]:
+        where = fork.d.site(Frame(path, line, ""))
+        under = f", under `if {guard.text}` ({fork.d.site(Frame(path, guard.line, ''))})" if guard else ""
+        said.append(f"where `{test.rsplit('.', 1)[-1]}` is set: {where}{under}")
+    return said
 
 
 def _body_span(branch: ast.If) -> tuple[int, int]:

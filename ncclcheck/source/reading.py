@@ -668,6 +668,47 @@ def try_that_continues(loop: ast.stmt, before_line: int) -> tuple[ast.Try, ast.E
     return None
 
 
+def where_a_flag_is_set(paths: list[str], test: str) -> list[tuple[str, int, Guard | None]]:
+    """Where a test of a flag attribute (``if self.control.should_training_stop``, ``if not
+    state.keep_going``) gets the value that makes it hold: each assignment of such a
+    constant to an attribute of that name in ``paths`` (a callback's
+    ``control.should_training_stop = True``), with the innermost ``if`` around it, the test
+    that set it. Empty for a test of anything else."""
+    try:
+        expr = ast.parse(test, mode="eval").body
+    except SyntaxError:
+        return []
+    passes_when = True  # the value that makes the test hold: `if not flag` holds on False
+    while isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        expr, passes_when = expr.operand, not passes_when
+    if not isinstance(expr, ast.Attribute):
+        return []
+    found: list[tuple[str, int, Guard | None]] = []
+    for path in dict.fromkeys(paths):
+        tree = parse(path)
+        for node in ast.walk(tree) if tree is not None else []:
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)):
+                continue
+            if bool(node.value.value) is not passes_when:
+                continue  # a reset to the other value (`should_training_stop = False` each step)
+            if any(isinstance(t, ast.Attribute) and t.attr == expr.attr for t in node.targets):
+                around = next(
+                    (
+                        n
+                        for n in reversed(enclosing_chain(path, node.lineno))
+                        if isinstance(n, ast.If) and any(contains(b, node.lineno) for b in n.body)
+                    ),
+                    None,
+                )
+                guard = (
+                    Guard(condition_kind(path, around.test), around.lineno, ast.unparse(around.test))
+                    if around is not None
+                    else None
+                )
+                found.append((path, node.lineno, guard))
+    return found
+
+
 def loop_targets(loop: ast.stmt) -> list[str]:
     """The names a for loop binds on each pass (``for step, (x, y) in ...``)."""
     if not isinstance(loop, (ast.For, ast.AsyncFor)):

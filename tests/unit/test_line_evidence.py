@@ -225,3 +225,35 @@ def test_the_loop_one_rank_is_still_in_is_named_not_the_loop_the_other_went_on_i
         val_body - 1,
         "for batch in batches",
     )
+
+
+def test_an_exit_on_a_flag_names_where_the_flag_is_set_and_under_which_test(tmp_path: Path) -> None:
+    """Fresh w03, an HF-style callback: the loop breaks on `self.control.should_training_stop`,
+    set to True by a callback under a test of the rank's own logged loss and reset to False
+    elsewhere: the setting under its test is the line to look at next, not the reset."""
+    path, _ = _load(
+        tmp_path,
+        """
+        class TargetLoss:
+            def on_log(self, control, logs):
+                control.should_training_stop = False
+                if logs["loss"] <= 0.95:
+                    control.should_training_stop = True
+
+        def train(self, loader, sync):
+            for batch in loader:
+                sync(batch)
+                if self.control.should_training_stop:
+                    break
+        """,
+    )
+    here = str(path)
+    call, exit_ = 10, 12
+    replay = _replay({0: {(here, call): 3, (here, exit_): 1}, 1: {(here, call): 3}})
+    found = lines.decided(_fork(path, "train", call), replay)
+    assert found is not None and found.statement == "break under if self.control.should_training_stop"
+    assert (
+        "where `should_training_stop` is set: steps.py:6, under `if logs['loss'] <= 0.95` (steps.py:5)"
+        in (found.evidence)
+    )
+    assert not any("steps.py:4" in line for line in found.evidence)
