@@ -3,7 +3,9 @@ it comes from (source/origins.py), on real ranks, each with its fixed twin. A lo
 set meets its items in each process's own order (a collective-order-mismatch, fixed by
 sorting), as does a dict filled on first sight (fixed by creating its keys up front), a
 tensor cut by each rank's own mask has each rank's own length (a
-collective-shape-mismatch, fixed by padding to the gathered longest)."""
+collective-shape-mismatch, fixed by padding to the gathered longest). And where only the
+groups' order seems to differ, a cycle across a side group and the default one, a rank
+test that sent one rank to the side group's call alone is the answer."""
 
 from __future__ import annotations
 
@@ -86,6 +88,27 @@ def test_a_sharded_models_forward_on_rank_zero_alone_is_named_at_the_model_call_
     forward = line_in(script, "predicted = model(samples)")
     assert finding["site"] == f"tests/scripts/fsdp2_preview_on_rank0.py:{forward}", finding
     assert "FSDP2 (fully_shard)" in finding["message"], finding
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test_not_an_order() -> None:
+    """Rank 0 alone saves, and its save all-reduces on a gloo side group while rank 1 went on
+    to the next epoch's gradients: a cycle across the two groups, but no order differs; the
+    `if self.is_main` that sent rank 0 there decided (fresh w01). Its twin totals on every
+    rank and writes on rank 0 alone."""
+    script = SCRIPTS / "side_group_save_on_main.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "rank-conditional-collective", finding
+    where = "tests/scripts/side_group_save_on_main.py"
+    assert finding["site"] == f"{where}:{line_in(script, 'dist.all_reduce(t, group=self.side)')}"
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+    guard = line_in(script, "elif self.is_main:")
+    assert f"`if self.is_main` at {where}:{guard} sends rank 0 to it" in finding["evidence"], finding
+    assert "each side waits for the other in a different process group: a cycle" in finding["evidence"]
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
