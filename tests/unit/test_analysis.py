@@ -30,6 +30,16 @@ def diagnose_report(evidence: Evidence) -> Report:
     return diagnose(evidence).report
 
 
+def stalled_report(
+    rank0: list[CollectiveCall], rank1: list[CollectiveCall], cwd: Path | None = None
+) -> Report:
+    """The report on two ranks that made these calls and then went quiet."""
+    traces = {0: trace(0, rank0), 1: trace(1, rank1)}
+    if cwd is None:
+        return diagnose_report(Evidence(traces=traces, world_size=2, stalled=True))
+    return diagnose_report(Evidence(traces=traces, world_size=2, stalled=True, cwd=str(cwd)))
+
+
 def call(
     rank: int,
     seq: int,
@@ -243,11 +253,7 @@ def test_diagnosis_of_a_rank_branch_from_synthetic_traces(tmp_path: Path) -> Non
     )
     rank0 = [call(0, 0, line=4, path=path)]
     rank1 = [call(1, 0, op="barrier", line=5, path=path)]
-    report = diagnose_report(
-        Evidence(
-            traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True, cwd=str(tmp_path)
-        )
-    )
+    report = stalled_report(rank0, rank1, tmp_path)
     finding = report.findings[0]
     assert (finding.cause, finding.site, finding.ranks, finding.absent_ranks) == (
         "rank-conditional-collective",
@@ -261,9 +267,7 @@ def test_diagnosis_of_a_rank_branch_from_synthetic_traces(tmp_path: Path) -> Non
 def test_diagnosis_of_an_order_cycle_across_groups() -> None:
     rank0 = [call(0, 0, group="0", line=7)]
     rank1 = [call(1, 0, group="1", line=7)]
-    report = diagnose_report(
-        Evidence(traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True)
-    )
+    report = stalled_report(rank0, rank1)
     assert report.findings[0].cause == "collective-order-mismatch"
 
 
@@ -286,11 +290,7 @@ def test_a_cycle_made_by_one_ranks_extra_call_on_a_side_group_is_the_rank_test_t
     )
     rank0 = [call(0, 0, group="1", line=4, path=path)]
     rank1 = [call(1, 0, group="0", line=5, path=path)]
-    report = diagnose_report(
-        Evidence(
-            traces={0: trace(0, rank0), 1: trace(1, rank1)}, world_size=2, stalled=True, cwd=str(tmp_path)
-        )
-    )
+    report = stalled_report(rank0, rank1, tmp_path)
     finding = report.findings[0]
     assert (finding.cause, finding.site, finding.ranks, finding.absent_ranks) == (
         "rank-conditional-collective",
@@ -310,14 +310,7 @@ def test_a_cycle_made_by_one_ranks_extra_call_on_a_side_group_is_the_rank_test_t
     )
     rank0 = [call(0, 0, group="1", line=3, path=unguarded)]
     rank1 = [call(1, 0, group="0", line=4, path=unguarded)]
-    report = diagnose_report(
-        Evidence(
-            traces={0: trace(0, rank0), 1: trace(1, rank1)},
-            world_size=2,
-            stalled=True,
-            cwd=str(tmp_path / "plain"),
-        )
-    )
+    report = stalled_report(rank0, rank1, tmp_path / "plain")
     assert report.findings[0].cause == "collective-order-mismatch"
 
 
