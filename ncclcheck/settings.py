@@ -49,6 +49,9 @@ class DryRunSettings:
     cpu: bool = False  # run a CUDA/NCCL script on CPU ranks with gloo (record/cpu_map.py)
     perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
     nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
+    # the ranks forked from one interpreter that imported torch once (launch/replay.py's server),
+    # where torchrun would start them on this node alone; torchrun otherwise
+    warm_start: bool = False
     # quiet seconds after which records that already disagree are a hang (the full
     # stall_timeout where they agree or could still pair)
     disagree_grace: float = 2.0

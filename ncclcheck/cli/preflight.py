@@ -144,6 +144,15 @@ def preflight_command(
         help="Give gloo NCCL's timing: collectives return at once and a rank blocks at the next "
         ".item(), .cpu(), synchronize() or barrier, where a CUDA rank would hang.",
     ),
+    warm_start: bool = typer.Option(
+        False,
+        "--warm-start/--no-warm-start",
+        envvar="NCCLCHECK_WARM_START",
+        help="Fork the ranks from one interpreter that imported torch once, with the environment and "
+        "store torchrun gives them, instead of torchrun starting an interpreter per rank: about half "
+        "the CPU of a dry run, for many dry runs in CI. One node under torchrun only; any other launch "
+        "is started as usual.",
+    ),
     probe_timeout: float = typer.Option(
         30.0, "--probe-timeout", min=1.0, help="Seconds the ranks wait for each other to check in."
     ),
@@ -224,6 +233,7 @@ def preflight_command(
         probe_timeout=0.0 if no_probe else probe_timeout,
         cpu=cpu,
         nccl_timing=nccl_timing,
+        warm_start=warm_start,
         perturb=perturb,
         line_evidence=line_evidence,
         fire_periodic=fire_periodic,

@@ -53,6 +53,7 @@ from ncclcheck.record.tracefile import End
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
 from ncclcheck.settings import DryRunSettings, Launcher
+from ncclcheck.source.origins import first_iteration_of_a_set
 from ncclcheck.wording import relative, who
 
 
@@ -139,9 +140,18 @@ def run_preflight(
         else:
             warm = _WarmUp(torchrun, settings, folder)  # the replay's server, started once the run goes quiet
             again = _Again(script, script_args, torchrun, as_module)
+            first_server, not_warm = _first_run_server(torchrun, settings, files)
             try:
                 launch = run_dry(
-                    script, script_args, torchrun, settings, folder, on_progress, as_module, None, warm.start
+                    script,
+                    script_args,
+                    torchrun,
+                    settings,
+                    folder,
+                    on_progress,
+                    as_module,
+                    first_server,
+                    warm.start,
                 )
                 spawned_elsewhere = _own_launcher_exit(folder)
                 if asked == Launcher.AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
@@ -155,8 +165,17 @@ def run_preflight(
                 diagnosis = _with_line_evidence(first, again, settings, warm.server)
             finally:
                 warm.close()
+                if first_server is not None:
+                    first_server.close()
             diagnosis = _with_forced_decisions(diagnosis, again, settings)
             report = diagnosis.report
+            if first_server is not None:
+                report.summary["launcher"] = (
+                    "--warm-start: the ranks were forked from one interpreter that imported torch once, "
+                    "with the environment and store torchrun gives them on one node"
+                )
+            elif not_warm:
+                report.summary["launcher"] = not_warm
         if settings.launcher == Launcher.ACCELERATE:
             report.summary["launcher"] = (
                 f"accelerate launch --config_file {settings.accelerate_config} started the ranks"
@@ -426,6 +445,29 @@ def _may_replay(torchrun: TorchrunOptions, settings: DryRunSettings) -> bool:
     (torchrun, or accelerate, deepspeed, torch.distributed.launch again), not by the
     script itself."""
     return settings.line_evidence and settings.launcher != Launcher.SPAWN and torchrun.nnodes in ("1", "1:1")
+
+
+def _first_run_server(
+    torchrun: TorchrunOptions, settings: DryRunSettings, files: list[str]
+) -> tuple[WarmReplay | None, str | None]:
+    """The server that forks the first run's ranks under --warm-start, where torchrun
+    would start them on this node alone (--standalone), and why there is none where the
+    source (``files``: the script and its local modules) takes a set's items in their
+    order: forked ranks share their server's string-hash seed, so they would all meet
+    the items in one order where torchrun's ranks each meet them in their own."""
+    alone = "--standalone" in torchrun.argv()
+    if not (settings.warm_start and settings.launcher == Launcher.TORCHRUN and alone):
+        return None, None
+    seeded = os.environ.get("PYTHONHASHSEED", "random") != "random"  # every interpreter alike anyway
+    over_a_set = None if seeded else first_iteration_of_a_set(files)
+    if over_a_set is not None:
+        path, line, text = over_a_set
+        return None, (
+            f"--warm-start not used: {relative(path, os.getcwd())}:{line} takes the items of a set "
+            f"(`{text}`) in its order, which each interpreter's string hashing decides; ranks forked from "
+            "one interpreter would all share it, so torchrun started them"
+        )
+    return WarmReplay.start(torchrun.nproc_per_node, for_the_first_run=True), None
 
 
 class _WarmUp:

@@ -13,6 +13,12 @@ environment torchrun would give them on one node, and hosts the rendezvous store
 the ranks join as torchrun's agent's (``TORCHELASTIC_USE_AGENT_STORE``), so the
 script and the recorder see the launch they saw in the first run. It ends when every
 rank has ended; the ranks are its children, in its session.
+
+``--warm-start`` starts the first run the same way (``python -m ncclcheck.launch.replay
+--first``): the import is then at the normal priority (nothing else runs yet, and an
+idle-priority import starved on a busy machine would only delay the ranks) and takes
+torch._dynamo too, which DistributedDataParallel's constructor imports (1.3 s of CPU
+per rank on this machine's 2 cores, once here instead).
 """
 
 from __future__ import annotations
@@ -41,14 +47,20 @@ class WarmReplay:
         self.used = False
 
     @classmethod
-    def start(cls, nproc: int, first_run: Path | None = None) -> WarmReplay:
+    def start(cls, nproc: int, first_run: Path | None = None, for_the_first_run: bool = False) -> WarmReplay:
         """``first_run``: the first run's trace folder, where its rank 0 noted the torch
-        modules it imported beyond the server's (record/preimport.py)."""
+        modules it imported beyond the server's (record/preimport.py).
+        ``for_the_first_run``: the server forks the first run itself (--warm-start)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ncclcheck.launch.replay", *([str(first_run)] if first_run else [])],
+            [
+                sys.executable,
+                "-m",
+                "ncclcheck.launch.replay",
+                *([FIRST_RUN_FLAG] if for_the_first_run else [str(first_run)] if first_run else []),
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -117,23 +129,31 @@ def rank_environment(nproc: int, port: int) -> list[dict[str, str]]:
 
 # -- the server ------------------------------------------------------------------------
 
+FIRST_RUN_FLAG = "--first"
+# what the server prints of a rank that failed, read back by launch/torchrun.py
+RANK_EXIT_LINE = "ncclcheck warm start: rank {rank} exited with code {code}"
 
-def _import_at_idle_priority() -> None:
-    """What each rank would import on its own, once, here: in a thread of the lowest
-    priority (SCHED_IDLE), so that a server started while the first run still computes
-    takes none of its CPU. The thread has ended before any rank is forked, and the
-    ranks are forked from the main thread, whose priority they inherit."""
+
+def _import_what_ranks_import(idle: bool) -> None:
+    """What each rank would import on its own, once, here. ``idle``: in a thread of the
+    lowest priority (SCHED_IDLE), so that a server started while the first run still
+    computes takes none of its CPU. The thread has ended before any rank is forked, and
+    the ranks are forked from the main thread, whose priority they inherit."""
     failed: list[BaseException] = []
 
     def work() -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
+        if idle:
+            with contextlib.suppress(OSError, AttributeError):
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
         try:
             import torch.distributed
             import torch.nn.parallel
-            import torch.utils.data  # noqa: F401
+            import torch.utils.data
 
             import ncclcheck.record.bootstrap  # noqa: F401  (the recorder and what it patches)
+
+            if not idle:  # the first run: no note of what its ranks import yet
+                import torch._dynamo  # noqa: F401  (DistributedDataParallel's constructor imports it)
         except BaseException as exc:
             failed.append(exc)
 
@@ -145,7 +165,10 @@ def _import_at_idle_priority() -> None:
 
 
 def serve(first_run: str | None) -> int:
-    _import_at_idle_priority()
+    forks_the_first_run = first_run == FIRST_RUN_FLAG
+    if forks_the_first_run:
+        first_run = None
+    _import_what_ranks_import(idle=not forks_the_first_run)
     import torch.distributed
 
     from ncclcheck.record import preimport
@@ -179,7 +202,7 @@ def serve(first_run: str | None) -> int:
         rank = children.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
-            print(f"ncclcheck replay: rank {rank} exited with code {code}", flush=True)
+            print(RANK_EXIT_LINE.format(rank=rank, code=code), flush=True)
             worst = worst or (code if code > 0 else 1)
     del store
     return worst

@@ -31,7 +31,7 @@ from ncclcheck.evidence.traces import TRACE_GLOB, RankEnding, load_traces
 from ncclcheck.evidence.waits import OutsideWait, standoff, timeout_limit
 from ncclcheck.launch.launchers import free_port, launcher_argv
 from ncclcheck.launch.proctree import kill_tree
-from ncclcheck.launch.replay import WarmReplay
+from ncclcheck.launch.replay import RANK_EXIT_LINE, WarmReplay
 from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
 from ncclcheck.record.cpu_map import ENV_CPU
@@ -193,12 +193,20 @@ _FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode
 # these (the rank is the spawn index), after SIGTERM to the others
 _SPAWN_SIGNAL = re.compile(r"ProcessExitedException: process (\d+) terminated with signal (SIG\w+)")
 _SPAWN_CODE = re.compile(r"ProcessExitedException: process (\d+) terminated with exit code (\d+)")
+_WARM_EXIT = re.compile(
+    re.escape(RANK_EXIT_LINE).replace(r"\{rank\}", r"(\d+)").replace(r"\{code\}", r"(-?\d+)")
+)
 
 
 def parse_torchrun_failures(log: str) -> tuple[dict[int, int], int | None]:
     """Exit codes per rank and the root-cause rank from torchrun's failure summary (or
-    torch.multiprocessing.spawn's, for a script that starts its own ranks)."""
+    torch.multiprocessing.spawn's, for a script that starts its own ranks, or the warm
+    server's lines, in the order its ranks ended)."""
     exits = {int(rank): int(code) for rank, code in _FAILURE.findall(log)}
+    warm = [(int(rank), int(code)) for rank, code in _WARM_EXIT.findall(log)]  # ranks a warm server forked
+    if warm:
+        exits.update(warm)
+        return exits, warm[0][0]
     spawned = [(int(r), -int(getattr(signal, name, 0))) for r, name in _SPAWN_SIGNAL.findall(log)]
     spawned += [(int(r), int(code)) for r, code in _SPAWN_CODE.findall(log)]
     if spawned:

@@ -480,6 +480,18 @@ def _describe_exception(exc: BaseException) -> tuple[str, list[Any] | None]:
     return f"{type(exc).__name__}: {exc}{where}", site
 
 
+def _draw_a_fresh_numpy_seed() -> None:
+    """numpy's global generator is seeded from the OS at its import, so ranks that each
+    started an interpreter draw differently; forked from one that imported it (torch
+    does), every rank would draw the same numbers and a rank-local draw would never part
+    them. Python's ``random`` reseeds itself in a fork child; torch's default seed is the
+    same in every interpreter anyway."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            numpy.random.seed()
+
+
 def run_forked(command: list[str], env: dict[str, str], log_path: str | None = None) -> NoReturn:
     """A rank forked from a server that imported torch already (launch/virtual.py,
     launch/replay.py): its ``env`` set and its output sent to ``log_path`` (kept where
@@ -489,6 +501,7 @@ def run_forked(command: list[str], env: dict[str, str], log_path: str | None = N
     code = 1
     try:
         os.environ.update(env)
+        _draw_a_fresh_numpy_seed()
         if log_path is not None:
             log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             os.dup2(log, 1)

@@ -263,3 +263,85 @@ def _argument_for(function: ast.AST, name: str, caller: Frame | None) -> ast.exp
         if 0 <= position < len(call.args) and not isinstance(call.args[position], ast.Starred):
             return call.args[position]
     return None
+
+
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+# calls that take their argument's items in its iteration order
+_TAKES_THE_ORDER = frozenset({"list", "tuple", "enumerate", "zip", "iter", "next", "dict"})
+
+
+def first_iteration_of_a_set(paths: list[str]) -> tuple[str, int, str] | None:
+    """(file, line, text) of the first place in ``paths`` that takes a set's items in its
+    iteration order: a ``for`` or a comprehension over it, ``list(it)``, ``enumerate(it)``
+    and the like (``sorted`` gives its own order), where ``it`` is a set itself or a name
+    or ``self`` attribute the same function (or class) binds to one. A set of strings
+    iterates in the order of their hashes, which Python seeds once per interpreter: the
+    ranks forked from one interpreter (--warm-start) would share an order that ranks each
+    started by torchrun do not. None where no such iteration is in the source (the
+    caller's libraries are not read)."""
+    for path in paths:
+        tree = reading.parse(path)
+        if tree is None:
+            continue
+        scopes: list[ast.AST] = [
+            tree,
+            *(
+                n
+                for n in ast.walk(tree)
+                if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            ),
+        ]
+        module_sets = _names_bound_to_sets(tree)  # read by name in every function of the file
+        for scope in scopes:
+            sets = module_sets | _names_bound_to_sets(scope)
+            # a class: a method may iterate what another binds (self.names = set(...))
+            nodes = list(ast.walk(scope)) if isinstance(scope, ast.ClassDef) else _own_nodes(scope)
+            for node in nodes:
+                for taken in _iterated(node):
+                    text = ast.unparse(taken)
+                    if is_unordered(taken) or text in sets:
+                        return path, getattr(node, "lineno", 0), text
+    return None
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.stmt | ast.expr]:
+    """The statements and expressions of ``scope`` outside the functions and classes it
+    defines (those are scopes of their own)."""
+    found: list[ast.stmt | ast.expr] = []
+    pending = list(ast.iter_child_nodes(scope))
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        if isinstance(node, ast.stmt | ast.expr):
+            found.append(node)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _iterated(node: ast.AST) -> list[ast.expr]:
+    """What ``node`` takes the items of, in their iteration order."""
+    if isinstance(node, ast.For | ast.AsyncFor):
+        return [node.iter]
+    if isinstance(node, ast.ListComp | ast.DictComp | ast.GeneratorExp | ast.SetComp):
+        return [generator.iter for generator in node.generators]
+    if isinstance(node, ast.Call) and reading.callee_name(node) in _TAKES_THE_ORDER and node.args:
+        return list(node.args)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join":
+        return list(node.args[:1])
+    return []
+
+
+def _names_bound_to_sets(scope: ast.AST) -> set[str]:
+    """Names (and ``self.x``) that ``scope``'s own code binds to a set, for a class the
+    attributes any of its methods binds."""
+    nodes: list[ast.AST] = (
+        list(ast.walk(scope)) if isinstance(scope, ast.ClassDef) else list(_own_nodes(scope))
+    )
+    bound: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.Assign) and is_unordered(node.value):
+            bound |= {ast.unparse(target) for target in node.targets}
+        elif isinstance(node, ast.AnnAssign) and node.value is not None and is_unordered(node.value):
+            bound.add(ast.unparse(node.target))
+    return bound

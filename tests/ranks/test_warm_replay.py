@@ -11,12 +11,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ncclcheck.catalogue import load_catalogue
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import TorchrunOptions, run_dry
 from ncclcheck.settings import DryRunSettings
 
-from ..conftest import SCRIPTS, WAIT_S
-from .test_preflight import leftover_ranks
+from ..conftest import PLAYBOOKS, REPO, SCRIPTS, WAIT_S
+from .test_preflight import leftover_ranks, preflight
 
 pytestmark = pytest.mark.ranks
 
@@ -41,10 +42,10 @@ def gone(pids: list[int], within: float = WAIT_S) -> bool:
 def test_forked_ranks_see_the_launch_torchrun_gives_them(tmp_path: Path) -> None:
     script = str(SCRIPTS / "launch_environment.py")
     seen: dict[str, dict[int, dict[str, object]]] = {}
-    for how in ("torchrun", "warm"):
+    for how in ("torchrun", "warm", "first"):  # first: the server of --warm-start's first run
         out = tmp_path / how / "out"
         out.mkdir(parents=True)
-        warm = WarmReplay.start(2) if how == "warm" else None
+        warm = WarmReplay.start(2, for_the_first_run=how == "first") if how != "torchrun" else None
         try:
             launch = run_dry(script, [str(out)], TWO, SETTINGS, tmp_path / how, warm=warm)
         finally:
@@ -58,12 +59,17 @@ def test_forked_ranks_see_the_launch_torchrun_gives_them(tmp_path: Path) -> None
         seen[how] = views(out)
         for view in seen[how].values():
             assert view.pop("argv") == [str(out)]
-    assert sorted(seen["warm"]) == [0, 1]
-    for rank in (0, 1):
-        assert seen["warm"][rank]["env"] == seen["torchrun"][rank]["env"], rank
-        assert seen["warm"][rank] == seen["torchrun"][rank], rank
-    assert seen["warm"][1]["env"]["LOCAL_RANK"] == "1"  # type: ignore[index]
-    assert seen["warm"][0]["total"] == 3.0 and seen["warm"][0]["name"] == "__main__"
+        # unseeded numpy draws differ per rank, forked or not (a fork child would repeat
+        # its server's generator: a rank-local draw would never part the ranks)
+        draws = [seen[how][rank].pop("numpy_draw") for rank in sorted(seen[how])]
+        assert len(set(draws)) == 2, (how, draws)
+    for how in ("warm", "first"):
+        assert sorted(seen[how]) == [0, 1]
+        for rank in (0, 1):
+            assert seen[how][rank]["env"] == seen["torchrun"][rank]["env"], (how, rank)
+            assert seen[how][rank] == seen["torchrun"][rank], (how, rank)
+        assert seen[how][1]["env"]["LOCAL_RANK"] == "1"  # type: ignore[index]
+        assert seen[how][0]["total"] == 3.0 and seen[how][0]["name"] == "__main__"
 
 
 def test_a_server_closed_unused_ends_with_nothing_left() -> None:
@@ -107,3 +113,21 @@ def test_a_server_gone_before_its_order_leaves_a_run_with_no_rank_not_an_error(t
     result = run_dry(str(SCRIPTS / "reduce_to_rank0.py"), [], TWO, SETTINGS, tmp_path / "replay", warm=server)
     assert not (tmp_path / "replay" / "torchrun.log").exists()
     assert (result.rank_exits, list((tmp_path / "replay").glob("rank-*.jsonl"))) == ({}, [])
+
+
+@pytest.mark.warm_start
+def test_a_crash_under_warm_start_is_named_with_the_exit_codes_torchrun_gives() -> None:
+    """--warm-start's first run: the rank the OOM killer took (-9) and the one its death
+    ended (1) read from the server's lines as from torchrun's failure summary, the
+    playbook's cause, site and ranks, and nothing left of the server or its ranks."""
+    playbook = load_catalogue(PLAYBOOKS).get("rank-crashed")
+    proc, report = preflight(f"--nproc-per-node={playbook.repro.nproc}", str(playbook.repro_path))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert report["summary"]["launcher"].startswith("--warm-start: the ranks were forked"), report["summary"]
+    assert [(state["rank"], state["exit_code"]) for state in report["ranks"]] == [(0, 1), (1, -9)]
+    finding = report["findings"][0]
+    site_file = playbook.folder.relative_to(REPO) / playbook.repro.site_file
+    site = f"{site_file}:{playbook.repro.site_line(playbook.folder)}"
+    assert (finding["cause"], finding["site"]) == ("rank-crashed", site), finding
+    assert (finding["ranks"], finding["absent_ranks"]) == (playbook.repro.ranks, playbook.repro.absent_ranks)
+    assert not leftover_ranks(str(playbook.repro_path))

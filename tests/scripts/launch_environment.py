@@ -1,11 +1,13 @@
 """Writes what a rank sees of its launch (environment, argv, __name__, its process
 group) to OUT/rank-N.json, after an all_reduce and a barrier: torchrun's ranks and the
-replay server's forked ranks must see the same."""
+replay server's forked ranks must see the same. Its numpy draw, unseeded, must differ
+from rank to rank, as it does between interpreters."""
 
 import json
 import os
 import sys
 
+import numpy
 import torch
 import torch.distributed as dist
 
@@ -40,6 +42,7 @@ view = {
     "world": dist.get_world_size(),
     "total": total.item(),
     "threads": torch.get_num_threads(),
+    "numpy_draw": float(numpy.random.rand()),
 }
 with open(os.path.join(out, f"rank-{dist.get_rank()}.json"), "w", encoding="utf-8") as handle:
     json.dump(view, handle)

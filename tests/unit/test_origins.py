@@ -160,3 +160,36 @@ def test_a_dict_passed_to_a_function_that_fills_it_on_first_sight_is_read_as_one
     filling = functools.partial(_filling, path)
     assert filling(15, "state.items()") == "state.setdefault(task, 0)"
     assert filling(17, "seen.items()") is None
+
+
+ITERATIONS_OF_SETS = {
+    "a module's set read in a function": (
+        "NAMES = {'a', 'b'}\ndef f():\n    for n in NAMES:\n        pass\n",
+        3,
+    ),
+    "a set a method binds, iterated in another": (
+        "class T:\n    def __init__(self):\n        self.heads = set(['x'])\n"
+        "    def step(self):\n        return [h for h in self.heads]\n",
+        5,
+    ),
+    "joined": ("def f(xs):\n    return ','.join(set(xs))\n", 2),
+    "a difference of sets": ("def f(a, b):\n    for k in set(a) - set(b):\n        pass\n", 2),
+    "a list of it": ("def f(xs):\n    names = {x.name for x in xs}\n    return list(names)\n", 3),
+    "sorted first": ("def f(xs):\n    s = set(xs)\n    for n in sorted(s):\n        pass\n", None),
+    "membership only": ("def f(xs):\n    seen = set()\n    if 'a' in seen:\n        seen.add('a')\n", None),
+    "a set in one function, a list of that name in another": (
+        "def f(xs):\n    names = set(xs)\n    return len(names)\n"
+        "def g(names):\n    for n in names:\n        pass\n",
+        None,
+    ),
+}
+
+
+def test_the_first_iteration_of_a_set_is_found_and_sorted_or_membership_is_not(tmp_path: Path) -> None:
+    """What --warm-start leaves to torchrun: an order only each interpreter's string
+    hashing decides (commands/preflight.py)."""
+    for name, (source, line) in ITERATIONS_OF_SETS.items():
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(source)
+        found = origins.first_iteration_of_a_set([str(path)])
+        assert (found[1] if found else None) == line, (name, found)
