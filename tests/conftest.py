@@ -177,6 +177,26 @@ def mark_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     return mark
 
 
+WARM_START = "NCCLCHECK_WARM_START"  # preflight's --warm-start, read from the environment
+
+
+@pytest.fixture(autouse=True)
+def warm_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """``@pytest.mark.warm_start`` (on a module or a test; ``warm_start(False)`` on a test
+    takes it back): every preflight the test runs forks its ranks from one interpreter
+    that imported torch once (--warm-start), half the CPU of torchrun starting an
+    interpreter per rank. For tests whose subject is what the ranks do and what preflight
+    makes of it; how torchrun starts, stops and reaps ranks is tested without it (the
+    per-playbook tests, test_launchers, test_stop_signals, test_outside_waits, ...)."""
+    marker = request.node.get_closest_marker("warm_start")
+    warm = marker is not None and marker.args != (False,)
+    if warm:
+        monkeypatch.setenv(WARM_START, "1")
+    else:
+        monkeypatch.delenv(WARM_START, raising=False)
+    return warm
+
+
 def is_this_tests(proc: Any) -> bool:
     """Whether a psutil process carries the running test's mark (mark_processes)."""
     import psutil

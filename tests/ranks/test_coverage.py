@@ -14,7 +14,7 @@ import pytest
 from ..conftest import SCRIPTS, aligned_but_for_decisions, line_in
 from .test_preflight import preflight
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 CHECKPOINT = SCRIPTS / "checkpoint_every_n_steps.py"
 TOKEN_BUDGET = SCRIPTS / "token_budget_batches.py"

@@ -20,7 +20,7 @@ from ..conftest import (
 )
 
 SCRIPT = SCRIPTS / "gpu_style.py"
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 
 def line_of(fragment: str) -> int:

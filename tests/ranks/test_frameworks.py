@@ -19,7 +19,7 @@ from ..conftest import FRAMEWORKS, REPO, aligned_but_for_decisions, line_in
 from .test_doctor import doctor_on_hung
 from .test_preflight import leftover_ranks, preflight
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 
 @dataclass(frozen=True)

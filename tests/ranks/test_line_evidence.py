@@ -12,7 +12,7 @@ import pytest
 from ..conftest import SCRIPTS, line_in
 from .test_preflight import preflight
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 
 def evidence_of(finding: dict[str, object]) -> str:

@@ -18,7 +18,7 @@ from ..conftest import JOB_BOUND_S, REPO, SCRIPTS, WAIT_S, line_in, run_bounded
 from .test_doctor import DOCTOR_SITES_THE_WAIT, HANGING_CAUSES, NCCL_TIMING, doctor, doctor_on_hung
 from .test_preflight import preflight
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 # Repros whose waiting rank, with NCCL's timing, sits at a device sync point after an
 # all_reduce that never completed (the others' shapes do not change: their ranks wait

@@ -8,7 +8,7 @@ import pytest
 from ..conftest import SCRIPTS, ncclcheck
 
 SCRIPT = SCRIPTS / "local_decision.py"
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 
 def line_of(fragment: str) -> int:

@@ -36,7 +36,10 @@ PLAYBOOK_IDS = load_catalogue(PLAYBOOKS).ids
 # importing torch on a loaded machine hung
 BOUND_S = PREFLIGHT_BOUND_S
 
-pytestmark = pytest.mark.ranks
+# what the ranks do and what preflight makes of it, forked from a warm interpreter; how
+# torchrun starts, stops and reaps them: the tests marked warm_start(False)
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]
+TORCHRUN_STARTS = pytest.mark.warm_start(False)
 
 
 def preflight(*args: str, cwd: Path = REPO, bound: float = BOUND_S, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
@@ -63,23 +66,49 @@ def preflight(*args: str, cwd: Path = REPO, bound: float = BOUND_S, env: dict[st
     return proc, report
 
 
+def users_tmp(tmp_path: Path) -> Path:
+    """A TMPDIR of the user's own for the dry run: what preflight leaves there is checked."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    return folder
+
+
+# what a plain torchrun run of a script leaves in TMPDIR too: torch's compile cache, reused
+# by design, and rank-early-exit's checkpoint, that script's own output
+SCRIPTS_OWN_TEMP_FILES = ("torchinductor_", "early-exit-")
+
+
+def assert_nothing_left(script: Path, user_tmp: Path) -> None:
+    """No process of the script outlives preflight and no file is left in the user's
+    TMPDIR (torchrun's agent makes a torchelastic_* folder there at each start, and
+    leaves it), save what the script itself leaves there."""
+    assert not leftover_ranks(str(script))
+    assert [p.name for p in user_tmp.iterdir() if not p.name.startswith(SCRIPTS_OWN_TEMP_FILES)] == []
+
+
 def leftover_ranks(marker: str) -> list[psutil.Process]:
-    """This test's processes whose command line names the script: what preflight must
-    not leave (another test may run the same script meanwhile)."""
+    """This test's processes whose command line names the script, or a warm server's
+    (--warm-start: its forked ranks carry its command line): what preflight must not
+    leave (another test may run the same script meanwhile)."""
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
-        if marker in cmdline and proc.pid != os.getpid() and is_this_tests(proc):
+        named = marker in cmdline or "ncclcheck.launch.replay" in cmdline
+        if named and proc.pid != os.getpid() and is_this_tests(proc):
             found.append(proc)
     return found
 
 
+@TORCHRUN_STARTS
 @pytest.mark.parametrize("cause", PLAYBOOK_IDS)
-def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(catalogue, cause: str) -> None:
+def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(
+    catalogue, cause: str, tmp_path: Path
+) -> None:
     playbook = catalogue.get(cause)
     expect = playbook.repro
     script = playbook.repro_path.relative_to(REPO)
-    proc, report = preflight(f"--nproc-per-node={expect.nproc}", str(script))
+    user_tmp = users_tmp(tmp_path)
+    proc, report = preflight(f"--nproc-per-node={expect.nproc}", str(script), env={"TMPDIR": str(user_tmp)})
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert report is not None and report["verdict"] != "aligned"
     errors = [f for f in report["findings"] if f["severity"] == "error"]
@@ -91,12 +120,14 @@ def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(catalogue, cause
     assert finding["ranks"] == expect.ranks, finding
     assert finding["absent_ranks"] == expect.absent_ranks, finding
     assert finding["fix"] == playbook.fix.direct
-    assert not leftover_ranks(str(playbook.repro_path))
+    assert_nothing_left(playbook.repro_path, user_tmp)
 
 
+@TORCHRUN_STARTS
 @pytest.mark.parametrize("cause", PLAYBOOK_IDS)
-def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
+def test_every_fixed_script_is_aligned(catalogue, cause: str, tmp_path: Path) -> None:
     playbook = catalogue.get(cause)
+    user_tmp = users_tmp(tmp_path)
     # The straggler's simulated slow write lasts 1.2x the process-group timeout,
     # in the background once fixed: a short timeout keeps it under the stall timeout.
     # The other scripts keep their own timeout: a short one would fail a collective that
@@ -108,12 +139,16 @@ def test_every_fixed_script_is_aligned(catalogue, cause: str) -> None:
         "--train-steps=100000",
         "--eval-passes=1000",
         str(playbook.fixed_path),
-        env={"REPRO_TIMEOUT_S": "3"} if cause == "straggler" else None,
+        env={"TMPDIR": str(user_tmp), **({"REPRO_TIMEOUT_S": "3"} if cause == "straggler" else {})},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert report is not None and report["verdict"] == "aligned", report
     assert not [f for f in report["findings"] if f["severity"] == "error"]
     assert report["summary"]["backend"] == "gloo"
+    # the ground truth the playbook promises: the fix runs to its end, exit 0 on every rank
+    assert report["summary"]["stopped"] == "the script ran to its end on every rank", report["summary"]
+    assert [state["exit_code"] for state in report["ranks"]] == [0] * playbook.repro.nproc, report["ranks"]
+    assert_nothing_left(playbook.fixed_path, user_tmp)
 
 
 def test_uneven_repro_reports_exact_eval_batches() -> None:
@@ -201,6 +236,7 @@ def test_collective_in_a_helper_module_is_sited_at_the_helper_with_the_chain() -
     assert any("`if is_main`" in line for line in finding["evidence"])
 
 
+@TORCHRUN_STARTS
 def test_a_package_run_with_dash_m_is_checked_as_torchrun_m_runs_it() -> None:
     # `torchrun -m trainer`: its __main__.py, whose relative import works only as a module.
     project = SCRIPTS / "module_project"
@@ -766,6 +802,7 @@ def test_functional_collectives_count_in_their_groups_sequence(tmp_path: Path) -
         assert trace.calls[-1].seq == len(trace.calls) - 1
 
 
+@TORCHRUN_STARTS
 def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
     script = str(PLAYBOOKS / "rank-conditional-collective" / "repro.py")
     port = _free_port()
@@ -812,30 +849,7 @@ def test_traces_from_two_nodes_are_merged_with_from(tmp_path: Path) -> None:
     }
 
 
-# -- no process outlives preflight ------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "script",
-    [
-        "rank-conditional-collective/fixed.py",
-        "rank-conditional-collective/repro.py",
-        "rank-crashed/repro.py",
-        "transport-hang/repro.py",
-    ],
-)
-def test_no_process_outlives_preflight_and_no_file_is_left_in_tmp(script: str, tmp_path: Path) -> None:
-    path = PLAYBOOKS / script
-    # torchrun's agent makes a torchelastic_* folder in TMPDIR at each start, and leaves it
-    user_tmp = tmp_path / "tmp"
-    user_tmp.mkdir()
-    proc, _report = preflight("--nproc-per-node=2", str(path), env={"TMPDIR": str(user_tmp)})
-    assert proc.returncode in (0, 1)
-    assert not leftover_ranks(str(path))
-    # what a plain torchrun run of the script leaves too: torch's compile cache, reused by design
-    assert [p.name for p in user_tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
-
-
+@TORCHRUN_STARTS
 def test_the_script_gets_the_users_tmpdir(tmp_path: Path) -> None:
     user_tmp = tmp_path / "tmp"
     user_tmp.mkdir()
@@ -854,6 +868,7 @@ def test_the_script_gets_the_users_tmpdir(tmp_path: Path) -> None:
     assert sorted(p.name.split("-")[0] for p in user_tmp.iterdir()) == ["rank0", "rank1"]
 
 
+@TORCHRUN_STARTS
 @pytest.mark.usefixtures("signals_not_ignored")
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signals) -> None:
@@ -884,6 +899,7 @@ def test_a_signal_to_preflight_stops_the_dry_run_and_reaps_it(stop: signal.Signa
     assert not leftover_ranks(str(path))
 
 
+@TORCHRUN_STARTS
 @pytest.mark.usefixtures("signals_not_ignored")
 @pytest.mark.parametrize("after_s", [1, 3, 6, 9])
 def test_a_stop_at_any_moment_is_incomplete_and_leaves_nothing(after_s: float) -> None:
@@ -910,6 +926,7 @@ def test_a_stop_at_any_moment_is_incomplete_and_leaves_nothing(after_s: float) -
 # -- bad input ----------------------------------------------------------------------------
 
 
+@TORCHRUN_STARTS
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -941,6 +958,7 @@ def test_bad_input_is_one_clear_error_with_exit_2(args: list[str], message: str)
     assert "Traceback" not in result.output
 
 
+@TORCHRUN_STARTS
 def test_missing_script_arguments_show_the_scripts_own_message() -> None:
     result = run_bounded(
         [sys.executable, "-m", "ncclcheck", "preflight", str(SCRIPTS / "needs_args.py")],
@@ -950,6 +968,7 @@ def test_missing_script_arguments_show_the_scripts_own_message() -> None:
     assert "the following arguments are required: --epochs" in result.output
 
 
+@TORCHRUN_STARTS
 def test_script_arguments_are_passed_unchanged() -> None:
     result = run_bounded(
         [

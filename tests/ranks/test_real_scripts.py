@@ -12,7 +12,7 @@ import pytest
 from ..conftest import JOB_BOUND_S, JOB_PG_TIMEOUT_S, REPO, SCRIPTS, line_in, run_to_its_end
 from .test_doctor import doctor_on_hung
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 REAL = SCRIPTS / "real"
 

@@ -8,7 +8,7 @@ import pytest
 from ..conftest import SCRIPTS, line_in
 from .test_preflight import PLAYBOOK_IDS, leftover_ranks, preflight
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 SPLIT = SCRIPTS / "virtual" / "eval_split_by_hand.py"
 # Seen only as ranks that wait: a virtual rank never does. A straggler and a stuck

@@ -14,7 +14,7 @@ import pytest
 from ..conftest import SCRIPTS, line_in
 from .test_preflight import preflight
 
-pytestmark = pytest.mark.ranks
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
 
 
 def test_a_loop_over_a_set_of_names_is_an_order_mismatch_traced_to_the_set() -> None:
@@ -32,6 +32,10 @@ def test_a_loop_over_a_set_of_names_is_an_order_mismatch_traced_to_the_set() -> 
     built = line_in(script, "enabled = set(CLASSES)")
     assert f"at tests/scripts/metrics_over_a_set.py:{built}" in came, came
     assert "sorted(" in finding["fix"], finding["fix"]
+    # forked ranks would share one string-hash seed, and so the set's order: torchrun's
+    assert report["summary"]["launcher"].startswith(
+        f"--warm-start not used: tests/scripts/metrics_over_a_set.py:{line_in(script, 'confusions = {task')}"
+    ), report["summary"]
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
