@@ -12,7 +12,8 @@ was needed: it exits). It forks the ranks from the warm interpreter with the
 environment torchrun would give them on one node, and hosts the rendezvous store
 the ranks join as torchrun's agent's (``TORCHELASTIC_USE_AGENT_STORE``), so the
 script and the recorder see the launch they saw in the first run. It ends when every
-rank has ended; the ranks are its children, in its session.
+rank has ended, and as torchrun's agent ends the others when one fails; the ranks are
+its children, in its session.
 
 ``--warm-start`` starts the first run the same way (``python -m ncclcheck.launch.replay
 --first``): the import is then at the normal priority (nothing else runs yet, and an
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -196,16 +198,45 @@ def serve(first_run: str | None) -> int:
     store = torch.distributed.TCPStore(
         "localhost", int(order["port"]), is_master=True, wait_for_workers=False, use_libuv=True
     )
+    worst = _wait_as_torchrun_does(children)
+    del store
+    return worst
+
+
+def _wait_as_torchrun_does(children: dict[int, int]) -> int:
+    """Wait for the ranks (pid -> rank) as torchrun's agent does: the first that fails
+    ends the others, SIGTERM and then, after the agent's grace period, SIGKILL, so a
+    rank blocked in a collective its failed partner never joins does not wait out its
+    timeout (that would be a hang where torchrun shows a crash). Each failed rank's exit
+    code is printed (RANK_EXIT_LINE); returns the first failure's, 0 if none."""
     worst = 0
+    kill_at: float | None = None
     while children:
-        pid, status = os.waitpid(-1, 0)
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            if kill_at is not None and time.monotonic() >= kill_at:
+                _signal_all(children, signal.SIGKILL)
+                kill_at = float("inf")
+            time.sleep(0.05)
+            continue
         rank = children.pop(pid)
         code = os.waitstatus_to_exitcode(status)
         if code != 0:
             print(RANK_EXIT_LINE.format(rank=rank, code=code), flush=True)
             worst = worst or (code if code > 0 else 1)
-    del store
+            if kill_at is None:
+                _signal_all(children, signal.SIGTERM)
+                kill_at = time.monotonic() + _GRACE_S
     return worst
+
+
+_GRACE_S = 30.0  # torchrun's agent: SIGTERM, then SIGKILL 30 s later (its workers' close timeout)
+
+
+def _signal_all(children: dict[int, int], sig: signal.Signals) -> None:
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
 
 if __name__ == "__main__":

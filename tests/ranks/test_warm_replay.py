@@ -82,7 +82,7 @@ def test_a_server_closed_unused_ends_with_nothing_left() -> None:
     assert not leftover_ranks("ncclcheck.launch.replay")
 
 
-def test_a_rank_that_fails_in_the_replay_fails_the_server_and_leaves_no_process(tmp_path: Path) -> None:
+def test_a_rank_that_fails_ends_the_others_as_under_torchrun_and_leaves_no_process(tmp_path: Path) -> None:
     script = tmp_path / "fails.py"
     script.write_text(
         "import os, time\n"
@@ -90,7 +90,7 @@ def test_a_rank_that_fails_in_the_replay_fails_the_server_and_leaves_no_process(
         "dist.init_process_group('gloo')\n"
         "if dist.get_rank() == 1:\n"
         "    raise RuntimeError('rank 1 broke')\n"
-        "time.sleep(120)  # rank 0 waits for a partner that is gone: the watchdog's to end\n"
+        "time.sleep(120)  # rank 0 would wait for a partner that is gone\n"
     )
     warm = WarmReplay.start(2)
     try:
@@ -99,7 +99,9 @@ def test_a_rank_that_fails_in_the_replay_fails_the_server_and_leaves_no_process(
         warm.close()
     log = launch.log_path.read_text()
     assert "RuntimeError: rank 1 broke" in log
-    assert launch.stalled, log[-2000:]  # rank 0 waited on: the watchdog ended it
+    # as torchrun's agent: the failed rank ends the other (SIGTERM), no wait for a hang
+    assert not launch.stalled, log[-2000:]
+    assert (launch.rank_exits, launch.first_failure) == ({1: 1, 0: -15}, 1), log[-2000:]
     assert gone([warm.proc.pid])
     assert not leftover_ranks("ncclcheck.launch.replay")  # the forked ranks carry the server's name
 
