@@ -5,6 +5,10 @@
    TORCH_DISTRIBUTED_DEBUG=DETAIL; runs interleaved, medians compared.
 2. Time to a verdict on a hanging reproducer with 4 ranks, next to the backend
    timeouts it replaces (gloo 30 min, NCCL 10 min by default).
+3. --warm-start against torchrun: the machine's busy CPU-seconds (/proc/stat, every
+   process the dry run starts, the killed ones included) and the wall time of a
+   2-rank dry run of a playbook's fixed.py and repro.py, the two launches
+   alternating; medians and their ratio. On an idle machine: another load adds to it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from workers import timed_preflight
@@ -95,6 +100,41 @@ def time_to_verdict() -> tuple[float, dict[str, object]]:
     return elapsed, report["findings"][0]
 
 
+def busy_cpu_s() -> float:
+    """The machine's CPU-seconds not idle since boot (user, nice, system, irq, softirq, steal)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def warm_start_against_torchrun(repeats: int) -> dict[str, dict[str, list[float]]]:
+    """(script -> launch -> [cpu_s, ...] and [wall_s, ...]) over ``repeats`` alternating runs."""
+    scripts = {
+        "fixed.py": REPO / "playbooks" / "rank-conditional-collective" / "fixed.py",
+        "repro.py": REPO / "playbooks" / "rank-conditional-collective" / "repro.py",
+    }
+    samples: dict[str, dict[str, list[float]]] = {}
+    for name, script in scripts.items():
+        for _ in range(repeats):
+            for launch in ("--no-warm-start", "--warm-start"):
+                cpu_before, wall_before = busy_cpu_s(), time.monotonic()
+                argv = [sys.executable, "-m", "ncclcheck", "preflight", launch, "--nproc-per-node=2"]
+                subprocess.run(
+                    [*argv, str(script)],
+                    capture_output=True,
+                    check=False,
+                    cwd=REPO,
+                    timeout=600,
+                )
+                wall = time.monotonic() - wall_before
+                cpu = busy_cpu_s() - cpu_before
+                runs = samples.setdefault(f"{name} {launch}", {"cpu": [], "wall": []})
+                runs["cpu"].append(cpu)
+                runs["wall"].append(wall)
+    return samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -102,6 +142,7 @@ def main() -> None:
     parser.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (nccl: one GPU each)")
     parser.add_argument("--no-verdict", action="store_true", help="skip the time-to-verdict run")
+    parser.add_argument("--warm-repeats", type=int, default=3, help="runs of each launch in part 3 (0: skip)")
     args = parser.parse_args()
 
     samples = recorder_overhead(args.repeats, args.iterations, args.backend, args.nproc)
@@ -158,13 +199,27 @@ def main() -> None:
         f"   (vs the same separate plain runs)"
     )
 
-    if args.no_verdict:
-        return
-    elapsed, finding = time_to_verdict()
-    print("\ntime to a verdict, uneven-eval-batches repro, 4 ranks (stall timeout 15 s)")
-    print(f"  preflight: {elapsed:.1f} s -> {finding['cause']} at {finding['site']}")
-    for backend, timeout_s in (("gloo default timeout", 1800), ("NCCL default timeout", 600)):
-        print(f"  {backend}: {timeout_s} s ({timeout_s / elapsed:.0f}x longer)")
+    if not args.no_verdict:
+        elapsed, finding = time_to_verdict()
+        print("\ntime to a verdict, uneven-eval-batches repro, 4 ranks (stall timeout 15 s)")
+        print(f"  preflight: {elapsed:.1f} s -> {finding['cause']} at {finding['site']}")
+        for backend, timeout_s in (("gloo default timeout", 1800), ("NCCL default timeout", 600)):
+            print(f"  {backend}: {timeout_s} s ({timeout_s / elapsed:.0f}x longer)")
+
+    if args.warm_repeats:
+        warm = warm_start_against_torchrun(args.warm_repeats)
+        print(
+            f"\n--warm-start against torchrun, rank-conditional-collective, 2 ranks, {args.warm_repeats} "
+            "alternating runs each (busy CPU-s of the whole machine, medians)"
+        )
+        for name in ("fixed.py", "repro.py"):
+            cold, hot = warm[f"{name} --no-warm-start"], warm[f"{name} --warm-start"]
+            cold_cpu, hot_cpu = statistics.median(cold["cpu"]), statistics.median(hot["cpu"])
+            print(
+                f"  {name:<9} torchrun {cold_cpu:5.1f} CPU-s {statistics.median(cold['wall']):5.1f} s wall | "
+                f"--warm-start {hot_cpu:5.1f} CPU-s {statistics.median(hot['wall']):5.1f} s wall | "
+                f"CPU ratio {hot_cpu / cold_cpu:.2f}"
+            )
 
 
 if __name__ == "__main__":

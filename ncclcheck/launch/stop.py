@@ -15,7 +15,10 @@ and raises ``Stopped`` in the main thread, which abandons whatever it was doing 
 sleep, a wait, a py-spy dump) on its way to the cleanup. Stretches that must not be cut
 in the middle, where a process or a temporary folder would be made and not yet known
 (starting a process, making a folder, a cleanup), run under ``STOP.held()``: a stop
-during one is raised at its end. A signal ignored when the command started stays
+during one is raised at its end. A ``Stopped`` raised while Python runs a finalizer or
+a weakref callback (the handler runs at the main thread's next bytecode, wherever that
+is) is printed and dropped by Python: it is raised again, from the signal sent once more
+to this process, so a stop is never lost. A signal ignored when the command started stays
 ignored (``nohup``'s SIGHUP, SIGINT in a shell's background job): the caller asked for
 a run that outlives it.
 """
@@ -23,10 +26,14 @@ a run that outlives it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 import psutil
 
@@ -94,6 +101,8 @@ class SignalStop:
         self._raised = False
         self._held = 0
         self._spared: set[int] = set()
+        self._sent_again = False  # the signal this process sent itself: not a second stop
+        self.raised_again = 0  # Stopped raised again after Python dropped it
 
     @contextlib.contextmanager
     def listening(self) -> Iterator[None]:
@@ -104,6 +113,8 @@ class SignalStop:
             return
         self._reset()  # a fresh run (tests invoke several commands in one process)
         previous = {stop: signal.signal(stop, self._on_signal) for stop in _listened_to()}
+        previous_hook = sys.unraisablehook
+        sys.unraisablehook = functools.partial(self._on_unraisable, previous_hook)
         self._listening = True
         try:
             yield
@@ -113,6 +124,25 @@ class SignalStop:
                 end_children()
             for stop, handler in previous.items():
                 signal.signal(stop, handler)
+            sys.unraisablehook = previous_hook
+
+    def _on_unraisable(self, previous: Callable[[Any], object], unraisable: Any) -> None:
+        """A ``Stopped`` Python dropped (raised inside a finalizer or a weakref callback,
+        seen: watch's SIGINT at start-up, the job run on untouched) is raised again: the
+        same signal, sent to this process from another thread 50 ms later, so that it
+        arrives once this hook has returned (sent from here, or at once while the hook
+        still waits for that thread to start, its handler runs inside the hook, which
+        drops it too; should it land in a callback again, this comes again)."""
+        stopped = unraisable.exc_value
+        if isinstance(stopped, Stopped) and self._listening and self._raised:
+            self._raised = False
+            self._sent_again = True
+            self.raised_again += 1
+            resend = threading.Timer(0.05, os.kill, args=(os.getpid(), stopped.signum))
+            resend.daemon = True
+            resend.start()
+            return
+        previous(unraisable)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -133,7 +163,10 @@ class SignalStop:
         return self._listening and not self._raised and self._held == 0
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
-        self.signals_seen += 1
+        if self._sent_again:
+            self._sent_again = False
+        else:
+            self.signals_seen += 1
         if self.signum is None:
             self.signum = signum
         if self._may_raise():

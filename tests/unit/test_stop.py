@@ -123,3 +123,38 @@ def test_watch_exits_with_the_jobs_status_after_a_sigterm(
     returncode: int | None, ran_on: bool, status: int
 ) -> None:
     assert stop_status(returncode, signal.SIGTERM, ran_on) == status
+
+
+def test_a_stop_python_drops_in_a_weakref_callback_is_raised_again() -> None:
+    """The signal's handler runs at the next bytecode, there inside a weakref callback,
+    whose exceptions Python prints and drops (seen: watch stopped at start-up ran its job
+    to the end): the stop comes again, once, and is not counted as a second signal."""
+    done = run_python(
+        """
+        import os, signal, time, weakref
+        from ncclcheck.launch.stop import STOP, Stopped
+
+        class Job:
+            pass
+
+        def collected(_ref):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(100000):  # the handler runs here, inside the callback
+                pass
+
+        seen = []
+        try:
+            with STOP.listening():
+                job = Job()
+                ref = weakref.ref(job, collected)
+                del job
+                time.sleep(5)
+                seen.append("never")
+        except Stopped as stop:
+            seen.append(f"raised {stop} after {STOP.signals_seen} signal, {STOP.raised_again} time again")
+        print(seen)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(["raised SIGINT after 1 signal, 1 time again"]), done.stderr
+    assert "Exception ignored" not in done.stderr  # the drop is handled, not reported
