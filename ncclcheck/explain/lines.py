@@ -150,7 +150,12 @@ def decided(fork: Fork, replay: Replay) -> Decided | None:
     for stack in (fork.stack, fork.alt_stack):
         for i, f in enumerate(stack):
             depth[(f.file, f.function)] = max(depth.get((f.file, f.function), -1), i)
-    found: list[tuple[int, int, Decided]] = []
+    # where the ranks last made a call alike: they parted after it, so of two loops that
+    # ran more passes each on one side, the one around it decided (a rank that left its
+    # validation loop a batch early then ran one more train pass: the train loop's extra
+    # pass came after the parting)
+    parted_after = _last_call_alike(fork)
+    found: list[tuple[int, int, int, Decided]] = []
     keys = {key for rank in (*made, *other) for key in replay.ranks[rank].counts}
     for key in sorted(keys):
         sides = _ran_more(key, made, other, replay)
@@ -161,11 +166,41 @@ def decided(fork: Fork, replay: Replay) -> Decided | None:
         if construct is not None:
             priority, found_here = construct
             function = found_here.frame.function
-            found.append((priority, -depth.get((key[0], function), -1), found_here))
+            around = 0 if _around(found_here, parted_after) else 1
+            found.append((priority, around, -depth.get((key[0], function), -1), found_here))
     if not found:
         return None
-    found.sort(key=lambda item: (item[0], item[1]))
-    return found[0][2]
+    found.sort(key=lambda item: item[:3])
+    return found[0][3]
+
+
+def _last_call_alike(fork: Fork) -> list[Frame]:
+    """The stack of the call each side made just before the divergence, where it is the
+    same call site on both sides (the last point their histories share); none otherwise."""
+    before: list[list[Frame]] = []
+    for rank, call in ((fork.made[0], fork.call), (fork.other[0], fork.alt)):
+        trace = fork.d.ev.traces.get(rank)
+        if trace is None or call is None:
+            return []
+        earlier = [c for c in trace.calls if c.n < call.n]
+        if not earlier:
+            return []
+        before.append(earlier[-1].user_stack)
+    one, two = before
+    if not one or not two or (one[-1].file, one[-1].line) != (two[-1].file, two[-1].line):
+        return []
+    return one
+
+
+def _around(construct: Decided, stack: list[Frame]) -> bool:
+    """Whether ``construct`` (a loop, by its header line) encloses a frame of ``stack``."""
+    if construct.kind != ReasonKind.LOOP_EXIT:
+        return False
+    return any(
+        frame.file == construct.frame.file and construct.frame.line == loop.lineno
+        for frame in stack
+        for loop in reading.enclosing_loops(frame.file, frame.line)
+    )
 
 
 def _ran_more(

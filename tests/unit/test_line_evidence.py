@@ -114,9 +114,11 @@ def _fork(path: Path, function: str, line: int, phase: str = "train") -> Any:
     call.site = Frame(str(path), line, function)
     call.n = 4
     stack = [Frame(str(path), line, function)]
-    d = SimpleNamespace(site=lambda frame: f"{path.name}:{frame.line}" if frame else None)
+    d = SimpleNamespace(
+        site=lambda frame: f"{path.name}:{frame.line}" if frame else None, ev=SimpleNamespace(traces={})
+    )
     return SimpleNamespace(
-        made=[0], other=[1], stack=stack, alt_stack=stack, call=call, d=d, calls={0: call, 1: None}
+        made=[0], other=[1], stack=stack, alt_stack=stack, call=call, alt=None, d=d, calls={0: call, 1: None}
     )
 
 
@@ -225,6 +227,63 @@ def test_the_loop_one_rank_is_still_in_is_named_not_the_loop_the_other_went_on_i
         val_body - 1,
         "for batch in batches",
     )
+
+
+def test_of_two_loops_each_run_more_on_one_side_the_one_around_the_last_call_alike_decided(
+    tmp_path: Path,
+) -> None:
+    """Fresh x04: validation shards dealt round-robin, 12 batches on rank 0 and 8 on rank
+    1, an all_reduce per batch; rank 1 left the validation loop and ran one more train
+    pass. Both loops ran more passes on one side, at the same depth; the ranks' last call
+    made alike is the validation's 8th all_reduce, so they parted in that loop: it is
+    named, not the train loop rank 1 went on in."""
+    path, _ = _load(
+        tmp_path,
+        """
+        def train(sync, batches):
+            for batch in batches:
+                sync(batch)
+
+        def evaluate(sync, batches):
+            for batch in batches:
+                sync(batch)
+
+        def main(sync, train_set, val_set):
+            for epoch in range(2):
+                train(sync, train_set)
+                evaluate(sync, val_set)
+        """,
+    )
+    here = str(path)
+    train_for, train_body, eval_for, eval_body, train_call, eval_call = 3, 4, 7, 8, 12, 13
+    replay = _replay(
+        {
+            0: {(here, train_body): 16, (here, eval_body): 9},
+            1: {(here, train_body): 17, (here, eval_body): 8},
+        }
+    )
+    fork = _fork(path, "evaluate", eval_body, phase="eval")
+    fork.stack = [Frame(here, eval_call, "main"), Frame(here, eval_body, "evaluate")]
+    fork.alt_stack = [Frame(here, train_call, "main"), Frame(here, train_body, "train")]
+    fork.alt = CollectiveCall(rank=1, seq=3, op="all_reduce", group="default", group_ranks=[0, 1])
+    fork.alt.n, fork.alt.user_stack = 4, fork.alt_stack
+    fork.call.user_stack = fork.stack
+
+    def eval_call_at(n: int, rank: int) -> CollectiveCall:
+        call = CollectiveCall(rank=rank, seq=n - 1, op="all_reduce", group="default", group_ranks=[0, 1])
+        call.n, call.user_stack = n, list(fork.stack)
+        return call
+
+    traces = {rank: SimpleNamespace(calls=[eval_call_at(3, rank)]) for rank in (0, 1)}
+    fork.d.ev = SimpleNamespace(traces=traces)
+    found = lines.decided(fork, replay)
+    assert found is not None
+    assert (found.side, found.frame.line, found.statement) == ([0], eval_for, "for batch in batches")
+    # without the calls' histories the two loops tie, and the first in the file is named:
+    # what the rule above is for
+    fork.d.ev = SimpleNamespace(traces={})
+    found = lines.decided(fork, replay)
+    assert found is not None and found.frame.line == train_for
 
 
 def test_an_exit_on_a_flag_names_where_the_flag_is_set_and_under_which_test(tmp_path: Path) -> None:
