@@ -12,6 +12,7 @@ when ``run_dry`` returns.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -466,10 +467,13 @@ def run_dry(
             signal.signal(sig, lambda *_: threading.Thread(target=interrupted.set, daemon=True).start())
     if STOP_ASKED.is_set():
         interrupted.set()
+    ended_by_us_at: int | None = None  # the log's length when this run stopped the launcher
     try:
         _watch(proc, result, settings, trace_dir, start, interrupted, on_progress, on_quiet)
     finally:
         if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                ended_by_us_at = log_path.stat().st_size
             kill_tree(proc.pid)
         proc.wait(timeout=30)
         # torchrun's ranks may outlive it (own sessions): reap them by the pids they wrote.
@@ -488,7 +492,10 @@ def run_dry(
         log_text = log_path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:  # a warm server gone before it opened the log: nothing was run
         log_text = ""
-    result.rank_exits, result.first_failure = parse_torchrun_failures(log_text)
+    # the exits of ranks this run ended (a warm server still alive prints them as they
+    # die) are not the job's failures: only what the launcher said before the stop
+    said = log_text if ended_by_us_at is None else log_text.encode()[:ended_by_us_at].decode(errors="replace")
+    result.rank_exits, result.first_failure = parse_torchrun_failures(said)
     result.probe_failed = any(code == PROBE_FAILED_EXIT for code in result.rank_exits.values())
     return result
 

@@ -440,6 +440,7 @@ def test_a_distributed_checkpoint_saved_on_rank_zero_alone_is_named_for_what_it_
     )
 
 
+@TORCHRUN_STARTS  # how a rank's abort ends the run: the launcher's part
 def test_rank_aborting_in_a_mismatched_all_gather_leaves_its_record() -> None:
     script = PLAYBOOKS / "collective-shape-mismatch" / "repro.py"
     _proc, report = preflight("--nproc-per-node=2", str(script))
