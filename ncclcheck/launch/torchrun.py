@@ -489,13 +489,13 @@ def run_dry(
                 signal.signal(sig, handler)
     result.elapsed = time.monotonic() - start
     try:
-        log_text = log_path.read_text(encoding="utf-8", errors="replace")
+        log = log_path.read_bytes()
     except FileNotFoundError:  # a warm server gone before it opened the log: nothing was run
-        log_text = ""
+        log = b""
     # the exits of ranks this run ended (a warm server still alive prints them as they
     # die) are not the job's failures: only what the launcher said before the stop
-    said = log_text if ended_by_us_at is None else log_text.encode()[:ended_by_us_at].decode(errors="replace")
-    result.rank_exits, result.first_failure = parse_torchrun_failures(said)
+    said = log if ended_by_us_at is None else log[:ended_by_us_at]
+    result.rank_exits, result.first_failure = parse_torchrun_failures(said.decode("utf-8", errors="replace"))
     result.probe_failed = any(code == PROBE_FAILED_EXIT for code in result.rank_exits.values())
     return result
 
