@@ -117,13 +117,13 @@ def test_a_server_gone_before_its_order_leaves_a_run_with_no_rank_not_an_error(t
     assert (result.rank_exits, list((tmp_path / "replay").glob("rank-*.jsonl"))) == ({}, [])
 
 
-@pytest.mark.warm_start
 def test_a_crash_under_warm_start_is_named_with_the_exit_codes_torchrun_gives() -> None:
     """--warm-start's first run: the rank the OOM killer took (-9) and the one its death
     ended (1) read from the server's lines as from torchrun's failure summary, the
     playbook's cause, site and ranks, and nothing left of the server or its ranks."""
     playbook = load_catalogue(PLAYBOOKS).get("rank-crashed")
-    proc, report = preflight(f"--nproc-per-node={playbook.repro.nproc}", str(playbook.repro_path))
+    nproc = f"--nproc-per-node={playbook.repro.nproc}"
+    proc, report = preflight("--warm-start", nproc, str(playbook.repro_path))
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert report["summary"]["launcher"].startswith("--warm-start: the ranks were forked"), report["summary"]
     assert [(state["rank"], state["exit_code"]) for state in report["ranks"]] == [(0, 1), (1, -9)]

@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its 
 
 def test_a_loop_over_a_set_of_names_is_an_order_mismatch_traced_to_the_set() -> None:
     script = SCRIPTS / "metrics_over_a_set.py"
-    # ten names: two processes' hash seeds order them alike about never
-    proc, report = preflight("--nproc-per-node=2", str(script))
+    # ten names: two processes' hash seeds order them alike about never; asked warm, torchrun
+    # starts them all the same (below)
+    proc, report = preflight("--warm-start", "--nproc-per-node=2", str(script))
     assert proc.returncode == 1, proc.stderr[-2000:]
     finding = report["findings"][0]
     assert finding["cause"] == "collective-order-mismatch", finding
