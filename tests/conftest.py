@@ -183,17 +183,15 @@ WARM_START = "NCCLCHECK_WARM_START"  # preflight's --warm-start, read from the e
 @pytest.fixture(autouse=True)
 def warm_start(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """``@pytest.mark.warm_start`` (on a module or a test; ``warm_start(False)`` on a test
-    takes it back), with NCCLCHECK_TEST_WARM_START=1: every preflight the test runs
+    takes it back), unless NCCLCHECK_TEST_WARM_START=0: every preflight the test runs
     forks its ranks from one interpreter that imported torch once (--warm-start), half
     the CPU of torchrun starting an interpreter per rank. For tests whose subject is
     what the ranks do and what preflight makes of it; how torchrun starts, stops and
     reaps ranks is tested without it (the per-playbook tests, test_launchers,
     test_stop_signals, test_outside_waits, ...)."""
     marker = request.node.get_closest_marker("warm_start")
-    # opt-in (NCCLCHECK_TEST_WARM_START=1) until a fork defect is understood: once, on the
-    # suite, both ranks of a warm dry run spun for 10 minutes in their first Linear.forward
-    # (a thread pool's state inherited across the fork, most likely)
-    wanted = os.environ.get("NCCLCHECK_TEST_WARM_START") == "1"
+    # NCCLCHECK_TEST_WARM_START=0: every dry run through torchrun, as preflight's default
+    wanted = os.environ.get("NCCLCHECK_TEST_WARM_START") != "0"
     warm = wanted and marker is not None and marker.args != (False,)
     if warm:
         monkeypatch.setenv(WARM_START, "1")

@@ -25,6 +25,7 @@ per rank on this machine's 2 cores, once here instead).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import signal
@@ -136,26 +137,32 @@ FIRST_RUN_FLAG = "--first"
 RANK_EXIT_LINE = "ncclcheck warm start: rank {rank} exited with code {code}"
 
 
+# What each rank imports before the script's first line, whatever the script: torch's
+# distributed package and what DDP and the data loader need, and the recorder with what
+# it patches.
+_RANKS_IMPORT = ("torch.distributed", "torch.nn.parallel", "torch.utils.data", "ncclcheck.record.bootstrap")
+
+
 def _import_what_ranks_import(idle: bool) -> None:
     """What each rank would import on its own, once, here. ``idle``: in a thread of the
     lowest priority (SCHED_IDLE), so that a server started while the first run still
-    computes takes none of its CPU. The thread has ended before any rank is forked, and
-    the ranks are forked from the main thread, whose priority they inherit."""
+    computes takes none of its CPU; the ranks are forked from the main thread, whose
+    priority they inherit, once that thread is gone (_wait_until_single_threaded).
+    Otherwise (--warm-start's first run, nothing else running yet) on the main thread,
+    with torch._dynamo, which DistributedDataParallel's constructor imports (the first
+    run has no note of what its ranks import yet)."""
+    if not idle:
+        for module in (*_RANKS_IMPORT, "torch._dynamo"):
+            importlib.import_module(module)
+        return
     failed: list[BaseException] = []
 
     def work() -> None:
-        if idle:
-            with contextlib.suppress(OSError, AttributeError):
-                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
+        with contextlib.suppress(OSError, AttributeError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # this thread only
         try:
-            import torch.distributed
-            import torch.nn.parallel
-            import torch.utils.data
-
-            import ncclcheck.record.bootstrap  # noqa: F401  (the recorder and what it patches)
-
-            if not idle:  # the first run: no note of what its ranks import yet
-                import torch._dynamo  # noqa: F401  (DistributedDataParallel's constructor imports it)
+            for module in _RANKS_IMPORT:
+                importlib.import_module(module)
         except BaseException as exc:
             failed.append(exc)
 
@@ -164,6 +171,27 @@ def _import_what_ranks_import(idle: bool) -> None:
     thread.join()
     if failed:
         raise failed[0]
+
+
+def _wait_until_single_threaded(timeout_s: float = 10.0) -> None:
+    """Return once this process has no thread but the caller's, as a fork needs: a thread
+    whose ``join`` has returned is still running its thread-local destructors (Python
+    marks it ended before its OS thread exits), and MKL's takes the lock of its memory
+    manager. A rank forked in that window inherits the lock held, by a thread it does not
+    have, and its first matrix product spins on it forever (mm_account_ptr_by_tid under
+    mkl_serv_allocate): 5 of about 150 warm dry runs, three side by side, before this
+    wait, 0 of 210 after. Without /proc (not Linux) there is nothing to read; at the timeout (a thread
+    some import started and keeps) the ranks are forked anyway, as before."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if len(os.listdir("/proc/self/task")) <= 1:
+                return
+        except OSError:
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.001)
 
 
 def serve(first_run: str | None) -> int:
@@ -187,8 +215,10 @@ def serve(first_run: str | None) -> int:
     os.dup2(log, 2)
     os.chdir(order["cwd"])
     os.environ.update(order["env"])
-    # Fork before the store's threads exist: a child forked from a threaded process
-    # inherits locks it cannot release. The ranks' clients retry until it listens.
+    # Fork before the store's threads exist, and once the import thread has ended: a child
+    # forked from a threaded process inherits locks it cannot release. The ranks' clients
+    # retry until the store listens.
+    _wait_until_single_threaded()
     children: dict[int, int] = {}
     for rank, env in enumerate(rank_environment(int(order["nproc"]), int(order["port"]))):
         pid = os.fork()
