@@ -7,8 +7,12 @@ did not part there has not shown that they cannot: within a few steps on alike d
 they took it alike. preflight watches each such test in its dry run (which side each
 rank took, record/firing.py), lists the ones that did not part the ranks as not
 checked (explain/coverage.py) and runs again with one rank made to take the other side
-of one test (commands/preflight.py). A rank test (rank-early-exit) is not among them:
-it decides the same on every run, so the dry run took it as the real run will.
+of one test (commands/preflight.py). A rank test (rank-early-exit on ``rank``, a name
+assigned a rank or a test of one) is not among them: it decides the same on every run,
+so the dry run took it as the real run will. A test lint calls rank-early-exit because
+it reads a value computed from what the rank holds (``stopper.step(val_loss)``, the loss
+of a shard chosen by rank) is among them: that value moves as the model trains, and the
+day it crosses the line on one rank comes after any short run.
 """
 
 from __future__ import annotations
@@ -44,15 +48,28 @@ def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]
     per test, in source order."""
     found: dict[tuple[str, int], LocalDecision] = {}
     for finding in linter.check(module):
-        if finding.cause not in LOCAL_DECISIONS or finding.location is None:
+        if finding.location is None or finding.cause not in (*LOCAL_DECISIONS, Cause.RANK_EARLY_EXIT):
             continue
         where = located(finding)
         path = where.checked_path or where.path
         line = where.condition_line or where.line
+        if finding.cause is Cause.RANK_EARLY_EXIT and _tests_the_rank(path, line):
+            continue
         reading = finding.message.split(": ranks that take it")[0]
         synced = _synced_somewhere(linter, module, path, line)
         found.setdefault((path, line), LocalDecision(path, line, finding.cause, reading, synced))
     return sorted(found.values(), key=lambda decision: decision.line)
+
+
+def _tests_the_rank(path: str, line: int) -> bool:
+    """Whether the ``if``/``while`` test at ``line`` reads the rank itself, or a name assigned
+    a rank or a test of one (reading.condition_kind), rather than only a value computed
+    from what the rank holds."""
+    chain = reading.enclosing_chain(path, line)
+    test = next(
+        (n.test for n in reversed(chain) if isinstance(n, ast.If | ast.While) and n.lineno == line), None
+    )
+    return test is None or reading.condition_kind(path, test) == reading.RANK
 
 
 def _synced_somewhere(linter: Linter, module: ParsedModule, path: str, line: int) -> bool:

@@ -35,10 +35,16 @@ class Binding:
     frame: Frame
     value: ast.expr
     passed_to: str = ""  # a parameter: the function the caller passed ``text`` to
+    returned_by: str = ""  # a call's result: the function whose ``return`` gave ``text``
+    appended: bool = False  # a list's items: ``name.append(text)``
 
     def __str__(self) -> str:
         if self.passed_to:
             return f"`{self.text}` passed to {self.passed_to}() as {self.name}"
+        if self.returned_by:
+            return f"`{self.text}` returned by {self.returned_by}()"
+        if self.appended:
+            return f"`{self.name}.append({self.text})`"
         return f"`{self.name} = {self.text}`"
 
 
@@ -61,21 +67,41 @@ def bindings(
 
 def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[list[Binding]]:
     expr = followed(expr)
-    if depth == 0 or level < 0 or not isinstance(expr, ast.Name):
+    if depth == 0 or level < 0:
         return [[]]
     frame = stack[level]
     function = reading.enclosing_function(frame.file, frame.line)
     if function is None:
         return [[]]
+    if not isinstance(expr, ast.Name):
+        return _items_of_a_joined_list(stack, level, function, expr, depth)
     assignments = _assignments(function, expr.id, frame.line)
     if assignments is None:
         return [[]]
     found: list[list[Binding]] = []
     for assigned in assignments:  # latest first
-        here = Binding(
-            expr.id, ast.unparse(assigned.value), Frame(frame.file, assigned.lineno, ""), assigned.value
+        where = Frame(frame.file, assigned.line, "")
+        if assigned.element is None:
+            here = Binding(assigned.shown, ast.unparse(assigned.value), where, assigned.value)
+            found += [[here, *rest] for rest in _paths(stack, level, assigned.value, depth - 1)]
+            continue
+        # ``a, b = f(...)``: a's value is the element of what f returns, read on in f
+        assert isinstance(assigned.value, ast.Call)
+        here = Binding(assigned.shown, ast.unparse(assigned.value), where, assigned.value)
+        returned = _returned_element(frame.file, assigned.value, assigned.element)
+        if returned is None:
+            found.append([here])
+            continue
+        callee, returned_at, element = returned
+        inside = [
+            *stack[:level],
+            Frame(frame.file, assigned.line, frame.function),
+            Frame(frame.file, returned_at, callee),
+        ]
+        back = Binding(
+            expr.id, ast.unparse(element), Frame(frame.file, returned_at, ""), element, returned_by=callee
         )
-        found += [[here, *rest] for rest in _paths(stack, level, assigned.value, depth - 1)]
+        found += [[here, back, *rest] for rest in _paths(inside, len(inside) - 1, element, depth - 1)]
     if found:
         return found
     argument = _argument_for(function, expr.id, stack[level - 1] if level else None)
@@ -85,6 +111,59 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
     passed_to = function.name if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) else ""
     here = Binding(expr.id, ast.unparse(argument), Frame(caller.file, caller.line, ""), argument, passed_to)
     return [[here, *rest] for rest in _paths(stack, level - 1, argument, depth - 1)]
+
+
+# calls that join a list of tensors into one: its size is the sum of the pieces'
+_JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
+
+
+def _items_of_a_joined_list(
+    stack: list[Frame], level: int, function: ast.AST, expr: ast.expr, depth: int
+) -> list[list[Binding]]:
+    """``torch.cat(pieces)`` where ``pieces`` is a list the function fills with
+    ``pieces.append(...)``: each appended piece, followed on (a piece cut by a mask)."""
+    if not (
+        isinstance(expr, ast.Call)
+        and reading.callee_name(expr) in _JOINS
+        and expr.args
+        and isinstance(expr.args[0], ast.Name)
+    ):
+        return [[]]
+    name, frame = expr.args[0].id, stack[level]
+    found: list[list[Binding]] = []
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "append"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == name
+            and len(node.args) == 1
+            and node.lineno <= frame.line
+        ):
+            piece = node.args[0]
+            here = Binding(name, ast.unparse(piece), Frame(frame.file, node.lineno, ""), piece, appended=True)
+            found += [[here, *rest] for rest in _paths(stack, level, piece, depth - 1)]
+    return found or [[]]
+
+
+def _returned_element(path: str, call: ast.Call, element: int) -> tuple[str, int, ast.expr] | None:
+    """The ``element``-th item of what a module-level function of ``path`` returns, where
+    its every ``return`` gives a tuple of the same length: (its name, the last such
+    return's line, that item)."""
+    callee = (
+        _function_of_the_file(path, reading.callee_name(call)) if isinstance(call.func, ast.Name) else None
+    )
+    if callee is None:
+        return None
+    returns = [n for n in _own_nodes(callee) if isinstance(n, ast.Return)]
+    if not returns or not all(
+        isinstance(r.value, ast.Tuple) and len(r.value.elts) > element for r in returns
+    ):
+        return None
+    last = max(returns, key=lambda r: r.lineno)
+    assert isinstance(last.value, ast.Tuple)
+    return callee.name, last.lineno, last.value.elts[element]
 
 
 def followed(expr: ast.expr) -> ast.expr:
@@ -224,24 +303,55 @@ def sized_by_data(expr: ast.expr) -> bool:
     )
 
 
-def _assignments(function: ast.AST, name: str, before: int) -> list[ast.Assign] | None:
-    """Each ``name = ...`` of the function at or before line ``before``, latest first; None
-    where the name is also bound another way (a loop target, ``+=``): the source alone
-    does not say which binding holds."""
-    simple = {
-        id(node.targets[0]): node
-        for node in ast.walk(function)
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-    }
-    found: list[ast.Assign] = []
+@dataclass(frozen=True)
+class _Assigned:
+    """``name`` bound at ``line`` to ``value``, or (``element`` set) to that element of
+    ``value``, a call whose result is unpacked; ``shown``: the statement's targets."""
+
+    line: int
+    shown: str
+    value: ast.expr
+    element: int | None = None
+
+
+def _assignments(function: ast.AST, name: str, before: int) -> list[_Assigned] | None:
+    """Each binding of ``name`` by an assignment of the function at or before line
+    ``before``, latest first: ``name = ...``, or ``name`` among unpacked targets (``a, b =
+    x, y`` pairs them; ``a, b = f()`` takes an element of f's result). None where the name
+    is also bound another way (a loop target, ``+=``): the source alone does not say
+    which binding holds."""
+    by_target: dict[int, _Assigned] = {}
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+            continue
+        target = node.targets[0]
+        shown = (
+            ", ".join(map(ast.unparse, target.elts)) if isinstance(target, ast.Tuple) else ast.unparse(target)
+        )
+        if isinstance(target, ast.Name):
+            by_target[id(target)] = _Assigned(node.lineno, shown, node.value)
+            continue
+        pairs = reading.paired(target, node.value)
+        if len(pairs) > 1:  # a, b = x, y
+            for one, value in pairs:
+                if isinstance(one, ast.Name):
+                    by_target[id(one)] = _Assigned(node.lineno, one.id, value)
+        elif (
+            isinstance(target, ast.Tuple)
+            and isinstance(node.value, ast.Call)
+            and all(isinstance(e, ast.Name) for e in target.elts)
+        ):
+            for position, one in enumerate(target.elts):
+                by_target[id(one)] = _Assigned(node.lineno, shown, node.value, element=position)
+    found: list[_Assigned] = []
     for node in ast.walk(function):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
-            assigned = simple.get(id(node))
+            assigned = by_target.get(id(node))
             if assigned is None:
                 return None
-            if assigned.lineno <= before:
+            if assigned.line <= before:
                 found.append(assigned)
-    return sorted(found, key=lambda a: -a.lineno)
+    return sorted(found, key=lambda a: -a.line)
 
 
 def _argument_for(function: ast.AST, name: str, caller: Frame | None) -> ast.expr | None:

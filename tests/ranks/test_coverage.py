@@ -210,6 +210,31 @@ def test_an_early_stop_on_each_ranks_own_loss_is_forced_on_one_rank_and_its_twin
     assert "forced" not in report["summary"], report["summary"]
 
 
+def test_an_early_stop_on_the_loss_of_a_holdout_slice_chosen_by_rank_is_forced_and_its_twin_aligned() -> None:
+    """`if stopper.should_stop(loss): break` where the loss is scored on `rows[rank * n:
+    (rank + 1) * n]`: lint reads the test through the rank (rank-early-exit), but it tests
+    a value computed from what the rank holds, which moves as the model trains: forced on
+    rank 1 like any decision on a rank's own value, never taken for a rank test that the
+    dry run took as the real run will. Its twin averages the loss over the ranks first."""
+    broken = SCRIPTS / "holdout_shard_patience.py"
+    decided = line_in(broken, "if stopper.should_stop(loss):")
+    proc, report = preflight("--nproc-per-node=2", str(broken))
+    assert proc.returncode == 1, (proc.stderr[-2000:], report)
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"], finding["ranks"], finding["absent_ranks"]) == (
+        "rank-early-exit",
+        f"tests/scripts/holdout_shard_patience.py:{decided}",
+        [1],
+        [0],
+    ), finding
+    assert "its test made true on rank 1 alone" in finding["message"], finding
+    (forced,) = report["summary"]["forced"]
+    assert forced.startswith(f"tests/scripts/holdout_shard_patience.py:{decided}: its test made true"), forced
+
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "holdout_shard_patience_mean.py"))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
 def test_an_early_stop_not_forced_is_listed_with_the_side_each_rank_took() -> None:
     """--no-force-decisions: the decision is said not checked (partial, exit 5), with what
     its test did on each rank in the dry run, never aligned."""

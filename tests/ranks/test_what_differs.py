@@ -79,6 +79,29 @@ def test_a_gather_of_each_ranks_masked_rows_names_the_mask_and_its_padded_twin_i
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
 
 
+def test_masked_pieces_joined_in_a_helper_are_named_through_its_return_and_the_padded_twin_aligned() -> None:
+    """The gathered tensor is unpacked from a helper's result (`scores, seen =
+    labelled_scores(batches)`), whose `return torch.cat(kept), seen` joins pieces each cut
+    by the rank's own mask: the message names the mask, the deepest origin the source shows."""
+    script = SCRIPTS / "masked_scores_helper.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    gathered = line_in(script, "dist.all_gather(parts, t)")
+    assert (finding["cause"], finding["site"]) == (
+        "collective-shape-mismatch",
+        f"tests/scripts/masked_scores_helper.py:{gathered}",
+    ), finding
+    cut = line_in(script, "kept.append(scores[labelled])")
+    assert (
+        f"`t` comes from `kept.append(scores[labelled])` at tests/scripts/masked_scores_helper.py:{cut}, "
+        "a size each rank's own data gives" in finding["message"]
+    ), finding["message"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
 def test_a_sharded_models_forward_on_rank_zero_alone_is_named_at_the_model_call_and_its_twin_aligned() -> (
     None
 ):

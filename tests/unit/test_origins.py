@@ -193,3 +193,53 @@ def test_the_first_iteration_of_a_set_is_found_and_sorted_or_membership_is_not(t
         path.write_text(source)
         found = origins.first_iteration_of_a_set([str(path)])
         assert (found[1] if found else None) == line, (name, found)
+
+
+GATHERED = """\
+import torch
+
+def gather(t):
+    all_gather(t)
+
+def collect(loader):
+    kept, seen = [], 0
+    for batch in loader:
+        scores = batch.sum(1)
+        kept.append(scores[scores > 0])
+        seen += 1
+    return torch.cat(kept), seen
+
+def evaluate(loader):
+    scores, count = collect(loader)
+    gather(scores)
+"""
+
+
+def test_a_tensor_is_followed_into_the_function_that_returned_it_and_to_the_pieces_it_joined(
+    tmp_path: Path,
+) -> None:
+    """``scores, count = collect(loader)``: the element of collect's ``return``, a
+    ``torch.cat`` of a list filled with ``append``, each piece cut by a mask."""
+    path = tmp_path / "evaluate.py"
+    path.write_text(GATHERED)
+    stack = [Frame(str(path), 16, "evaluate"), Frame(str(path), 4, "gather")]
+    chain = origins.bindings(stack, ast.parse("t", mode="eval").body, origins.sized_by_data)
+    assert [str(b) for b in chain] == [
+        "`scores` passed to gather() as t",
+        "`scores, count = collect(loader)`",
+        "`torch.cat(kept)` returned by collect()",
+        "`kept.append(scores[scores > 0])`",
+    ]
+    assert [b.frame.line for b in chain] == [16, 15, 12, 10]
+    assert origins.sized_by_data(chain[-1].value)
+
+
+def test_an_unpacked_call_of_a_function_the_file_does_not_define_ends_the_chain(tmp_path: Path) -> None:
+    path = tmp_path / "evaluate.py"
+    path.write_text(GATHERED.replace("collect(loader)\n    gather", "library.collect(loader)\n    gather"))
+    stack = [Frame(str(path), 16, "evaluate"), Frame(str(path), 4, "gather")]
+    chain = origins.bindings(stack, ast.parse("t", mode="eval").body)
+    assert [str(b) for b in chain] == [
+        "`scores` passed to gather() as t",
+        "`scores, count = library.collect(loader)`",
+    ]

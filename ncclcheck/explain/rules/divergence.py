@@ -90,12 +90,20 @@ def shapes_differ(p: Parting) -> Explanation | None:
     return p.d.explanation(
         Cause.COLLECTIVE_SHAPE_MISMATCH,
         f"{who(p.first.members)} call {call.op if call else '?'} at the same "
-        f"site with different shapes or dtypes",
+        f"site with different shapes or dtypes"
+        + (f": {sized[0]}, a size each rank's own data gives" if sized else ""),
         ranks=p.first.members,
         absent_ranks=[],
         op=call.op if call else None,
         site=p.d.site(call.site if call else None),
-        evidence=[*p.evidence, *sized],
+        evidence=[
+            *p.evidence,
+            *(
+                f"{origin}: its size is what each rank's own data gives; gather the sizes first "
+                "and pad to the largest (or all_gather_object)"
+                for origin in sized
+            ),
+        ],
     )
 
 
@@ -184,7 +192,8 @@ def _filled_on_first_sight(
 
 def _where_the_tensor_comes_from(d: Context, call: CollectiveCall) -> list[str]:
     """The tensor given at the call, followed back to where its size is set, where the source
-    says: boolean indexing or a call whose size the data gives."""
+    says: boolean indexing or a call whose size the data gives. One line per argument:
+    "`t` comes from `pieces.append(x[mask])` at train.py:49"."""
     site = call.site
     if site is None:
         return []
@@ -194,13 +203,10 @@ def _where_the_tensor_comes_from(d: Context, call: CollectiveCall) -> list[str]:
             continue
         for argument in made.args:
             chain = origins.bindings(call.user_stack, argument, origins.sized_by_data)
-            sized = next((b for b in chain if origins.sized_by_data(b.value)), None)
+            # the deepest: `torch.cat(pieces)` is sized by its pieces, each cut by a mask
+            sized = next((b for b in reversed(chain) if origins.sized_by_data(b.value)), None)
             if sized is not None:
-                said.append(
-                    f"`{ast.unparse(argument)}` comes from {sized} at "
-                    f"{d.site(sized.frame)}: its size is what each rank's own data gives; gather the "
-                    "sizes first and pad to the largest (or all_gather_object)"
-                )
+                said.append(f"`{ast.unparse(argument)}` comes from {sized} at {d.site(sized.frame)}")
     return said
 
 
