@@ -180,8 +180,8 @@ def _wait_until_single_threaded(timeout_s: float = 10.0) -> None:
     manager. A rank forked in that window inherits the lock held, by a thread it does not
     have, and its first matrix product spins on it forever (mm_account_ptr_by_tid under
     mkl_serv_allocate): 5 of about 150 warm dry runs, three side by side, before this
-    wait, 0 of 210 after. Without /proc (not Linux) there is nothing to read; at the timeout (a thread
-    some import started and keeps) the ranks are forked anyway, as before."""
+    wait, 0 of 210 after. Without /proc (not Linux) there is nothing to read; at the
+    timeout (a thread some import started and keeps) the ranks are forked anyway."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
