@@ -80,14 +80,14 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
         return [[]]
     found: list[list[Binding]] = []
     for assigned in assignments:  # latest first
-        where = Frame(frame.file, assigned.line, "")
+        here = Binding(
+            assigned.shown, ast.unparse(assigned.value), Frame(frame.file, assigned.line, ""), assigned.value
+        )
         if assigned.element is None:
-            here = Binding(assigned.shown, ast.unparse(assigned.value), where, assigned.value)
             found += [[here, *rest] for rest in _paths(stack, level, assigned.value, depth - 1)]
             continue
         # ``a, b = f(...)``: a's value is the element of what f returns, read on in f
         assert isinstance(assigned.value, ast.Call)
-        here = Binding(assigned.shown, ast.unparse(assigned.value), where, assigned.value)
         returned = _returned_element(frame.file, assigned.value, assigned.element)
         if returned is None:
             found.append([here])
