@@ -263,3 +263,33 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _SESSION_TMP = pytest.StashKey[tuple[str, "str | None"]]()
+
+
+
+def _cpu_spent() -> float:
+    """This process's CPU and that of every process it started and reaped (torchrun reaps
+    its ranks, the CLI its torchrun)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    item.stash[_CPU_AT_SETUP] = _cpu_spent()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """The CPU each test spent, fixtures included: a ``cpu_s`` property in the JUnit XML
+    (``PYTEST_ARGS=--junitxml=...``), the measure to cut when the suite grows past its 20
+    minutes (README): on two cores the suite's time is its CPU, not its waits. A fixture
+    shared by several tests is counted where it is set up and torn down."""
+    yield
+    if _CPU_AT_SETUP in item.stash:
+        item.user_properties.append(("cpu_s", round(_cpu_spent() - item.stash[_CPU_AT_SETUP], 2)))
