@@ -6,15 +6,17 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from ncclcheck.commands.preflight import default_nproc
 from ncclcheck.errors import InputError
-from ncclcheck.launch.torchrun import TorchrunOptions
 from ncclcheck.model import Report
 from ncclcheck.render import console
 from ncclcheck.render.lanes import Lanes
+
+if TYPE_CHECKING:
+    from ncclcheck.launch.torchrun import TorchrunOptions
 
 
 @dataclass
@@ -49,6 +51,10 @@ def torchrun_options(
     master_addr: str | None,
     master_port: int | None,
 ) -> TorchrunOptions:
+    # here, not at the top: doctor, lint and playbooks, which share this module, launch nothing
+    from ncclcheck.commands.preflight import default_nproc
+    from ncclcheck.launch.torchrun import TorchrunOptions
+
     return TorchrunOptions(
         nproc_per_node=default_nproc() if nproc_per_node is None else nproc_per_node,
         nnodes=nnodes,
