@@ -27,7 +27,7 @@ from ncclcheck.explain.context import Evidence
 from ncclcheck.explain.coverage import Gap
 from ncclcheck.explain.diagnose import diagnose
 from ncclcheck.launch.launchers import check_accelerate, check_deepspeed, guard_of, own_starter
-from ncclcheck.launch.replay import WarmReplay
+from ncclcheck.launch.replay import WarmReplay, uses_torch_dynamo
 from ncclcheck.launch.torchrun import (
     LaunchResult,
     Progress,
@@ -467,7 +467,9 @@ def _first_run_server(
             f"(`{text}`) in its order, which each interpreter's string hashing decides; ranks forked from "
             "one interpreter would all share it, so torchrun started them"
         )
-    return WarmReplay.start(torchrun.nproc_per_node, for_the_first_run=True), None
+    return WarmReplay.start(
+        torchrun.nproc_per_node, for_the_first_run=True, with_dynamo=uses_torch_dynamo(files)
+    ), None
 
 
 class _WarmUp:

@@ -18,8 +18,9 @@ its children, in its session.
 ``--warm-start`` starts the first run the same way (``python -m ncclcheck.launch.replay
 --first``): the import is then at the normal priority (nothing else runs yet, and an
 idle-priority import starved on a busy machine would only delay the ranks) and takes
-torch._dynamo too, which DistributedDataParallel's constructor imports (1.3 s of CPU
-per rank on this machine's 2 cores, once here instead).
+torch._dynamo too where the script's source names what imports it
+(``uses_torch_dynamo``: DistributedDataParallel's constructor, 1.3 s of CPU per rank on
+this machine's 2 cores, once here instead; ``--first --with-dynamo``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -50,10 +52,18 @@ class WarmReplay:
         self.used = False
 
     @classmethod
-    def start(cls, nproc: int, first_run: Path | None = None, for_the_first_run: bool = False) -> WarmReplay:
+    def start(
+        cls,
+        nproc: int,
+        first_run: Path | None = None,
+        for_the_first_run: bool = False,
+        with_dynamo: bool = False,
+    ) -> WarmReplay:
         """``first_run``: the first run's trace folder, where its rank 0 noted the torch
         modules it imported beyond the server's (record/preimport.py).
-        ``for_the_first_run``: the server forks the first run itself (--warm-start)."""
+        ``for_the_first_run``: the server forks the first run itself (--warm-start);
+        ``with_dynamo``: and imports torch._dynamo for its ranks (uses_torch_dynamo)."""
+        flags = [FIRST_RUN_FLAG, *([DYNAMO_FLAG] if with_dynamo else [])] if for_the_first_run else []
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
@@ -62,7 +72,7 @@ class WarmReplay:
                 sys.executable,
                 "-m",
                 "ncclcheck.launch.replay",
-                *([FIRST_RUN_FLAG] if for_the_first_run else [str(first_run)] if first_run else []),
+                *(flags or ([str(first_run)] if first_run else [])),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
@@ -133,6 +143,7 @@ def rank_environment(nproc: int, port: int) -> list[dict[str, str]]:
 # -- the server ------------------------------------------------------------------------
 
 FIRST_RUN_FLAG = "--first"
+DYNAMO_FLAG = "--with-dynamo"
 # what the server prints of a rank that failed, read back by launch/torchrun.py
 RANK_EXIT_LINE = "ncclcheck warm start: rank {rank} exited with code {code}"
 
@@ -142,17 +153,38 @@ RANK_EXIT_LINE = "ncclcheck warm start: rank {rank} exited with code {code}"
 # it patches.
 _RANKS_IMPORT = ("torch.distributed", "torch.nn.parallel", "torch.utils.data", "ncclcheck.record.bootstrap")
 
+# What imports torch._dynamo in a rank: DDP's and FSDP's constructors, torch.compile, and
+# the frameworks that wrap a model in one of them. A script whose source names none of
+# these is forked without it (a 2.9 s server becomes 1.6 s); a miss (a wrapper in an
+# installed package of the user's) costs only time: each rank then imports it itself.
+_IMPORTS_TORCH_DYNAMO = re.compile(
+    r"DistributedDataParallel|\bDDP\b|fully_shard|FullyShardedDataParallel|\bFSDP\b|torch\.compile"
+    r"|\b(?:accelerate|lightning|pytorch_lightning|transformers|deepspeed)\b"
+)
 
-def _import_what_ranks_import(idle: bool) -> None:
+
+def uses_torch_dynamo(files: list[str]) -> bool:
+    """Whether the script or its local modules (``files``) name what imports torch._dynamo."""
+    for name in files:
+        try:
+            text = Path(name).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return True  # unread: assume it does, as before this guess
+        if _IMPORTS_TORCH_DYNAMO.search(text):
+            return True
+    return False
+
+
+def _import_what_ranks_import(idle: bool, with_dynamo: bool = False) -> None:
     """What each rank would import on its own, once, here. ``idle``: in a thread of the
     lowest priority (SCHED_IDLE), so that a server started while the first run still
     computes takes none of its CPU; the ranks are forked from the main thread, whose
     priority they inherit, once that thread is gone (_wait_until_single_threaded).
     Otherwise (--warm-start's first run, nothing else running yet) on the main thread,
-    with torch._dynamo, which DistributedDataParallel's constructor imports (the first
-    run has no note of what its ranks import yet)."""
+    with torch._dynamo where the script wants it (the first run has no note of what its
+    ranks import yet)."""
     if not idle:
-        for module in (*_RANKS_IMPORT, "torch._dynamo"):
+        for module in (*_RANKS_IMPORT, *(["torch._dynamo"] if with_dynamo else [])):
             importlib.import_module(module)
         return
     failed: list[BaseException] = []
@@ -194,11 +226,12 @@ def _wait_until_single_threaded(timeout_s: float = 10.0) -> None:
         time.sleep(0.001)
 
 
-def serve(first_run: str | None) -> int:
+def serve(arguments: list[str]) -> int:
+    first_run = arguments[0] if arguments else None
     forks_the_first_run = first_run == FIRST_RUN_FLAG
     if forks_the_first_run:
         first_run = None
-    _import_what_ranks_import(idle=not forks_the_first_run)
+    _import_what_ranks_import(idle=not forks_the_first_run, with_dynamo=DYNAMO_FLAG in arguments)
     import torch.distributed
 
     from ncclcheck.record import preimport
@@ -270,4 +303,4 @@ def _signal_all(children: dict[int, int], sig: signal.Signals) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1] if len(sys.argv) > 1 else None))
+    sys.exit(serve(sys.argv[1:]))
