@@ -170,6 +170,7 @@ def test_a_writer_on_another_thread_is_waited_for(tmp_path: Path, monkeypatch: p
 
 
 @pytest.mark.ranks
+@pytest.mark.warm_start
 @needs_fastcall
 def test_preflight_without_the_fast_path_finds_the_same(catalogue) -> None:
     """The pure-Python recorder finds what the playbook expects, the finding

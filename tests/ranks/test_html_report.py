@@ -44,6 +44,7 @@ def parse(html: str) -> Dom:
 
 
 @pytest.mark.ranks
+@pytest.mark.warm_start  # what the report shows of the ranks, not how torchrun starts them
 def test_a_preflight_report_shows_the_lanes_the_divergence_and_the_fix(tmp_path: Path) -> None:
     page = tmp_path / "report.html"
     repro = PLAYBOOKS / "uneven-eval-batches" / "repro.py"

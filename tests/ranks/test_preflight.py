@@ -123,9 +123,10 @@ def test_every_repro_is_diagnosed_with_its_cause_site_and_ranks(
     assert_nothing_left(playbook.repro_path, user_tmp)
 
 
-@TORCHRUN_STARTS
 @pytest.mark.parametrize("cause", PLAYBOOK_IDS)
 def test_every_fixed_script_is_aligned(catalogue, cause: str, tmp_path: Path) -> None:
+    """Warm (the ranks forked): the repro's test above holds torchrun's start, stop and
+    clean-up to the same script's broken twin, and test_virtual each fix at 64 ranks."""
     playbook = catalogue.get(cause)
     user_tmp = users_tmp(tmp_path)
     # The straggler's simulated slow write lasts 1.2x the process-group timeout,
