@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -21,6 +22,12 @@ from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import reading
 from ncclcheck.wording import first_line, is_user, op_text, relative, shapes_text
+
+# What a process raises on itself (abort(), a fault): never how preflight, torchrun or a
+# scheduler stop ranks (SIGTERM, SIGINT, SIGKILL)
+_SELF_RAISED_SIGNALS = frozenset(
+    {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+)
 
 
 @dataclass
@@ -130,6 +137,12 @@ class Context:
             # torchrun's own SIGTERM to the survivors of a failure is not a death of its own
             return not (code == -15 and self.ev.first_failure not in (None, rank))
         return False
+
+    def aborted_on_its_own(self, rank: int) -> bool:
+        """Ended by a signal a process raises on itself (abort(), a fault), never one a
+        launcher or preflight stops ranks with: gloo's abort on a buffer of another size."""
+        how, code = self.exit_of(rank)
+        return how is End.KILLED and code is not None and -code in _SELF_RAISED_SIGNALS
 
     def stopped_by_launcher(self, rank: int) -> bool:
         """torchrun's SIGTERM to the other ranks after one failed, before this rank went on."""

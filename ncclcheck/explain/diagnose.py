@@ -87,6 +87,10 @@ def _verdict(d: Context, findings: list[Finding]) -> Verdict:
     # peer, so no hang was seen (without stacks, the stall itself is the evidence)
     nobody_waited = bool(d.ev.stacks) and not any(s.in_collective for s in d.ev.stacks.values())
     if d.ev.stalled and (errors or not nobody_waited):
+        # stopped while a rank was aborting on its own (gloo's abort on a buffer of another
+        # size takes seconds on a loaded machine): the job ended itself, it did not wait
+        if any(d.aborted_on_its_own(rank) for rank in d.ev.traces):
+            return Verdict.CRASH
         return Verdict.HANG
     if any(d.died(rank) for rank in d.ev.traces):
         return Verdict.CRASH

@@ -878,3 +878,27 @@ def test_ddps_gradient_all_reduce_from_a_backward_on_another_line_pairs_at_the_s
     # the user's own all_reduce from two lines still mixes two values
     users_own = {0: [call(0, 0, line=24)], 1: [call(1, 0, line=43)]}
     assert divergences(users_own)[0].kind is Mismatch.SITE
+
+
+@pytest.mark.parametrize(
+    ("exits", "verdict"),
+    [
+        ({1: -6, 0: 1}, "crash"),  # gloo's abort, in progress when the stall was declared
+        ({1: -11, 0: -15}, "crash"),  # a fault of its own
+        ({1: -9, 0: -15}, "hang"),  # only the stop's own signals: the ranks waited
+        ({}, "hang"),
+    ],
+)
+def test_a_stall_during_which_a_rank_aborted_on_its_own_is_a_crash(
+    exits: dict[int, int], verdict: str
+) -> None:
+    """Two ranks' all_gathers of other sizes go quiet: the stop after the stall finds a rank
+    that ended by its own abort (a signal no launcher stops ranks with): the job ended
+    itself, which is a crash, not a hang; the mismatch is the finding either way."""
+    traces = {
+        0: trace(0, [call(0, 0, op="all_gather", shape=12)]),
+        1: trace(1, [call(1, 0, op="all_gather", shape=7)]),
+    }
+    report = diagnose_report(Evidence(traces=traces, world_size=2, stalled=True, rank_exits=exits))
+    assert report.verdict.value == verdict
+    assert report.findings[0].cause == "collective-shape-mismatch"
