@@ -138,9 +138,11 @@ def run_preflight(
             )
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
-            warm = _WarmUp(torchrun, settings, folder)  # the replay's server, started once the run goes quiet
             again = _Again(script, script_args, torchrun, as_module)
             first_server, not_warm = _first_run_server(torchrun, settings, files)
+            # the replay's server: started once the run goes quiet, or under --warm-start
+            # once a replay is decided
+            warm = _WarmUp(torchrun, settings, folder, speculative=first_server is None)
             try:
                 launch = run_dry(
                     script,
@@ -162,12 +164,14 @@ def run_preflight(
                 if launch.stalled or launch.returncode:  # where ranks part, almost always
                     warm.start()
                 first = Diagnosis.of(folder, launch)
-                diagnosis = _with_line_evidence(first, again, settings, warm.server)
+                diagnosis = _with_line_evidence(first, again, settings, warm.for_replay)
             finally:
                 warm.close()
                 if first_server is not None:
                     first_server.close()
-            diagnosis = _with_forced_decisions(diagnosis, again, settings)
+            # under --warm-start each forcing run is forked warm too, from a server of its own
+            forking = (lambda: _first_run_server(torchrun, settings, files)[0]) if first_server else None
+            diagnosis = _with_forced_decisions(diagnosis, again, settings, forking)
             report = diagnosis.report
             if first_server is not None:
                 report.summary["launcher"] = (
@@ -475,18 +479,34 @@ def _first_run_server(
 class _WarmUp:
     """The replay's server (launch/replay.py), started at the first sign of a hang (a
     quiet spell, or a run that failed) so that its torch import overlaps the wait for
-    the verdict and the diagnosis; closed whatever happens."""
+    the verdict and the diagnosis; closed whatever happens. Under --warm-start (many dry
+    runs on one machine, where CPU is what is short) it is started only once a replay is
+    decided, its import then at the normal priority: a server started on every quiet
+    spell imported torch for nothing in three runs of four."""
 
-    def __init__(self, torchrun: TorchrunOptions, settings: DryRunSettings, folder: Path) -> None:
+    def __init__(
+        self, torchrun: TorchrunOptions, settings: DryRunSettings, folder: Path, speculative: bool = True
+    ) -> None:
         self.torchrun, self.settings, self.folder = torchrun, settings, folder
+        self.speculative = speculative
         self.server: WarmReplay | None = None
 
-    def start(self) -> None:
+    def _fits(self) -> bool:
         # ranks as torchrun starts them (the server gives its environment): an accelerate,
         # deepspeed or torch.distributed.launch run's replay goes through that launcher again
         fits = self.settings.launcher in (Launcher.TORCHRUN, Launcher.SLURM)
-        if self.server is None and fits and _may_replay(self.torchrun, self.settings):
+        return self.server is None and fits and _may_replay(self.torchrun, self.settings)
+
+    def start(self) -> None:
+        """At the first sign of a hang: the server, ahead of a replay that may follow."""
+        if self.speculative and self._fits():
             self.server = WarmReplay.start(self.torchrun.nproc_per_node, self.folder)
+
+    def for_replay(self) -> WarmReplay | None:
+        """The server for a replay now decided: the one started ahead, or one started now."""
+        if not self.speculative and self._fits():
+            self.server = WarmReplay.start(self.torchrun.nproc_per_node, self.folder, at_once=True)
+        return self.server
 
     def close(self) -> None:
         if self.server is not None:
@@ -509,18 +529,22 @@ class _Again:
 
 
 def _with_line_evidence(
-    first: Diagnosis, again: _Again, settings: DryRunSettings, warm: WarmReplay | None = None
+    first: Diagnosis,
+    again: _Again,
+    settings: DryRunSettings,
+    warm_server: Callable[[], WarmReplay | None] | None = None,
 ) -> Diagnosis:
     """Replay the dry run up to the first divergence with the functions on its call
     chains traced (explain/lines.py), when the source alone was not certain why the
-    ranks parted: anything but a rank test around the call itself. ``warm``: a server
-    with torch imported that forks the replay's ranks (launch/replay.py)."""
+    ranks parted: anything but a rank test around the call itself. ``warm_server``: the
+    server with torch imported that forks the replay's ranks (launch/replay.py), if any."""
     launch = first.launch
     if launch is None or launch.interrupted or not _may_replay(again.torchrun, settings):
         return first
     plan = first.replay_plan
     if plan is None:
         return first
+    warm = warm_server() if warm_server is not None else None
     stops = {int(rank): int(n) for rank, n in plan["stop"].items()}
     folder = private_trace_dir()
     try:
@@ -548,12 +572,19 @@ MAX_FORCED_DECISIONS = 3
 FORCED_RANK = 1  # not rank 0, which scripts often set apart by design (logging, saving)
 
 
-def _with_forced_decisions(first: Diagnosis, again: _Again, settings: DryRunSettings) -> Diagnosis:
+def _with_forced_decisions(
+    first: Diagnosis,
+    again: _Again,
+    settings: DryRunSettings,
+    warm_server: Callable[[], WarmReplay | None] | None = None,
+) -> Diagnosis:
     """Run again with one rank made to take the other side of each decision on a rank's own
     value that the dry run reached without the ranks parting (lint/decisions.py,
     record/firing.py): what the real run does the day one rank's loss, clock or batch goes
     its own way. Where the ranks then part, that run's report is the answer, said as forced;
-    where they stay aligned, the decision is checked and no longer listed as not run."""
+    where they stay aligned, the decision is checked and no longer listed as not run.
+    ``warm_server``: starts the server that forks a forcing run's ranks (--warm-start),
+    else torchrun starts them."""
     report, launch = first.report, first.launch
     world = first.evidence.world_size
     if (
@@ -580,10 +611,13 @@ def _with_forced_decisions(first: Diagnosis, again: _Again, settings: DryRunSett
         where = f"{relative(path, first.evidence.cwd)}:{line}"
         folder = private_trace_dir()
         started = time.monotonic()
+        server = warm_server() if warm_server is not None else None
         try:
-            forced_launch = again.run(settings.forcing(path, line, FORCED_RANK), folder)
+            forced_launch = again.run(settings.forcing(path, line, FORCED_RANK), folder, server)
             forced = Diagnosis.of(folder, forced_launch)
         finally:
+            if server is not None:
+                server.close()
             shutil.rmtree(folder, ignore_errors=True)
         seconds = time.monotonic() - started
         if forced_launch.interrupted:

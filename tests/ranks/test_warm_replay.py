@@ -5,6 +5,9 @@ behind whether the server is used, closed unused, or its rank fails."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,11 +15,12 @@ import psutil
 import pytest
 
 from ncclcheck.catalogue import load_catalogue
+from ncclcheck.launch.proctree import kill_tree
 from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import TorchrunOptions, run_dry
 from ncclcheck.settings import DryRunSettings
 
-from ..conftest import PLAYBOOKS, REPO, SCRIPTS, WAIT_S
+from ..conftest import PLAYBOOKS, PREFLIGHT_BOUND_S, REPO, SCRIPTS, TEST_MARK, WAIT_S
 from .test_preflight import leftover_ranks, preflight
 
 pytestmark = pytest.mark.ranks
@@ -133,3 +137,48 @@ def test_a_crash_under_warm_start_is_named_with_the_exit_codes_torchrun_gives() 
     assert (finding["cause"], finding["site"]) == ("rank-crashed", site), finding
     assert (finding["ranks"], finding["absent_ranks"]) == (playbook.repro.ranks, playbook.repro.absent_ranks)
     assert not leftover_ranks(str(playbook.repro_path))
+
+
+@pytest.mark.parametrize(
+    ("script", "second_run"),
+    [("patience_on_local_loss.py", "forced"), ("eval_decode_error.py", "line_evidence")],
+)
+def test_every_run_under_warm_start_is_forked(
+    monkeypatch: pytest.MonkeyPatch, script: str, second_run: str
+) -> None:
+    """--warm-start holds for every run preflight makes: the second run that forces a
+    decision on one rank (patience_on_local_loss.py's early stop), and the replay for line
+    evidence (eval_decode_error.py's swallowed error, its server started once the replay is
+    decided), fork their ranks from a warm server as the first run did: torchrun is never
+    started."""
+    monkeypatch.setenv("NCCLCHECK_WARM_START", "1")
+    argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--nproc-per-node=2"]
+    proc = subprocess.Popen(
+        [*argv, str(SCRIPTS / script)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    mark, agents = os.environ[TEST_MARK], set()
+    deadline = time.monotonic() + PREFLIGHT_BOUND_S
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            for seen in psutil.process_iter(["pid", "cmdline"]):
+                if "torch.distributed.run" in " ".join(seen.info["cmdline"] or []):
+                    try:
+                        if seen.environ().get(TEST_MARK) == mark:
+                            agents.add(seen.pid)
+                    except psutil.Error:
+                        continue
+            time.sleep(0.1)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        kill_tree(proc.pid)  # at the bound, or a rank left behind: the test fails below
+        if proc.poll() is None:
+            proc.wait(timeout=30)
+    report = json.loads(output)
+    assert report["summary"][second_run], report["summary"]  # the second run was made
+    assert report["summary"]["launcher"].startswith("--warm-start"), report["summary"]
+    assert agents == set(), "torchrun started a run under --warm-start"
