@@ -35,7 +35,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,13 @@ from ncclcheck.launch.virtual import MAX_WORLD_SIZE, VirtualLayout, VirtualWorld
 from ncclcheck.model import Report, Severity, Verdict
 from ncclcheck.record.frameworks import UNLIMITED_STEPS
 from ncclcheck.runtime.pytest_ranks import RUNNER, TestSpec
-from ncclcheck.settings import STALL_TIMEOUT_S, TEST_STALL_TIMEOUT_S, TOTAL_TIMEOUT_S, DryRunSettings
+from ncclcheck.settings import (
+    STALL_TIMEOUT_S,
+    TEST_STALL_TIMEOUT_S,
+    TOTAL_TIMEOUT_S,
+    DryRunSettings,
+    warm_start_from_environment,
+)
 
 MARKER = "ncclcheck"
 _RANK_ARGUMENTS = ("rank", "world_size", "local_rank")
@@ -244,6 +250,9 @@ def _preflight_or_fail(
     from ncclcheck.evidence.traces import eval_calls_without_loader, load_traces
     from ncclcheck.render.console import report_text
 
+    # NCCLCHECK_WARM_START, as for the CLI: a CI job of many marked tests on one machine
+    # forks each one's ranks from a warm interpreter
+    settings = replace(settings, warm_start=settings.warm_start or warm_start_from_environment())
     try:
         outcome = run_preflight(
             str(script),

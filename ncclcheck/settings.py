@@ -5,6 +5,7 @@ fall back on the same defaults."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from ncclcheck.model import TextEnum
@@ -50,7 +51,8 @@ class DryRunSettings:
     perturb: bool = False  # make rank-local values differ on purpose (record/perturb.py)
     nccl_timing: bool = False  # collectives return at once, ranks wait at sync points (record/nccl_timing.py)
     # the ranks forked from one interpreter that imported torch once (launch/replay.py's server),
-    # where torchrun would start them on this node alone; torchrun otherwise
+    # where torchrun would start them on this node alone; torchrun otherwise (--warm-start, or
+    # WARM_START_ENV for the CLI and the pytest plugin alike)
     warm_start: bool = False
     # quiet seconds after which records that already disagree are a hang (the full
     # stall_timeout where they agree or could still pair)
@@ -138,3 +140,12 @@ class DryRunSettings:
         if launcher is Launcher.DEEPSPEED:
             return replace(self, launcher=launcher, probe_timeout=0.0)
         return replace(self, launcher=launcher)
+
+
+# preflight's --warm-start from the environment: the CLI's option and the pytest plugin's runs
+WARM_START_ENV = "NCCLCHECK_WARM_START"
+
+
+def warm_start_from_environment() -> bool:
+    """NCCLCHECK_WARM_START as click reads a flag's environment variable: 1, true, yes, on."""
+    return os.environ.get(WARM_START_ENV, "").strip().lower() in ("1", "true", "t", "yes", "y", "on")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ncclcheck.launch.proctree import kill_tree
-from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S, TOTAL_TIMEOUT_S
+from ncclcheck.settings import NCCL_DEFAULT_TIMEOUT_S, TOTAL_TIMEOUT_S, WARM_START_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 PLAYBOOKS = REPO / "playbooks"
@@ -177,7 +177,7 @@ def mark_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPat
     return mark
 
 
-WARM_START = "NCCLCHECK_WARM_START"  # preflight's --warm-start, read from the environment
+WARM_START = WARM_START_ENV  # preflight's --warm-start, read from the environment
 
 
 @pytest.fixture(autouse=True)
@@ -263,7 +263,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _SESSION_TMP = pytest.StashKey[tuple[str, "str | None"]]()
-
 
 
 def _cpu_spent() -> float:

@@ -33,6 +33,7 @@ from ncclcheck.settings import (
     DEFAULT_TRAIN_END_BATCHES,
     STALL_TIMEOUT_S,
     TOTAL_TIMEOUT_S,
+    WARM_START_ENV,
     DryRunSettings,
     Launcher,
 )
@@ -147,7 +148,7 @@ def preflight_command(
     warm_start: bool = typer.Option(
         False,
         "--warm-start/--no-warm-start",
-        envvar="NCCLCHECK_WARM_START",
+        envvar=WARM_START_ENV,
         help="Fork the ranks from one interpreter that imported torch once, with the environment and "
         "store torchrun gives them, instead of torchrun starting an interpreter per rank: about half "
         "the CPU of a dry run, for many dry runs in CI. One node under torchrun only; any other launch "

@@ -56,6 +56,7 @@ CI_LAYER_BOUND_S = TOTAL_TIMEOUT_S + 2 * 300 + 60
 
 
 @pytest.mark.timeout(CI_LAYER_BOUND_S + 120)  # above the suite's per-test limit
+@pytest.mark.warm_start  # the plugin forks the ranks warm (NCCLCHECK_WARM_START), as a CI job may
 def test_the_ci_layer_passes_the_fix_and_flags_the_shards() -> None:
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(EXAMPLE)]
     result = run_bounded(argv, CI_LAYER_BOUND_S, cwd=EXAMPLE)

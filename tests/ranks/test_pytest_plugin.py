@@ -11,9 +11,10 @@ import pytest
 
 from ncclcheck.settings import TOTAL_TIMEOUT_S
 
-from ..conftest import PLAYBOOKS, SCRIPTS, WAIT_S, processes_marked
+from ..conftest import PLAYBOOKS, SCRIPTS, WAIT_S, WARM_START, processes_marked
 
-pytestmark = pytest.mark.ranks
+# the plugin's runs fork their ranks warm (NCCLCHECK_WARM_START, conftest), as a CI job may
+pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]
 
 # What bounds a pytester run: the plugin's own limit on each dry run it makes, a marked
 # test's (the marker's timeout=300) or an assert_aligned call's (preflight's TOTAL_TIMEOUT_S),
@@ -202,6 +203,8 @@ def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.
     folder = PLAYBOOKS / "uneven-eval-batches"
     pytester.makepyfile(
         f"""
+        import os
+
         from ncclcheck.pytest_plugin import assert_aligned
 
         def test_repro():
@@ -210,6 +213,9 @@ def test_assert_aligned_fails_on_a_repro_and_passes_on_its_fix(pytester: pytest.
         def test_fixed():
             report = assert_aligned({str(folder / "fixed.py")!r}, nproc=2)
             assert report.verdict.value == "aligned"
+            # NCCLCHECK_WARM_START holds here as for the CLI
+            warm = report.summary.get("launcher", "").startswith("--warm-start")
+            assert warm == (os.environ.get({WARM_START!r}) == "1"), report.summary
 
         def test_cut_short():  # its time limit ends the dry run mid-eval: not a pass
             # (a short limit: the time limit is what this test is about)

@@ -20,7 +20,7 @@ from ncclcheck.launch.replay import WarmReplay
 from ncclcheck.launch.torchrun import TorchrunOptions, run_dry
 from ncclcheck.settings import DryRunSettings
 
-from ..conftest import PLAYBOOKS, PREFLIGHT_BOUND_S, REPO, SCRIPTS, TEST_MARK, WAIT_S
+from ..conftest import PLAYBOOKS, PREFLIGHT_BOUND_S, REPO, SCRIPTS, TEST_MARK, WAIT_S, WARM_START
 from .test_preflight import leftover_ranks, preflight
 
 pytestmark = pytest.mark.ranks
@@ -151,7 +151,7 @@ def test_every_run_under_warm_start_is_forked(
     evidence (eval_decode_error.py's swallowed error, its server started once the replay is
     decided), fork their ranks from a warm server as the first run did: torchrun is never
     started."""
-    monkeypatch.setenv("NCCLCHECK_WARM_START", "1")
+    monkeypatch.setenv(WARM_START, "1")
     argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--nproc-per-node=2"]
     proc = subprocess.Popen(
         [*argv, str(SCRIPTS / script)],
