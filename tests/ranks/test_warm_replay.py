@@ -122,15 +122,18 @@ def test_a_server_gone_before_its_order_leaves_a_run_with_no_rank_not_an_error(t
 
 
 def test_a_crash_under_warm_start_is_named_with_the_exit_codes_torchrun_gives() -> None:
-    """--warm-start's first run: the rank the OOM killer took (-9) and the one its death
-    ended (1) read from the server's lines as from torchrun's failure summary, the
-    playbook's cause, site and ranks, and nothing left of the server or its ranks."""
+    """--warm-start's first run: the rank the OOM killer took (-9) and the other, ended by
+    that death (1, its collective failing) or, where the server's SIGTERM to the survivors
+    came first, as torchrun's does on a loaded machine (-15, seen in CI), read from the
+    server's lines as from torchrun's failure summary; the playbook's cause, site and
+    ranks either way, and nothing left of the server or its ranks."""
     playbook = load_catalogue(PLAYBOOKS).get("rank-crashed")
     nproc = f"--nproc-per-node={playbook.repro.nproc}"
     proc, report = preflight("--warm-start", nproc, str(playbook.repro_path))
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert report["summary"]["launcher"].startswith("--warm-start: the ranks were forked"), report["summary"]
-    assert [(state["rank"], state["exit_code"]) for state in report["ranks"]] == [(0, 1), (1, -9)]
+    exits = {state["rank"]: state["exit_code"] for state in report["ranks"]}
+    assert exits[1] == -9 and exits[0] in (1, -15), exits
     finding = report["findings"][0]
     site_file = playbook.folder.relative_to(REPO) / playbook.repro.site_file
     site = f"{site_file}:{playbook.repro.site_line(playbook.folder)}"
