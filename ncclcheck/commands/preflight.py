@@ -170,7 +170,7 @@ def run_preflight(
                 if first_server is not None:
                     first_server.close()
             # under --warm-start each forcing run is forked warm too, from a server of its own
-            forking = (lambda: _first_run_server(torchrun, settings, files)[0]) if first_server else None
+            forking = first_server.another if first_server is not None else None
             diagnosis = _with_forced_decisions(diagnosis, again, settings, forking)
             report = diagnosis.report
             if first_server is not None:

@@ -47,8 +47,8 @@ from ncclcheck.settings import Launcher
 class WarmReplay:
     """The parent's handle on the server: start it early, hand it the replay or close it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.proc = proc
+    def __init__(self, proc: subprocess.Popen[bytes], argv: list[str], env: dict[str, str]) -> None:
+        self.proc, self.argv, self.env = proc, argv, env
         self.used = False
 
     @classmethod
@@ -74,20 +74,24 @@ class WarmReplay:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
+        return cls._spawn([sys.executable, "-m", "ncclcheck.launch.replay", *flags], env)
+
+    def another(self) -> WarmReplay:
+        """A fresh server started as this one was: for --warm-start's forcing runs, each
+        forked from a server of its own as the first run was."""
+        return self._spawn(self.argv, self.env)
+
+    @classmethod
+    def _spawn(cls, argv: list[str], env: dict[str, str]) -> WarmReplay:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "ncclcheck.launch.replay",
-                *flags,
-            ],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
         )
-        return cls(proc)
+        return cls(proc, argv, env)
 
     def launch(
         self, command: list[str], env: dict[str, str], nproc: int, log_path: Path
