@@ -40,10 +40,10 @@ from ncclcheck.launch.torchrun import (
 from ncclcheck.launch.virtual import (
     LOG_NAME,
     MAX_WORLD_SIZE,
+    VirtualServer,
     VirtualWorld,
     chosen_ranks,
     reference_of,
-    run_virtual,
 )
 from ncclcheck.lint.decisions import decisions_to_watch
 from ncclcheck.lint.periodic import actions_to_fire
@@ -341,19 +341,20 @@ def _run_virtual_world(
     # No rank waits on another: a rank quiet this long is busy on its own (a slow write,
     # a wait outside torch.distributed), where the others would wait for it.
     quiet = settings.lone_rank_quiet_s
-    first = run_virtual(command, env, virtual.layout, [0], folder, quiet, jobs, finished)
-    if virtual.all_ranks or world <= SMALL_WORLD:
-        why = "--all-ranks" if virtual.all_ranks else "every rank of a small world"
-        ranks_run = {rank: why for rank in range(world)}
-    else:
-        reference = reference_of(folder)
-        ranks_run = chosen_ranks(
-            virtual.layout, reference.dataset_sizes, list(virtual.named), reference.subgroups
-        )
-    runs = [first]
-    if not first.interrupted:
+    with VirtualServer(env, folder) as server:
+        first = server.run(command, env, virtual.layout, [0], quiet, jobs, finished)
+        if virtual.all_ranks or world <= SMALL_WORLD:
+            why = "--all-ranks" if virtual.all_ranks else "every rank of a small world"
+            ranks_run = {rank: why for rank in range(world)}
+        else:
+            reference = reference_of(folder)
+            ranks_run = chosen_ranks(
+                virtual.layout, reference.dataset_sizes, list(virtual.named), reference.subgroups
+            )
+        runs = [first]
         others = [rank for rank in ranks_run if rank != 0]
-        runs.append(run_virtual(command, env, virtual.layout, others, folder, quiet, jobs, finished))
+        if others and not first.interrupted:
+            runs.append(server.run(command, env, virtual.layout, others, quiet, jobs, finished))
     exits = {rank: code for run in runs for rank, code in run.exits.items()}
     late = sorted(rank for run in runs for rank in run.timed_out)
     launch = LaunchResult(

@@ -1,7 +1,7 @@
 """``preflight --world-size W``: ranks of a W-rank job on one machine, on torch's fake
 process group (record/virtual.py), a few at a time.
 
-A fork server (``python -m ncclcheck.launch.virtual PLAN``) imports torch once and
+A fork server (``python -m ncclcheck.launch.virtual``) imports torch once and
 forks each rank from that process, so a rank costs its own dry run, not an
 interpreter start and a torch import. Rank 0 runs first, alone: it is the reference
 whose collective results the other ranks take, and its trace tells the eval sets'
@@ -168,78 +168,100 @@ class VirtualRun:
     interrupted: bool = False
 
 
-def run_virtual(
-    command: list[str],
-    env: dict[str, str],
-    layout: VirtualLayout,
-    ranks: list[int],
-    trace_dir: Path,
-    rank_timeout: float,  # seconds a rank may go without writing to its trace
-    jobs: int,
-    on_done: Any = None,
-) -> VirtualRun:
-    """Run ``ranks`` through the fork server: rank 0 first if asked for, then the rest,
-    ``jobs`` at a time. ``command``: the bootstrap's arguments (script or -m module, and
-    the script's own). Every process it starts is gone when it returns."""
-    batch = len(list(trace_dir.glob("virtual-plan-*.json")))
-    plan = {
-        "command": command,
-        "env": env,
-        "ranks": [[rank, layout.environment(rank)] for rank in ranks],
-        "jobs": jobs,
-        "rank_timeout": rank_timeout,
-        "results": str(trace_dir / f"virtual-exits-{batch}.json"),
-        "logs": str(trace_dir),
-    }
-    plan_path = trace_dir / f"virtual-plan-{batch}.json"
-    plan_path.write_text(json.dumps(plan), encoding="utf-8")
-    log = (trace_dir / LOG_NAME).open("ab")
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ncclcheck.launch.virtual", str(plan_path)],
-        stdout=subprocess.PIPE,
-        stderr=log,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, **env},
-        start_new_session=True,
-    )
-    interrupted = threading.Event()
+class VirtualServer:
+    """The fork server of one virtual world (``python -m ncclcheck.launch.virtual``),
+    started once: it imports torch once and runs each batch of ranks it is handed (rank 0
+    alone, then the rest), so the rest pay no second interpreter and torch import. Used
+    as a context manager: a stop signal meanwhile ends the server and its ranks, and
+    every process it started is gone when the block ends."""
 
-    def stop_on_signal(*_: Any) -> None:
-        interrupted.set()
-        _stop(proc)
+    def __init__(self, env: dict[str, str], trace_dir: Path) -> None:
+        self.trace_dir = trace_dir
+        self.interrupted = threading.Event()
+        self._batches = 0
+        self._log = (trace_dir / LOG_NAME).open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ncclcheck.launch.virtual"],
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.PIPE,
+            env={**os.environ, **env},
+            start_new_session=True,
+        )
+        self._previous: dict[signal.Signals, Any] = {}
 
-    from ncclcheck.launch.stop import STOP_ASKED, STOP_SIGNALS  # the fork server never gets here
+    def __enter__(self) -> VirtualServer:
+        from ncclcheck.launch.stop import STOP_ASKED, STOP_SIGNALS  # the fork server never gets here
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-                previous[sig] = signal.signal(sig, stop_on_signal)
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
+                    self._previous[sig] = signal.signal(sig, self._stop_on_signal)
+        if STOP_ASKED.is_set():
+            self._stop_on_signal()
+        return self
 
-    if STOP_ASKED.is_set():
-        stop_on_signal()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # "done RANK CODE" as each rank ends
+    def __exit__(self, *_: object) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()  # no more batches: the server ends
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        _stop(self.proc)
+        self._log.close()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _stop_on_signal(self, *_: Any) -> None:
+        self.interrupted.set()
+        _stop(self.proc)
+
+    def run(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        layout: VirtualLayout,
+        ranks: list[int],
+        rank_timeout: float,  # seconds a rank may go without writing to its trace
+        jobs: int,
+        on_done: Any = None,
+    ) -> VirtualRun:
+        """Run ``ranks``, ``jobs`` at a time; returns when the last has ended (or the
+        server has). ``command``: the bootstrap's arguments (script or -m module, and the
+        script's own)."""
+        batch = self._batches
+        self._batches += 1
+        plan = {
+            "command": command,
+            "env": env,
+            "ranks": [[rank, layout.environment(rank)] for rank in ranks],
+            "jobs": jobs,
+            "rank_timeout": rank_timeout,
+            "results": str(self.trace_dir / f"virtual-exits-{batch}.json"),
+            "logs": str(self.trace_dir),
+        }
+        plan_path = self.trace_dir / f"virtual-plan-{batch}.json"
+        plan_path.write_text(json.dumps(plan), encoding="utf-8")
+        start = time.monotonic()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        with contextlib.suppress(OSError, ValueError):  # a server gone already: nothing ran
+            self.proc.stdin.write(f"{plan_path}\n".encode())
+            self.proc.stdin.flush()
+        for line in self.proc.stdout:  # "done RANK CODE" as each rank ends, "batch N" at its end
             if on_done is not None and line.startswith(b"done "):
                 on_done(int(line.split()[1]))
-        proc.wait()
-    finally:
-        _stop(proc)
-        log.close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    try:
-        results = json.loads(Path(plan["results"]).read_text(encoding="utf-8"))  # type: ignore[arg-type]
-    except (OSError, ValueError):
-        results = {"exits": {}, "timed_out": []}
-    return VirtualRun(
-        {int(rank): int(code) for rank, code in results["exits"].items()},
-        time.monotonic() - start,
-        [int(rank) for rank in results["timed_out"]],
-        interrupted.is_set(),
-    )
+            elif line.startswith(b"batch "):
+                break
+        try:
+            results = json.loads(Path(plan["results"]).read_text(encoding="utf-8"))  # type: ignore[arg-type]
+        except (OSError, ValueError):
+            results = {"exits": {}, "timed_out": []}
+        return VirtualRun(
+            {int(rank): int(code) for rank, code in results["exits"].items()},
+            time.monotonic() - start,
+            [int(rank) for rank in results["timed_out"]],
+            self.interrupted.is_set(),
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -253,15 +275,25 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 # -- the fork server -------------------------------------------------------------------
 
 
-def serve(plan: dict[str, Any]) -> None:
-    """Import torch once, then fork each rank: rank 0 (the reference) alone first."""
+def serve() -> None:
+    """Import torch once, then for each plan named on stdin fork its ranks, ``jobs`` at
+    a time; before each batch, import what rank 0 noted it imported beyond the server
+    (DDP's torch._dynamo), so that no later rank imports it again."""
     # what each rank would import on its own: once, here
     import torch.distributed
     import torch.nn.parallel
     import torch.utils.data  # noqa: F401
 
-    os.environ.update(plan["env"])
-    preimport.import_noted(plan["logs"])
+    for batch, line in enumerate(sys.stdin):
+        plan = json.loads(Path(line.strip()).read_text(encoding="utf-8"))
+        os.environ.update(plan["env"])
+        preimport.import_noted(plan["logs"])
+        _run_batch(plan)
+        sys.stdout.write(f"batch {batch}\n")
+        sys.stdout.flush()
+
+
+def _run_batch(plan: dict[str, Any]) -> None:
     ranks: list[tuple[int, dict[str, str]]] = [(int(r), e) for r, e in plan["ranks"]]
     exits: dict[int, int] = {}
     timed_out: list[int] = []
@@ -295,20 +327,16 @@ def serve(plan: dict[str, Any]) -> None:
                 timed_out.append(rank)
                 os.kill(pid, signal.SIGKILL)
 
-    first, rest = ranks[:1], ranks[1:]
-    for batch in (first, rest):
-        if batch is rest:
-            preimport.import_noted(plan["logs"])
-        for rank, env in batch:
-            while len(running) >= int(plan["jobs"]):
-                kill_late()
-                reap(block=False)
-                time.sleep(0.02)
-            running[_fork_rank(plan, rank, env)] = (rank, time.monotonic())
-        while running:
+    for rank, env in ranks:
+        while len(running) >= int(plan["jobs"]):
             kill_late()
             reap(block=False)
             time.sleep(0.02)
+        running[_fork_rank(plan, rank, env)] = (rank, time.monotonic())
+    while running:
+        kill_late()
+        reap(block=False)
+        time.sleep(0.02)
     Path(plan["results"]).write_text(json.dumps({"exits": exits, "timed_out": timed_out}), encoding="utf-8")
 
 
@@ -332,6 +360,10 @@ def _fork_rank(plan: dict[str, Any], rank: int, env: dict[str, str]) -> int:
     pid = os.fork()
     if pid:
         return pid
+    # the server's stdin carries its plans: a rank reads nothing there, as under torchrun
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
     if rank == 0:  # what it imports, the server imports before forking the others
         import atexit
 
@@ -340,4 +372,4 @@ def _fork_rank(plan: dict[str, Any], rank: int, env: dict[str, str]) -> int:
 
 
 if __name__ == "__main__":
-    serve(json.loads(Path(sys.argv[1]).read_text(encoding="utf-8")))
+    serve()

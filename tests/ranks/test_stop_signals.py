@@ -375,3 +375,19 @@ def test_a_signal_to_preflight_makes_an_incomplete_run_and_leaves_nothing(
         assert left_in(user_tmp) == []
     finally:
         preflight.reap()
+
+
+def test_a_signal_to_a_virtual_world_stops_its_fork_server_and_leaves_nothing(
+    user_tmp: Path, mark_processes: str
+) -> None:
+    """preflight --world-size: one fork server runs rank 0, then the rest; stopped while
+    a rank records, the server and every rank it forked go with preflight."""
+    preflight = Command("preflight", "--world-size", "8", str(JOB), env={"MODE": "steady"})
+    try:
+        preflight.wait_for(lambda: list(user_tmp.glob("ncclcheck-*/rank-*.jsonl")), "a rank's trace")
+        code = preflight.stop(signal.SIGTERM)
+        assert code == 4, preflight.output[-3000:]
+        no_process_left(mark_processes)
+        assert left_in(user_tmp) == []
+    finally:
+        preflight.reap()
