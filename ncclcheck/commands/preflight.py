@@ -139,39 +139,43 @@ def run_preflight(
             report = Diagnosis.of(folder, launch, ranks_run).report
         else:
             again = _Again(script, script_args, torchrun, as_module)
+            # under --warm-start one server forks every run: the first, its replay, each forcing run
             first_server, not_warm = _first_run_server(torchrun, settings, files)
-            # the replay's server: started once the run goes quiet, or under --warm-start
-            # once a replay is decided
-            warm = _WarmUp(torchrun, settings, folder, speculative=first_server is None)
             try:
-                launch = run_dry(
-                    script,
-                    script_args,
-                    torchrun,
-                    settings,
-                    folder,
-                    on_progress,
-                    as_module,
-                    first_server,
-                    warm.start,
-                )
-                spawned_elsewhere = _own_launcher_exit(folder)
-                if asked == Launcher.AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
-                    for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
-                        stale.unlink(missing_ok=True)
-                    settings, spawn_site = settings.started_by(Launcher.SPAWN), spawned_elsewhere
-                    launch = run_dry(script, script_args, torchrun, settings, folder, on_progress, as_module)
-                if launch.stalled or launch.returncode:  # where ranks part, almost always
-                    warm.start()
-                first = Diagnosis.of(folder, launch)
-                diagnosis = _with_line_evidence(first, again, settings, warm.for_replay)
+                # the replay's server without --warm-start: started once the run goes quiet
+                warm = _WarmUp(torchrun, settings, folder, first_server)
+                try:
+                    launch = run_dry(
+                        script,
+                        script_args,
+                        torchrun,
+                        settings,
+                        folder,
+                        on_progress,
+                        as_module,
+                        first_server,
+                        warm.start,
+                    )
+                    spawned_elsewhere = _own_launcher_exit(folder)
+                    if asked == Launcher.AUTO and spawned_elsewhere is not None:  # mp.spawn in another module
+                        for stale in [*folder.glob(TRACE_GLOB), folder / "torchrun.log"]:
+                            stale.unlink(missing_ok=True)
+                        settings, spawn_site = settings.started_by(Launcher.SPAWN), spawned_elsewhere
+                        launch = run_dry(
+                            script, script_args, torchrun, settings, folder, on_progress, as_module
+                        )
+                    if launch.stalled or launch.returncode:  # where ranks part, almost always
+                        warm.start()
+                    if first_server is not None:  # what its rank 0 imported beyond the server: once, there
+                        first_server.imports_noted_in = folder
+                    first = Diagnosis.of(folder, launch)
+                    diagnosis = _with_line_evidence(first, again, settings, warm.for_replay)
+                finally:
+                    warm.close()
+                diagnosis = _with_forced_decisions(diagnosis, again, settings, first_server)
             finally:
-                warm.close()
                 if first_server is not None:
                     first_server.close()
-            # under --warm-start each forcing run is forked warm too, from a server of its own
-            forking = first_server.another if first_server is not None else None
-            diagnosis = _with_forced_decisions(diagnosis, again, settings, forking)
             report = diagnosis.report
             if first_server is not None:
                 report.summary["launcher"] = (
@@ -481,15 +485,18 @@ class _WarmUp:
     """The replay's server (launch/replay.py), started at the first sign of a hang (a
     quiet spell, or a run that failed) so that its torch import overlaps the wait for
     the verdict and the diagnosis; closed whatever happens. Under --warm-start (many dry
-    runs on one machine, where CPU is what is short) it is started only once a replay is
-    decided, its import then at the normal priority: a server started on every quiet
-    spell imported torch for nothing in three runs of four."""
+    runs on one machine, where CPU is what is short) the first run's server forks the
+    replay too, torch imported once for every run."""
 
     def __init__(
-        self, torchrun: TorchrunOptions, settings: DryRunSettings, folder: Path, speculative: bool = True
+        self,
+        torchrun: TorchrunOptions,
+        settings: DryRunSettings,
+        folder: Path,
+        first_server: WarmReplay | None = None,
     ) -> None:
         self.torchrun, self.settings, self.folder = torchrun, settings, folder
-        self.speculative = speculative
+        self.first_server = first_server
         self.server: WarmReplay | None = None
 
     def _fits(self) -> bool:
@@ -500,14 +507,12 @@ class _WarmUp:
 
     def start(self) -> None:
         """At the first sign of a hang: the server, ahead of a replay that may follow."""
-        if self.speculative and self._fits():
+        if self.first_server is None and self._fits():
             self.server = WarmReplay.start(self.torchrun.nproc_per_node, self.folder)
 
     def for_replay(self) -> WarmReplay | None:
-        """The server for a replay now decided: the one started ahead, or one started now."""
-        if not self.speculative and self._fits():
-            self.server = WarmReplay.start(self.torchrun.nproc_per_node, self.folder, at_once=True)
-        return self.server
+        """The server for a replay now decided: the first run's, or the one started ahead."""
+        return self.first_server if self.first_server is not None else self.server
 
     def close(self) -> None:
         if self.server is not None:
@@ -577,15 +582,15 @@ def _with_forced_decisions(
     first: Diagnosis,
     again: _Again,
     settings: DryRunSettings,
-    warm_server: Callable[[], WarmReplay | None] | None = None,
+    warm: WarmReplay | None = None,
 ) -> Diagnosis:
     """Run again with one rank made to take the other side of each decision on a rank's own
     value that the dry run reached without the ranks parting (lint/decisions.py,
     record/firing.py): what the real run does the day one rank's loss, clock or batch goes
     its own way. Where the ranks then part, that run's report is the answer, said as forced;
     where they stay aligned, the decision is checked and no longer listed as not run.
-    ``warm_server``: starts the server that forks a forcing run's ranks (--warm-start),
-    else torchrun starts them."""
+    ``warm``: the server that forks a forcing run's ranks (--warm-start), else torchrun
+    starts them."""
     report, launch = first.report, first.launch
     world = first.evidence.world_size
     if (
@@ -612,13 +617,10 @@ def _with_forced_decisions(
         where = f"{relative(path, first.evidence.cwd)}:{line}"
         folder = private_trace_dir()
         started = time.monotonic()
-        server = warm_server() if warm_server is not None else None
         try:
-            forced_launch = again.run(settings.forcing(path, line, FORCED_RANK), folder, server)
+            forced_launch = again.run(settings.forcing(path, line, FORCED_RANK), folder, warm)
             forced = Diagnosis.of(folder, forced_launch)
         finally:
-            if server is not None:
-                server.close()
             shutil.rmtree(folder, ignore_errors=True)
         seconds = time.monotonic() - started
         if forced_launch.interrupted:

@@ -6,8 +6,21 @@ from __future__ import annotations
 import contextlib
 import signal
 import time
+from typing import Protocol
 
 import psutil
+
+
+class LaunchedJob(Protocol):
+    """What a dry run watches of the process that stands for its job: torchrun's agent (a
+    Popen), or the run a warm server forked (launch/replay.ForkedRun)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def descendants(pid: int) -> list[psutil.Process]:

@@ -7,20 +7,25 @@ import (about 4 s of the 4-5 s a replay cost on 2 cores). This server
 (``python -m ncclcheck.launch.replay``) is started at the first sign of a hang (the
 first run's ranks quiet for a moment, or a run that failed), imports torch at the
 lowest priority while the hang is confirmed and diagnosed, and then waits for
-one order on its stdin: the replay's environment and command, or nothing (no replay
-was needed: it exits). It forks the ranks from the warm interpreter with the
-environment torchrun would give them on one node, and hosts the rendezvous store
-the ranks join as torchrun's agent's (``TORCHELASTIC_USE_AGENT_STORE``), so the
-script and the recorder see the launch they saw in the first run. It ends when every
-rank has ended, and as torchrun's agent ends the others when one fails; the ranks are
-its children, in its session.
+orders on its stdin, one run each: the run's environment and command (its stdin
+closed: no run, or no more, it exits). For each it forks a run process, which forks
+the ranks from the warm interpreter with the environment torchrun would give them on
+one node and hosts the rendezvous store the ranks join as torchrun's agent's
+(``TORCHELASTIC_USE_AGENT_STORE``), so the script and the recorder see the launch
+they saw in the first run. The run process stands where torchrun's agent would: it
+ends when every rank has ended, and as the agent ends the others when one fails; the
+server says its pid and then its exit status on its stdout (``ForkedRun``), and
+waits for the next order, its own interpreter untouched by the run. Every process
+is in the server's session.
 
 ``--warm-start`` starts the first run the same way (``python -m ncclcheck.launch.replay
---first``): the import is then at the normal priority (nothing else runs yet, and an
-idle-priority import starved on a busy machine would only delay the ranks) and takes
-torch._dynamo too where the script's source names what imports it
-(``uses_torch_dynamo``: DistributedDataParallel's constructor, 1.3 s of CPU per rank on
-this machine's 2 cores, once here instead; ``--first --with-dynamo``).
+--first``), and its replay and forcing runs from the same server, each forked again
+from the interpreter that imported torch once: the import is then at the normal
+priority (nothing else runs yet, and an idle-priority import starved on a busy
+machine would only delay the ranks) and takes torch._dynamo too where the script's
+source names what imports it (``uses_torch_dynamo``: DistributedDataParallel's
+constructor, 1.3 s of CPU per rank on this machine's 2 cores, once here instead;
+``--first --with-dynamo``).
 """
 
 from __future__ import annotations
@@ -45,11 +50,19 @@ from ncclcheck.settings import Launcher
 
 
 class WarmReplay:
-    """The parent's handle on the server: start it early, hand it the replay or close it."""
+    """The parent's handle on the server: start it early, hand it runs, close it."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], argv: list[str], env: dict[str, str]) -> None:
-        self.proc, self.argv, self.env = proc, argv, env
-        self.used = False
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        # the first run's folder, where its rank 0 noted the torch modules it imported
+        # beyond the server's: imported once by the server before the next fork
+        self.imports_noted_in: Path | None = None
+        self._said = threading.Condition()
+        self._started: list[int] = []  # the run processes' pids, in order
+        self._ended: dict[int, int] = {}  # run pid -> its exit status
+        self._gone = False  # the server's stdout closed: it ended
+        self._orders = 0  # runs ordered: the server forks them in order, one at a time
+        self._reader: threading.Thread | None = None
 
     @classmethod
     def start(
@@ -69,35 +82,25 @@ class WarmReplay:
         if for_the_first_run:
             flags = [FIRST_RUN_FLAG, *([DYNAMO_FLAG] if with_dynamo else [])]
         else:
-            flags = [str(first_run)] if first_run else []
-            flags += [AT_ONCE_FLAG] if at_once else []
+            flags = [AT_ONCE_FLAG] if at_once else []
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
-        return cls._spawn([sys.executable, "-m", "ncclcheck.launch.replay", *flags], env)
-
-    def another(self) -> WarmReplay:
-        """A fresh server started as this one was: for --warm-start's forcing runs, each
-        forked from a server of its own as the first run was."""
-        return self._spawn(self.argv, self.env)
-
-    @classmethod
-    def _spawn(cls, argv: list[str], env: dict[str, str]) -> WarmReplay:
         proc = subprocess.Popen(
-            argv,
+            [sys.executable, "-m", "ncclcheck.launch.replay", *flags],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
         )
-        return cls(proc, argv, env)
+        server = cls(proc)
+        server.imports_noted_in = first_run
+        return server
 
-    def launch(
-        self, command: list[str], env: dict[str, str], nproc: int, log_path: Path
-    ) -> subprocess.Popen[bytes]:
-        """Fork the replay's ranks: ``command`` is the bootstrap's arguments, ``env``
-        the dry run's settings. Returns the server, which ends when the ranks have."""
+    def launch(self, command: list[str], env: dict[str, str], nproc: int, log_path: Path) -> ForkedRun:
+        """Fork a run's ranks: ``command`` is the bootstrap's arguments, ``env`` the dry
+        run's settings. Returns the run process, which ends when the ranks have."""
         order = {
             "command": command,
             "env": env,
@@ -105,20 +108,57 @@ class WarmReplay:
             "port": free_port(),
             "log": str(log_path),
             "cwd": os.getcwd(),
+            "imports_noted_in": str(self.imports_noted_in) if self.imports_noted_in else None,
         }
         if env.get("NCCLCHECK_LAUNCHER") == Launcher.SLURM:
             order["env"] = {**env, ENV_SLURM_PORT: str(free_port())}
         assert self.proc.stdin is not None
-        self.used = True
+        if self._reader is None:
+            self._reader = threading.Thread(target=self._read, name="ncclcheck-warm-server", daemon=True)
+            self._reader.start()
+        index = self._orders
+        self._orders += 1
         try:
             self.proc.stdin.write(json.dumps(order).encode() + b"\n")
-            self.proc.stdin.close()
+            self.proc.stdin.flush()
         except (OSError, ValueError):  # a broken pipe; ValueError: its stdin closed already
-            pass  # the server is gone: the watcher sees it end with nothing written
-        return self.proc
+            pass  # the server is gone: the run ends at once with nothing written
+        return ForkedRun(self, index)
+
+    def _read(self) -> None:
+        """The server's lines: "run PID" as it forks a run, "ended PID STATUS" as one ends."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            words = line.split()
+            with self._said:
+                if len(words) == 2 and words[0] == b"run":
+                    self._started.append(int(words[1]))
+                elif len(words) == 3 and words[0] == b"ended":
+                    self._ended[int(words[1])] = int(words[2])
+                self._said.notify_all()
+        with self._said:
+            self._gone = True
+            self._said.notify_all()
+
+    def run_pid(self, index: int) -> int | None:
+        """The pid of the ``index``-th run ordered, once the server forked it."""
+        with self._said:
+            return self._started[index] if index < len(self._started) else None
+
+    def status_of(self, index: int) -> int | None:
+        """The ``index``-th run's exit status once it ended (the server's, or 1, when the
+        server ended without saying it)."""
+        with self._said:
+            pid = self._started[index] if index < len(self._started) else None
+            if pid is not None and pid in self._ended:
+                return self._ended[pid]
+            if not self._gone:
+                return None
+        code = self.proc.wait()
+        return code if code else 1  # the server ended and said nothing of the run: it failed
 
     def close(self) -> None:
-        """Stop the server and every rank it forked (they share its session)."""
+        """Stop the server and every run and rank it forked (they share its session)."""
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
@@ -127,6 +167,38 @@ class WarmReplay:
                 os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
+        if self._reader is not None:
+            self._reader.join(timeout=30)
+
+
+class ForkedRun:
+    """One run a warm server forked, with what the launch code takes of a Popen: ``pid``,
+    ``poll`` and ``wait``. The run process is the server's child, which says its status.
+    Until the server has forked it (still importing torch), ``pid`` is the server's: the
+    root of every process the run will have."""
+
+    def __init__(self, server: WarmReplay, index: int) -> None:
+        self.server, self.index = server, index
+        self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        run = self.server.run_pid(self.index)
+        return run if run is not None else self.server.proc.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.status_of(self.index)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"warm run {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        assert self.returncode is not None
+        return self.returncode
 
 
 def rank_environment(nproc: int, port: int) -> list[dict[str, str]]:
@@ -239,30 +311,53 @@ def _wait_until_single_threaded(timeout_s: float = 10.0) -> None:
 
 
 def serve(arguments: list[str]) -> int:
-    first_run = arguments[0] if arguments and not arguments[0].startswith("--") else None
     forks_the_first_run = FIRST_RUN_FLAG in arguments
     at_once = forks_the_first_run or AT_ONCE_FLAG in arguments
     _import_what_ranks_import(idle=not at_once, with_dynamo=DYNAMO_FLAG in arguments)
-    import torch.distributed
+    import torch.distributed  # noqa: F401
 
     from ncclcheck.record import preimport
+    from ncclcheck.record.bootstrap import run_forked  # noqa: F401  (imported once: each run forks)
+
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        order: dict[str, Any] = json.loads(line)
+        if order.get("imports_noted_in"):  # what the first run's rank 0 imported beyond this server
+            preimport.import_noted(order["imports_noted_in"])
+        # Fork once the import thread has ended: a child forked from a threaded process
+        # inherits locks it cannot release.
+        _wait_until_single_threaded()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _run(order)
+            finally:
+                os._exit(code)  # never back into the server's loop
+        sys.stdout.write(f"run {pid}\n")
+        sys.stdout.flush()
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(f"ended {pid} {os.waitstatus_to_exitcode(status)}\n")
+        sys.stdout.flush()
+    return 0  # no order, or no more
+
+
+def _run(order: dict[str, Any]) -> int:
+    """The run process: fork the ranks, host their store, wait as torchrun's agent does."""
+    import torch.distributed
+
     from ncclcheck.record.bootstrap import run_forked
 
-    line = sys.stdin.readline()
-    if not line.strip():
-        return 0  # no replay was needed
-    if first_run is not None:  # what the first run's rank 0 imported beyond this server: once, here
-        preimport.import_noted(first_run)
-    order: dict[str, Any] = json.loads(line)
+    devnull = os.open(os.devnull, os.O_RDONLY)  # the server's orders are not the ranks' stdin
+    os.dup2(devnull, 0)
+    os.close(devnull)
     log = os.open(order["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.chdir(order["cwd"])
     os.environ.update(order["env"])
-    # Fork before the store's threads exist, and once the import thread has ended: a child
-    # forked from a threaded process inherits locks it cannot release. The ranks' clients
-    # retry until the store listens.
-    _wait_until_single_threaded()
+    # Fork before the store's threads exist. The ranks' clients retry until the store listens.
     children: dict[int, int] = {}
     for rank, env in enumerate(rank_environment(int(order["nproc"]), int(order["port"]))):
         pid = os.fork()
@@ -274,6 +369,7 @@ def serve(arguments: list[str]) -> int:
     )
     worst = _wait_as_torchrun_does(children)
     del store
+    sys.stdout.flush()
     return worst
 
 

@@ -31,7 +31,7 @@ from ncclcheck.evidence.stacks import ProcessStack, dump_stacks
 from ncclcheck.evidence.traces import TRACE_GLOB, RankEnding, load_traces
 from ncclcheck.evidence.waits import OutsideWait, standoff, timeout_limit
 from ncclcheck.launch.launchers import free_port, launcher_argv
-from ncclcheck.launch.proctree import kill_tree
+from ncclcheck.launch.proctree import LaunchedJob, kill_tree
 from ncclcheck.launch.replay import RANK_EXIT_LINE, WarmReplay
 from ncclcheck.launch.stop import STOP_ASKED
 from ncclcheck.record.bootstrap import ENV_PROBE_TIMEOUT, PROBE_FAILED_EXIT
@@ -443,6 +443,7 @@ def run_dry(
         env[ENV_SLURM_PORT] = str(free_port())
     start = time.monotonic()
     result = LaunchResult(trace_dir, log_path, None, launcher=settings.launcher)
+    proc: LaunchedJob
     if warm is not None:
         ranks_env = dry_run_environment(settings, trace_dir)
         proc = warm.launch(target, ranks_env, torchrun.nproc_per_node, log_path)
@@ -611,7 +612,7 @@ def _stop_outside(
 
 
 def _watch(
-    proc: subprocess.Popen[bytes],
+    proc: LaunchedJob,
     result: LaunchResult,
     settings: DryRunSettings,
     trace_dir: Path,
@@ -630,7 +631,7 @@ def _watch(
 
 
 def _watch_until_done(
-    proc: subprocess.Popen[bytes],
+    proc: LaunchedJob,
     result: LaunchResult,
     settings: DryRunSettings,
     trace_dir: Path,

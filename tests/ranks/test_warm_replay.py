@@ -151,9 +151,9 @@ def test_every_run_under_warm_start_is_forked(
 ) -> None:
     """--warm-start holds for every run preflight makes: the second run that forces a
     decision on one rank (patience_on_local_loss.py's early stop), and the replay for line
-    evidence (eval_decode_error.py's swallowed error, its server started once the replay is
-    decided), fork their ranks from a warm server as the first run did: torchrun is never
-    started."""
+    evidence (eval_decode_error.py's swallowed error), fork their ranks from the warm
+    server that forked the first run: torchrun is never started, and torch is imported
+    by one server, not one per run."""
     monkeypatch.setenv(WARM_START, "1")
     argv = [sys.executable, "-m", "ncclcheck", "preflight", "--json", "--nproc-per-node=2"]
     proc = subprocess.Popen(
@@ -164,17 +164,22 @@ def test_every_run_under_warm_start_is_forked(
         text=True,
         start_new_session=True,
     )
-    mark, agents = os.environ[TEST_MARK], set()
+    mark, agents, servers = os.environ[TEST_MARK], set(), set()
     deadline = time.monotonic() + PREFLIGHT_BOUND_S
     try:
         while proc.poll() is None and time.monotonic() < deadline:
-            for seen in psutil.process_iter(["pid", "cmdline"]):
-                if "torch.distributed.run" in " ".join(seen.info["cmdline"] or []):
-                    try:
-                        if seen.environ().get(TEST_MARK) == mark:
-                            agents.add(seen.pid)
-                    except psutil.Error:
+            for seen in psutil.process_iter(["pid", "ppid", "cmdline"]):
+                command = " ".join(seen.info["cmdline"] or [])
+                started = "torch.distributed.run" in command or "ncclcheck.launch.replay" in command
+                try:
+                    if not started or seen.environ().get(TEST_MARK) != mark:
                         continue
+                    if "torch.distributed.run" in command:
+                        agents.add(seen.pid)
+                    elif seen.info["ppid"] == proc.pid:  # not a run or a rank the server forked
+                        servers.add(seen.pid)
+                except psutil.Error:
+                    continue
             time.sleep(0.1)
         output, _ = proc.communicate(timeout=60)
     finally:
@@ -185,3 +190,4 @@ def test_every_run_under_warm_start_is_forked(
     assert report["summary"][second_run], report["summary"]  # the second run was made
     assert report["summary"]["launcher"].startswith("--warm-start"), report["summary"]
     assert agents == set(), "torchrun started a run under --warm-start"
+    assert len(servers) == 1, f"{len(servers)} warm servers, each importing torch"
