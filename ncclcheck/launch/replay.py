@@ -71,18 +71,12 @@ class WarmReplay:
         first_run: Path | None = None,
         for_the_first_run: bool = False,
         with_dynamo: bool = False,
-        at_once: bool = False,
     ) -> WarmReplay:
         """``first_run``: the first run's trace folder, where its rank 0 noted the torch
         modules it imported beyond the server's (record/preimport.py).
         ``for_the_first_run``: the server forks the first run itself (--warm-start);
-        ``with_dynamo``: and imports torch._dynamo for its ranks (uses_torch_dynamo).
-        ``at_once``: a replay's server started when the replay is decided, whose import
-        nothing else competes with: at the normal priority, not the idle one."""
-        if for_the_first_run:
-            flags = [FIRST_RUN_FLAG, *([DYNAMO_FLAG] if with_dynamo else [])]
-        else:
-            flags = [AT_ONCE_FLAG] if at_once else []
+        ``with_dynamo``: and imports torch._dynamo for its ranks (uses_torch_dynamo)."""
+        flags = [FIRST_RUN_FLAG, *([DYNAMO_FLAG] if with_dynamo else [])] if for_the_first_run else []
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it for its ranks
@@ -227,7 +221,6 @@ def rank_environment(nproc: int, port: int) -> list[dict[str, str]]:
 
 FIRST_RUN_FLAG = "--first"
 DYNAMO_FLAG = "--with-dynamo"
-AT_ONCE_FLAG = "--at-once"
 # what the server prints of a rank that failed, read back by launch/torchrun.py
 RANK_EXIT_LINE = "ncclcheck warm start: rank {rank} exited with code {code}"
 
@@ -264,8 +257,7 @@ def _import_what_ranks_import(idle: bool, with_dynamo: bool = False) -> None:
     lowest priority (SCHED_IDLE), so that a server started while the first run still
     computes takes none of its CPU; the ranks are forked from the main thread, whose
     priority they inherit, once that thread is gone (_wait_until_single_threaded).
-    Otherwise (--warm-start's first run, or under it a replay's server started once the
-    replay is decided: nothing else runs yet) on the main thread, with torch._dynamo
+    Otherwise (--warm-start's first run: nothing else runs yet) on the main thread, with torch._dynamo
     where the script wants it (the first run has no note of what its ranks import yet)."""
     if not idle:
         for module in (*_RANKS_IMPORT, *(["torch._dynamo"] if with_dynamo else [])):
@@ -312,8 +304,7 @@ def _wait_until_single_threaded(timeout_s: float = 10.0) -> None:
 
 def serve(arguments: list[str]) -> int:
     forks_the_first_run = FIRST_RUN_FLAG in arguments
-    at_once = forks_the_first_run or AT_ONCE_FLAG in arguments
-    _import_what_ranks_import(idle=not at_once, with_dynamo=DYNAMO_FLAG in arguments)
+    _import_what_ranks_import(idle=not forks_the_first_run, with_dynamo=DYNAMO_FLAG in arguments)
     import torch.distributed  # noqa: F401
 
     from ncclcheck.record import preimport
