@@ -1270,6 +1270,57 @@ def test_an_unfinished_progress_bar_as_the_others_waited_names_the_silent_rank_b
         assert (finding.severity.value, finding.absent_ranks) == ("warning", []), bar
 
 
+def _waited_after(tmp_path: Path, before: str, waited: tuple[int, ...], world: int | None) -> Path:
+    """A 2.4-style log: the job's own lines, then a timeout of each rank in `waited` at one
+    all-reduce; the world size stated by the launcher's banner where `world` is given."""
+    log = tmp_path / "job.log"
+    banner = f"launcher: WORLD_SIZE={world}\n" if world else ""
+    log.write_text(
+        banner
+        + before
+        + "".join(
+            f"[rank{r}]:[E1130 10:32:00.5 ProcessGroupNCCL.cpp:632] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=212, OpType=ALLREDUCE, "
+            "NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800093 milliseconds before timing out.\n"
+            for r in waited
+        )
+    )
+    return log
+
+
+def test_work_the_job_announced_before_the_timeout_names_the_one_silent_rank_busy(tmp_path: Path) -> None:
+    # untagged, in a launcher's word order or a logger's; or tagged by the silent rank itself
+    for before, world in (
+        ("2026-11-30 10:01:57 INFO indexer: Building IVF index over 48000000 passages (nlist=65536)\n", 4),
+        ("[2026-11-30 10:01:57] Starting k-means on 48M vectors\n", None),
+        ("[rank0]: Saving checkpoint shards to /ckpt/step_3000 ...\n", 4),
+    ):
+        log = _waited_after(tmp_path, "epoch 3 step 2999 loss 0.412\n" + before, (1, 2, 3), world)
+        (finding,) = run_doctor_from([log]).findings
+        assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error"), before
+        assert (finding.ranks, finding.absent_ranks) == ([1, 2, 3], [0]), before
+        assert "the likely reading: rank 0 was busy" in finding.message.lower(), before
+
+
+def test_output_that_opens_no_work_or_could_be_any_of_several_ranks_sets_no_one_apart(tmp_path: Path) -> None:
+    step = "epoch 3 step 2999 loss 0.412 lr 3.0e-04\n"
+    # a step's log says where a rank was, not that it was busy: the world stated, the one
+    # silent rank stays the crash suspicion it was; the world not stated, an undecided warning
+    (finding,) = run_doctor_from([_waited_after(tmp_path, step, (1, 2, 3), 4)]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [0])
+    (finding,) = run_doctor_from([_waited_after(tmp_path, step, (1, 2, 3), None)]).findings
+    assert (finding.severity.value, finding.absent_ranks) == ("warning", [])
+    # the work announced by a rank that then timed out itself: nobody outside was busy with it
+    tagged = "[rank2]: Running evaluation on 1200 batches\n"
+    (finding,) = run_doctor_from([_waited_after(tmp_path, tagged, (1, 2, 3), None)]).findings
+    assert (finding.severity.value, finding.absent_ranks) == ("warning", [])
+    # two ranks silent of eight: which of them printed an untagged line, it cannot say
+    work = "Tokenizing train split (num_proc=16)\n"
+    (finding,) = run_doctor_from([_waited_after(tmp_path, work, (1, 2, 3, 4, 5, 6), 8)]).findings
+    assert finding.absent_ranks != [0] and finding.absent_ranks != [7]
+    assert finding.cause is not Cause.STRAGGLER or finding.severity.value == "warning"
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

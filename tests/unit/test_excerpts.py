@@ -208,18 +208,28 @@ def test_a_ranks_bar_spliced_with_anothers_watchdog_line_sets_the_busy_rank_apar
     ]
 
 
-def test_the_jobs_last_output_before_a_lone_timeout_is_said_without_setting_a_rank_apart(
+def test_work_announced_before_a_lone_timeout_is_the_likely_straggler_only_where_one_rank_is_unseen(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "train.log"
-    log.write_text(
-        "epoch 3 done\nBuilding the retrieval index over 48000000 passages ...\n" + _timeout(1, 12)
-    )
+    building = "Building the retrieval index over 48000000 passages ..."
+    # rank 1 timed out, rank 0 left nothing and the line untagged before it opens long work:
+    # rank 0 busy with it is the likely reading, said as such, with what would confirm it
+    log.write_text(f"epoch 3 done\n{building}\n" + _timeout(1, 12))
     (finding,) = run_doctor_from([log]).findings
-    assert finding.severity.value == "warning"  # one rank's timeout: which rank is late, nothing says
-    assert finding.absent_ranks == []
-    assert "'Building the retrieval index over 48000000 passages ...'" in finding.message
-    assert "likely reading (a straggler)" in finding.message
+    assert (finding.cause, finding.severity.value) == (Cause.STRAGGLER, "error")
+    assert (finding.ranks, finding.absent_ranks) == ([1], [0])
+    assert f"'{building}'" in finding.message
+    assert "rank 0's stack or its own log confirms it" in finding.message
+    # rank 2's timeout: ranks 0 and 1 unseen, and which printed the line, nothing says
+    log.write_text(f"epoch 3 done\n{building}\n" + _timeout(2, 12))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.severity.value, finding.absent_ranks) == ("warning", [])
+    assert f"'{building}'" in finding.message and "likely reading (a straggler)" in finding.message
+    # nothing opened before the timeout: one rank's timeout sets no rank apart
+    log.write_text("epoch 3 done\nstep 12000 loss 1.873\n" + _timeout(1, 12))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.severity.value, finding.absent_ranks) == ("warning", [])
 
 
 def _watchdog(rank: int, seq: int, op: str, numel: int) -> str:

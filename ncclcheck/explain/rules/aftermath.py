@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from ncclcheck.evidence.aftermath import (
     FactKind,
     Fingerprint,
     Issued,
+    OwnOutput,
     ProgressBar,
     RankAftermath,
     TimedOutWork,
@@ -1010,6 +1012,76 @@ def _output_outside(s: Leftovers, works: dict[int, list[TimedOutWork]]) -> str:
     return ", then ".join(f"'{o.text}' ({o.source})" for o in lines)
 
 
+# A line that opens long one-off work, as a job announces it: "Clustering 111M points ...",
+# "Tokenizing train split", "Starting checkpoint save", "Running evaluation". Only work a
+# process does once, outside the step loop: a step's own log ("step 120 loss 0.3") says
+# where a rank was, not that it was busy there. Optional prefixes (a timestamp, a level, a
+# logger's name in brackets) come first.
+_OPENS_WORK = re.compile(
+    r"^\W*(?:[\d:.,/T-]+\s+|\[[^\]]*\]\s*|(?:INFO|DEBUG|WARNING|WARN)\b[:\s-]*|[\w.]+:\s+)*"
+    r"(?:(?:start(?:ing|ed)?|begin(?:ning)?|now)\s+)?"
+    r"(?:"
+    r"(?:cluster|preprocess|pre-process|tokeni[sz]|download|extract|index|build|load|sav|writ|export"
+    r"|convert|evaluat|validat|generat|comput|encod|embedd|sort|shuffl|filter|cach|pack|group|compil"
+    r"|prepar|merg|consolidat|upload|copy|fetch|scann|verif|hash|decompress|unpack|resiz|dedup)"
+    r"(?:ing|e|ation|ion)?\b"
+    r"|k-?means\b"
+    r"|running\s+(?:evaluation|validation|inference|generation|eval|k-?means)\b)",
+    re.IGNORECASE,
+)
+
+
+def _opened_work_while_they_waited(
+    s: Leftovers, works: Collection[int], unseen: list[int]
+) -> tuple[int, list[OwnOutput]] | None:
+    """The job's last output before the timeout opens long one-off work and comes from no
+    rank that timed out: the one rank these files hold nothing of was doing it. Untagged
+    output counts for it only where it is the one rank unseen (with several, which one
+    printed it a line cannot say)."""
+    if len(unseen) != 1:
+        return None
+    (lone,) = unseen
+    lines = [o for o in s.job.output_before if o.rank is None or o.rank not in works]
+    if not lines or any(o.rank is not None and o.rank != lone for o in lines):
+        return None
+    opening = [o for o in lines if _OPENS_WORK.search(o.text)]
+    return (lone, lines) if opening else None
+
+
+def _opened_work(
+    s: Leftovers, waited: list[int], lone: int, lines: list[OwnOutput], said: str, op: str | None
+) -> Explanation:
+    """Ranks that waited in a collective while the job's last words opened work no waiting
+    rank was doing: the one rank unseen is the likely straggler. Said as the likely reading:
+    a line without a prefix does not name who printed it."""
+    quoted = ", then ".join(f"'{o.text}' ({o.source})" for o in lines)
+    tagged = all(o.rank == lone for o in lines)
+    whose = (
+        f"rank {lone}'s own," if tagged else "from no rank that timed out as far as the lines' prefixes say,"
+    )
+    named = s.d.explanation(
+        Cause.STRAGGLER,
+        f"{said}. The job's last output before the timeout, {whose} opens long work: {quoted}. The "
+        f"likely reading: rank {lone} was busy with that work, outside any collective, while the "
+        "others waited (a straggler); "
+        + ("its output says so" if tagged else f"rank {lone}'s stack or its own log confirms it"),
+        ranks=waited,
+        absent_ranks=[lone],
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+    named.fix = (
+        "Do long one-off work (clustering, tokenising, a dataset map, a download, a save) before "
+        "init_process_group, or on every rank, or cache its result so the run starts from it; else "
+        "give the process group a timeout that covers it (init_process_group(timeout=...), the "
+        f"Trainer's ddp_timeout). What would confirm it: rank {lone}'s stack while the job hangs "
+        "(`ncclcheck doctor --pid`, `py-spy dump`) or its own log; a traceback there instead makes "
+        "it rank-exception."
+    )
+    return named
+
+
 def _busy_with_its_work(
     s: Leftovers, waited: list[int], suspects: list[int], bar: ProgressBar, said: str, op: str | None
 ) -> Explanation:
@@ -1367,6 +1439,9 @@ def _never_issued(
         # the rank's own output: work unfinished as the others timed out (tokenizing, a
         # dataset map): it was busy outside every collective, not on another path
         return _busy_with_its_work(s, sides[0], [bar.rank], bar, said, op)
+    opened = _opened_work_while_they_waited(s, sides[0], sides[1])
+    if opened is not None:
+        return _opened_work(s, sides[0], *opened, said[0].upper() + said[1:], op)
     unexplained = s.d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
         message,
@@ -1498,6 +1573,34 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 evidence=s.evidence,
             )
         first = " (the job's first collective on it)" if seq == 1 else ""
+        # work the job shows running outside the collective explains the one rank's silence
+        # better than a death nothing shows: those come before the crash suspicion
+        busy = _busy_while_they_waited(s, works, unseen)
+        if busy is not None:
+            suspects, bar = busy
+            return _busy_with_its_work(
+                s,
+                sorted(works),
+                suspects,
+                bar,
+                f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
+                f"{op} #{seq} of group {group}{first}, and {who(suspects)} left no line of "
+                f"{its(suspects)} own",
+                op,
+            )
+        opened = _opened_work_while_they_waited(s, works, unseen)
+        if opened is not None:
+            busy_rank, lines = opened
+            return _opened_work(
+                s,
+                sorted(works),
+                busy_rank,
+                lines,
+                f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
+                f"{op} #{seq} of group {group}{first}; of rank {busy_rank} these files hold no line, "
+                "not even a timeout",
+                op,
+            )
         lone = unseen[0] if len(unseen) == 1 and unseen[0] not in s.job.ranks else None
         # the world size stated, not inferred from the largest rank seen: an excerpt of a
         # larger job's log would otherwise show one rank "missing" between those it holds
@@ -1529,19 +1632,6 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 "`ncclcheck preflight` on the script to find which."
             )
             return suspect
-        busy = _busy_while_they_waited(s, works, unseen)
-        if busy is not None:
-            suspects, bar = busy
-            return _busy_with_its_work(
-                s,
-                sorted(works),
-                suspects,
-                bar,
-                f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
-                f"{op} #{seq} of group {group}{first}, and {who(suspects)} left no line of "
-                f"{its(suspects)} own",
-                op,
-            )
         blocked = [r for r in unseen if r in s.job.ranks and s.job.ranks[r].watchdog_stuck is not None]
         aborted = [r for r in unseen if r in s.job.ranks and r not in blocked]
         said_of_aborted = (
