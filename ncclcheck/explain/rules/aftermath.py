@@ -1575,32 +1575,20 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         first = " (the job's first collective on it)" if seq == 1 else ""
         # work the job shows running outside the collective explains the one rank's silence
         # better than a death nothing shows: those come before the crash suspicion
+        waited_in = (
+            f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
+            f"{op} #{seq} of group {group}{first}"
+        )
         busy = _busy_while_they_waited(s, works, unseen)
         if busy is not None:
             suspects, bar = busy
-            return _busy_with_its_work(
-                s,
-                sorted(works),
-                suspects,
-                bar,
-                f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
-                f"{op} #{seq} of group {group}{first}, and {who(suspects)} left no line of "
-                f"{its(suspects)} own",
-                op,
-            )
+            said = f"{waited_in}, and {who(suspects)} left no line of {its(suspects)} own"
+            return _busy_with_its_work(s, sorted(works), suspects, bar, said, op)
         opened = _opened_work_while_they_waited(s, works, unseen)
         if opened is not None:
             busy_rank, lines = opened
-            return _opened_work(
-                s,
-                sorted(works),
-                busy_rank,
-                lines,
-                f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
-                f"{op} #{seq} of group {group}{first}; of rank {busy_rank} these files hold no line, "
-                "not even a timeout",
-                op,
-            )
+            said = f"{waited_in}; of rank {busy_rank} these files hold no line, not even a timeout"
+            return _opened_work(s, sorted(works), busy_rank, lines, said, op)
         lone = unseen[0] if len(unseen) == 1 and unseen[0] not in s.job.ranks else None
         # the world size stated, not inferred from the largest rank seen: an excerpt of a
         # larger job's log would otherwise show one rank "missing" between those it holds
