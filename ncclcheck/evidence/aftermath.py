@@ -373,6 +373,9 @@ class Aftermath:
     # the job's own lines that say a rank skipped or dropped a batch or step ("rank 1:
     # dropping batch 15 (...)"), with the rank its prefix or its text names
     skip_lines: list[OwnOutput] = field(default_factory=list)
+    # the job's own lines that say a rank stopped training or is leaving ("EarlyStopping: no
+    # improvement for 3 epochs, stopping", "shard exhausted", "done, exiting"), likewise
+    stop_lines: list[OwnOutput] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)

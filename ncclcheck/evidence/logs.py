@@ -63,11 +63,11 @@ _PREFIX = re.compile(
     r"^[ \t]*(?:\([^()]{0,120}\bpid=\d+[^()]{0,60}\) |[^\s\[]\S{0,80} (?:\[std(?:out|err)\] )?)?"
     r"\[(?:rank|default)(\d+)\[?\]:\s?"  # "[rank3[]:": a forum's markup artefact
 )
-# other launchers' and frameworks' prefixes, where a line starts: "[rank=3] || ", "[Rank 3] ",
+# other launchers' and frameworks' prefixes, where a line starts: "[rank=3] || ", "[Rank 3] ", "[r3] ",
 # "[RANK 3]: ", and a worker's "(Worker_TP1 pid=1390) " or "(VllmWorker rank=1 pid=1390) "
 # (a serving engine's tensor-parallel workers: one index, the rank, and the process's pid)
 _OTHER_PREFIX = re.compile(
-    r"^[ \t]*(?:\[(?:rank|Rank|RANK)[= ]?(\d+)\][ \t]*(?:\|\|?|:)?[ \t]?"
+    r"^[ \t]*(?:\[(?:rank|Rank|RANK|r)[= ]?(\d+)\][ \t]*(?:\|\|?|:)?[ \t]?"
     r"|\((?:\w+?_)?(?:TP|rank=)(\d+)\b[^()]{0,20}?\bpid=(\d+)[^()]{0,60}\)[ \t])"
 )
 # each field read only where its delimiter follows: a posted line cut mid-field ("OpType=ALLR",
@@ -674,6 +674,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _SKIPPED_STEP.search(line)
             ):
                 _skip_line(text, rank, line, number)
+            if any(word in line for word in _MAY_SAY_STOPPED) and _STOPPED.search(line):
+                _stop_line(text, rank, line, number)
         return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
         text.found.run_ids.add(run.group(1))
@@ -794,6 +796,37 @@ _SKIPPED_STEP = re.compile(
 # "Gradient overflow.  Skipping step"): agreed on every rank, printed by one
 _AGREED_SKIP = re.compile(r"overflow|loss scale", re.IGNORECASE)
 _RANK_IN_TEXT = re.compile(r"\brank[ =:#\[]{0,2}(\d+)\b", re.IGNORECASE)
+
+
+# the job's own word that a rank stopped training or leaves: an early stop, its data run out,
+# its loop done ("EarlyStopping: no improvement for 3 epochs", "stream shard exhausted",
+# "done, exiting with status 0", "training finished"); never an exit code printed as a value
+_STOPPED = re.compile(
+    r"early[ _-]?stop|\bstop(?:s|ping|ped)?\s+(?:the\s+)?(?:training|run|early|here)\b"
+    r"|\bexit(?:s|ing|ed)?\b(?!\s*(?:code|status\s*[1-9]))|\bquit(?:s|ting)?\b"
+    r"|\bno more (?:data|batches|samples)\b|\b(?:exhausted|ran out)\b"
+    r"|\b(?:training|run)\s+(?:is\s+)?(?:finished|done|complete[d]?|over|ended)\b|\bfinish(?:ed|ing)\s+training\b"
+    r"|\bpatience\b[^.]{0,20}\b(?:exhausted|reached|exceeded|ran out)\b|\bno improvement\b",
+    re.IGNORECASE,
+)
+_MAY_SAY_STOPPED = (
+    "top",
+    "xit",
+    "xhaust",
+    "ran out",
+    "inish",
+    "atience",
+    "mprovement",
+    "uit",
+    "no more",
+    "TOP",
+)
+
+
+def _stop_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    if rank is None and (named := _RANK_IN_TEXT.search(line)):
+        rank = int(named.group(1))
+    text.found.stop_lines.append(OwnOutput(line.strip()[:200], Source(str(text.path), number), rank))
 
 
 def _skip_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:

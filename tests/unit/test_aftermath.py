@@ -1321,6 +1321,97 @@ def test_output_that_opens_no_work_or_could_be_any_of_several_ranks_sets_no_one_
     assert finding.cause is not Cause.STRAGGLER or finding.severity.value == "warning"
 
 
+def _bucket_timeouts(sizes: dict[int, int], seq: int = 940) -> str:
+    return "".join(
+        f"[rank{r}]:[E ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={n}, NumelOut={n}, Timeout(ms)=900000) ran for "
+        "900120 milliseconds before timing out.\n"
+        for r, n in sizes.items()
+    )
+
+
+def test_one_size_on_fewer_ranks_at_one_number_sets_those_ranks_apart(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    # five ranks with one size, one with another: that one is odd on the numbers' face
+    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 4096, 3: 1, 4: 4096, 5: 4096}))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([3], [0, 1, 2, 4, 5])
+    # two against two: nothing says which side parted
+    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 1, 3: 1}))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.COLLECTIVE_SHAPE_MISMATCH, [])
+    # a rank not in the files could hold either size: none set apart
+    log.write_text("WORLD_SIZE=8\n" + _bucket_timeouts({0: 4096, 1: 4096, 2: 1}))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.absent_ranks == [] and finding.ranks != [2]
+
+
+def test_the_odd_sized_rank_that_said_it_skipped_a_step_skipped_it(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    said = "[rank1]: it 8812: dropping this batch, every target is padding (loss=nan)\n"
+    log.write_text(said + _bucket_timeouts({0: 2_359_296, 1: 1, 2: 2_359_296}))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.DATA_DEPENDENT_BRANCH, [1])
+    assert "dropping this batch" in finding.message
+    # said after the timeouts (the rank's own shutdown), it explains nothing
+    log.write_text(_bucket_timeouts({0: 2_359_296, 1: 1, 2: 2_359_296}) + said)
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH and finding.ranks == [1]
+
+
+def test_a_rank_that_said_it_stopped_training_left_the_loop_the_others_stayed_in(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    waited = _bucket_timeouts({0: 2_359_296, 2: 2_359_296, 3: 2_359_296})
+    # its loop ended: its stream ran dry first
+    log.write_text("[r1] ep 4 it 310: my shard of the webdataset ran out, leaving the loop\n" + waited)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_EARLY_EXIT, [1])
+    # an early stop: a decision on its own values; its stack past the loop, in a barrier
+    log.write_text("[rank1] val_f1 did not improve (patience 5/5): early stopping\n" + waited)
+    dump = tmp_path / "rank1.txt"
+    dump.write_text(
+        'Thread 4242 (idle): "MainThread"\n'
+        "    barrier (torch/distributed/distributed_c10d.py:4159)\n"
+        "    wrapper (torch/distributed/c10d_logger.py:83)\n"
+        "    shutdown (/work/seg/engine.py:97)\n"
+        "    main (/work/seg/engine.py:130)\n"
+    )
+    (finding,) = run_doctor_from([log, dump]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.UNSYNCHRONIZED_DECISION, [1])
+    assert "shutdown() at /work/seg/engine.py:97" in finding.message
+    # printed by a rank that waited with the others, or after they gave up: not a stop
+    for text in (
+        "[rank2] early stopping counter 1 of 5\n" + waited,
+        waited + "[rank1] exiting after the watchdog's abort\n",
+    ):
+        log.write_text(text)
+        (finding,) = run_doctor_from([log]).findings
+        assert finding.cause not in (Cause.RANK_EARLY_EXIT, Cause.UNSYNCHRONIZED_DECISION), text
+
+
+def test_work_announced_by_a_rank_whose_stack_waits_in_a_collective_does_not_make_it_busy(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank1] Saving the EMA weights to /ckpt/ema_step900.safetensors\n"
+        + _bucket_timeouts({0: 2_359_296, 2: 2_359_296, 3: 2_359_296})
+    )
+    dump = tmp_path / "rank1.txt"
+    dump.write_text(
+        'Thread 977 (idle): "MainThread"\n'
+        "    all_gather_object (torch/distributed/distributed_c10d.py:2942)\n"
+        "    wrapper (torch/distributed/c10d_logger.py:83)\n"
+        "    consolidate (/work/seg/ema.py:41)\n"
+        "    main (/work/seg/engine.py:120)\n"
+    )
+    for files in ([log], [log, dump]):
+        (finding,) = run_doctor_from(files).findings
+        busy = finding.cause is Cause.STRAGGLER and "was busy with that work" in finding.message
+        assert busy == (files == [log]), files
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

@@ -383,28 +383,9 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
     if len(skipping) == 1 and len(s.job.ranks) > 1:
         odd = skipping[0]
         line = next(x for x in before if x.rank == odd)
-        cause = Cause.RANK_EXCEPTION if _EXCEPTION_NAME.search(line.text) else Cause.DATA_DEPENDENT_BRANCH
-        printed_by = _a_handler_that_prints(s, line.text)
-        if printed_by is not None:
-            cause = Cause.RANK_EXCEPTION  # the skip is said from an except: an error was swallowed
-            said.append(printed_by)
         others = sorted(r for r in s.job.ranks if r != odd)
-        return s.d.explanation(
-            cause,
-            f"rank {odd} said it left out a step before the ranks' calls stopped matching "
-            f"({first.said_by}: {what}): the likely reading is that rank {odd} skipped that step's "
-            f"collectives (DDP's gradient all-reduce in its backward) and its next call met another "
-            f"of the others'. Rank {odd}'s line: '{line.text}' ({line.source})",
-            ranks=others,
-            absent_ranks=[odd],
-            op=None,
-            site=None,
-            evidence=[
-                *s.evidence,
-                *said,
-                "what would confirm it: the code that prints that line, and "
-                "whether the others skip with it (a flag all-reduced first)",
-            ],
+        return _said_it_skipped(
+            s, odd, line, others, f"before the ranks' calls stopped matching ({first.said_by}: {what})", said
         )
     skipped = _a_call_the_source_lets_ranks_skip(s, reporter, what, first.said_by, said)
     if skipped is not None:
@@ -428,6 +409,36 @@ def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
         "call: let every rank make the same collectives in the same order"
     )
     return found
+
+
+def _said_it_skipped(
+    s: Leftovers, odd: int, line: OwnOutput, others: list[int], when: str, said: list[str]
+) -> Explanation:
+    """Rank ``odd`` said it left out a step or a batch (``line``) before the ranks' calls
+    stopped matching: it skipped that step's collectives. A data test's skip, or, where the
+    line names an error or an ``except`` on this machine prints it, a swallowed exception."""
+    cause = Cause.RANK_EXCEPTION if _EXCEPTION_NAME.search(line.text) else Cause.DATA_DEPENDENT_BRANCH
+    said = list(said)
+    printed_by = _a_handler_that_prints(s, line.text)
+    if printed_by is not None:
+        cause = Cause.RANK_EXCEPTION  # the skip is said from an except: an error was swallowed
+        said.append(printed_by)
+    return s.d.explanation(
+        cause,
+        f"rank {odd} said it left out a step {when}: the likely reading is that rank {odd} skipped "
+        f"that step's collectives (DDP's gradient all-reduce in its backward) and its next call met "
+        f"another of the others'. Rank {odd}'s line: '{line.text}' ({line.source})",
+        ranks=others,
+        absent_ranks=[odd],
+        op=None,
+        site=None,
+        evidence=[
+            *s.evidence,
+            *said,
+            "what would confirm it: the code that prints that line, and "
+            "whether the others skip with it (a flag all-reduced first)",
+        ],
+    )
 
 
 def _a_handler_that_prints(s: Leftovers, text: str) -> str | None:
@@ -742,13 +753,25 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                     f"with {sizes} elements, which {who(sorted(works))} completed: the first to part, "
                     "with a size of its own there"
                 )
+            # one size on fewer ranks than the other, every rank of the job seen: those ranks
+            # are the odd ones on the numbers' face (one against one sets no rank apart)
+            odd: list[int] = []
+            if not first and len(sides) == 2 and len(sides[0][1]) < len(sides[1][1]) and not s.unseen:
+                odd = sorted(sides[0][1])
+                skips = [line for line in _before_the_timeouts(s, s.job.skip_lines) if line.rank in odd]
+                if len(odd) == 1 and skips:
+                    majority = sorted(sides[1][1])
+                    return _said_it_skipped(
+                        s, odd[0], skips[0], majority, f"before {op} #{seq} of group {group}", [message]
+                    )
+            rest = sorted(r for r in works if r not in odd)
             if not first and _issued_for_parameters(op, list(by_size)):
-                return _other_modules_ran(s, message, op, sorted(works), [], [])
+                return _other_modules_ran(s, message, op, odd or sorted(works), rest if odd else [], [])
             return s.d.explanation(
                 Cause.COLLECTIVE_SHAPE_MISMATCH,
                 message,
-                ranks=first or sorted(works),
-                absent_ranks=sorted(works) if first else [],
+                ranks=first or odd or sorted(works),
+                absent_ranks=sorted(works) if first else rest if odd else [],
                 op=op,
                 site=None,
                 evidence=s.evidence,
@@ -1031,6 +1054,71 @@ _OPENS_WORK = re.compile(
 )
 
 
+# an early stop's own words: a decision on the rank's own values, not a loop's end
+_EARLY_STOP = re.compile(r"early[ _-]?stop|patience|no improvement|plateau", re.IGNORECASE)
+
+
+def _before_the_timeouts(s: Leftovers, lines: list[OwnOutput]) -> list[OwnOutput]:
+    """The lines printed before the first timeout of their file (all of a file that holds
+    none: a rank's own log): what a rank said after the others gave up is not a cause."""
+    first: dict[str, int] = {}
+    for record in s.job.ranks.values():
+        for work in record.timeouts:
+            path, line = work.source.path, work.source.line or 0
+            first[path] = min(first.get(path, line), line)
+    return [o for o in lines if o.source.path not in first or (o.source.line or 0) < first[o.source.path]]
+
+
+def _said_it_stopped(s: Leftovers, waited: list[int], candidates: list[int], said: str) -> Explanation | None:
+    """One rank the others waited for said, before they timed out, that it stopped
+    training or was leaving: it left the loop the others stayed in. An early stop's words
+    make it a decision taken on the rank's own values; else its loop ended (its data ran
+    out, its count of steps differs). Untagged, the line counts only where one rank is the
+    candidate."""
+    lines = [
+        o
+        for o in _before_the_timeouts(s, s.job.stop_lines)
+        if (o.rank in candidates) or (o.rank is None and len(candidates) == 1)
+    ]
+    ranks = {o.rank if o.rank is not None else candidates[0] for o in lines}
+    if len(ranks) != 1:
+        return None
+    (rank,) = ranks
+    line = lines[0]
+    record = s.job.ranks.get(rank)
+    where = ""
+    if record is not None and record.stack is not None:
+        user = user_frames(record.stack)
+        at = f" in {user[0].function}() at {user[0].file}:{user[0].line}" if user else ""
+        where = f"; its stack, dumped after, waits in {blocking(record.stack).what}{at}, past the loop"
+    quoted = f"'{line.text}' ({line.source})"
+    if _EARLY_STOP.search(line.text):
+        cause = Cause.UNSYNCHRONIZED_DECISION
+        reading = (
+            f"an early stop decided on rank {rank}'s own values (its own validation loss, its own "
+            "patience count): the others, whose values had not met it, trained on into a "
+            f"collective rank {rank} never issued. What would confirm it: the code that takes the "
+            "decision, and whether its inputs are all-reduced (or the flag broadcast) first"
+        )
+    else:
+        cause = Cause.RANK_EARLY_EXIT
+        reading = (
+            f"rank {rank} left the loop the others stayed in (its data ran out first, or its count "
+            "of steps differs): a loop whose length or exit is rank-local. What would confirm it: "
+            f"the loop's bound on rank {rank} against the others' (its shard's length, its stop test)"
+        )
+    return s.d.explanation(
+        cause,
+        f"{said}. Rank {rank}'s own output before the timeout says it stopped: {quoted}{where}. "
+        f"The likely reading: {reading}",
+        ranks=waited,
+        absent_ranks=[rank],
+        op=None,
+        site=None,
+        evidence=s.evidence,
+    )
+
+
 def _opened_work_while_they_waited(
     s: Leftovers, works: Collection[int], unseen: list[int]
 ) -> tuple[int, list[OwnOutput]] | None:
@@ -1041,6 +1129,9 @@ def _opened_work_while_they_waited(
     if len(unseen) != 1:
         return None
     (lone,) = unseen
+    record = s.job.ranks.get(lone)
+    if record is not None and record.stack is not None and blocking(record.stack).waits_for_peers:
+        return None  # its stack says where it was: waiting for the others, not busy
     lines = [o for o in s.job.output_before if o.rank is None or o.rank not in works]
     if not lines or any(o.rank is not None and o.rank != lone for o in lines):
         return None
@@ -1434,6 +1525,9 @@ def _never_issued(
     from_stacks = _stacks_say_why(s, said)
     if from_stacks is not None:
         return from_stacks
+    stopped = _said_it_stopped(s, sides[0], sides[1], said[0].upper() + said[1:])
+    if stopped is not None:
+        return stopped
     bar = next((b for b in s.job.progress_bars.values() if b.rank is not None and b.rank in sides[1]), None)
     if bar is not None and bar.rank is not None:
         # the rank's own output: work unfinished as the others timed out (tokenizing, a
@@ -1579,6 +1673,9 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
             f"{who(sorted(works))} timed out in {'the same collective, ' if len(works) > 1 else ''}"
             f"{op} #{seq} of group {group}{first}"
         )
+        stopped = _said_it_stopped(s, sorted(works), unseen, waited_in)
+        if stopped is not None:
+            return stopped
         busy = _busy_while_they_waited(s, works, unseen)
         if busy is not None:
             suspects, bar = busy
