@@ -261,6 +261,19 @@ class ProgressBar:
 
 
 @dataclass(frozen=True)
+class LoopLength:
+    """How many batches a loop of one rank (or of an unnamed process) runs, as the job's own
+    output says it: a progress bar's total ("eval: 99%|...| 78/79"), or a line that counts
+    them ("eval shard: 1249 samples -> 79 batches"). ``what`` names the loop: the bar's
+    description, or the line with its numbers blanked, so that each rank's copy matches."""
+
+    what: str
+    total: int
+    rank: int | None
+    source: Source
+
+
+@dataclass(frozen=True)
 class OwnOutput:
     """A line of the job's own output (not torch's or NCCL's), with the rank whose prefix
     it carries, if any."""
@@ -376,6 +389,8 @@ class Aftermath:
     # the job's own lines that say a rank stopped training or is leaving ("EarlyStopping: no
     # improvement for 3 epochs, stopping", "shard exhausted", "done, exiting"), likewise
     stop_lines: list[OwnOutput] = field(default_factory=list)
+    # the lengths of the ranks' loops, where the job's output says them (LoopLength)
+    loop_lengths: list[LoopLength] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)

@@ -31,6 +31,7 @@ from ncclcheck.evidence.aftermath import (
     Fingerprint,
     FingerprintMismatch,
     Issued,
+    LoopLength,
     OwnOutput,
     Progress,
     ProgressBar,
@@ -676,6 +677,11 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _skip_line(text, rank, line, number)
             if any(word in line for word in _MAY_SAY_STOPPED) and _STOPPED.search(line):
                 _stop_line(text, rank, line, number)
+            if rank is not None and "batch" in line and (counted := _BATCH_COUNT.search(line)):
+                what = re.sub(r"\d+", "N", line.strip())[:200]
+                text.found.loop_lengths.append(
+                    LoopLength(what, int(counted.group(1)), rank, Source(str(text.path), number))
+                )
         return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
         text.found.run_ids.add(run.group(1))
@@ -823,6 +829,11 @@ _MAY_SAY_STOPPED = (
 )
 
 
+# a rank's own count of its loop's batches: "eval shard: 1249 samples -> 79 batches",
+# "val loader has 78 eval batches"; not a batch's index ("epoch 3 batch 12") nor its size
+_BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b")
+
+
 def _stop_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
     if rank is None and (named := _RANK_IN_TEXT.search(line)):
         rank = int(named.group(1))
@@ -929,6 +940,12 @@ def _progress_bar(text: _TextFile, rank: int | None, line: str, number: int) -> 
         elapsed = 0
         for part in bar.group("elapsed").split(":"):
             elapsed = elapsed * 60 + int(part)
+        total = bar.group("done").rsplit("/", 1)[-1]
+        if total.isdigit():
+            lengths = text.found.loop_lengths
+            length = LoopLength(what, int(total), rank, Source(str(text.path), number))
+            if not any((x.what, x.total, x.rank) == (what, length.total, rank) for x in lengths[-8:]):
+                lengths.append(length)
         kept = bars.get(what)
         if int(bar.group("pct")) >= 100:
             if kept is not None and elapsed >= kept.elapsed_s:

@@ -1412,6 +1412,38 @@ def test_work_announced_by_a_rank_whose_stack_waits_in_a_collective_does_not_mak
         assert busy == (files == [log]), files
 
 
+def _parted(ops: dict[int, tuple[str, int]]) -> str:
+    return "".join(
+        f"[rank{r}]:[E ProcessGroupNCCL.cpp:607] [Rank {r}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(SeqNum=3310, OpType={op}, NumelIn={n}, NumelOut={n}, Timeout(ms)=600000) ran for "
+        "600120 milliseconds before timing out.\n"
+        for r, (op, n) in ops.items()
+    )
+
+
+def test_loops_of_other_lengths_in_the_jobs_output_make_a_parting_uneven_batches(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    parted = _parted({0: ("ALLREDUCE", 2), 1: ("ALLREDUCE", 2), 2: ("BROADCAST", 1)})
+    # each rank's own count: the rank with the most batches is set apart
+    counts = "".join(f"[rank{r}] validation: {n} batches of 32\n" for r, n in ((0, 57), (1, 57), (2, 58)))
+    log.write_text(counts + parted)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.UNEVEN_EVAL_BATCHES, [0, 1], [2])
+    assert "rank 2: 58; ranks 0-1: 57" in finding.message
+    # untagged bars of one description with two totals: the smaller side of the parting
+    bars = "".join(
+        f"Validating: {p}%|#####     | {d}/{n} [00:{s}<00:00,  2.10it/s]\n"
+        for p, d, n, s in ((100, 57, 57, 27), (100, 57, 57, 28), (98, 57, 58, 27))
+    )
+    log.write_text(bars + parted)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.UNEVEN_EVAL_BATCHES, [2])
+    # one length everywhere: the loop is not what parted them
+    log.write_text(bars.replace("/58", "/57") + parted)
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is not Cause.UNEVEN_EVAL_BATCHES
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

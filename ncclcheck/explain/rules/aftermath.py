@@ -15,6 +15,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ncclcheck.causes import Cause
 from ncclcheck.communicates import GRADIENT_BUCKET_MIN_NUMEL, PARAMETER_OPS, issued_at, starts_a_pass
@@ -31,6 +32,7 @@ from ncclcheck.evidence.aftermath import (
     FactKind,
     Fingerprint,
     Issued,
+    LoopLength,
     OwnOutput,
     ProgressBar,
     RankAftermath,
@@ -623,6 +625,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             new_pass = _a_side_began_a_new_pass(s, group, seq, by_op)
             if new_pass is not None:
                 return new_pass
+            uneven = _loops_of_other_lengths(s, said, by_op)
+            if uneven is not None:
+                return uneven
             decided_apart = _one_side_reduces_to_a_root(s, group, seq, by_op)
             if decided_apart is not None:
                 return decided_apart
@@ -650,6 +655,49 @@ def _op_name(op: str) -> str:
     """A watchdog's or Flight Recorder's name of an op, plain: REDUCE, nccl:reduce -> reduce;
     ALLREDUCE, nccl:all_reduce -> allreduce."""
     return op.rsplit(":", 1)[-1].strip("_").lower().replace("_", "")
+
+
+def _loops_of_other_lengths(s: Leftovers, said: str, by_op: dict[str, list[int]]) -> Explanation | None:
+    """Ranks that parted at a collective, where the job's own output shows one loop with
+    other lengths (its bar's totals, or each rank's count of its batches): the ranks whose
+    loop runs longer make a per-batch collective the others never make. Where the lengths
+    are the ranks' own, those with the most batches are set apart; else the side of the
+    parting that has fewer ranks."""
+    by_loop: dict[str, list[LoopLength]] = {}
+    for length in _before_the_timeouts(s, s.job.loop_lengths):
+        by_loop.setdefault(length.what, []).append(length)
+    uneven = [lengths for lengths in by_loop.values() if len({x.total for x in lengths}) > 1]
+    if not uneven:
+        return None
+    lengths = uneven[0]
+    longest = max(x.total for x in lengths)
+    owned = {x.rank: x.total for x in lengths if x.rank is not None}
+    parted = set().union(*map(set, by_op.values()))
+    sides = sorted(by_op.values(), key=lambda ranks: (len(ranks), ranks[0]))
+    if owned and set(owned) >= parted:
+        longer = sorted(r for r, n in owned.items() if n == longest)
+    elif len(sides) == 2 and len(sides[0]) < len(sides[1]):
+        longer = sorted(sides[0])
+    else:
+        return None
+    shorter = sorted(parted - set(longer))
+    counts = "; ".join(
+        f"{who(sorted(r for r, n in owned.items() if n == total))}: {total}"
+        for total in sorted({*owned.values()}, reverse=True)
+    ) or ", ".join(str(total) for total in sorted({x.total for x in lengths}, reverse=True))
+    where = ", ".join(str(x.source) for x in lengths[:3])
+    return s.d.explanation(
+        Cause.UNEVEN_EVAL_BATCHES,
+        f"the ranks disagree on {said}. The job's own output shows one loop of other lengths on "
+        f"the ranks ('{lengths[0].what}', batches {counts}; {where}): {who(longer)}, with the "
+        f"longest, made a per-batch collective of a batch {who(shorter)} never had, and met "
+        f"{its(shorter)} next collective instead",
+        ranks=shorter,
+        absent_ranks=longer,
+        op=None,
+        site=None,
+        evidence=s.evidence,
+    )
 
 
 def _one_side_reduces_to_a_root(
@@ -1058,7 +1106,10 @@ _OPENS_WORK = re.compile(
 _EARLY_STOP = re.compile(r"early[ _-]?stop|patience|no improvement|plateau", re.IGNORECASE)
 
 
-def _before_the_timeouts(s: Leftovers, lines: list[OwnOutput]) -> list[OwnOutput]:
+_Said = TypeVar("_Said", OwnOutput, LoopLength)
+
+
+def _before_the_timeouts(s: Leftovers, lines: list[_Said]) -> list[_Said]:
     """The lines printed before the first timeout of their file (all of a file that holds
     none: a rank's own log): what a rank said after the others gave up is not a cause."""
     first: dict[str, int] = {}
