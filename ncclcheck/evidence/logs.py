@@ -669,6 +669,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         and (stream is None or (stream.stack is None and stream.traceback is None))
         and not _may_matter(line)
     ):
+        if "closing signal" in line and (closing := _CLOSING.search(line)):
+            text.found.launcher_closed.add(int(closing.group(1)))
+            return  # torchelastic's, not the job's
         if line.strip():  # the job's own output: the last of it before a timeout is evidence
             text.own_output.append((line, number, rank))
             if ("kip" in line or "rop" in line or "gnor" in line or "KIP" in line) and (
@@ -829,6 +832,8 @@ _MAY_SAY_STOPPED = (
 )
 
 
+# torchelastic's agent stopping the survivors of the first failure it saw
+_CLOSING = re.compile(r"Sending process (\d+) closing signal SIG")
 # a rank's own count of its loop's batches: "eval shard: 1249 samples -> 79 batches",
 # "val loader has 78 eval batches"; not a batch's index ("epoch 3 batch 12") nor its size
 _BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b")

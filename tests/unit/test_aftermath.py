@@ -1444,6 +1444,46 @@ def test_loops_of_other_lengths_in_the_jobs_output_make_a_parting_uneven_batches
     assert finding.cause is not Cause.UNEVEN_EVAL_BATCHES
 
 
+def _raised_then_timed_out(closing: list[int], first_seen: str) -> str:
+    """Rank 1 prints a KeyError while saving; ranks 0, 2, 3 time out; torchelastic stops the
+    processes in ``closing`` and names ``first_seen`` (an exitcode line) as its root cause."""
+    return (
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/srv/asr/fit.py", line 210, in <module>\n'
+        "[rank1]:     trainer.save_best()\n"
+        '[rank1]:   File "/srv/asr/fit.py", line 164, in save_best\n'
+        '[rank1]:     torch.save(self.ema_state["shadow"], path)\n'
+        "[rank1]: KeyError: 'shadow'\n"
+        + _bucket_timeouts({0: 2_359_296, 2: 2_359_296, 3: 2_359_296})
+        + "".join(
+            f"W1205 10:30:02.000000 700 torch/distributed/elastic/multiprocessing/api.py:897] Sending "
+            f"process {pid} closing signal SIGTERM\n"
+            for pid in closing
+        )
+        + "Root Cause (first observed failure):\n[0]:\n  time      : 2026-12-05_10:30:02\n"
+        f"  host      : box\n{first_seen}"
+        "  error_file: <N/A>\n  traceback : Signal 6 (SIGABRT) received by PID 701\n"
+        "============================================================\n"
+    )
+
+
+def test_an_exception_the_launcher_never_saw_end_its_rank_is_one_the_rank_lived_through(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "job.log"
+    aborted = "  rank      : 0 (local_rank: 0)\n  exitcode  : -6 (pid: 701)\n"
+    # the agent held all four processes and saw its first failure only at the watchdog's abort
+    log.write_text(_raised_then_timed_out([702, 703, 704], aborted))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_EXCEPTION, [1])
+    assert finding.site == "/srv/asr/fit.py:164"
+    assert "did not exit" in finding.message
+    # an agent that stopped one process of four: another node's ranks were not its to see
+    log.write_text(_raised_then_timed_out([702], aborted))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [1])
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

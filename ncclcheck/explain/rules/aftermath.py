@@ -556,6 +556,10 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
     waiting = sorted(r for r in s.job.ranks if r not in dead)
     if lived_through(s.job.ranks[first]):
         return _an_exception_it_lived_through(s, first, waiting)
+    if ending.exit_code is None and ending.error:
+        aborted_first = _the_launcher_saw_no_exit_of(s, first)
+        if aborted_first is not None:
+            return _an_exception_it_did_not_exit_on(s, first, waiting, aborted_first)
     what = ending.error or (
         f"killed by {signal_name(ending.exit_code) or 'a signal'}"
         if ending.signal
@@ -567,6 +571,45 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
         + (f" while {who(waiting)} waited for {'it' if len(dead) == 1 else 'them'}" if waiting else ""),
         ranks=waiting,
         absent_ranks=dead,
+        op=None,
+        site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
+        evidence=s.evidence,
+    )
+
+
+def _the_launcher_saw_no_exit_of(s: Leftovers, rank: int) -> int | None:
+    """The rank torchelastic saw fail first, where that was a watchdog's abort (SIGABRT) of a
+    rank that timed out, not ``rank``, and the agent held every process of the job (it
+    stopped all the others): an agent ends the job within seconds of a worker's exit, so
+    ``rank``, which printed an exception before the others' timeout, had not exited."""
+    for other, record in s.job.ranks.items():
+        ending = record.ending
+        if (
+            other != rank
+            and ending is not None
+            and ending.root_cause
+            and ending.signal == 6
+            and record.timeouts
+            and len(s.job.launcher_closed) + 1 >= s.job.world_size > 1
+        ):
+            return other
+    return None
+
+
+def _an_exception_it_did_not_exit_on(
+    s: Leftovers, rank: int, waiting: list[int], aborted: int
+) -> Explanation:
+    ending = s.job.ranks[rank].ending
+    assert ending is not None
+    return s.d.explanation(
+        Cause.RANK_EXCEPTION,
+        f"rank {rank} raised ({ending.error}) and did not exit: torchelastic, which ends a job "
+        f"within seconds of a worker's exit, saw its first failure only in rank {aborted}'s "
+        f"watchdog abort after the timeout, and stopped every other process then, rank {rank}'s "
+        f"with them. The exception ended rank {rank}'s part in the collectives while its process "
+        f"lived on (caught further up, or stuck as it exited), and {who(waiting)} waited for it",
+        ranks=waiting,
+        absent_ranks=[rank],
         op=None,
         site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
         evidence=s.evidence,
