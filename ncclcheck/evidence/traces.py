@@ -439,6 +439,11 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
     )
 
 
+class EmptyTrace(InputError):
+    """A trace file with no record: created, or its pages zero-filled ahead of the writes,
+    by a rank stopped before it wrote its first line."""
+
+
 def load_rank_trace(path: Path) -> RankTrace:
     """One rank's whole trace, every call held (load_traces holds windows of many)."""
     try:
@@ -518,7 +523,7 @@ def _read_trace(
                 f"{path}: not a trace file (no complete first line)",
                 hint="Trace files are written by ncclcheck preflight; is this the right folder?",
             )
-        raise InputError(f"{path}: empty trace file (the rank never started its bootstrap)")
+        raise EmptyTrace(f"{path}: empty trace file (the rank never started its bootstrap)")
     return trace
 
 
@@ -659,6 +664,9 @@ def load_traces(folder: Path, live: bool = False) -> Traces:
                     done_by_path[path] = done.value
                     if not live or done.value.exit is not None:
                         aligner.rank_done(done.value.rank)
+                except EmptyTrace:
+                    # a rank stopped before its first record: as a file of no bytes, not read
+                    readers.remove((path, reader))
                 except OSError as exc:
                     raise InputError(f"{path}: cannot read trace file ({exc.strerror})") from None
             aligner.advance(set(windows))

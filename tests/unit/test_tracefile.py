@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclcheck.evidence.traces import load_rank_trace
+from ncclcheck.evidence.traces import EmptyTrace, load_rank_trace, load_traces
 from ncclcheck.record.tracefile import GROWTH, TraceFile, data_end, seal
 
 
@@ -104,3 +104,12 @@ def test_records_outlive_a_killed_or_aborted_writer(tmp_path: Path, how: str) ->
     assert path.read_bytes().endswith(b'"main"]]}\n')
     assert b"\0" not in path.read_bytes()
     assert os.path.getsize(path) < GROWTH
+
+
+def test_a_file_grown_before_its_rank_wrote_a_record_is_a_rank_that_never_started(tmp_path: Path) -> None:
+    # a rank stopped between opening its trace and its first record: zero bytes, as grown
+    TraceFile(str(tmp_path / "rank-00001.jsonl"))
+    assert (tmp_path / "rank-00001.jsonl").stat().st_size == GROWTH
+    with pytest.raises(EmptyTrace):
+        load_rank_trace(tmp_path / "rank-00001.jsonl")
+    assert len(load_traces(tmp_path)) == 0  # no rank read, and no error: the caller says why
