@@ -271,6 +271,7 @@ class LoopLength:
     total: int
     rank: int | None
     source: Source
+    said: str  # the line as printed (its bar's description, for a bar)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,9 @@ _WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
 _RANK_SAID = re.compile(r"\bRank (\d+)\]")
+# srun --label: the task's number, right-aligned, then ": " ("13: Traceback ...", " 4: [E ...")
+_SRUN_LABEL = re.compile(r"^ {0,4}(\d{1,5}): ")
+_LABEL_STARTS = frozenset(" 0123456789")
 # how far a rank got on a group when its watchdog fired, in each torch's words: 2.2-2.3
 # "Timeout at NCCL work: X, last enqueued NCCL work: Y, last completed NCCL work: Z"; 2.4+
 # "failure detected by watchdog at work sequence id: X PG status: last enqueued work: Y,
@@ -612,6 +615,11 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         rank = int(prefix.group(1) or prefix.group(2))
         if prefix.group(3) is not None:
             text.found.rank(rank).pid = text.found.rank(rank).pid or int(prefix.group(3))
+    if prefix is None and raw[:1] in _LABEL_STARTS and (label := _SRUN_LABEL.match(raw)):
+        # srun --label's task number: the rank where srun starts the ranks itself; where it
+        # starts a launcher per node, the rank a line says of itself ("[Rank 5]") wins
+        prefix, said = label, _RANK_SAID.search(raw)
+        rank = int(said.group(1)) if said else int(label.group(1))
     if prefix is None and text.cut_rank is not None and _continues(raw):
         rank = text.cut_rank  # a line a terminal or a forum wrapped: the rest of the last one
     text.cut_rank = rank if prefix is not None and _ends_mid_sentence(raw) else None
@@ -683,7 +691,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
             if rank is not None and "batch" in line and (counted := _BATCH_COUNT.search(line)):
                 what = re.sub(r"\d+", "N", line.strip())[:200]
                 text.found.loop_lengths.append(
-                    LoopLength(what, int(counted.group(1)), rank, Source(str(text.path), number))
+                    LoopLength(
+                        what, int(counted.group(1)), rank, Source(str(text.path), number), line.strip()[:200]
+                    )
                 )
         return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
@@ -948,7 +958,7 @@ def _progress_bar(text: _TextFile, rank: int | None, line: str, number: int) -> 
         total = bar.group("done").rsplit("/", 1)[-1]
         if total.isdigit():
             lengths = text.found.loop_lengths
-            length = LoopLength(what, int(total), rank, Source(str(text.path), number))
+            length = LoopLength(what, int(total), rank, Source(str(text.path), number), what)
             if not any((x.what, x.total, x.rank) == (what, length.total, rank) for x in lengths[-8:]):
                 lengths.append(length)
         kept = bars.get(what)

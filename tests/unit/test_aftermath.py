@@ -1484,6 +1484,76 @@ def test_an_exception_the_launcher_never_saw_end_its_rank_is_one_the_rank_lived_
     assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [1])
 
 
+def test_a_rank_that_said_it_skipped_a_step_is_no_transport_where_every_rank_waits_at_one_number(
+    tmp_path: Path,
+) -> None:
+    # torch 1.13's lines carry no sizes: one number and one op on every rank
+    old = "".join(
+        f"[E ProcessGroupNCCL.cpp:737] [Rank {r}] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=5120, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800300 milliseconds "
+        "before timing out.\n"
+        for r in range(4)
+    )
+    log = tmp_path / "job.log"
+    log.write_text("it 3999 | loss 1.93\nWARNING rank 2 dropped batch 4000: loss is inf\n" + old)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.DATA_DEPENDENT_BRANCH, [2])
+    log.write_text("it 3999 | loss 1.93\n" + old)
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.TRANSPORT_HANG
+
+
+def test_srun_labels_are_the_ranks_where_a_line_names_none_of_its_own(tmp_path: Path) -> None:
+    log = tmp_path / "slurm-77.out"
+    log.write_text(
+        " 1: [E ProcessGroupNCCL.cpp:475] [Rank 1] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=88, OpType=BROADCAST, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for "
+        "600100 milliseconds before timing out.\n"
+        # srun started one launcher per node: the line's own rank wins over the task's label
+        " 0: [E ProcessGroupNCCL.cpp:475] [Rank 2] Watchdog caught collective operation timeout: "
+        "WorkNCCL(SeqNum=88, OpType=BROADCAST, NumelIn=4, NumelOut=4, Timeout(ms)=600000) ran for "
+        "600100 milliseconds before timing out.\n"
+        " 3: Traceback (most recent call last):\n"
+        ' 3:   File "/srv/det/train.py", line 77, in <module>\n'
+        " 3:     boxes = load_boxes(path)\n"
+        " 3: FileNotFoundError: [Errno 2] No such file or directory: 'ann/0007.json'\n"
+    )
+    job = read_leftovers([log])
+    assert sorted(job.ranks) == [1, 2, 3]
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [3])
+
+
+def test_a_list_the_ranks_hold_in_other_orders_is_an_order_mismatch_at_its_loop(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "".join(
+            f"[rank{r}]:[E ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+            f"timeout: WorkNCCL(SeqNum=612, OpType=ALLREDUCE, NumelIn={n}, NumelOut={n}, "
+            "Timeout(ms)=600000) ran for 600200 milliseconds before timing out.\n"
+            for r, n in ((0, 21), (1, 21), (2, 7))
+        )
+    )
+    for rank, heads in ((0, "['boxes', 'masks', 'kpts']"), (2, "['kpts', 'boxes', 'masks']")):
+        (tmp_path / f"rank{rank}.txt").write_text(
+            f'Thread {900 + rank} (idle): "MainThread"\n'
+            "    all_reduce (torch/distributed/distributed_c10d.py:2501)\n"
+            "    reduce_heads (/srv/det/losses.py:140)\n"
+            "        Locals:\n"
+            f"            heads: {heads}\n"
+            "            head: <str at 0x7f00aa>\n"
+            "    train_step (/srv/det/train.py:61)\n"
+        )
+    (finding,) = run_doctor_from([log, tmp_path / "rank0.txt", tmp_path / "rank2.txt"]).findings
+    assert (finding.cause, finding.site) == (Cause.COLLECTIVE_ORDER_MISMATCH, "/srv/det/losses.py:140")
+    assert (finding.ranks, finding.absent_ranks) == ([2], [0, 1])  # the sizes set rank 2 apart
+    assert "`heads`" in finding.message
+    # the same elements: no order to blame
+    (tmp_path / "rank2.txt").write_text((tmp_path / "rank0.txt").read_text().replace("900", "902"))
+    (finding,) = run_doctor_from([log, tmp_path / "rank0.txt", tmp_path / "rank2.txt"]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

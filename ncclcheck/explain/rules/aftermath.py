@@ -668,6 +668,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             new_pass = _a_side_began_a_new_pass(s, group, seq, by_op)
             if new_pass is not None:
                 return new_pass
+            in_its_own_order = _iterated_in_its_own_order(s, f"the ranks disagree on {said}", sorted(works))
+            if in_its_own_order is not None:
+                return in_its_own_order
             uneven = _loops_of_other_lengths(s, said, by_op)
             if uneven is not None:
                 return uneven
@@ -732,7 +735,7 @@ def _loops_of_other_lengths(s: Leftovers, said: str, by_op: dict[str, list[int]]
     return s.d.explanation(
         Cause.UNEVEN_EVAL_BATCHES,
         f"the ranks disagree on {said}. The job's own output shows one loop of other lengths on "
-        f"the ranks ('{lengths[0].what}', batches {counts}; {where}): {who(longer)}, with the "
+        f"the ranks ('{lengths[0].said}', batches {counts}; {where}): {who(longer)}, with the "
         f"longest, made a per-batch collective of a batch {who(shorter)} never had, and met "
         f"{its(shorter)} next collective instead",
         ranks=shorter,
@@ -824,6 +827,66 @@ def _a_side_began_a_new_pass(
     return explanation
 
 
+def _items_of(text: str) -> list[str] | None:
+    """The elements of a list, tuple or set as py-spy prints a local (``["loss", "top1"]``,
+    ``{'a', 'b'}``), each as printed; None for any other value, or one py-spy cut short."""
+    text = text.strip()
+    if len(text) < 2 or text[0] + text[-1] not in ("[]", "()", "{}") or "..." in text or ":" in text:
+        return None
+    items = [item.strip() for item in text[1:-1].split(",") if item.strip()]
+    return items if len(items) > 1 else None
+
+
+def _orders_the_locals_show(s: Leftovers, ranks: list[int]) -> tuple[Frame, str, dict[str, list[int]]] | None:
+    """Ranks dumped with their locals (py-spy --locals) at one frame, where one variable
+    holds the same elements in another order: each rank iterates it in its own order (a
+    set, a dict built from one: string hashing is seeded per process). The frame, the
+    variable and the ranks by the order each holds."""
+    seen: dict[tuple[str, int, str, str], dict[str, list[int]]] = {}
+    for rank in ranks:
+        record = s.job.ranks.get(rank)
+        main = record.stack.main if record is not None and record.stack is not None else None
+        if main is None or not main.locals:
+            continue
+        for frame, values in zip(main.frames, main.locals, strict=False):
+            for name, text in values.items():
+                if _items_of(text) is not None:
+                    key = (frame.file, frame.line, frame.function, name)
+                    seen.setdefault(key, {}).setdefault(text, []).append(rank)
+    for (file, line, function, name), by_text in seen.items():
+        orders = [_items_of(text) for text in by_text]
+        if len(by_text) > 1 and len({tuple(sorted(o or [])) for o in orders}) == 1:
+            return Frame(file, line, function), name, by_text
+    return None
+
+
+def _iterated_in_its_own_order(
+    s: Leftovers, said: str, ranks: list[int], apart: list[int] | None = None
+) -> Explanation | None:
+    """``apart``: the ranks the numbers set apart, where the locals (of fewer ranks) do not."""
+    shown = _orders_the_locals_show(s, ranks)
+    if shown is None:
+        return None
+    frame, name, by_text = shown
+    sides = sorted(by_text.items(), key=lambda item: (len(item[1]), item[1][0]))
+    odd = sides[0][1] if len(sides) == 2 and len(sides[0][1]) < len(sides[1][1]) else apart or []
+    rest = sorted(r for r in ranks if r not in odd)
+    orders = "; ".join(f"{who(sorted(side))}: {text}" for text, side in sides)
+    where = f"{relative(frame.file, s.d.ev.cwd)}:{frame.line}"
+    return s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"{said}. The ranks' locals at {where} in {frame.function}() hold `{name}` with the same "
+        f"elements in another order ({orders}): each rank issues one collective per element in its "
+        f"own order, and the ranks' calls pair one element's with another's. Such an order comes "
+        f"from a set, or a dict or list built from one (string hashing is seeded per process)",
+        ranks=odd or sorted(ranks),
+        absent_ranks=rest if odd else [],
+        op=None,
+        site=f"{frame.file}:{frame.line}",
+        evidence=s.evidence,
+    )
+
+
 def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
     for group, seq, works in _at_one_position(s):
         by_size: dict[int | None, list[int]] = {}
@@ -849,6 +912,10 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
             odd: list[int] = []
             if not first and len(sides) == 2 and len(sides[0][1]) < len(sides[1][1]) and not s.unseen:
                 odd = sorted(sides[0][1])
+            in_its_own_order = _iterated_in_its_own_order(s, message, sorted(works), odd)
+            if in_its_own_order is not None:
+                return in_its_own_order
+            if odd:
                 skips = [line for line in _before_the_timeouts(s, s.job.skip_lines) if line.rank in odd]
                 if len(odd) == 1 and skips:
                     majority = sorted(sides[1][1])
@@ -1748,6 +1815,18 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
             continue
         seq, op, _ = kinds.pop()
         unseen = s.unseen
+        # one rank that said it left out a step before the timeouts: the same op at one
+        # number is then the others' call of that step against its call of the next
+        skipped = {
+            line.rank: line for line in _before_the_timeouts(s, s.job.skip_lines) if line.rank in works
+        }
+        if len(skipped) == 1:
+            ((odd, line),) = skipped.items()
+            assert odd is not None
+            others = sorted(r for r in works if r != odd)
+            return _said_it_skipped(
+                s, odd, line, others, f"before the ranks timed out in {op} #{seq} of group {group}", []
+            )
         if not unseen:
             return s.d.explanation(
                 Cause.TRANSPORT_HANG,
