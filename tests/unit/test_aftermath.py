@@ -1554,6 +1554,31 @@ def test_a_list_the_ranks_hold_in_other_orders_is_an_order_mismatch_at_its_loop(
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
 
 
+def test_a_rank_that_never_issued_it_whose_stack_computes_is_busy_not_elsewhere(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(_bucket_timeouts({1: 1, 2: 1, 3: 1}) + "[rank0]: epoch 7 validation begins\n")
+    dump = tmp_path / "rank0.txt"
+    dump.write_text(
+        'Thread 311 (active): "MainThread"\n'
+        "    conv2d (torch/nn/functional.py:120)\n"
+        "    forward (/srv/gan/nets.py:52)\n"
+        "    inception_score (/srv/gan/metrics.py:33)\n"
+        "    on_epoch_end (/srv/gan/train.py:140)\n"
+    )
+    (finding,) = run_doctor_from([log, dump]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.STRAGGLER, [1, 2, 3], [0])
+    assert "compute or I/O in forward() at /srv/gan/nets.py:52" in finding.message
+    # in a collective of its own: another path, not busy
+    dump.write_text(
+        'Thread 311 (idle): "MainThread"\n'
+        "    all_gather (torch/distributed/distributed_c10d.py:2947)\n"
+        "    inception_score (/srv/gan/metrics.py:41)\n"
+        "    on_epoch_end (/srv/gan/train.py:140)\n"
+    )
+    (finding,) = run_doctor_from([log, dump]).findings
+    assert finding.cause is not Cause.STRAGGLER
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

@@ -1673,6 +1673,44 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
     return None
 
 
+def _outside_any_collective(
+    s: Leftovers, waited: list[int], behind: list[int], said: str, op: str | None
+) -> Explanation | None:
+    """The ranks that never issued the collective were dumped, each outside any collective
+    (compute, I/O, its data pipeline): busy while the others waited. From one snapshot, the
+    likely reading, said with what would confirm it."""
+    where = []
+    for rank in behind:
+        record = s.job.ranks.get(rank)
+        stack = record.stack if record is not None else None
+        if stack is None or stack.main is None or not stack.main.frames:
+            return None
+        holds = blocking(stack)
+        if holds.waits_for_peers or holds.sync:
+            return None  # a device sync waits on the GPU, which may wait on a collective
+        user = user_frames(stack)
+        at = (
+            f" in {user[0].function}() at {relative(user[0].file, s.d.ev.cwd)}:{user[0].line}" if user else ""
+        )
+        where.append(f"rank {rank}: {holds.what}{at}")
+    if not where:
+        return None
+    return s.d.explanation(
+        Cause.STRAGGLER,
+        f"{said}. Where {who(behind)} {'were' if len(behind) > 1 else 'was'}, {its(behind)} stack says, "
+        "was outside any collective "
+        f"({'; '.join(where)}): busy there while {who(waited)} waited, the likely reading from one "
+        "snapshot. What would confirm it: a second dump a little later (frames that move are work "
+        "under way; a collective it then reaches that the others never call makes it "
+        "rank-conditional-collective)",
+        ranks=waited,
+        absent_ranks=behind,
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+
+
 def _never_issued(
     s: Leftovers,
     message: str,
@@ -1689,6 +1727,9 @@ def _never_issued(
     stopped = _said_it_stopped(s, sides[0], sides[1], said[0].upper() + said[1:])
     if stopped is not None:
         return stopped
+    outside = _outside_any_collective(s, sides[0], sides[1], said[0].upper() + said[1:], op)
+    if outside is not None:
+        return outside
     bar = next((b for b in s.job.progress_bars.values() if b.rank is not None and b.rank in sides[1]), None)
     if bar is not None and bar.rank is not None:
         # the rank's own output: work unfinished as the others timed out (tokenizing, a
