@@ -393,6 +393,9 @@ class Aftermath:
     # the processes torchelastic's agent told to stop after a failure ("Sending process 5521
     # closing signal SIGTERM"): the survivors of the first failure it saw, on its node
     launcher_closed: set[int] = field(default_factory=set)
+    # the job's own lines that carry a rank's prefix, by their text with the numbers blanked
+    # (each rank's copy of one log call matches), the last few of each (logs.py)
+    rank_lines: dict[str, list[OwnOutput]] = field(default_factory=dict)
     # the lengths of the ranks' loops, where the job's output says them (LoopLength)
     loop_lengths: list[LoopLength] = field(default_factory=list)
 

@@ -680,6 +680,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         if "closing signal" in line and (closing := _CLOSING.search(line)):
             text.found.launcher_closed.add(int(closing.group(1)))
             return  # torchelastic's, not the job's
+        if rank is None and "ank" in line[:120] and (tag := _RANK_TAG.search(line[:120])):
+            rank = int(tag.group(1))  # a logger's format that tags its lines after its name
         if line.strip():  # the job's own output: the last of it before a timeout is evidence
             text.own_output.append((line, number, rank))
             if ("kip" in line or "rop" in line or "gnor" in line or "KIP" in line) and (
@@ -688,6 +690,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _skip_line(text, rank, line, number)
             if any(word in line for word in _MAY_SAY_STOPPED) and _STOPPED.search(line):
                 _stop_line(text, rank, line, number)
+            if rank is not None:
+                _rank_line(text, rank, line, number)
             if rank is not None and "batch" in line and (counted := _BATCH_COUNT.search(line)):
                 what = re.sub(r"\d+", "N", line.strip())[:200]
                 text.found.loop_lengths.append(
@@ -847,6 +851,26 @@ _CLOSING = re.compile(r"Sending process (\d+) closing signal SIG")
 # a rank's own count of its loop's batches: "eval shard: 1249 samples -> 79 batches",
 # "val loader has 78 eval batches"; not a batch's index ("epoch 3 batch 12") nor its size
 _BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b")
+
+
+# a rank's tag inside a logger's prefix: "INFO:trainer.loop:[rank3] step 8400 ..."
+_RANK_TAG = re.compile(r"\[(?:rank|Rank|RANK)[ =:]?(\d+)\]")
+_RANK_LINE_KINDS = 2000  # distinct texts kept: a log's calls, not its values
+_RANK_LINE_LAST = 64  # of each, the last: enough for every rank's copy of two of its calls
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _rank_line(text: _TextFile, rank: int, line: str, number: int) -> None:
+    kinds = text.found.rank_lines
+    key = _NUMBER.sub("N", line.strip())[:200]
+    kept = kinds.get(key)
+    if kept is None:
+        if len(kinds) >= _RANK_LINE_KINDS:
+            return
+        kept = kinds[key] = []
+    kept.append(OwnOutput(line.strip()[:200], Source(str(text.path), number), rank))
+    if len(kept) > _RANK_LINE_LAST:
+        del kept[0]
 
 
 def _stop_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:

@@ -1579,6 +1579,34 @@ def test_a_rank_that_never_issued_it_whose_stack_computes_is_busy_not_elsewhere(
     assert finding.cause is not Cause.STRAGGLER
 
 
+def test_a_line_every_rank_printed_together_before_and_only_one_side_printed_last_is_their_decision(
+    tmp_path: Path,
+) -> None:
+    def said(ranks: tuple[int, ...], step: int) -> str:
+        return "".join(
+            f"2026-12-01 04:{step % 60:02d}:1{r} | eval.py | [rank{r}] wall clock {1800 + r}.5 s, "
+            f"running the periodic eval at step {step}\n"
+            for r in ranks
+        )
+
+    parted = _parted(
+        {0: ("ALLREDUCE", 2048), 1: ("ALLREDUCE", 2048), 2: ("BROADCAST", 1), 3: ("ALLREDUCE", 2048)}
+    )
+    log = tmp_path / "job.log"
+    log.write_text(said((0, 1, 2, 3), 1200) + said((2,), 2400) + parted)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.UNSYNCHRONIZED_DECISION,
+        [2],
+        [0, 1, 3],
+    )
+    assert "running the periodic eval at step 2400" in finding.message
+    # every rank said it the last time too: the line explains no parting
+    log.write_text(said((0, 1, 2, 3), 1200) + said((0, 1, 2, 3), 2400) + parted)
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is not Cause.UNSYNCHRONIZED_DECISION
+
+
 def test_a_dump_of_no_known_rank_waiting_on_its_dataloader_is_held_by_its_pipeline(tmp_path: Path) -> None:
     dump = tmp_path / "worker.txt"
     dump.write_text(

@@ -674,6 +674,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             uneven = _loops_of_other_lengths(s, said, by_op)
             if uneven is not None:
                 return uneven
+            decided = _a_decision_only_they_took(s, f"the ranks disagree on {said}", list(by_op.values()))
+            if decided is not None:
+                return decided
             decided_apart = _one_side_reduces_to_a_root(s, group, seq, by_op)
             if decided_apart is not None:
                 return decided_apart
@@ -744,6 +747,42 @@ def _loops_of_other_lengths(s: Leftovers, said: str, by_op: dict[str, list[int]]
         site=None,
         evidence=s.evidence,
     )
+
+
+def _a_decision_only_they_took(s: Leftovers, said: str, sides: list[list[int]]) -> Explanation | None:
+    """The ranks parted into ``sides``; a line of the job's own that every rank of them had
+    printed together before was printed this last time by the ranks of one side only: a
+    recurring decision (a timed save, an eval every N, a log) those ranks took and the
+    others did not, each deciding on a value of its own. The likely reading, with the line."""
+    parted = {r for side in sides for r in side}
+    for lines in s.job.rank_lines.values():
+        occurrences: list[list[OwnOutput]] = [[]]
+        for line in _before_the_timeouts(s, lines):
+            if any(o.rank == line.rank for o in occurrences[-1]):
+                occurrences.append([])  # a rank prints it again: the next time it was said
+            occurrences[-1].append(line)
+        if len(occurrences) < 2:
+            continue
+        took = sorted({o.rank for o in occurrences[-1] if o.rank is not None} & parted)
+        together = next((occ for occ in reversed(occurrences[:-1]) if parted <= {o.rank for o in occ}), None)
+        if together is None or not any(took == sorted(side) for side in sides) or len(took) == len(parted):
+            continue
+        rest = sorted(parted - set(took))
+        last = occurrences[-1][0]
+        return s.d.explanation(
+            Cause.UNSYNCHRONIZED_DECISION,
+            f"{said}. Every one of these ranks had printed '{together[0].text}' together before "
+            f"({together[0].source}); the last time, only {who(took)} did ('{last.text}', "
+            f"{last.source}): {who(took)} took a branch {who(rest)} did not, each rank deciding it on "
+            "a value of its own (a clock, a counter, a metric not reduced), the likely reading. What "
+            "would confirm it: the test in the code that prints that line, and the value it reads",
+            ranks=took,
+            absent_ranks=rest,
+            op=None,
+            site=None,
+            evidence=s.evidence,
+        )
+    return None
 
 
 def _one_side_reduces_to_a_root(
@@ -1727,6 +1766,9 @@ def _never_issued(
     stopped = _said_it_stopped(s, sides[0], sides[1], said[0].upper() + said[1:])
     if stopped is not None:
         return stopped
+    decided = _a_decision_only_they_took(s, said[0].upper() + said[1:], [sides[0], sides[1]])
+    if decided is not None:
+        return decided
     outside = _outside_any_collective(s, sides[0], sides[1], said[0].upper() + said[1:], op)
     if outside is not None:
         return outside
