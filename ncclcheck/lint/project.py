@@ -43,6 +43,7 @@ from ncclcheck.lint.syntax import (
     reaching_nodes_in,
     returns_cat,
     walk_scope,
+    wraps_in_ddp,
 )
 from ncclcheck.lint.tables import DIST_OPS, NUMBER_OF, RANK_WORDS, ROOTED, UNSYNCED_CALLS
 from ncclcheck.model import Finding
@@ -198,9 +199,7 @@ class Linter:
             for node in module.all_nodes
         )
         # backward() all-reduces gradients whatever the model holds
-        module.wraps_ddp = bool(ddp_wrapped_names(module.all_nodes, forward_communicates=False)) or (
-            "DistributedDataParallel(" in text
-        )
+        module.wraps_ddp = wraps_in_ddp(module.all_nodes) or "DistributedDataParallel(" in text
 
     def _index_definitions(self, module: ParsedModule, node: ast.stmt, class_name: str | None) -> None:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

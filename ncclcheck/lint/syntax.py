@@ -76,6 +76,15 @@ def ddp_wrapped_names(nodes: Iterable[ast.AST], forward_communicates: bool = Tru
     return names | sharded_names(nodes)
 
 
+def wraps_in_ddp(nodes: Iterable[ast.AST]) -> bool:
+    """Whether any call among ``nodes`` wraps a model in DDP, whatever holds the result (a
+    name, ``self.model``, a dict entry): its backward() then all-reduces the gradients."""
+    return any(
+        isinstance(node, ast.Call) and _callee_name(node) in ("DDP", "DistributedDataParallel")
+        for node in nodes
+    )
+
+
 def sharded_names(nodes: Iterable[ast.AST]) -> set[str]:
     """Names of models whose parameters are sharded across the ranks, so that every forward
     all-gathers them: bound to ``FSDP(...)``, passed to ``fully_shard(...)`` (FSDP2 makes

@@ -1690,3 +1690,30 @@ def test_a_helper_that_returns_what_it_synchronised_settles_what_it_was_given(
     """``if out_of_time(start): break`` with ``start = time.time()``: the clock goes in, but
     what comes out was all-reduced inside; the ranks take the break together."""
     assert lint_source(tmp_path, TIME_BUDGET_BY_A_HELPER.format(synced=synced, returned=returned)) == expected
+
+
+def test_a_model_wrapped_in_ddp_on_an_attribute_makes_backward_a_collective(tmp_path: Path) -> None:
+    # the wrapper held by `self.net`, never by a plain name: its backward still all-reduces
+    found = lint_source(
+        tmp_path,
+        """
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        class Fitter:
+            def __init__(self, net):
+                self.net = DDP(net)
+
+            def one_step(self, batch):
+                loss = self.net(batch).mean()
+                loss.backward()
+
+            def epoch(self, batches):
+                for batch in batches:
+                    try:
+                        self.one_step(batch)
+                    except ValueError:
+                        continue
+        """,
+    )
+    assert found == [("rank-exception", 11, "warning")]
