@@ -567,9 +567,21 @@ class Linter:
         for node in self.nodes(scope):
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Compare):
                 masks |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        for node in self.nodes(scope):
-            if isinstance(node, ast.Assign) and self._is_variable_size(node.value, module, function, masks):
-                sized |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        assignments = [node for node in self.nodes(scope) if isinstance(node, ast.Assign)]
+        for node in assignments:
+            for target, value in _paired(node):
+                if self._is_variable_size(value, module, function, masks):
+                    sized.add(target)
+        # what is built from such a tensor keeps its data-dependent size (a stack, a cast, a
+        # slice of it), unless it reads only its size (len, .shape) or pads it to one
+        grew = True
+        while grew:
+            grew = False
+            for node in assignments:
+                for target, value in _paired(node):
+                    if target not in sized and _carries_size_of(value, sized):
+                        sized.add(target)
+                        grew = True
         return sized
 
     def _is_variable_size(
@@ -930,3 +942,49 @@ def _of_synced(value: ast.expr, synced: set[str]) -> bool:
     while isinstance(root, (ast.Attribute, ast.Subscript, ast.Call)):
         root = root.func if isinstance(root, ast.Call) else root.value
     return isinstance(root, ast.Name) and root.id in synced
+
+
+def _paired(node: ast.Assign) -> list[tuple[str, ast.expr]]:
+    """The names an assignment binds, each with the expression it gets: ``a, b = x, y``
+    pairs a with x and b with y; ``a = b = x`` both with x."""
+    pairs: list[tuple[str, ast.expr]] = []
+    for target in node.targets:
+        if isinstance(target, ast.Name):
+            pairs.append((target.id, node.value))
+        elif (
+            isinstance(target, ast.Tuple)
+            and isinstance(node.value, ast.Tuple)
+            and len(target.elts) == len(node.value.elts)
+        ):
+            pairs += [
+                (t.id, v)
+                for t, v in zip(target.elts, node.value.elts, strict=True)
+                if isinstance(t, ast.Name)
+            ]
+    return pairs
+
+
+# reads of a tensor that give its size or a scalar, not a tensor of its size
+_SIZE_READS = frozenset(
+    {"shape", "size", "numel", "dim", "item", "sum", "mean", "max", "min", "tolist", "len"}
+)
+
+
+def _carries_size_of(value: ast.expr, sized: set[str]) -> bool:
+    """Whether ``value`` is a tensor built from one of ``sized`` with its size: it uses one
+    otherwise than to read its size or a scalar (``len(x)``, ``x.shape``, ``x.sum()``), and
+    pads nothing (``F.pad``, ``pad_sequence``, ``pad_across_processes`` fix the size)."""
+    for node in ast.walk(value):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            if "pad" in name.lower():
+                return False
+    reads: set[int] = set()
+    for node in ast.walk(value):
+        if isinstance(node, ast.Attribute) and node.attr in _SIZE_READS and isinstance(node.value, ast.Name):
+            reads.add(id(node.value))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "len":
+            reads |= {id(a) for a in node.args if isinstance(a, ast.Name)}
+    return any(
+        isinstance(node, ast.Name) and node.id in sized and id(node) not in reads for node in ast.walk(value)
+    )

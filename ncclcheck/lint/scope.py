@@ -256,11 +256,13 @@ class ScopeChecker:
             if isinstance(a, ast.Name) and a.id in self.variable_size
         ]
         if sized:
+            # all_gather(outputs, input): name the input, the outputs are sized after it
+            named = sized[-1] if collective.label.split(".")[-1].startswith("all_gather") else sized[0]
             self.add(
                 Cause.COLLECTIVE_SHAPE_MISMATCH,
                 "warning",
                 call,
-                f"{collective.label} of {sized[0]}, whose size depends on the data (boolean indexing, "
+                f"{collective.label} of {named}, whose size depends on the data (boolean indexing, "
                 f"nonzero, masked_select, cat of a list): ranks pass tensors of different sizes; pad "
                 f"to a common size (gather the sizes first) or use all_gather_object",
                 collective,

@@ -1717,3 +1717,31 @@ def test_a_model_wrapped_in_ddp_on_an_attribute_makes_backward_a_collective(tmp_
         """,
     )
     assert found == [("rank-exception", 11, "warning")]
+
+
+def test_a_tensor_built_from_a_data_sized_one_keeps_its_size_unless_padded(tmp_path: Path) -> None:
+    found = lint_source(
+        tmp_path,
+        """
+        import torch
+        import torch.distributed as dist
+        import torch.nn.functional as F
+
+        def gather_hits(scores, ids, world):
+            hit = scores > 0.5
+            top, kept_ids = scores[hit], ids[hit].long()
+            rows = torch.stack([top, kept_ids.float()], dim=1)
+            out = [torch.zeros_like(rows) for _ in range(world)]
+            dist.all_gather(out, rows)
+
+        def gather_hits_padded(scores, ids, world, longest):
+            hit = scores > 0.5
+            top = scores[hit]
+            count = torch.tensor([len(top)])
+            padded = F.pad(top, (0, longest - top.shape[0]))
+            out = [torch.zeros_like(padded) for _ in range(world)]
+            dist.all_gather(out, padded)
+            dist.all_reduce(count)
+        """,
+    )
+    assert found == [("collective-shape-mismatch", 11, "warning")]
