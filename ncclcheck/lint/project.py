@@ -661,6 +661,15 @@ class Linter:
         # too (`bad += 1` in the else of `if val_loss < best`: a patience count each rank
         # keeps for itself)
         guarded = tests_over(scope)
+        filling = [
+            n.value
+            for n in self.nodes(scope)
+            if isinstance(n, ast.Expr)
+            and isinstance(n.value, ast.Call)
+            and isinstance(n.value.func, ast.Attribute)
+            and n.value.func.attr in _FILLING_METHODS
+            and isinstance(n.value.func.value, ast.Name)
+        ]
         for _ in range(3):
             before = len(local)
             for node in assignments:
@@ -674,6 +683,13 @@ class Linter:
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     # `self.total += loss.item()` makes an attribute rank-local, not `self`
                     local |= {name for t in targets for name in bound_names(t)} - synced
+            # a container filled with a rank-local value holds it: `logs.update(self.evaluate())`
+            for call in filling:
+                assert isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name)
+                if call.func.value.id not in synced and any(
+                    self.is_rank_local(arg, module, function, synced, local) for arg in call.args
+                ):
+                    local.add(call.func.value.id)
             if len(local) == before:
                 break
         return local
@@ -794,6 +810,7 @@ class Linter:
                     continue
                 synced = set(self.sync_points(function.node, module))
                 names = self.rank_local_names(function.node, module, function)
+                tests = tests_over(function.node)
                 for node in self.nodes(function.node):
                     if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) or node.value is None:
                         continue
@@ -805,6 +822,14 @@ class Linter:
                         and isinstance(t.value, ast.Name)
                         and t.value.id == "self"
                     }
+                    if attributes and any(
+                        self.is_rank_local(test, module, function, synced, names)
+                        for test in tests.get(id(node), [])
+                    ):
+                        # set under a test of a rank-local value (a patience counter bumped
+                        # when this rank's own loss did not improve): each rank's own count
+                        local |= attributes
+                        continue
                     if not attributes or _a_starting_value(node.value):
                         continue
                     if self.is_rank_local(node.value, module, function, synced, names):
@@ -894,6 +919,9 @@ class Linter:
 _SAME_EVERYWHERE = frozenset({"torch", "math", "np", "numpy", "float", "int", "bool", "min", "max", "abs"})
 
 
+_FILLING_METHODS = frozenset({"update", "append", "extend", "setdefault", "insert", "add"})
+
+
 def _and_what_follows_from_them(synced: dict[str, list[int]], nodes: list[ast.AST]) -> dict[str, list[int]]:
     """``synced`` and every name whose every assignment in the scope is built only from
     synchronised names and constants (``best = val_acc.clone()`` after val_acc was
@@ -905,6 +933,21 @@ def _and_what_follows_from_them(synced: dict[str, list[int]], nodes: list[ast.AS
             assigned.setdefault(node.targets[0].id, []).append(node)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):  # the scope's nodes, walked
             stores[node.id] = stores.get(node.id, 0) + 1
+        # filled in place afterwards (`stats = {}`, then `stats.update(local)`, `stats[k] = v`):
+        # what it holds is not what it was built from
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _FILLING_METHODS
+            and isinstance(node.func.value, ast.Name)
+        ):
+            stores[node.func.value.id] = stores.get(node.func.value.id, 0) + 1
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+        ):
+            stores[node.value.id] = stores.get(node.value.id, 0) + 1
     found = dict(synced)
     changed = True
     while changed:

@@ -1745,3 +1745,46 @@ def test_a_tensor_built_from_a_data_sized_one_keeps_its_size_unless_padded(tmp_p
         """,
     )
     assert found == [("collective-shape-mismatch", 11, "warning")]
+
+
+def test_a_counter_an_attribute_keeps_from_a_local_metric_decides_per_rank(tmp_path: Path) -> None:
+    # the metric reaches the test through a dict filled in place and a counter on self
+    # bumped under a test of it: each rank's own count
+    source = """
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        class Loop:
+            def __init__(self, net):
+                self.net = DDP(net)
+                self.stale = 0
+                self.best = float("inf")
+
+            def one_epoch(self, batches):
+                for batch in batches:
+                    self.net(batch).mean().backward()
+
+            def score(self, batches):
+                return {"err": sum(self.net.module(b).mean().item() for b in batches)}
+
+            def run(self, batches, epochs):
+                for _ in range(epochs):
+                    stats = {}
+                    self.one_epoch(batches)
+                    stats.update(self.score(batches))
+                    if stats["err"] < self.best:
+                        self.best, self.stale = stats["err"], 0
+                    else:
+                        self.stale += 1
+                    if self.stale >= 3:
+                        break
+        """
+    assert lint_source(tmp_path, source) == [("unsynchronized-decision", 13, "warning")]
+    # the metric all-reduced before it is stored: the same count on every rank
+    synced = source.replace(
+        'return {"err": sum(self.net.module(b).mean().item() for b in batches)}',
+        'err = torch.tensor(sum(self.net.module(b).mean().item() for b in batches))\n'
+        "                dist.all_reduce(err)\n"
+        '                return {"err": err.item()}',
+    ).replace("import torch.distributed as dist", "import torch\n        import torch.distributed as dist")
+    assert lint_source(tmp_path, synced) == []
