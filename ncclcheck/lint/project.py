@@ -573,15 +573,27 @@ class Linter:
                 if self._is_variable_size(value, module, function, masks):
                     sized.add(target)
         # what is built from such a tensor keeps its data-dependent size (a stack, a cast, a
-        # slice of it), unless it reads only its size (len, .shape) or pads it to one
+        # slice of it, a list a loop appends it to, whose cat it is), unless it reads only its
+        # size (len, .shape) or pads it to one
+        appends = [
+            (node.func.value.id, node.args[0])
+            for node in self.nodes(scope)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend")
+            and isinstance(node.func.value, ast.Name)
+            and len(node.args) == 1
+        ]
         grew = True
         while grew:
             grew = False
-            for node in assignments:
-                for target, value in _paired(node):
-                    if target not in sized and _carries_size_of(value, sized):
-                        sized.add(target)
-                        grew = True
+            pairs = [pair for node in assignments for pair in _paired(node)] + appends
+            for target, value in pairs:
+                if target not in sized and (
+                    _carries_size_of(value, sized) or self._is_variable_size(value, module, function, masks)
+                ):
+                    sized.add(target)
+                    grew = True
         return sized
 
     def _is_variable_size(
@@ -596,6 +608,11 @@ class Linter:
             if isinstance(node, ast.Subscript) and (
                 isinstance(node.slice, ast.Compare)
                 or (isinstance(node.slice, ast.Name) and node.slice.id in masks)
+                or (  # x[mask.bool()]: indexed by a mask, whatever it was
+                    isinstance(node.slice, ast.Call)
+                    and isinstance(node.slice.func, ast.Attribute)
+                    and node.slice.func.attr == "bool"
+                )
             ):
                 return True
             if isinstance(node, ast.Call):

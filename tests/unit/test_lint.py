@@ -1788,3 +1788,22 @@ def test_a_counter_an_attribute_keeps_from_a_local_metric_decides_per_rank(tmp_p
         '                return {"err": err.item()}',
     ).replace("import torch.distributed as dist", "import torch\n        import torch.distributed as dist")
     assert lint_source(tmp_path, synced) == []
+
+
+def test_the_cat_of_a_list_a_loop_fills_with_masked_pieces_has_the_datas_size(tmp_path: Path) -> None:
+    found = lint_source(
+        tmp_path,
+        """
+        import torch
+        import torch.distributed as dist
+
+        def collect(model, batches, world):
+            kept = []
+            for x, mask in batches:
+                kept.append(model(x)[mask.bool()])
+            mine = torch.cat(kept).unsqueeze(0)
+            out = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(out, mine)
+        """,
+    )
+    assert found == [("collective-shape-mismatch", 11, "warning")]
