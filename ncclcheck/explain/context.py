@@ -236,6 +236,12 @@ class Context:
         return (last.loader, others) if any(others.values()) else None
 
     def eval_samples_overlap(self) -> bool:
+        """Do two ranks evaluate the same samples? A sample id is a position in the rank's
+        own dataset: ranks whose eval loaders have other lengths read other datasets (shards
+        sliced by hand, each numbered from 0), whatever ids they share."""
+        lengths = {tuple(p.length for p in trace.eval_passes) for trace in self.ev.traces.values()}
+        if len(lengths) > 1:
+            return False
         seen: dict[int, set[int]] = {}
         for rank, trace in self.ev.traces.items():
             ids = set()

@@ -1783,7 +1783,7 @@ def test_a_counter_an_attribute_keeps_from_a_local_metric_decides_per_rank(tmp_p
     # the metric all-reduced before it is stored: the same count on every rank
     synced = source.replace(
         'return {"err": sum(self.net.module(b).mean().item() for b in batches)}',
-        'err = torch.tensor(sum(self.net.module(b).mean().item() for b in batches))\n'
+        "err = torch.tensor(sum(self.net.module(b).mean().item() for b in batches))\n"
         "                dist.all_reduce(err)\n"
         '                return {"err": err.item()}',
     ).replace("import torch.distributed as dist", "import torch\n        import torch.distributed as dist")

@@ -364,6 +364,37 @@ def test_eval_loaders_of_different_lengths_are_uneven_eval_batches(tmp_path: Pat
     )
 
 
+@pytest.mark.parametrize(
+    ("lengths", "cause"),
+    [
+        # each rank slices its own set from the tensors, numbered from 0: other samples
+        ((3, 2), Cause.UNEVEN_EVAL_BATCHES),
+        # one set of one length read by every rank with no sampler: the same samples
+        ((3, 3), Cause.MISSING_DISTRIBUTED_SAMPLER),
+    ],
+)
+def test_eval_sets_without_a_sampler_repeat_samples_only_where_their_lengths_agree(
+    tmp_path: Path, lengths: tuple[int, int], cause: Cause
+) -> None:
+    path = script(tmp_path, NOTHING)
+    traces = {
+        0: trace(0, [_eval_call(0, path, 2, seq, seq) for seq in range(3)]),
+        1: trace(
+            1,
+            [*(_eval_call(1, path, 2, seq, seq) for seq in range(2)), call(1, path, 3, op="barrier", seq=2)],
+        ),
+    }
+    for rank, (batches, length) in enumerate(zip((3, 2), lengths, strict=True)):
+        traces[rank].passes = [
+            LoaderPass(
+                "val_loader", 0, "eval", length, "SequentialSampler", False, "TensorDataset", batches, True
+            )
+        ]
+        traces[rank].passes[0].sample_ids = list(range(batches * 4))
+    explanation = _preflight(tmp_path, traces, stalled=True)
+    assert (explanation.cause, explanation.ranks) == (cause, [0])
+
+
 def test_the_same_call_for_different_batches_is_a_skipped_step(tmp_path: Path) -> None:
     path = script(tmp_path, NOTHING)
     traces = {

@@ -95,10 +95,7 @@ def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
                 # an IterableDataset shards itself: no sampler to name
                 if not loader_pass.distributed_sampler and not loader_pass.iterable:
                     loaders.setdefault(loader_pass.loader, set()).add(str(loader_pass.sampler))
-        # a sample id is a position in the rank's own dataset: ranks whose eval loaders have
-        # other lengths read other datasets (shards sliced by hand), whatever ids they share
-        lengths = {tuple(p.length for p in trace.eval_passes) for trace in d.ev.traces.values()}
-        overlap = d.eval_samples_overlap() and len(lengths) == 1
+        overlap = d.eval_samples_overlap()
         for loader, samplers in sorted(loaders.items()):
             effect = (
                 "the ranks evaluate the same samples, so metrics count them more than once"
