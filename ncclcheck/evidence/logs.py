@@ -693,7 +693,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
             if rank is not None:
                 _rank_line(text, rank, line, number)
             if rank is not None and "batch" in line and (counted := _BATCH_COUNT.search(line)):
-                what = re.sub(r"\d+", "N", line.strip())[:200]
+                what = _NUMBER.sub("N", line.strip())[:200]
                 text.found.loop_lengths.append(
                     LoopLength(
                         what, int(counted.group(1)), rank, Source(str(text.path), number), line.strip()[:200]
@@ -873,7 +873,15 @@ def _rank_line(text: _TextFile, rank: int, line: str, number: int) -> None:
         del kept[0]
 
 
+# a failure said in the same line: an exit with an error is a crash, not a loop left
+_FAILED_EXIT = re.compile(
+    r"exit ?code\s*[:=]?\s*-?[1-9]|status\s*[:=]?\s*[1-9]|error|signal|killed|abort", re.I
+)
+
+
 def _stop_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
+    if _FAILED_EXIT.search(line):
+        return
     if rank is None and (named := _RANK_IN_TEXT.search(line)):
         rank = int(named.group(1))
     text.found.stop_lines.append(OwnOutput(line.strip()[:200], Source(str(text.path), number), rank))

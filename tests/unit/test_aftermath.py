@@ -1384,6 +1384,8 @@ def test_a_rank_that_said_it_stopped_training_left_the_loop_the_others_stayed_in
     for text in (
         "[rank2] early stopping counter 1 of 5\n" + waited,
         waited + "[rank1] exiting after the watchdog's abort\n",
+        # an exit that failed: a crash, not a loop left
+        "[rank1] loader worker 3 exited with exit code 1\n" + waited,
     ):
         log.write_text(text)
         (finding,) = run_doctor_from([log]).findings
