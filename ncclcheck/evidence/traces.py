@@ -52,6 +52,9 @@ class LoaderPass:
     # sampler yields, where that is not what len() said (an estimate)
     head: int = 0
     yields: int | None = None
+    # the length of the whole set behind its dataset (a Subset's parent's): ranks whose sets
+    # have other lengths read sets of their own, whose positions name other samples
+    dataset_len: int | None = None
 
     @property
     def drawn(self) -> int:
@@ -436,6 +439,7 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         why_not=record.get("why_not"),
         head=int(record.get("head", 0)),
         yields=record.get("yields"),
+        dataset_len=record.get("dataset_len"),
     )
 
 

@@ -237,9 +237,16 @@ class Context:
 
     def eval_samples_overlap(self) -> bool:
         """Do two ranks evaluate the same samples? A sample id is a position in the rank's
-        own dataset: ranks whose eval loaders have other lengths read other datasets (shards
-        sliced by hand, each numbered from 0), whatever ids they share."""
-        lengths = {tuple(p.length for p in trace.eval_passes) for trace in self.ev.traces.values()}
+        own dataset: ranks whose eval sets have other lengths read other datasets (shards
+        sliced by hand, each numbered from 0), whatever ids they share. The whole set's
+        length (a Subset's parent's) where the trace has it, else the loader's."""
+        lengths = {
+            tuple(
+                p.dataset_len if p.dataset_len is not None else ("loader", p.length)
+                for p in trace.eval_passes
+            )
+            for trace in self.ev.traces.values()
+        }
         if len(lengths) > 1:
             return False
         seen: dict[int, set[int]] = {}

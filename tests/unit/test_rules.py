@@ -365,16 +365,18 @@ def test_eval_loaders_of_different_lengths_are_uneven_eval_batches(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("lengths", "cause"),
+    ("whole", "cause"),
     [
-        # each rank slices its own set from the tensors, numbered from 0: other samples
-        ((3, 2), Cause.UNEVEN_EVAL_BATCHES),
-        # one set of one length read by every rank with no sampler: the same samples
-        ((3, 3), Cause.MISSING_DISTRIBUTED_SAMPLER),
+        # each rank slices its own set from the tensors (40 and 41 samples), numbered from
+        # 0: other samples at the same positions
+        ((40, 41), Cause.UNEVEN_EVAL_BATCHES),
+        # subsets of one pool, its length on every rank, that no sampler shards: the pool's
+        # samples, drawn on several ranks
+        ((81, 81), Cause.MISSING_DISTRIBUTED_SAMPLER),
     ],
 )
-def test_eval_sets_without_a_sampler_repeat_samples_only_where_their_lengths_agree(
-    tmp_path: Path, lengths: tuple[int, int], cause: Cause
+def test_eval_sets_without_a_sampler_repeat_samples_only_where_their_whole_sets_agree(
+    tmp_path: Path, whole: tuple[int, int], cause: Cause
 ) -> None:
     path = script(tmp_path, NOTHING)
     traces = {
@@ -384,13 +386,12 @@ def test_eval_sets_without_a_sampler_repeat_samples_only_where_their_lengths_agr
             [*(_eval_call(1, path, 2, seq, seq) for seq in range(2)), call(1, path, 3, op="barrier", seq=2)],
         ),
     }
-    for rank, (batches, length) in enumerate(zip((3, 2), lengths, strict=True)):
+    for rank, (batches, length) in enumerate(zip((3, 2), whole, strict=True)):
         traces[rank].passes = [
-            LoaderPass(
-                "val_loader", 0, "eval", length, "SequentialSampler", False, "TensorDataset", batches, True
-            )
+            LoaderPass("val_loader", 0, "eval", batches, "SequentialSampler", False, "Subset", batches, True)
         ]
         traces[rank].passes[0].sample_ids = list(range(batches * 4))
+        traces[rank].passes[0].dataset_len = length
     explanation = _preflight(tmp_path, traces, stalled=True)
     assert (explanation.cause, explanation.ranks) == (cause, [0])
 
