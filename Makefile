@@ -13,7 +13,7 @@ SCRIPT ?= playbooks/rank-conditional-collective/repro.py
 PYTEST_ARGS ?=
 # pytest-xdist workers for the whole suite: a rank test spends much of its time waiting
 # on its ranks (a stall spell, a rendezvous, a stack capture), so on two cores four
-# workers keep the CPUs busy (5% idle): 18-19 min for the suite on a fresh clone at the
+# workers keep the CPUs busy (5% idle): 17-19 min for the suite on a fresh clone at the
 # product's own timeouts (README).
 # worksteal: an idle worker takes queued tests from a busy one, so the suite does not
 # end on one worker still running the long tests it was handed at the start.
