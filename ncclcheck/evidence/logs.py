@@ -880,19 +880,20 @@ _FAILED_EXIT = re.compile(
 
 
 def _stop_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
-    if _FAILED_EXIT.search(line):
-        return
-    if rank is None and (named := _RANK_IN_TEXT.search(line)):
-        rank = int(named.group(1))
-    text.found.stop_lines.append(OwnOutput(line.strip()[:200], Source(str(text.path), number), rank))
+    if not _FAILED_EXIT.search(line):
+        text.found.stop_lines.append(_of_a_rank(text, rank, line, number))
 
 
 def _skip_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
-    if _AGREED_SKIP.search(line):
-        return
+    if not _AGREED_SKIP.search(line):
+        text.found.skip_lines.append(_of_a_rank(text, rank, line, number))
+
+
+def _of_a_rank(text: _TextFile, rank: int | None, line: str, number: int) -> OwnOutput:
+    """A line of the job's own, with its rank: its prefix's, else the one its text names."""
     if rank is None and (named := _RANK_IN_TEXT.search(line)):
         rank = int(named.group(1))
-    text.found.skip_lines.append(OwnOutput(line.strip()[:200], Source(str(text.path), number), rank))
+    return OwnOutput(line.strip()[:200], Source(str(text.path), number), rank)
 
 
 def _size_mismatch(text: _TextFile, rank: int | None, line: str, number: int) -> bool:
