@@ -472,6 +472,12 @@ class Guard:
     line: int  # the if/while line, or the exit statement's line
     text: str  # the condition as written
     statement: str = "if"  # if | return | break | continue | raise | while
+    test_line: int = 0  # for an exit: the line of the if-test above it (0: ``line`` itself)
+
+    @property
+    def decided_at(self) -> int:
+        """The line whose test decided: the if above an exit, else the guard's own line."""
+        return self.test_line or self.line
 
 
 def guards_of(path: str, line: int) -> list[Guard]:
@@ -499,22 +505,23 @@ def conditional_exits(path: str, scope: ast.AST, before_line: int | None = None)
     """
     found: list[Guard] = []
 
-    def visit(node: ast.AST, tests: list[ast.expr]) -> None:
+    def visit(node: ast.AST, tests: list[ast.If]) -> None:
         for child in ast.iter_child_nodes(node):
             line = getattr(child, "lineno", 0)
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
                 continue
             statement = _EXITS.get(type(child))
             if statement and tests and (before_line is None or line < before_line):
-                test = tests[-1]
-                found.append(Guard(condition_kind(path, test), line, ast.unparse(test), statement))
+                above = tests[-1]
+                kind = condition_kind(path, above.test)
+                found.append(Guard(kind, line, ast.unparse(above.test), statement, above.lineno))
             if isinstance(child, ast.If):
-                visit_body(child.body, [*tests, child.test])
-                visit_body(child.orelse, [*tests, child.test])
+                visit_body(child.body, [*tests, child])
+                visit_body(child.orelse, [*tests, child])
             else:
                 visit(child, tests)
 
-    def visit_body(statements: list[ast.stmt], tests: list[ast.expr]) -> None:
+    def visit_body(statements: list[ast.stmt], tests: list[ast.If]) -> None:
         holder = ast.Module(body=statements, type_ignores=[])
         visit(holder, tests)
 

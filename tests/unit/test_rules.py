@@ -750,3 +750,15 @@ def test_a_rank_still_in_the_train_loop_never_entered_the_eval_loop_the_other_wa
     assert explanation.cause is not Cause.UNEVEN_EVAL_BATCHES, explanation.message
     assert explanation.reason is not None and explanation.reason.text.startswith("break"), explanation
     assert explanation.site == "train.py:11", explanation
+
+
+def test_a_loop_exit_names_the_test_at_its_own_line_and_the_exit_at_its_own(tmp_path: Path) -> None:
+    """The `if` is quoted with the `if`'s line, not the `break`'s a line below it."""
+    explanation = explain_fork(_fork(tmp_path, LOOP_EXIT, "all_reduce()", "barrier()"))
+    path = str(tmp_path / "train.py")
+    if_line, break_line = line_of(path, "if loss"), line_of(path, "break")
+    assert f"`if loss < 0.1` (train.py:{if_line})" in explanation.message, explanation.message
+    assert any(
+        f"`break` at train.py:{break_line} under `if loss < 0.1` at train.py:{if_line}" in e
+        for e in explanation.evidence
+    ), explanation.evidence

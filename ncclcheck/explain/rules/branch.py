@@ -654,8 +654,10 @@ def loop_left(
         )
     guard = exits[-1]
     cause = cause_of_exit(guard.kind)
+    # sited at the exit, like every exit; the test above it is said beside it
     deciding = Frame(inside.file, guard.line, "")
     where = d.site(deciding)
+    tested_at = d.site(Frame(inside.file, guard.decided_at, ""))
     # a test on what dist.reduce left on a rank that is not its dst (rooted.py)
     rooted = [
         (rank, read)
@@ -667,7 +669,7 @@ def loop_left(
     how = (
         f"when `{guard.text}` turned false"
         if guard.statement == "while"
-        else f"through `{guard.statement}` under `if {guard.text}` at {where}"
+        else f"through `{guard.statement}` at {where} under `if {guard.text}` at {tested_at}"
     )
     evidence.append(
         f"{who(outside_ranks)} left the loop at {d.site(Frame(inside.file, loop.lineno, ''))} "
@@ -676,7 +678,7 @@ def loop_left(
     keyword = "while" if guard.statement == "while" else "if"
     message = (
         f"{who(outside_ranks)} and {who(inside_ranks)} decided differently at "
-        f"`{keyword} {guard.text}` ({where})"
+        f"`{keyword} {guard.text}` ({tested_at})"
     )
     if rooted:
         cause = Cause.UNSYNCHRONIZED_DECISION
