@@ -44,6 +44,7 @@ _PYSTACK_THREAD = re.compile(
 _GDB_NATIVE_FRAME = re.compile(
     r"^#(\d+)\s+(?:0x[0-9a-fA-F]+ in )?(.+?) \(.*?\)(?:.*? (?:from|at) (\S+))?\s*$"
 )
+_GDB_CONTINUED = re.compile(r"^\s+(?:from|at) (\S+)\s*$")
 _FILE_FRAME = re.compile(r'^\s*(?:\((?:Python|C)\) )?File "(.+)", line (\d+), in (.+?)\s*$')
 # A frame of a py-spy dump posted without its header (no "Process", no "Thread" line): as
 # `fn (file.py:12)` at any indentation, after a "... " where the poster cut frames or a
@@ -140,6 +141,12 @@ class StackReader:
                 self.threads.append(ThreadStack(len(self.threads), "", []))
             where = native.group(3) or "?"
             self.threads[-1].frames.append(Frame(where, 0, native.group(2).strip()))
+            return True
+        continued = _GDB_CONTINUED.match(line) if self._faulthandler and self.threads else None
+        if continued is not None and self.threads[-1].frames and self.threads[-1].frames[-1].file == "?":
+            # gdb wraps a long frame: its "from /lib/x.so" (or "at x.c:3") on the next line
+            last = self.threads[-1].frames[-1]
+            self.threads[-1].frames[-1] = Frame(continued.group(1), last.line, last.function)
             return True
         if match := _PYSTACK_THREAD.match(line):
             self._faulthandler = True

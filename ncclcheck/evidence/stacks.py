@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import linecache
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -257,6 +258,9 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
     return None
 
 
+STORE_GET = "a c10d store's get"
+_STORE_WAIT = re.compile(r"c10d::(?:TCPStore|PrefixStore|Store|FileStore)::(?:doGet|get|wait|doWait)\b")
+
 _THREAD_IDLE = ("wait", "_wait_for_tstate_lock", "select", "poll", "sleep", "get", "accept", "recv")
 
 
@@ -318,6 +322,11 @@ def blocking(stack: ProcessStack) -> Blocking:
     distributed = _distributed_call(main)
     if distributed is not None:
         return distributed
+    store = next((f.function for f in main.frames if _STORE_WAIT.search(f.function)), None)
+    if store is not None:
+        # gdb's native frames of a get or wait on the c10d store: a key another rank sets
+        # (rendezvous, a store-based barrier, a communicator's id), not a collective
+        return Blocking(f"{STORE_GET} ({store.split('(')[0]}, native)", True)
     if main.frames and main.frames[0].function in ("sleep", "wait", "join", "_wait_for_tstate_lock"):
         return Blocking(main.frames[0].function, False)
     if (

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,37 @@ from ncclcheck.wording import first_line, is_user, op_text, relative, shapes_tex
 _SELF_RAISED_SIGNALS = frozenset(
     {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 )
+
+# A rank that died of its device, its memory or the runtime under it: nothing in the code
+# decided it (rank-crashed). Any other exception is the code's or its data's (a corrupt
+# record, a missing file, a bad value), raised on that rank alone: rank-exception, caught
+# or not, sited where it was raised.
+_FAILURE_BENEATH_THE_CODE = re.compile(
+    r"out of memory|OutOfMemoryError|MemoryError|CUDA error|CUDNN_STATUS|CUBLAS_STATUS|NCCL error"
+    r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|HIP error|Segmentation fault"
+    r"|illegal memory access|ECC error|Xid",
+    re.I,
+)
+
+
+def death_cause(error: str | None) -> Cause:
+    """What a rank that ended of ``error`` (an exception's last line; None: a signal or an
+    exit code with no exception) counts as."""
+    if not error or _FAILURE_BENEATH_THE_CODE.search(error):
+        return Cause.RANK_CRASHED
+    return Cause.RANK_EXCEPTION
+
+
+def uncaught_fix(raised_at: str | None, error: str) -> str:
+    """The fix for an exception of the code's own that ended one rank (the playbook's is
+    about one caught around a collective)."""
+    where = f" at {raised_at}" if raised_at else ""
+    return (
+        f"Handle the error{where} where it is raised, around the local work only (skip or replace "
+        "the bad record with a neutral one, zero weight), so that this rank still makes every "
+        "collective; or make skipping a decision every rank takes (all_reduce an ok flag, skip or "
+        f"stop together). And fix what raised it ({first_line(error, 120)})."
+    )
 
 
 @dataclass

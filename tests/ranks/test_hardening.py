@@ -52,6 +52,13 @@ def preflight(*args: str, env: dict[str, str] | None = None):  # type: ignore[no
             'raise RuntimeError("CUDA error',
             "rank 1 died: RuntimeError: CUDA error: invalid device ordinal",
         ),
+        # an error of the code's own, not caught: sited where it was raised
+        (
+            "record-error",
+            "rank-exception",
+            "raise FileNotFoundError",
+            "rank 1 raised at tests/scripts/faults.py:",
+        ),
         ("exit0", "rank-early-exit", "sys.exit(0)", "rank 1 left the script early (sys.exit at"),
         (
             "loader",
@@ -81,7 +88,7 @@ def test_a_fault_is_reported_as_what_it_was(
         assert any("SIGSEGV" in line for line in finding["evidence"])
     traces = load_traces(tmp_path)  # intact: every rank's record reads back
     assert sorted(traces) == [0, 1]
-    if fault == "setup-error":  # the site is where the error left, as no call was made
+    if fault in ("setup-error", "record-error"):  # the site is where the error left
         assert finding["site"] == f"tests/scripts/faults.py:{line_of(fragment)}"
         assert finding["absent_ranks"] == [1]
     else:

@@ -10,6 +10,8 @@
 - slow-step: rank 1 itself computes for SLOW_S seconds, then the job goes on
 - setup-error: rank 1 fails while it picks its device, before any collective (as
   set_device does on a node with fewer GPUs than ranks); rank 0 is still setting up
+- record-error: rank 1's dataset raises FileNotFoundError for one record (a file missing
+  from its shard) and nothing catches it; rank 0 waits in the all_reduce
 - spinning-hang: rank 0 alone all_reduces, rank 1 goes on to the barrier, and a
   thread of each rank keeps a CPU busy, as a rank waiting on a GPU does (CUDA spins)
 - none: no fault; each rank prints the NCCLCHECK_DRY_RUN it sees
@@ -55,6 +57,21 @@ class SlowOnRankOne(Dataset):  # type: ignore[type-arg]
         return torch.ones(2)
 
 
+class MissingRecordOnRankOne(Dataset):  # type: ignore[type-arg]
+    """Record 4 of rank 1's shard is a file that is not there."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if self.rank == 1 and index == 4:
+            raise FileNotFoundError(f"[Errno 2] No such file or directory: 'shard1/{index:05d}.pt'")
+        return torch.ones(2)
+
+
 def spin() -> None:
     while True:  # cudaStreamSynchronize's default wait, in Python
         pass
@@ -97,6 +114,9 @@ def main() -> None:
         os.write(1, f"NCCLCHECK_DRY_RUN={os.environ.get('NCCLCHECK_DRY_RUN')}\n".encode())
     elif fault == "loader":
         for batch in DataLoader(SlowOnRankOne(rank, stuck), batch_size=2):
+            dist.all_reduce(batch)
+    elif fault == "record-error":
+        for batch in DataLoader(MissingRecordOnRankOne(rank), batch_size=2):
             dist.all_reduce(batch)
     elif fault == "slow-worker":
         for batch in DataLoader(SlowOnRankOne(rank, work), batch_size=2, num_workers=1):

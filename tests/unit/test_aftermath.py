@@ -1481,7 +1481,19 @@ def test_an_exception_the_launcher_never_saw_end_its_rank_is_one_the_rank_lived_
     assert finding.site == "/srv/asr/fit.py:164"
     assert "did not exit" in finding.message
     # an agent that stopped one process of four: another node's ranks were not its to see
+    # (an exception of the code's own, raised and not caught: rank-exception either way, sited
+    # where it was raised; rank-crashed is for memory, the device and signals)
     log.write_text(_raised_then_timed_out([702], aborted))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_EXCEPTION, [1])
+    assert "raised and did not catch (KeyError: 'shadow')" in finding.message
+    assert finding.site == "/srv/asr/fit.py:164"
+    # the same rank dying of its memory is a crash
+    log.write_text(
+        _raised_then_timed_out([702], aborted).replace(
+            "KeyError: 'shadow'", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+        )
+    )
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [1])
 
@@ -1523,7 +1535,7 @@ def test_srun_labels_are_the_ranks_where_a_line_names_none_of_its_own(tmp_path: 
     job = read_leftovers([log])
     assert sorted(job.ranks) == [1, 2, 3]
     (finding,) = run_doctor_from([log]).findings
-    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [3])
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_EXCEPTION, [3])
 
 
 def test_a_list_the_ranks_hold_in_other_orders_is_an_order_mismatch_at_its_loop(tmp_path: Path) -> None:

@@ -343,3 +343,53 @@ def test_a_rank_in_backward_beside_idle_threads_named_as_py_spy_0_4_names_them_w
     assert stack is not None
     waits = blocking(stack)
     assert waits.waits_for_peers and "DDP gradient buckets" in waits.what
+
+
+def test_one_dumped_rank_above_zero_sets_no_rank_apart(tmp_path: Path) -> None:
+    """The dump of rank 2 alone: the ranks below it were not dumped, not gone (no process list
+    says so), and nothing here says where they are."""
+    dump = tmp_path / "rank2_pyspy.txt"
+    dump.write_text(
+        "Process 5120: python -u run.py --dist\nPython v3.10.12 (/usr/bin/python3.10)\n\n"
+        'Thread 5120 (idle): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:2050)\n"
+        "    average_meters (lib/meters.py:58)\n"
+        "    step (lib/engine.py:140)\n"
+        "    <module> (run.py:33)\n"
+    )
+    (finding,) = run_doctor_from([dump]).findings
+    assert finding.severity.value == "warning", finding
+    assert finding.absent_ranks == [] and finding.cause is not Cause.RANK_CRASHED, finding
+    assert "not running on this host" not in finding.message
+
+
+def _store_bt(pid: int) -> str:
+    """gdb's `bt` of a rank blocked in a c10d store's get, with a frame wrapped onto two lines."""
+    return (
+        f"(gdb) attach {pid}\n(gdb) bt\n"
+        "#0  0x00007f2a1c91e9cf in __libc_recv (fd=41, buf=0x55d0, len=8, flags=0) at ../sysdeps/recv.c:28\n"
+        "#1  0x00007f2a0a3b1d2e in c10d::tcputil::recvBytes<unsigned char>(int, unsigned char*, "
+        "unsigned long) ()\n"
+        "   from /opt/venv/lib/python3.10/site-packages/torch/lib/libtorch_cpu.so\n"
+        "#2  0x00007f2a0a3af8a0 in c10d::TCPStore::doWait(c10::ArrayRef<std::string>, "
+        "std::chrono::duration<long, std::ratio<1l, 1000l> >) () from /opt/venv/lib/libtorch_cpu.so\n"
+        "#3  0x00007f2a0a3afd10 in c10d::TCPStore::get(std::string const&) () "
+        "from /opt/venv/lib/libtorch_cpu.so\n"
+    )
+
+
+def test_ranks_blocked_in_a_stores_get_wait_for_rank_0_where_it_is_not_among_them(tmp_path: Path) -> None:
+    one = tmp_path / "rank_2_bt.txt"
+    one.write_text(_store_bt(811))
+    job = read_leftovers([one])
+    frames = job.ranks[2].stack.main.frames  # type: ignore[union-attr]
+    assert frames[1].file.endswith("libtorch_cpu.so")  # the wrapped line's library is its frame's
+    assert [f.function.split("(")[0] for f in frames[2:]] == ["c10d::TCPStore::doWait", "c10d::TCPStore::get"]
+    (finding,) = run_doctor_from([one]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_CRASHED, [2], [0])
+    assert "likely reading" in finding.message and "What decides" in finding.message
+    # rank 0 waits there too: a key every rank adds; the ranks not seen decide, none set apart
+    zero = tmp_path / "rank_0_bt.txt"
+    zero.write_text(_store_bt(810))
+    (finding,) = run_doctor_from([zero, one]).findings
+    assert finding.severity.value == "warning" and finding.absent_ranks == [], finding

@@ -42,7 +42,7 @@ from ncclcheck.evidence.aftermath import (
 )
 from ncclcheck.evidence.classes import merge_stacks, user_frames
 from ncclcheck.evidence.stacks import blocking
-from ncclcheck.explain.context import Context
+from ncclcheck.explain.context import Context, death_cause, uncaught_fix
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import explain_classes
 from ncclcheck.model import Frame, Severity, format_ranks
@@ -565,16 +565,22 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
         if ending.signal
         else f"exit code {ending.exit_code}"
     )
-    return s.d.explanation(
-        Cause.RANK_CRASHED,
-        f"{who(dead)} failed ({what})"
+    cause = death_cause(ending.error)
+    how = "failed" if cause is Cause.RANK_CRASHED else "raised and did not catch"
+    site = f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None
+    finding = s.d.explanation(
+        cause,
+        f"{who(dead)} {how} ({what})"
         + (f" while {who(waiting)} waited for {'it' if len(dead) == 1 else 'them'}" if waiting else ""),
         ranks=waiting,
         absent_ranks=dead,
         op=None,
-        site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
+        site=site,
         evidence=s.evidence,
     )
+    if cause is Cause.RANK_EXCEPTION:
+        finding.fix = uncaught_fix(site, what)
+    return finding
 
 
 def _the_launcher_saw_no_exit_of(s: Leftovers, rank: int) -> int | None:
@@ -1855,7 +1861,13 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
     # the ranks the files name without a stack: where they were, the stacks cannot say
     not_dumped = tuple(sorted(set(s.job.ranks) - set(dumped)))
     explanation = explain_classes(
-        s.d, classes, len(dumped), dumped, s.job.world_said == len(dumped) and not not_dumped, not_dumped
+        s.d,
+        classes,
+        len(dumped),
+        dumped,
+        s.job.world_said == len(dumped) and not not_dumped,
+        not_dumped,
+        processes_listed=False,
     )
     # where each stack was read: the file, and the line of its dump
     explanation.evidence += evidence_lines(s.job, {FactKind.STACK})

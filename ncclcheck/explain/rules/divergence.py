@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ncclcheck.causes import Cause
 from ncclcheck.evidence.align import Divergence, Mismatch
 from ncclcheck.evidence.traces import Decided, LoaderPass
-from ncclcheck.explain.context import Context, Fork
+from ncclcheck.explain.context import Context, Fork, death_cause, uncaught_fix
 from ncclcheck.explain.engine import Explanation, Reason, first_explanation, reason_of_local_decision
 from ncclcheck.explain.rules.branch import explain_fork, rank_test_around_the_call
 from ncclcheck.lint.decisions import LocalDecision, decision_at
@@ -502,8 +502,18 @@ def crashed(d: Context, dead: list[int], divergence: Divergence | None) -> Expla
             evidence=evidence,
             reason=Reason(reason_of_local_decision(decision.cause), deciding, test),
         )
+    error, error_site = d.exit_error(dead[0])
+    cause = Cause.RANK_CRASHED if empty else death_cause(error)
+    if cause is Cause.RANK_EXCEPTION and error_site is not None:
+        # the line that raised sent the rank away; where the others wait is in the evidence
+        message = message.replace(
+            f"{who(dead)} died", f"{who(dead)} raised at {d.site(error_site)} and died", 1
+        )
+        if survivors and not message.endswith(error or ""):
+            message += f" ({error})"
+        site = d.site(error_site)
     finding = d.explanation(
-        Cause.RANK_CRASHED,
+        cause,
         message,
         ranks=survivors,
         absent_ranks=dead,
@@ -511,6 +521,8 @@ def crashed(d: Context, dead: list[int], divergence: Divergence | None) -> Expla
         site=site,
         evidence=evidence,
     )
+    if cause is Cause.RANK_EXCEPTION:
+        finding.fix = uncaught_fix(site, error or "")
     if empty:
         finding.fix = (
             f"An empty eval shard killed {who(sorted(empty))}: give every rank the same number of "

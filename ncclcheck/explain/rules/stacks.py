@@ -14,6 +14,7 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.evidence import device
 from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, state_split
+from ncclcheck.evidence.stacks import STORE_GET
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
 from ncclcheck.explain.rules.branch import SkippedPass, explain_fork, skips_a_pass
@@ -38,10 +39,15 @@ class Standoff:
     world_known: bool = True
     # ranks the files name (a log, a summary) whose stacks are not among them
     not_dumped: tuple[int, ...] = ()
+    # whether the ranks' processes were listed (a live host): only then is a rank without a
+    # stack known to be gone; of files, a rank without a stack was only not dumped
+    processes_listed: bool = True
 
     @property
     def missing(self) -> list[int]:
         """Ranks that should run on the hosts seen and do not: ended, or crashed."""
+        if not self.processes_listed:
+            return []
         return sorted(set(range(self.world)) - set(self.found) - set(self.d.ev.on_other_hosts))
 
     @property
@@ -76,13 +82,14 @@ def explain_classes(
     found: list[int],
     world_known: bool = True,
     not_dumped: tuple[int, ...] = (),
+    processes_listed: bool = True,
 ) -> Explanation:
     """The playbooks' doctor signals, applied to the merged stack classes."""
     evidence = [_seen(c) for c in classes]
     # what to do about a collective library code issued (SyncBatchNorm in training mode)
     evidence += dict.fromkeys(c.advice for c in classes if c.advice is not None)
     explanation = first_explanation(
-        STACK_RULES, Standoff(d, classes, world, found, evidence, world_known, not_dumped)
+        STACK_RULES, Standoff(d, classes, world, found, evidence, world_known, not_dumped, processes_listed)
     )
     assert explanation is not None, "the last rule always answers"
     synchronising = [c for c in classes if c.sync is not None and set(c.ranks) & set(explanation.ranks)]
@@ -668,12 +675,65 @@ def _data_frame(cls: StackClass) -> Frame | None:
     return None
 
 
+def every_seen_rank_waits_on_the_store(s: Standoff) -> Explanation | None:
+    """Every rank seen waits in a get on the c10d store (gdb's native frames), none in a
+    collective: each waits for a key another rank sets, at rendezvous, a store-based barrier
+    or a communicator's set-up. Those keys are rank 0's to publish (its host runs the store,
+    NCCL's unique id is its): where rank 0 is not among the waiting, the likely reading is
+    that it failed, exited or never got there, said as such, with what decides."""
+    if not s.waiting or s.outside or not all(c.blocking.startswith(STORE_GET) for c in s.waiting):
+        return None
+    seen = sorted(r for c in s.waiting for r in c.ranks)
+    stuck = (
+        f"{who(seen)} {'waits' if len(seen) == 1 else 'wait'} in a get on the c10d store, in no "
+        "collective: for a key another rank sets (at rendezvous, init_process_group's store "
+        "barrier, or a communicator's set-up at a group's first collective)"
+    )
+    decides = (
+        "rank 0's own output (a traceback, `Address already in use` for the store's port, an exit "
+        "code), and whether MASTER_ADDR:MASTER_PORT is reachable from this host"
+    )
+    if 0 in seen:
+        found = s.d.explanation(
+            Cause.STRAGGLER,
+            f"{stuck}; rank 0 waits too, so the key is one every rank adds (a store barrier): the "
+            "ranks not seen here never arrived",
+            ranks=seen,
+            absent_ranks=[],
+            op=None,
+            site=None,
+            evidence=s.evidence,
+        )
+        found.severity = Severity.WARNING
+        found.fix = "What decides: the output of the ranks not seen here, for an error at start-up"
+        return found
+    found = s.d.explanation(
+        Cause.RANK_CRASHED,
+        f"{stuck}. Rank 0's host runs the store and NCCL's id is rank 0's to publish, and rank 0 "
+        "is not among the ranks waiting here: the likely reading is that rank 0 failed, exited or "
+        "never got there, or that its store cannot be reached (in init's store barrier, any rank "
+        f"not arrived); not a collective of other calls. What decides: {decides}",
+        ranks=seen,
+        absent_ranks=[0],
+        op=None,
+        site=None,
+        evidence=s.evidence,
+    )
+    found.fix = (
+        "Look at rank 0 first: its traceback or exit at start-up (a port already in use: pick a "
+        "free MASTER_PORT, or use `--rdzv-backend c10d --rdzv-endpoint host:0`), then the network "
+        "between the hosts and MASTER_ADDR"
+    )
+    return found
+
+
 # The order is the precedence: a rank absent from the host explains everything after
 # it; one call everywhere (with names or loop values that differ, or alike: the
 # transport) before ranks outside any call; then, for ranks in different calls, a
 # framework's deferred call, a loop some ranks left, the source's branches.
 STACK_RULES = (
     ranks_missing_from_the_host,
+    every_seen_rank_waits_on_the_store,
     group_names_differ,
     a_loop_ran_unequal_passes,
     same_line_different_points,
