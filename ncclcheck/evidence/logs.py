@@ -680,6 +680,9 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         if "closing signal" in line and (closing := _CLOSING.search(line)):
             text.found.launcher_closed.add(int(closing.group(1)))
             return  # torchelastic's, not the job's
+        if "srun: error:" in line and (tasks := _SRUN_TASKS.search(line)):
+            _srun_task_endings(text, tasks.group(1), tasks.group(2), number)
+            return  # srun's, not the job's
         if rank is None and "ank" in line[:120] and (tag := _RANK_TAG.search(line[:120])):
             rank = int(tag.group(1))  # a logger's format that tags its lines after its name
         if line.strip():  # the job's own output: the last of it before a timeout is evidence
@@ -826,7 +829,7 @@ _RANK_IN_TEXT = re.compile(r"\brank[ =:#\[]{0,2}(\d+)\b", re.IGNORECASE)
 # "done, exiting with status 0", "training finished"); never an exit code printed as a value
 _STOPPED = re.compile(
     r"early[ _-]?stop|\bstop(?:s|ping|ped)?\s+(?:the\s+)?(?:training|run|early|here)\b"
-    r"|\bexit(?:s|ing|ed)?\b(?!\s*(?:code|status\s*[1-9]))|\bquit(?:s|ting)?\b"
+    r"|(?<![-_./=])\bexit(?:s|ing|ed)?\b(?![-_=(]|\.\w|\s*(?:code|status\s*[1-9]))|\bquit(?:s|ting)?\b"
     r"|\bno more (?:data|batches|samples)\b|\b(?:exhausted|ran out)\b"
     r"|\b(?:training|run)\s+(?:is\s+)?(?:finished|done|complete[d]?|over|ended)\b|\bfinish(?:ed|ing)\s+training\b"
     r"|\bpatience\b[^.]{0,20}\b(?:exhausted|reached|exceeded|ran out)\b|\bno improvement\b",
@@ -848,6 +851,18 @@ _MAY_SAY_STOPPED = (
 
 # torchelastic's agent stopping the survivors of the first failure it saw
 _CLOSING = re.compile(r"Sending process (\d+) closing signal SIG")
+# srun's word on how its tasks (under srun, a task's number is its rank) ended:
+# "srun: error: node-01: task 2: Out Of Memory", "...: tasks 1,3,5-7: Aborted (core dumped)"
+_SRUN_TASKS = re.compile(r"srun: error: \S+: tasks? ([\d,\-]+): (.+?)\s*$")
+_SRUN_ENDINGS: tuple[tuple[str, int | None, str | None], ...] = (
+    # (srun's words, the exit code they mean, the error they say), first match wins
+    ("Out Of Memory", -9, "Out Of Memory (killed by the OOM killer)"),
+    ("Killed", -9, None),
+    ("Aborted", -6, None),
+    ("Segmentation fault", -11, None),
+    ("Terminated", -15, None),
+    ("Bus error", -7, None),
+)
 # a rank's own count of its loop's batches: "eval shard: 1249 samples -> 79 batches",
 # "val loader has 78 eval batches"; not a batch's index ("epoch 3 batch 12") nor its size
 _BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b")
@@ -1083,6 +1098,30 @@ def _elastic_line(text: _TextFile, line: str, number: int) -> bool:
             text.elastic_section = None
         return True
     return text.elastic_entry is not None
+
+
+def _srun_task_endings(text: _TextFile, tasks: str, said: str, number: int) -> None:
+    """Each task srun says ended, with the exit code or error its words mean."""
+    code: int | None = None
+    error: str | None = None
+    exited = re.match(r"Exited with exit code (\d+)", said)
+    if exited is not None:
+        code = int(exited.group(1))
+    else:
+        for words, code_said, error_said in _SRUN_ENDINGS:
+            if words.lower() in said.lower():
+                code, error = code_said, error_said
+                break
+    if code is None and error is None:
+        return
+    text.kinds.add("srun's task endings")
+    for part in tasks.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            continue
+        for rank in range(int(low), int(high or low) + 1):
+            ending = Ending(exit_code=code, error=error, source=Source(str(text.path), number))
+            _own(text, rank, "ending", ending, number)
 
 
 def _close_elastic(text: _TextFile) -> None:

@@ -1943,3 +1943,31 @@ def test_ranks_the_files_say_nothing_of_are_not_set_apart_with_the_one_the_trans
     finding = run_doctor_from([log]).findings[0]
     assert finding.cause is Cause.DATA_DEPENDENT_BRANCH, finding
     assert (finding.ranks, finding.absent_ranks) == ([0], [1])
+
+
+def test_srun_saying_how_its_tasks_ended_names_the_rank_the_oom_killer_took(tmp_path: Path) -> None:
+    log = tmp_path / "slurm-9120.out"
+    log.write_text(
+        "srun --label --kill-on-bad-exit=0 python -u fit.py --launcher slurm\n"  # no rank said it stopped
+        + "".join(f"{r}: [init] rank {r}/4 ready\n" for r in range(4))
+        + "slurmstepd: error: Detected 1 oom_kill event in StepId=9120.0.\n"
+        "srun: error: node-a: task 1: Out Of Memory\n"
+        + "".join(
+            f"{r}: [E ProcessGroupNCCL.cpp:737] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=5120, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1800412 milliseconds "
+            "before timing out.\n"
+            for r in (0, 2, 3)
+        )
+        + "srun: error: node-a: tasks 0,2-3: Aborted (core dumped)\n"
+    )
+    job = read_leftovers([log])
+    assert job.ranks[1].ending is not None and job.ranks[1].ending.exit_code == -9
+    assert all(job.ranks[r].ending.exit_code == -6 for r in (0, 2, 3))  # type: ignore[union-attr]
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_CRASHED, [0, 2, 3], [1])
+    assert "Out Of Memory" in finding.message
+    # a task that exited with a code of its own is a failure too, not a watchdog's abort
+    log.write_text(log.read_text().replace("task 1: Out Of Memory", "task 1: Exited with exit code 3"))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [1])
+    assert "exit code 3" in finding.message
