@@ -41,7 +41,11 @@ from ncclcheck.explain.rules.corroborate import (
     waiting_on_ranks_that_work,
     waiting_on_the_outside_world,
 )
-from ncclcheck.explain.rules.stacks import held_by_their_data_pipeline, some_dumps_still_train
+from ncclcheck.explain.rules.stacks import (
+    held_by_their_data_pipeline,
+    one_dump_alone_in_a_phase,
+    some_dumps_still_train,
+)
 from ncclcheck.launch.stop import STOP
 from ncclcheck.model import Frame, RankState, RankStatus, Report, Verdict, format_ranks
 from ncclcheck.wording import relative, who
@@ -191,8 +195,10 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
     if explanation is None and only_unplaced:
         by_index = {index: u.stack for index, u in enumerate(job.unplaced)}
         classes, labels = merge_stacks(by_index), [u.label for u in job.unplaced]
-        explanation = held_by_their_data_pipeline(context, classes, labels) or some_dumps_still_train(
-            context, classes, labels
+        explanation = (
+            held_by_their_data_pipeline(context, classes, labels)
+            or some_dumps_still_train(context, classes, labels)
+            or one_dump_alone_in_a_phase(context, classes, labels)
         )
     if explanation is not None:
         report.findings = [explanation.finding(context.catalogue)]

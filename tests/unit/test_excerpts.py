@@ -393,3 +393,38 @@ def test_ranks_blocked_in_a_stores_get_wait_for_rank_0_where_it_is_not_among_the
     zero.write_text(_store_bt(810))
     (finding,) = run_doctor_from([zero, one]).findings
     assert finding.severity.value == "warning" and finding.absent_ranks == [], finding
+
+
+def _dump(pid: int, frames: list[str]) -> str:
+    body = "".join(f"    {f}\n" for f in frames)
+    return (
+        f'--- pid {pid} ---\nProcess {pid}: python run_clm.py\n\nThread {pid} (idle): "MainThread"\n{body}\n'
+    )
+
+
+def test_one_dump_alone_in_a_collective_under_an_evaluation_is_the_likely_rank_test(tmp_path: Path) -> None:
+    """Dumps of no known rank: one in a barrier under evaluate(), the others in the next step's
+    all_reduce called from the same loop: a collective under a rank test, no rank named."""
+    top = ["run (engine/runner.py:57)", "<module> (run_clm.py:12)"]
+    alone = [
+        "barrier (torch/distributed/distributed_c10d.py:4159)",
+        "evaluate (engine/validate.py:40)",
+        "run_epoch (engine/runner.py:98)",
+        *top,
+    ]
+    others = [
+        "all_reduce (torch/distributed/distributed_c10d.py:2501)",
+        "average (engine/comm.py:15)",
+        "run_epoch (engine/runner.py:84)",
+        *top,
+    ]
+    dumps = tmp_path / "dumps.txt"
+    dumps.write_text(_dump(700, alone) + "".join(_dump(pid, others) for pid in (701, 702, 703)))
+    (finding,) = run_doctor_from([dumps]).findings
+    assert finding.cause is Cause.RANK_CONDITIONAL_COLLECTIVE
+    assert (finding.ranks, finding.absent_ranks) == ([], [])  # which rank each dump is, unknown
+    assert finding.site == "engine/runner.py:98" and "likely reading" in finding.message
+    # both paths through an evaluation: no phase tells them apart, no cause is named
+    others[1] = "evaluate_step (engine/validate.py:22)"
+    dumps.write_text(_dump(700, alone) + "".join(_dump(pid, others) for pid in (701, 702, 703)))
+    assert run_doctor_from([dumps]).findings == []

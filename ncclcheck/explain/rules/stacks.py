@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import itertools
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -590,6 +591,64 @@ def some_dumps_still_train(d: Context, classes: list[StackClass], labels: list[s
         absent_ranks=[],
         op=None,
         site=None,
+        evidence=[f"{labels[i]}: {c.blocking}" for c in classes for i in c.ranks],
+    )
+    return found
+
+
+# what a main process does alone, by the names people give it: a path through one of these
+# to a collective that no other process took is most often a phase run under a rank test
+_ONE_PROCESS_PHASE = re.compile(
+    r"save|checkpoint|ckpt|eval|valid|log(?:ger|ging|_|$)|metric|upload|export|sample|generat|preview"
+    r"|visuali|plot|report|summar|callback|on_\w+_end",
+    re.IGNORECASE,
+)
+
+
+def one_dump_alone_in_a_phase(d: Context, classes: list[StackClass], labels: list[str]) -> Explanation | None:
+    """Stack dumps of no known rank, every one in a collective: one process alone in a
+    collective reached through a phase a main process runs alone (a save, an evaluation, a
+    log), the others together in another collective reached from the same function at
+    another line. They went past that phase with no collective in it: the likely reading is
+    a collective under a rank test. Which rank the lone one is, the dumps do not say."""
+    if len(classes) != 2 or not all(c.in_collective for c in classes):
+        return None
+    lone, rest = sorted(classes, key=lambda c: len(c.ranks))
+    if len(lone.ranks) != 1 or len(rest.ranks) < 2:
+        return None
+    parted = next(
+        (
+            i
+            for i, (a, b) in enumerate(zip(lone.frames, rest.frames, strict=False))
+            if (a.file, a.function) != (b.file, b.function) or a.line != b.line
+        ),
+        None,
+    )
+    if parted is None or parted >= len(rest.frames):
+        return None
+    shared, theirs = lone.frames[parted], rest.frames[parted]
+    if (shared.file, shared.function) != (theirs.file, theirs.function):
+        return None
+    path = lone.frames[parted + 1 :]
+    phase = next((f for f in path if _ONE_PROCESS_PHASE.search(f.function)), None)
+    if phase is None or any(_ONE_PROCESS_PHASE.search(f.function) for f in rest.frames[parted + 1 :]):
+        return None
+    one = labels[lone.ranks[0]]
+    found = d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"one dumped process ({one}) waits in {lone.blocking} at {_frame_text(lone.site or shared)}, "
+        f"reached from {_frame_text(shared)} through {phase.function}(); the {len(rest.ranks)} others "
+        f"wait in {rest.blocking} at {_frame_text(rest.site or theirs)}, reached from the same "
+        f"{shared.function}() at line {theirs.line}: they went past {phase.function}() with no "
+        "collective in it. The likely reading: the collective in it runs under a rank test (a "
+        f"{phase.function}() on the main process only) that the others skipped. Which rank each "
+        "dump is, the dumps do not say (most often the lone one is rank 0). What would confirm it: "
+        f"the test around the call of {phase.function}() in {relative(shared.file, os.getcwd())}, or "
+        "the dumps with their ranks",
+        ranks=[],
+        absent_ranks=[],
+        op=lone.blocking,
+        site=f"{relative(shared.file, os.getcwd())}:{shared.line}",
         evidence=[f"{labels[i]}: {c.blocking}" for c in classes for i in c.ranks],
     )
     return found
