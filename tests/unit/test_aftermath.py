@@ -1971,3 +1971,39 @@ def test_srun_saying_how_its_tasks_ended_names_the_rank_the_oom_killer_took(tmp_
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [1])
     assert "exit code 3" in finding.message
+
+
+def test_one_rank_in_another_op_inside_a_phase_its_stack_shows_is_the_likely_rank_test(
+    tmp_path: Path,
+) -> None:
+    """The watchdog lines part rank 1 (BROADCAST) from the others (ALLREDUCE); rank 1's dump is in
+    export_previews() called from fit(), rank 2's at another line of fit() in no such phase."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        _watchdog(1, 900, "BROADCAST", 1024, 900, 899)
+        + "".join(_watchdog(r, 900, "ALLREDUCE", 4_194_304, 905, 899) for r in (0, 2, 3))
+    )
+
+    def dump(pid: int, frames: list[str]) -> str:
+        return f'Process {pid}: python fit.py\n\nThread {pid} (idle): "MainThread"\n' + "".join(
+            f"    {f}\n" for f in frames
+        )
+
+    lone = tmp_path / "rank1_pyspy.txt"
+    lone.write_text(
+        dump(41, ["export_previews (gan/visuals.py:31)", "fit (gan/loop.py:120)", "<module> (fit.py:9)"])
+    )
+    other = tmp_path / "rank2_pyspy.txt"
+    other.write_text(
+        dump(42, ["train_step (gan/loop.py:77)", "fit (gan/loop.py:104)", "<module> (fit.py:9)"])
+    )
+    (finding,) = run_doctor_from([log, lone, other]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [1],
+        [0, 2, 3],
+    )
+    assert finding.site == "gan/loop.py:120" and "likely reading" in finding.message
+    # without the dumps, the numbers alone say where the ranks parted, not why
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH

@@ -44,7 +44,7 @@ from ncclcheck.evidence.classes import merge_stacks, user_frames
 from ncclcheck.evidence.stacks import blocking
 from ncclcheck.explain.context import Context, death_cause, uncaught_fix
 from ncclcheck.explain.engine import Explanation, first_explanation
-from ncclcheck.explain.rules.stacks import explain_classes
+from ncclcheck.explain.rules.stacks import a_phase_one_side_ran, explain_classes
 from ncclcheck.model import Frame, Severity, format_ranks
 from ncclcheck.source import reading
 from ncclcheck.wording import its, relative, signal_name, who
@@ -687,6 +687,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             if decided_apart is not None:
                 return decided_apart
             sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
+            in_a_phase = _one_side_in_a_phase_of_its_own(s, said, sides)
+            if in_a_phase is not None:
+                return in_a_phase
             parted = s.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
                 f"the ranks disagree on collective #{seq} of group {group}: "
@@ -704,6 +707,44 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             parted.fix = _WHERE_NOT_WHY
             return parted
     return None
+
+
+def _one_side_in_a_phase_of_its_own(
+    s: Leftovers, said: str, sides: list[tuple[str, list[int]]]
+) -> Explanation | None:
+    """Two sides at one collective, the fewer of them in two: where a stack of each shows
+    the fewer ranks inside a phase a main process runs alone (a save, an evaluation) and the
+    others inside none, from one function at two lines, the likely reading is that phase run
+    under a rank test with a collective in it (stacks.a_phase_one_side_ran)."""
+    if len(sides) != 2 or len(sides[0][1]) >= len(sides[1][1]):
+        return None
+    (lone_op, lone), (_, rest) = sides
+    dumped = {r: st for r in lone + rest if (st := s.job.ranks[r].stack) is not None}
+    lone_rank = next((r for r in lone if r in dumped), None)
+    rest_rank = next((r for r in rest if r in dumped), None)
+    if lone_rank is None or rest_rank is None:
+        return None
+    lone_stack, rest_stack = dumped[lone_rank], dumped[rest_rank]
+    outermost_first = [list(reversed(user_frames(st))) for st in (lone_stack, rest_stack)]
+    found = a_phase_one_side_ran(*outermost_first)
+    if found is None:
+        return None
+    shared, theirs, phase = found
+    return s.d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"the ranks disagree on {said}. Rank {lone_rank}'s stack is in {phase.function}() at "
+        f"{phase.file}:{phase.line}, called from {shared.function}() at {shared.file}:{shared.line}; "
+        f"rank {rest_rank}'s (of {who(rest)}) is at line {theirs.line} of the same "
+        f"{shared.function}(), in no such phase: "
+        f"the likely reading is that {phase.function}() runs under a rank test and issues {lone_op} "
+        f"that only {who(lone)} make{'s' if len(lone) == 1 else ''}. What would confirm it: the "
+        f"test around the call at {shared.file}:{shared.line}",
+        ranks=lone,
+        absent_ranks=rest,
+        op=lone_op,
+        site=f"{shared.file}:{shared.line}",
+        evidence=s.evidence,
+    )
 
 
 def _op_name(op: str) -> str:

@@ -605,6 +605,30 @@ _ONE_PROCESS_PHASE = re.compile(
 )
 
 
+def a_phase_one_side_ran(lone: list[Frame], rest: list[Frame]) -> tuple[Frame, Frame, Frame] | None:
+    """Two paths of user frames (outermost first) that part in one function at two lines,
+    the first through a phase a main process runs alone (``_ONE_PROCESS_PHASE``) and the
+    second through none: (the first's frame there, the second's, the phase's frame)."""
+    parted = next(
+        (
+            i
+            for i, (a, b) in enumerate(zip(lone, rest, strict=False))
+            if (a.file, a.function) != (b.file, b.function) or a.line != b.line
+        ),
+        None,
+    )
+    if parted is None or parted >= len(rest) or parted >= len(lone):
+        return None
+    shared, theirs = lone[parted], rest[parted]
+    if (shared.file, shared.function) != (theirs.file, theirs.function):
+        return None
+    # the frame of the parting itself counts: a phase may be the function the others skipped
+    phase = next((f for f in lone[parted + 1 :] if _ONE_PROCESS_PHASE.search(f.function)), None)
+    if phase is None or any(_ONE_PROCESS_PHASE.search(f.function) for f in rest[parted + 1 :]):
+        return None
+    return shared, theirs, phase
+
+
 def one_dump_alone_in_a_phase(d: Context, classes: list[StackClass], labels: list[str]) -> Explanation | None:
     """Stack dumps of no known rank, every one in a collective: one process alone in a
     collective reached through a phase a main process runs alone (a save, an evaluation, a
@@ -616,23 +640,10 @@ def one_dump_alone_in_a_phase(d: Context, classes: list[StackClass], labels: lis
     lone, rest = sorted(classes, key=lambda c: len(c.ranks))
     if len(lone.ranks) != 1 or len(rest.ranks) < 2:
         return None
-    parted = next(
-        (
-            i
-            for i, (a, b) in enumerate(zip(lone.frames, rest.frames, strict=False))
-            if (a.file, a.function) != (b.file, b.function) or a.line != b.line
-        ),
-        None,
-    )
-    if parted is None or parted >= len(rest.frames):
+    found_phase = a_phase_one_side_ran(lone.frames, rest.frames)
+    if found_phase is None:
         return None
-    shared, theirs = lone.frames[parted], rest.frames[parted]
-    if (shared.file, shared.function) != (theirs.file, theirs.function):
-        return None
-    path = lone.frames[parted + 1 :]
-    phase = next((f for f in path if _ONE_PROCESS_PHASE.search(f.function)), None)
-    if phase is None or any(_ONE_PROCESS_PHASE.search(f.function) for f in rest.frames[parted + 1 :]):
-        return None
+    shared, theirs, phase = found_phase
     one = labels[lone.ranks[0]]
     found = d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
