@@ -515,7 +515,9 @@ class ScopeChecker:
             return
         certain = [pair for pair in in_loop if pair[1].certain]
         call, collective = (certain or in_loop)[0]
-        cause = {RANK: Cause.RANK_CONDITIONAL_COLLECTIVE, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
+        # every rank runs the loop; its passes differ: those whose test turns false first
+        # leave it early (a bound computed from the rank or its shard's length)
+        cause = {RANK: Cause.RANK_EARLY_EXIT, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
             kind, Cause.UNSYNCHRONIZED_DECISION
         )
         guard = Guard(kind, loop.lineno, ast.unparse(loop.test))

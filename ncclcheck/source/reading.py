@@ -223,10 +223,13 @@ def _names_assigned(
     found: set[str] = set()
     if scope is None:
         return found
-    assignments = [
-        n for n in (ast.walk(scope) if nodes is None else nodes) if isinstance(n, (ast.Assign, ast.AnnAssign))
-    ]
-    for _ in range(3):  # a few rounds reach chains like a = rank; b = a == 0
+    # in the order written, so that one round follows a chain written top to bottom (a =
+    # rank; b = f(a); c = g(b)); more rounds for the bindings a loop carries back up
+    assignments = sorted(
+        (n for n in (ast.walk(scope) if nodes is None else nodes) if isinstance(n, (ast.Assign, ast.AnnAssign))),
+        key=lambda n: (n.lineno, n.col_offset),
+    )
+    for _ in range(3):
         before = len(found)
         for node in assignments:
             if node.value is None:

@@ -1807,3 +1807,29 @@ def test_the_cat_of_a_list_a_loop_fills_with_masked_pieces_has_the_datas_size(tm
         """,
     )
     assert found == [("collective-shape-mismatch", 11, "warning")]
+
+
+def test_a_while_bound_computed_from_the_ranks_shard_length_many_steps_down_is_an_early_exit(
+    tmp_path: Path,
+) -> None:
+    """rank -> shard size -> dataset -> loader -> len(): five bindings written top to bottom,
+    all followed; the loop runs on every rank and ends sooner on some."""
+    source = """
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+def main():
+    rank = dist.get_rank()
+    records = 64 + 16 * (1 - rank)
+    shard = TensorDataset(torch.randn(records, 4))
+    loader = DataLoader(shard, batch_size=8)
+    steps_per_epoch = len(loader)
+    max_steps = 3 * steps_per_epoch
+    step = 0
+    while step < max_steps:
+        dist.all_reduce(torch.ones(1))
+        step += 1
+"""
+    found = lint_source(tmp_path, source)
+    assert ("rank-early-exit", 15, "error") in found, found
