@@ -288,7 +288,13 @@ class ScopeChecker:
             names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
             if names & self.linter.rooted_names(self.scope, self.module).keys():
                 return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
-            synced = self.linter.sync_points(self.scope, self.module).keys()
+            # synchronised before the test, not by the collective the branch itself holds
+            # (`if loss.item() > cap: dist.all_reduce(loss)` tests each rank's own loss)
+            synced = {
+                name
+                for name, lines in self.linter.sync_points(self.scope, self.module).items()
+                if any(line < test.lineno for line in lines)
+            }
             read = tensor_value_roots(test) or names
             if read and read <= synced:
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first

@@ -226,7 +226,11 @@ def _names_assigned(
     # in the order written, so that one round follows a chain written top to bottom (a =
     # rank; b = f(a); c = g(b)); more rounds for the bindings a loop carries back up
     assignments = sorted(
-        (n for n in (ast.walk(scope) if nodes is None else nodes) if isinstance(n, (ast.Assign, ast.AnnAssign))),
+        (
+            n
+            for n in (ast.walk(scope) if nodes is None else nodes)
+            if isinstance(n, (ast.Assign, ast.AnnAssign))
+        ),
         key=lambda n: (n.lineno, n.col_offset),
     )
     for _ in range(3):

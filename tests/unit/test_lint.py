@@ -1833,3 +1833,24 @@ def main():
 """
     found = lint_source(tmp_path, source)
     assert ("rank-early-exit", 15, "error") in found, found
+
+
+def test_a_test_on_a_value_the_branch_itself_reduces_is_a_data_test(tmp_path: Path) -> None:
+    """The all_reduce inside the branch does not make the value tested before it agree."""
+    source = """
+import torch
+import torch.distributed as dist
+
+def train(model, batches):
+    for x in batches:
+        loss = model(x).sum()
+        if loss.item() > 10.0:
+            dist.all_reduce(loss)
+        reduced = loss.detach()
+        dist.all_reduce(reduced)
+        if reduced.item() > 10.0:
+            dist.barrier()
+"""
+    found = lint_source(tmp_path, source)
+    assert ("data-dependent-branch", 9, "warning") in found, found
+    assert not any(line == 13 for _, line, _ in found), found  # reduced before it is tested
