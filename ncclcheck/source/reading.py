@@ -11,6 +11,7 @@ doctor and lint. A condition is *rank-dependent* when it reads the rank
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -191,9 +192,67 @@ def names_read(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
 
 def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = None) -> set[str]:
     """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``).
+    Where the rank only places a value (``x.to(device)`` with ``device = f"cuda:{rank}"``,
+    ``DDP(net, device_ids=[local_rank])``), the value is not the rank's: a loss computed on
+    rank 3's GPU is no rank test.
 
     ``nodes``: the scope's nodes where the caller has walked them already."""
-    return _names_assigned(scope, nodes, lambda value, derived: kind_of(value, derived) == RANK)
+    walked = list(ast.walk(scope) if nodes is None else nodes) if scope is not None else []
+    devices = _device_names(walked)
+
+    def holds(value: ast.expr, derived: set[str]) -> bool:
+        if kind_of(value, derived) != RANK:
+            return False
+        return _is_device(value, devices) or kind_of(_unplaced(value), derived - devices) == RANK
+
+    return _names_assigned(scope, walked, holds)
+
+
+# where a value is put, not what it is: `.to(device)`, `.cuda(rank)`, `device_ids=[rank]`
+_PLACING_METHODS = frozenset({"to", "cuda", "pin_memory"})
+_PLACING_KEYWORDS = frozenset(
+    {"device", "device_ids", "output_device", "map_location", "device_mesh", "device_id", "process_group"}
+)
+
+
+def _is_device(value: ast.expr, devices: set[str]) -> bool:
+    """``torch.device("cuda", rank)``, ``f"cuda:{local_rank}"``, ``"cuda:%d" % rank``, or a
+    device name already found."""
+    if isinstance(value, ast.Name):
+        return value.id in devices
+    if isinstance(value, ast.Call) and callee_name(value) == "device":
+        return True
+    text = ast.unparse(value)
+    return isinstance(value, ast.JoinedStr | ast.BinOp) and ("cuda" in text or "npu" in text or "xpu" in text)
+
+
+def _device_names(nodes: list[ast.AST]) -> set[str]:
+    found: set[str] = set()
+    for node in nodes:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and _is_device(node.value, found)
+        ):
+            found.add(node.targets[0].id)
+    return found
+
+
+class _Unplace(ast.NodeTransformer):
+    """A copy of an expression without what only places it on a device."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _PLACING_METHODS:
+            return func.value  # x.to(device) -> x
+        node.keywords = [k for k in node.keywords if k.arg not in _PLACING_KEYWORDS]
+        return node
+
+
+def _unplaced(value: ast.expr) -> ast.AST:
+    return _Unplace().visit(copy.deepcopy(value))
 
 
 def reads_the_rank(path: str, expr: ast.expr) -> bool:

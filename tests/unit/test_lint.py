@@ -1854,3 +1854,26 @@ def train(model, batches):
     found = lint_source(tmp_path, source)
     assert ("data-dependent-branch", 9, "warning") in found, found
     assert not any(line == 13 for _, line, _ in found), found  # reduced before it is tested
+
+
+def test_a_value_the_rank_only_places_on_a_device_is_the_datas_not_the_ranks(tmp_path: Path) -> None:
+    """A loss computed on rank r's GPU tests the data; the device itself stays a rank value."""
+    source = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def main(local_rank):
+    device = torch.device("cuda", local_rank)
+    model = DDP(torch.nn.Linear(4, 1).to(device), device_ids=[local_rank])
+    for step in range(10):
+        x = torch.randn(8, 4, device=device)
+        loss = model(x.cuda(local_rank)).sum()
+        if loss.item() > 10:
+            dist.all_reduce(loss)
+        if device.index == 0:
+            dist.barrier()
+"""
+    found = lint_source(tmp_path, source)
+    assert ("data-dependent-branch", 13, "warning") in found, found
+    assert ("rank-conditional-collective", 15, "error") in found, found
