@@ -252,7 +252,8 @@ class _Unplace(ast.NodeTransformer):
 
 
 def _unplaced(value: ast.expr) -> ast.AST:
-    return _Unplace().visit(copy.deepcopy(value))
+    unplaced: ast.AST = _Unplace().visit(copy.deepcopy(value))
+    return unplaced
 
 
 def reads_the_rank(path: str, expr: ast.expr) -> bool:
