@@ -240,13 +240,17 @@ def _device_names(nodes: list[ast.AST]) -> set[str]:
 
 
 class _Unplace(ast.NodeTransformer):
-    """A copy of an expression without what only places it on a device."""
+    """A copy of an expression without what only places it on a device, or picks a rank's
+    shard of equal length."""
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr in _PLACING_METHODS:
             return func.value  # x.to(device) -> x
+        if callee_name(node).endswith("DistributedSampler"):
+            # the rank picks its shard, of one length on every rank (the sampler pads)
+            return node.args[0] if node.args else ast.Constant(None)
         node.keywords = [k for k in node.keywords if k.arg not in _PLACING_KEYWORDS]
         return node
 

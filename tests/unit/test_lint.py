@@ -1877,3 +1877,23 @@ def main(local_rank):
     found = lint_source(tmp_path, source)
     assert ("data-dependent-branch", 13, "warning") in found, found
     assert ("rank-conditional-collective", 15, "error") in found, found
+
+
+def test_a_loop_bound_from_a_distributed_samplers_loader_is_the_same_on_every_rank(tmp_path: Path) -> None:
+    """rank= picks the shard; DistributedSampler pads every shard to one length."""
+    source = """
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+def main(rank, world):
+    ds = TensorDataset(torch.randn(100, 4))
+    loader = DataLoader(ds, batch_size=8, sampler=DistributedSampler(ds, num_replicas=world, rank=rank))
+    steps = len(loader)
+    step = 0
+    while step < steps:
+        dist.all_reduce(torch.ones(1))
+        step += 1
+"""
+    assert lint_source(tmp_path, source) == []
