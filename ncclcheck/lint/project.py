@@ -49,6 +49,9 @@ from ncclcheck.lint.tables import DIST_OPS, NUMBER_OF, RANK_WORDS, ROOTED, UNSYN
 from ncclcheck.model import Finding
 from ncclcheck.source.reading import (
     bound_names,
+    callee_name,
+    derives_from_the_rank,
+    device_names,
     rank_attributes,
     rank_derived_names,
     rank_fields,
@@ -69,6 +72,7 @@ class Linter:
         self._nodes: dict[int, list[ast.AST]] = {}  # id(scope) -> its nodes, nested defs left out
         self._derived: dict[int, set[str]] = {}
         self._class_attributes: dict[tuple[Path, str], set[str]] = {}
+        self._class_members: dict[tuple[Path, str], frozenset[str]] = {}
         self.constructed: dict[int, dict[str, str]] = {}
         self._ddp: dict[int, set[str]] = {}
         self._mentions: dict[int, bool] = {}
@@ -109,6 +113,78 @@ class Linter:
             classes = [n for n in module.all_nodes if isinstance(n, ast.ClassDef) and n.name == class_name]
             self._class_attributes[key] = set().union(*(rank_attributes(c) for c in classes))
         return self._class_attributes[key]
+
+    def class_derived_members(self, module: ParsedModule, class_name: str) -> frozenset[str]:
+        """Attributes and methods of a class whose values derive from the rank through what
+        its constructions pass in: ``Trainer(model, args, load_shard(rank))`` makes
+        ``self.train_dataset`` (set from that parameter in ``__init__``), what is computed
+        from it (``len(self.train_dataset)``) and a method returning something built on it
+        (``get_train_dataloader()``) rank-derived in the class's methods. Cached per class."""
+        key = (module.path, class_name)
+        if key in self._class_members:
+            return self._class_members[key]
+        self._class_members[key] = frozenset()  # while computing
+        classes = [n for n in module.all_nodes if isinstance(n, ast.ClassDef) and n.name == class_name]
+        methods = [
+            m for c in classes for m in c.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ]
+        init = next((m for m in methods if m.name == "__init__"), None)
+        params = [a.arg for a in (init.args.posonlyargs + init.args.args)[1:]] if init is not None else []
+        given = self._rank_derived_arguments(module, class_name, params) if params else set()
+        members: set[str] = set()
+        if given:
+            assignments = [
+                (attr, node.value, method)
+                for method in methods
+                for node in self.nodes(method)
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
+                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+                for attr in [target.attr]
+            ]
+            for _ in range(4):
+                before = len(members)
+                for attr, value, method in assignments:
+                    seeds = members | (given if method is init else set())
+                    if derives_from_the_rank(
+                        value, seeds | rank_derived_names(method, seeds=frozenset(seeds))
+                    ):
+                        members.add(attr)
+                for method in methods:
+                    if method is init or method.name in members:
+                        continue
+                    local = rank_derived_names(method, seeds=frozenset(members)) | members
+                    returned = [n.value for n in self.nodes(method) if isinstance(n, ast.Return) and n.value]
+                    if any(derives_from_the_rank(value, local) for value in returned):
+                        members.add(method.name)
+                if len(members) == before:
+                    break
+        self._class_members[key] = frozenset(members)
+        return self._class_members[key]
+
+    def _rank_derived_arguments(self, module: ParsedModule, class_name: str, params: list[str]) -> set[str]:
+        """The ``__init__`` parameters some construction of the class in ``module`` passes a
+        rank-derived value for, judged in the scope of that construction."""
+        given: set[str] = set()
+        module_derived = self.derived_names(module.tree)
+        scopes: list[ast.AST] = [module.tree, *(f.node for fs in module.functions.values() for f in fs)]
+        for scope in scopes:
+            calls = [n for n in self.nodes(scope) if isinstance(n, ast.Call) and callee_name(n) == class_name]
+            if not calls:
+                continue
+            nodes = self.nodes(scope)
+            derived = module_derived | self.derived_names(scope)
+            devices = device_names(nodes)
+            for call in calls:
+                for index, arg in enumerate(call.args[: len(params)]):
+                    if derives_from_the_rank(arg, derived, devices):
+                        given.add(params[index])
+                for keyword in call.keywords:
+                    if keyword.arg in params and derives_from_the_rank(keyword.value, derived, devices):
+                        given.add(keyword.arg)
+        return given
 
     def mentions_rank(self, scope: ast.AST) -> bool:
         """Does ``scope`` name a rank (``rank``, ``get_rank()``, ``is_main_process``, ...)?"""
@@ -899,6 +975,9 @@ class Linter:
             derived = module_derived | (self.derived_names(scope) if function is not None else set())
             if function is not None and function.class_name is not None:
                 derived |= self.class_rank_attributes(module, function.class_name)
+                members = self.class_derived_members(module, function.class_name)
+                if members:  # what the class was given from the rank, and what follows from it
+                    derived |= members | rank_derived_names(scope, self.nodes(scope), seeds=members)
             ddp_names = (self.ddp_names_of(scope) if function is not None else set()) | module.ddp_names
             checker = ScopeChecker(self, module, function, derived, ddp_names)
             body = (

@@ -113,7 +113,12 @@ def reaching_names(
                 value is not None
                 and flows(at, to, name)
                 and any(
-                    holds(read, {n for n in names_read(read)[0] & derived if reaches(n, at)})
+                    # attributes are bound outside the scope (a class's members): they reach
+                    holds(
+                        read,
+                        {n for n in names_read(read)[0] & derived if reaches(n, at)}
+                        | (names_read(read)[1] & derived),
+                    )
                     for read in (value, *guard_of.get((name, at), []))
                 )
                 for at, value in bindings[name]

@@ -190,22 +190,37 @@ def names_read(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
     return names, attrs, calls
 
 
-def rank_derived_names(scope: ast.AST | None, nodes: Iterable[ast.AST] | None = None) -> set[str]:
+def rank_derived_names(
+    scope: ast.AST | None, nodes: Iterable[ast.AST] | None = None, seeds: frozenset[str] = frozenset()
+) -> set[str]:
     """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``).
     Where the rank only places a value (``x.to(device)`` with ``device = f"cuda:{rank}"``,
     ``DDP(net, device_ids=[local_rank])``), the value is not the rank's: a loss computed on
     rank 3's GPU is no rank test.
 
-    ``nodes``: the scope's nodes where the caller has walked them already."""
+    ``nodes``: the scope's nodes where the caller has walked them already; ``seeds``: names
+    and attributes known to be rank-derived from outside the scope (a class's members)."""
     walked = list(ast.walk(scope) if nodes is None else nodes) if scope is not None else []
     devices = _device_names(walked)
 
     def holds(value: ast.expr, derived: set[str]) -> bool:
-        if kind_of(value, derived) != RANK:
-            return False
-        return _is_device(value, devices) or kind_of(_unplaced(value), derived - devices) == RANK
+        return derives_from_the_rank(value, derived | seeds, devices)
 
     return _names_assigned(scope, walked, holds)
+
+
+def derives_from_the_rank(value: ast.expr, derived: set[str], devices: Iterable[str] = ()) -> bool:
+    """Whether ``value`` is computed from the rank (or the ``derived`` names), beyond placing
+    it on a device or picking a DistributedSampler's shard."""
+    if kind_of(value, derived) != RANK:
+        return False
+    placing = set(devices)
+    return _is_device(value, placing) or kind_of(_unplaced(value), derived - placing) == RANK
+
+
+def device_names(nodes: Iterable[ast.AST]) -> set[str]:
+    """Names bound to a device built from the rank (``device = torch.device("cuda", rank)``)."""
+    return _device_names(list(nodes))
 
 
 # where a value is put, not what it is: `.to(device)`, `.cuda(rank)`, `device_ids=[rank]`

@@ -1897,3 +1897,42 @@ def main(rank, world):
         step += 1
 """
     assert lint_source(tmp_path, source) == []
+
+
+def test_a_shard_given_to_a_class_from_the_rank_bounds_its_methods_loop(tmp_path: Path) -> None:
+    """The rank reaches the loop through a keyword of the constructor, an attribute set in
+    __init__, a method that builds the loader, and len() in another method."""
+    source = """
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+class Fitter:
+    def __init__(self, model, records=None):
+        self.model = model
+        self.records = records
+
+    def batches(self):
+        return DataLoader(self.records, batch_size=4, drop_last=True)
+
+    def fit(self, epochs):
+        total = epochs * len(self.batches())
+        done = 0
+        while done < total:
+            dist.all_reduce(torch.ones(1))
+            done += 1
+
+def read_shard(path, rank):
+    return torch.load(f"{path}/part-{rank:05d}.pt")
+
+def main(path):
+    rank = dist.get_rank()
+    Fitter(torch.nn.Linear(2, 2), records=read_shard(path, rank)).fit(3)
+"""
+    found = lint_source(tmp_path, source)
+    assert ("rank-early-exit", 18, "error") in found, found
+    # the same class given one set on every rank: nothing to say
+    assert (
+        lint_source(tmp_path, source.replace("records=read_shard(path, rank)", "records=torch.load(path)"))
+        == []
+    )
