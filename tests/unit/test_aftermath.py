@@ -2007,3 +2007,25 @@ def test_one_rank_in_another_op_inside_a_phase_its_stack_shows_is_the_likely_ran
     # without the dumps, the numbers alone say where the ranks parted, not why
     (finding,) = run_doctor_from([log]).findings
     assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+
+
+def test_the_fewer_side_alone_announcing_a_save_is_the_likely_rank_test(tmp_path: Path) -> None:
+    """Ranks 0 and 2 (local rank 0 of two nodes) printed that they export the model and time
+    out in an all-gather; ranks 1 and 3 in an all-reduce at the same number, silent."""
+    log = tmp_path / "job.log"
+    announced = "".join(f"[rank{r}]: exporting model weights to /ckpt/step_900\n" for r in (0, 2))
+    timeouts = "".join(_watchdog(r, 611, "_ALLGATHER_BASE", 1_048_576, 611, 610) for r in (0, 2)) + "".join(
+        _watchdog(r, 611, "ALLREDUCE", 2, 611, 610) for r in (1, 3)
+    )
+    log.write_text(announced + timeouts)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0, 2],
+        [1, 3],
+    )
+    assert "likely reading" in finding.message and "exporting model weights" in finding.message
+    # a rank of the other side said it too: the announcement does not part them
+    log.write_text(announced + "[rank1]: exporting model weights to /ckpt/step_900\n" + timeouts)
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is not Cause.RANK_CONDITIONAL_COLLECTIVE

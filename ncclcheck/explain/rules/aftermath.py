@@ -683,6 +683,9 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             decided = _a_decision_only_they_took(s, f"the ranks disagree on {said}", list(by_op.values()))
             if decided is not None:
                 return decided
+            announced = _a_phase_only_they_announced(s, f"the ranks disagree on {said}", list(by_op.values()))
+            if announced is not None:
+                return announced
             decided_apart = _one_side_reduces_to_a_root(s, group, seq, by_op)
             if decided_apart is not None:
                 return decided_apart
@@ -830,6 +833,50 @@ def _a_decision_only_they_took(s: Leftovers, said: str, sides: list[list[int]]) 
             evidence=s.evidence,
         )
     return None
+
+
+# a line announcing a phase a main process often runs alone: a save, an evaluation, an export
+_ANNOUNCES_A_PHASE = re.compile(
+    r"\b(?:sav(?:e|es|ing)|writ(?:e|es|ing)|dump(?:s|ing)?|export(?:s|ing)?|upload(?:s|ing)?|gather(?:s|ing)?)\b"
+    r".{0,40}\b(?:checkpoint|ckpt|state[ _]?dict|model|weights|predictions)\b"
+    r"|\b(?:running|run|start(?:s|ing)?|begin(?:s|ning)?)\s+(?:the\s+)?(?:eval(?:uation)?|validation|test(?:ing)?)\b"
+    r"|\bgenerat(?:e|es|ing)\s+(?:\w+\s+)?samples\b",
+    re.IGNORECASE,
+)
+
+
+def _a_phase_only_they_announced(s: Leftovers, said: str, sides: list[list[int]]) -> Explanation | None:
+    """The ranks parted into two sides at one collective; every rank of one side, and no rank
+    of the other, printed before the timeouts a line announcing a phase a main process often
+    runs alone ('writing full state dict', 'running evaluation'): the likely
+    reading is that phase run under a rank test with a collective in it."""
+    if len(sides) != 2:
+        return None
+    announced: dict[int, OwnOutput] = {}
+    for lines in s.job.rank_lines.values():
+        for line in _before_the_timeouts(s, lines):
+            if line.rank is not None and _ANNOUNCES_A_PHASE.search(line.text):
+                announced[line.rank] = line
+    alone = [side for side in sides if set(side) <= set(announced) and not set(announced) - set(side)]
+    if len(alone) != 1:
+        return None
+    fewer = alone[0]
+    more = next(side for side in sides if side is not fewer)
+    line = announced[fewer[0]]
+    return s.d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"{said}. {who(fewer)}, and none of {who(more)}, announced a phase before the timeouts "
+        f"('{line.text}', {line.source}): the likely reading is that this phase runs under a rank "
+        f"test (the main process, or local rank 0 of each node) and issues a collective that only "
+        f"{who(fewer)} make{'s' if len(fewer) == 1 else ''}. What would confirm it: the test around "
+        "the code that prints that line, and the collective inside it (a state_dict of a sharded "
+        "model all-gathers, an evaluation reduces its metrics)",
+        ranks=sorted(fewer),
+        absent_ranks=sorted(more),
+        op=None,
+        site=None,
+        evidence=s.evidence,
+    )
 
 
 def _one_side_reduces_to_a_root(
