@@ -695,13 +695,16 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _stop_line(text, rank, line, number)
             if rank is not None:
                 _rank_line(text, rank, line, number)
-            if rank is not None and "batch" in line and (counted := _BATCH_COUNT.search(line)):
-                what = _NUMBER.sub("N", line.strip())[:200]
-                text.found.loop_lengths.append(
-                    LoopLength(
-                        what, int(counted.group(1)), rank, Source(str(text.path), number), line.strip()[:200]
+            if "batch" in line and (counted := _BATCH_COUNT.search(line)):
+                # its prefix's rank, else the one its text names ("[val shard] rank=3 batches=126")
+                named = _RANK_IN_TEXT.search(line) if rank is None else None
+                owner = rank if rank is not None else (int(named.group(1)) if named else None)
+                if owner is not None:
+                    what = _NUMBER.sub("N", line.strip())[:200]
+                    count = int(counted.group(1) or counted.group(2))
+                    text.found.loop_lengths.append(
+                        LoopLength(what, count, owner, Source(str(text.path), number), line.strip()[:200])
                     )
-                )
         return  # the training's own line: one search in C decides it
     if "run_id" in line and (run := _RUN_ID.search(line)) and run.group(1) not in ("none", "None"):
         text.found.run_ids.add(run.group(1))
@@ -864,8 +867,9 @@ _SRUN_ENDINGS: tuple[tuple[str, int | None, str | None], ...] = (
     ("Bus error", -7, None),
 )
 # a rank's own count of its loop's batches: "eval shard: 1249 samples -> 79 batches",
-# "val loader has 78 eval batches"; not a batch's index ("epoch 3 batch 12") nor its size
-_BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b")
+# "val loader has 78 eval batches", "batches=126"; not a batch's index ("epoch 3 batch 12",
+# "batch=12") nor its size
+_BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b(?!\s*[=:])|\b(?:num_|n_)?batches\s*[=:]\s*(\d+)\b")
 
 
 # a rank's tag inside a logger's prefix: "INFO:trainer.loop:[rank3] step 8400 ..."

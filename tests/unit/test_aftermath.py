@@ -2029,3 +2029,20 @@ def test_the_fewer_side_alone_announcing_a_save_is_the_likely_rank_test(tmp_path
     log.write_text(announced + "[rank1]: exporting model weights to /ckpt/step_900\n" + timeouts)
     (finding,) = run_doctor_from([log]).findings
     assert finding.cause is not Cause.RANK_CONDITIONAL_COLLECTIVE
+
+
+def test_counts_of_batches_as_key_value_pairs_named_by_rank_in_the_text_are_loop_lengths(
+    tmp_path: Path,
+) -> None:
+    """'eval split: rank=2 samples=3199 batches=50' with no prefix: the text's rank owns it, and
+    the count is the batches', not the samples' before it."""
+    log = tmp_path / "run.log"
+    log.write_text(
+        "".join(f"eval split: rank={r} samples={3136 + 5 * r} batches={49 + (r == 2)}\n" for r in range(3))
+        + "".join(_watchdog(r, 77, "ALLGATHER", 1, 77, 76) for r in (0, 1))
+        + _watchdog(2, 77, "ALLREDUCE", 1, 77, 76)
+    )
+    job = read_leftovers([log])
+    assert sorted((x.rank, x.total) for x in job.loop_lengths) == [(0, 49), (1, 49), (2, 50)]
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.UNEVEN_EVAL_BATCHES, [0, 1], [2])
