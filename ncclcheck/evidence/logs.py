@@ -576,6 +576,8 @@ def _read_text(path: Path, found: Aftermath) -> None:
     with open(path, encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, 1):
             raw = raw.rstrip("\n")
+            if raw[:2] == '{"' and (unwrapped := _structured_line(raw)) is not None:
+                raw = unwrapped
             if "PID" in raw and _PS_HEADER.match(raw):
                 header = raw.split()
                 text.ps_columns = (header.index("PID"), header.index("STAT"))
@@ -604,6 +606,36 @@ def _read_text(path: Path, found: Aftermath) -> None:
                 continue
             _line(text, number, raw)
     _finish(text)
+
+
+# a structured log's own fields, left out of the line it is read as
+_STRUCTURED_FIELDS = frozenset(
+    {"ts", "time", "timestamp", "level", "levelname", "logger", "name", "rank", "msg", "message"}
+)
+
+
+def _structured_line(raw: str) -> str | None:
+    """The line a JSON record holds: a container runtime's (Docker's json-file, Kubernetes'
+    `{"log": "...", "stream": ..., "time": ...}`) unwrapped, and a structured logger's
+    (`{"rank": 5, "msg": "dist initialized", "world_size": 8}`) as `[rank5]: msg key=value`.
+    None for a line that is no such record."""
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    inner = record.get("log")
+    if isinstance(inner, str):
+        inner = inner.rstrip("\n")
+        return (_structured_line(inner) if inner[:2] == '{"' else None) or inner
+    said = record.get("msg", record.get("message"))
+    if not isinstance(said, str):
+        return None
+    rank = record.get("rank")
+    fields = "".join(f" {key}={value}" for key, value in record.items() if key not in _STRUCTURED_FIELDS)
+    prefix = f"[rank{rank}]: " if isinstance(rank, int) else ""
+    return f"{prefix}{said}{fields}"
 
 
 def _line(text: _TextFile, number: int, raw: str) -> None:

@@ -428,3 +428,33 @@ def test_one_dump_alone_in_a_collective_under_an_evaluation_is_the_likely_rank_t
     others[1] = "evaluate_step (engine/validate.py:22)"
     dumps.write_text(_dump(700, alone) + "".join(_dump(pid, others) for pid in (701, 702, 703)))
     assert run_doctor_from([dumps]).findings == []
+
+
+def test_a_container_runtimes_json_lines_are_read_as_the_lines_they_hold(tmp_path: Path) -> None:
+    """Docker's json-file format around torch's output, and a structured logger's records
+    (`{"rank": 2, "msg": ..., "world_size": 4}`) inside it: read as the plain lines."""
+    import json
+
+    def wrapped(line: str) -> str:
+        return json.dumps({"log": line + "\n", "stream": "stderr", "time": "2025-02-03T10:00:00.0Z"}) + "\n"
+
+    app = [
+        json.dumps({"ts": "t", "level": "info", "rank": r, "msg": "ready", "world_size": 4}) for r in (2, 3)
+    ]
+    summary = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2025-02-03_10:41:02",
+        "  host      : trainer-worker-0",
+        "  rank      : 3 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 77)",
+        "  error_file: <N/A>",
+        "  traceback : Signal 9 (SIGKILL) received by PID 77",
+        "============================================================",
+    ]
+    pod = tmp_path / "pod_worker-0.log"
+    pod.write_text("".join(wrapped(line) for line in [*app, *summary]))
+    job = read_leftovers([pod])
+    assert job.world_size == 4
+    assert job.ranks[3].ending is not None and job.ranks[3].ending.exit_code == -9
+    assert {2, 3} <= set(job.ranks)
