@@ -398,6 +398,9 @@ class Aftermath:
     rank_lines: dict[str, list[OwnOutput]] = field(default_factory=dict)
     # the lengths of the ranks' loops, where the job's output says them (LoopLength)
     loop_lengths: list[LoopLength] = field(default_factory=list)
+    # tracebacks that end in an exception, printed with no rank's prefix in a file of no
+    # one rank: some rank's error, which one the files do not say
+    unplaced_endings: list[Ending] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)

@@ -24,6 +24,11 @@ from ncclcheck.model import Frame
 
 _PY_SPY_THREAD = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([\w ]+)\)(?:: "(.*)")?\s*$')
 _PY_SPY_FRAME = re.compile(r"^    (\S.*?) \((.+):(\d+)\)\s*$")
+# py-spy --native's frame of a native library: "    cudaStreamSynchronize (libcudart.so.12)",
+# "    0x7f2b8c1a2f9d (libcuda.so.535.129.03)", "    PyThread_acquire_lock_timed (python3.10)"
+_PY_SPY_NATIVE_FRAME = re.compile(
+    r"^    (\S.*?) \(((?:lib)?[\w.+\-]*?(?:\.so[\w.\-]*|\.dll|\.dylib)|python[\d.]*)\)\s*$"
+)
 _PY_SPY_LOCAL = re.compile(r"^            (\w+): (.*)$")
 _FAULT_THREAD = re.compile(
     r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(.*)\])? \(most recent call first\):"
@@ -188,6 +193,11 @@ class StackReader:
             return True
         if (match := _PY_SPY_FRAME.match(line)) and not match.group(1).startswith("..."):
             thread.frames.append(Frame(match.group(2), int(match.group(3)), match.group(1)))
+            thread.locals.append({})
+            self._in_locals = False
+            return True
+        if not self._faulthandler and (match := _PY_SPY_NATIVE_FRAME.match(line)):
+            thread.frames.append(Frame(match.group(2), 0, match.group(1)))
             thread.locals.append({})
             self._in_locals = False
             return True

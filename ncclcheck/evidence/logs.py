@@ -1317,6 +1317,8 @@ def _finish(text: _TextFile) -> None:
                 "watchdog-stuck": "heartbeat monitor's line",
             }[kind]
             text.found.skipped.append(f"{text.path}:{number}: a {what} of no known rank")
+            if kind == "ending":
+                text.found.unplaced_endings.append(value)
             continue
         _own(text, only, kind, value, number)
     for rank, pid, reader, number in text.pending_stacks:

@@ -259,6 +259,25 @@ def _device_sync(main: ThreadStack) -> Blocking | None:
 
 
 STORE_GET = "a c10d store's get"
+SCRIPTS_END = (
+    "the script's end (threading._shutdown: the main thread returned or raised, and the process "
+    "waits for a thread that is not a daemon)"
+)
+
+
+def at_the_scripts_end(main: ThreadStack) -> bool:
+    """The main thread past the script's last line: in the interpreter's wait for the
+    program's other threads (``threading._shutdown``), with no frame of the script."""
+    return (
+        bool(main.frames)
+        and any(
+            f.function.rsplit(".", 1)[-1] == "_shutdown" and f.file.endswith("threading.py")
+            for f in main.frames
+        )
+        and all(f.file.endswith("threading.py") or f.line == 0 for f in main.frames)
+    )
+
+
 _STORE_WAIT = re.compile(r"c10d::(?:TCPStore|PrefixStore|Store|FileStore)::(?:doGet|get|wait|doWait)\b")
 
 _THREAD_IDLE = ("wait", "_wait_for_tstate_lock", "select", "poll", "sleep", "get", "accept", "recv")
@@ -314,6 +333,8 @@ def blocking(stack: ProcessStack) -> Blocking:
     found = _in_collectives(stack, main)
     if found is not None:
         return found
+    if at_the_scripts_end(main):
+        return Blocking(SCRIPTS_END, False)
     if any(frame.function == "_engine_run_backward" for frame in main.frames):
         return _in_backward(stack, main)
     for frame in main.frames:

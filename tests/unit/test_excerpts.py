@@ -458,3 +458,66 @@ def test_a_container_runtimes_json_lines_are_read_as_the_lines_they_hold(tmp_pat
     assert job.world_size == 4
     assert job.ranks[3].ending is not None and job.ranks[3].ending.exit_code == -9
     assert {2, 3} <= set(job.ranks)
+
+
+_NATIVE_SYNC = """Process 4410: python -u finetune.py
+Python v3.11.4 (/usr/bin/python3.11)
+
+Thread 4410 (active): "MainThread"
+    0x7f11aa02bc10 (libcuda.so.550.54.15)
+    cudaStreamSynchronize (libcudart.so.12)
+    at::native::item (libtorch_cpu.so)
+    step (engine/loop.py:88)
+    <module> (finetune.py:40)
+Thread 4502 (idle): "Thread-3 (_pin_memory_loop)"
+    do_futex_wait (libc.so.6)
+    PyThread_acquire_lock_timed (python3.11)
+    select (selectors.py:415)
+    _pin_memory_loop (torch/utils/data/_utils/pin_memory.py:54)
+    _bootstrap (threading.py:1002)
+"""
+
+_AT_THE_END = """Process 4412: python -u finetune.py
+Python v3.11.4 (/usr/bin/python3.11)
+
+Thread 4412 (idle): "MainThread"
+    _shutdown (threading.py:1590)
+Thread 4520 (idle): "telemetry"
+    sleep (telemetry.py:21)
+    run (threading.py:982)
+    _bootstrap (threading.py:1002)
+"""
+
+
+def test_py_spy_native_frames_are_read_and_a_rank_past_its_scripts_end_is_the_one_that_left(
+    tmp_path: Path,
+) -> None:
+    """py-spy --native's library frames are frames (the sync point in them is seen); a rank whose
+    main thread waits in threading._shutdown left the script, and a traceback no rank owns is
+    the likely reason."""
+    waiting = tmp_path / "rank0_native.txt"
+    waiting.write_text(_NATIVE_SYNC)
+    ended = tmp_path / "rank1_pyspy.txt"
+    ended.write_text(_AT_THE_END)
+    job = read_leftovers([waiting])
+    main = job.ranks[0].stack.main  # type: ignore[union-attr]
+    assert main is not None and main.frames[1].function == "cudaStreamSynchronize"
+    assert len(job.ranks[0].stack.threads) == 2  # type: ignore[union-attr]
+    (finding,) = run_doctor_from([waiting, ended]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_EARLY_EXIT, [0], [1])
+    terminal = tmp_path / "terminal.txt"
+    terminal.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "/srv/ft/finetune.py", line 40, in <module>\n'
+        "    step(batch)\n"
+        '  File "/srv/ft/engine/collate.py", line 12, in pad\n'
+        "    raise KeyError(name)\n"
+        "KeyError: 'attention_mask'\n"
+    )
+    (finding,) = run_doctor_from([waiting, ended, terminal]).findings
+    assert (finding.cause, finding.absent_ranks, finding.site) == (
+        Cause.RANK_EXCEPTION,
+        [1],
+        "/srv/ft/engine/collate.py:12",
+    )
+    assert "likely reading" in finding.message

@@ -41,7 +41,7 @@ from ncclcheck.evidence.aftermath import (
     lived_through,
 )
 from ncclcheck.evidence.classes import merge_stacks, user_frames
-from ncclcheck.evidence.stacks import blocking
+from ncclcheck.evidence.stacks import SCRIPTS_END, blocking
 from ncclcheck.explain.context import Context, death_cause, uncaught_fix
 from ncclcheck.explain.engine import Explanation, first_explanation
 from ncclcheck.explain.rules.stacks import a_phase_one_side_ran, explain_classes
@@ -1278,6 +1278,65 @@ def a_monitored_barrier_names_the_late_rank(s: Leftovers) -> Explanation | None:
     )
 
 
+def a_rank_past_its_scripts_end(s: Leftovers) -> Explanation | None:
+    """A rank whose dumped stack is past the script's end (its main thread in
+    threading._shutdown, waiting for a thread that is not a daemon), while other ranks wait
+    for their peers: it left the work the others are in, and its process lingers, so no
+    launcher saw it fail. A traceback in the files that no rank owns, ending in an error
+    that is no wait given up, is the likely reason (rank-exception); with none, it returned
+    early (rank-early-exit)."""
+    ended = sorted(
+        r
+        for r, rec in s.job.ranks.items()
+        if rec.stack is not None and blocking(rec.stack).what == SCRIPTS_END
+    )
+    waiting = sorted(
+        r
+        for r, rec in s.job.ranks.items()
+        if r not in ended
+        and (rec.timeouts or (rec.stack is not None and blocking(rec.stack).waits_for_peers))
+    )
+    if not ended or not waiting:
+        return None
+    errors = [e for e in s.job.unplaced_endings if e.error and not _WAITED.search(e.error)]
+    lingering = (
+        f"{who(ended)}'s main thread is past the script's end (threading._shutdown: it returned or "
+        "raised, and the process waits for a thread that is not a daemon, so it never exits and no "
+        f"launcher sees it end) while {who(waiting)} wait{'s' if len(waiting) == 1 else ''} for "
+        f"{its(waiting)} peers"
+    )
+    if errors:
+        error = errors[-1]
+        site = f"{error.error_site.file}:{error.error_site.line}" if error.error_site else None
+        found = s.d.explanation(
+            Cause.RANK_EXCEPTION,
+            f"{lingering}. These files hold a traceback no rank's prefix owns ({error.error}"
+            + (f", raised at {site}" if site else "")
+            + f"): the likely reading is that it is {who(ended)}'s, raised in code only "
+            f"{'it' if len(ended) == 1 else 'they'} ran. What would confirm it: the pid that printed it",
+            ranks=waiting,
+            absent_ranks=ended,
+            op=None,
+            site=site,
+            evidence=s.evidence,
+        )
+        found.fix = uncaught_fix(site, error.error or "") + (
+            " Make the program's own threads daemons (or stop them in a finally), so that a rank "
+            "that fails exits and the launcher stops the job"
+        )
+        return found
+    return s.d.explanation(
+        Cause.RANK_EARLY_EXIT,
+        f"{lingering}: it left the work the others are in (a return or break the others did not "
+        "take). What would confirm it: its own last lines, and the test before its end",
+        ranks=waiting,
+        absent_ranks=ended,
+        op=None,
+        site=None,
+        evidence=s.evidence,
+    )
+
+
 def a_rank_never_published_its_nccl_id(s: Leftovers) -> Explanation | None:
     """Ranks that created a NCCL communicator at their first collective on a group and never
     got the id its first rank publishes: that rank never reached its first collective there.
@@ -2144,6 +2203,7 @@ AFTERMATH_RULES = (
     the_debug_check_says,
     a_transport_found_the_calls_differ,
     a_rank_failed_first,
+    a_rank_past_its_scripts_end,
     a_rank_never_published_its_nccl_id,
     the_desync_report_says,
     a_monitored_barrier_names_the_late_rank,
