@@ -213,6 +213,17 @@ def diagnose_leftovers(job: Aftermath, all_ranks: bool = False) -> Report:
                 for what, advice in libraries_waited_in([u.stack for u in job.unplaced])
             )
         )
+    elif not job.ranks and not job.unplaced and job.progress_bars:
+        bars = "; ".join(
+            f"'{bar.what}' at {bar.done} ({bar.source})" for bar in list(job.progress_bars.values())[:3]
+        )
+        report.summary["unexplained"] = (
+            f"these files hold the job's own output only: its progress stopped part-way ({bars}), with "
+            "no watchdog line, stack, traceback or failure summary of any rank. Nothing here says where "
+            "the ranks wait, nor whether they wait in a collective at all. What decides: a stack of "
+            "every rank while it hangs (`ncclcheck doctor --pid PID` on each host), and NCCL's watchdog "
+            "lines (a process-group timeout shorter than the wait)"
+        )
     else:
         report.summary["unexplained"] = (
             "no rule explains what these files show (no ranks behind the others, no disagreement at "

@@ -420,6 +420,7 @@ class Aftermath:
             or self.barrier_late
             or self.mismatches
             or self.size_mismatches
+            or self.progress_bars  # a job's bar that stopped part-way: its own output, read
         ) or any(
             r.timeouts
             or r.progress

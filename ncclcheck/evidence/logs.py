@@ -1052,6 +1052,7 @@ def _progress_bar(text: _TextFile, rank: int | None, line: str, number: int) -> 
             continue
         if kept is None or elapsed >= kept.elapsed_s:
             bars[what] = ProgressBar(what, bar.group("done"), elapsed, Source(str(text.path), number), rank)
+            text.kinds.add("the job's own progress bars")
 
 
 # torch 2.2 and later, as a rank's NCCL communicator is created lazily at its first

@@ -521,3 +521,16 @@ def test_py_spy_native_frames_are_read_and_a_rank_past_its_scripts_end_is_the_on
         "/srv/ft/engine/collate.py:12",
     )
     assert "likely reading" in finding.message
+
+
+def test_a_post_with_only_the_jobs_stopped_progress_is_read_and_decides_nothing(tmp_path: Path) -> None:
+    post = tmp_path / "post.txt"
+    post.write_text(
+        "Training freezes after a few hours, no error. Last lines:\n"
+        "step 4100 | loss 2.113 | lr 3.0e-4\n"
+        "train:  43%|████▎     | 4123/9600 [2:01:40<2:41:38,  1.77s/it, loss=2.11]\n"
+    )
+    report = run_doctor_from([post])
+    assert report.findings == []
+    assert "the job's own output only" in report.summary["unexplained"]
+    assert "4123/9600" in report.summary["unexplained"]
