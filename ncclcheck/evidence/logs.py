@@ -66,10 +66,12 @@ _PREFIX = re.compile(
 )
 # other launchers' and frameworks' prefixes, where a line starts: "[rank=3] || ", "[Rank 3] ", "[r3] ",
 # "[RANK 3]: ", and a worker's "(Worker_TP1 pid=1390) " or "(VllmWorker rank=1 pid=1390) "
-# (a serving engine's tensor-parallel workers: one index, the rank, and the process's pid)
+# (a serving engine's tensor-parallel workers: one index, the rank, and the process's pid),
+# and Open MPI's "[1,3]<stdout>:"
 _OTHER_PREFIX = re.compile(
     r"^[ \t]*(?:\[(?:rank|Rank|RANK|r)[= ]?(\d+)\][ \t]*(?:\|\|?|:)?[ \t]?"
-    r"|\((?:\w+?_)?(?:TP|rank=)(\d+)\b[^()]{0,20}?\bpid=(\d+)[^()]{0,60}\)[ \t])"
+    r"|\((?:\w+?_)?(?:TP|rank=)(\d+)\b[^()]{0,20}?\bpid=(\d+)[^()]{0,60}\)[ \t]"
+    r"|\[\d+,(\d+)\]<std(?:out|err)>:)"  # Open MPI's mpirun --tag-output: "[1,3]<stdout>:"
 )
 # each field read only where its delimiter follows: a posted line cut mid-field ("OpType=ALLR",
 # "NumelOut=12") must not read as another op or size
@@ -644,7 +646,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     prefix = _PREFIX.match(raw) if "]:" in raw[:200] else None
     rank = int(prefix.group(1)) if prefix else None
     if prefix is None and raw[:1] in ("[", "(", " ", "\t") and (prefix := _OTHER_PREFIX.match(raw)):
-        rank = int(prefix.group(1) or prefix.group(2))
+        rank = int(prefix.group(1) or prefix.group(2) or prefix.group(4))
         if prefix.group(3) is not None:
             text.found.rank(rank).pid = text.found.rank(rank).pid or int(prefix.group(3))
     if prefix is None and raw[:1] in _LABEL_STARTS and (label := _SRUN_LABEL.match(raw)):

@@ -95,10 +95,15 @@ def test_other_launchers_prefixes_name_the_rank(tmp_path: Path) -> None:
         "[Rank 3] Traceback (most recent call last):\n"
         '[Rank 3]   File "/w/train.py", line 19, in <module>\n'
         "[Rank 3] KeyError: 'image'\n"
+        # Open MPI's mpirun --tag-output: [job,rank]<stream>:
+        "[1,2]<stderr>:Traceback (most recent call last):\n"
+        '[1,2]<stderr>:  File "/w/train.py", line 30, in <module>\n'
+        "[1,2]<stderr>:OSError: truncated image\n"
     )
     job = read_leftovers([log])
     assert job.ranks[1].ending is not None and job.ranks[1].ending.error == "ValueError: empty batch"
     assert job.ranks[3].ending is not None and job.ranks[3].ending.error == "KeyError: 'image'"
+    assert job.ranks[2].ending is not None and job.ranks[2].ending.error == "OSError: truncated image"
 
 
 def test_a_workers_exception_and_its_live_stack_are_an_exception_it_lived_through(tmp_path: Path) -> None:
