@@ -279,7 +279,10 @@ def _found(frame: Frame, command: str) -> Frame:
     return frame
 
 
-_FOREIGN_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/|^<")
+_FOREIGN_LIBRARY = re.compile(
+    # a native library or the interpreter (py-spy --native's "libcudart.so.12", "python3.10")
+    r"/(?:site|dist)-packages/|/lib/python\d+\.\d+/|^<|\.so(?:\.[\w.\-]+)?$|\.dll$|\.dylib$|^python[\d.]*$"
+)
 
 
 @functools.cache

@@ -2046,3 +2046,33 @@ def test_counts_of_batches_as_key_value_pairs_named_by_rank_in_the_text_are_loop
     assert sorted((x.rank, x.total) for x in job.loop_lengths) == [(0, 49), (1, 49), (2, 50)]
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.UNEVEN_EVAL_BATCHES, [0, 1], [2])
+
+
+def test_a_rank_a_step_ahead_whose_last_shared_line_holds_a_zero_skipped_on_its_data(tmp_path: Path) -> None:
+    """Every rank logs each step; rank 2 alone logged one more, and its line of the step
+    before holds tokens=0 where the others' do not: it skipped that step's collective."""
+    log = tmp_path / "out.log"
+    steps = "".join(
+        f"[rank{r}]: it {n} tokens={0 if (r, n) == (2, 41) else 900 + r} loss=2.{r}\n"
+        for n in (40, 41)
+        for r in range(4)
+    )
+    log.write_text(steps + "[rank2]: it 42 tokens=913 loss=2.2\n")
+    dump = tmp_path / "rank1_pyspy.txt"
+    dump.write_text(
+        'Process 71: python lm.py\n\nThread 71 (idle): "MainThread"\n'
+        "    all_reduce (torch/distributed/distributed_c10d.py:2501)\n"
+        "    step (lm/loop.py:64)\n"
+        "    <module> (lm.py:10)\n"
+    )
+    (finding,) = run_doctor_from([log, dump]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.DATA_DEPENDENT_BRANCH,
+        [0, 1, 3],
+        [2],
+    )
+    assert "tokens=0" in finding.message and "likely reading" in finding.message
+    # no field of its own stands out: the lines alone say it is ahead, not why
+    log.write_text(steps.replace("tokens=0 ", "tokens=902 ") + "[rank2]: it 42 tokens=913 loss=2.2\n")
+    (finding,) = run_doctor_from([log, dump]).findings
+    assert finding.cause is not Cause.DATA_DEPENDENT_BRANCH

@@ -1337,6 +1337,75 @@ def a_rank_past_its_scripts_end(s: Leftovers) -> Explanation | None:
     )
 
 
+_FIELD = re.compile(r"\b([A-Za-z_][\w.]*)\s*[=:]\s*(-?\d+(?:\.\d+)?|nan|inf|-inf)\b", re.IGNORECASE)
+
+
+def _empty(value: str) -> bool:
+    """A value that makes a test of the data take another branch: zero, or not finite."""
+    return value.lower() in ("nan", "inf", "-inf") or float(value) == 0
+
+
+def a_rank_ahead_by_its_own_lines(s: Leftovers) -> Explanation | None:
+    """A line every rank printed each step ('[r3] step 5121 n_box_local=0'), printed one more
+    time by some ranks only, whose stacks or timeouts say the others wait: those ranks are a
+    step ahead, so in the step they all printed they skipped a collective the others made.
+    Where their copy of that step's line holds a value that is zero or not finite in a field
+    every other rank's holds otherwise, the likely reading is a branch on that value of their
+    own data (no boxes, an empty batch, a NaN loss) that skips the collective."""
+    stuck = {
+        r
+        for r, rec in s.job.ranks.items()
+        if rec.timeouts or (rec.stack is not None and blocking(rec.stack).waits_for_peers)
+    }
+    if not stuck:
+        return None
+    for lines in s.job.rank_lines.values():
+        occurrences: list[list[OwnOutput]] = [[]]
+        for line in _before_the_timeouts(s, lines):
+            if any(o.rank == line.rank for o in occurrences[-1]):
+                occurrences.append([])
+            occurrences[-1].append(line)
+        if len(occurrences) < 2:
+            continue
+        printers = {o.rank for occ in occurrences for o in occ if o.rank is not None}
+        together = occurrences[-2]
+        ahead = sorted({o.rank for o in occurrences[-1] if o.rank is not None})
+        behind = sorted(printers - set(ahead))
+        if (
+            len(printers) < 2
+            or {o.rank for o in together} != printers
+            or not behind
+            or not set(behind) & stuck
+        ):
+            continue
+        fields = {o.rank: dict(_FIELD.findall(o.text)) for o in together}
+        for name in fields[ahead[0]]:
+            theirs = [fields[r].get(name) for r in ahead]
+            others = [fields[r].get(name) for r in behind]
+            if None in theirs or None in others:
+                continue
+            if all(_empty(v) for v in theirs if v) and not any(_empty(v) for v in others if v):
+                said = next(o for o in together if o.rank == ahead[0])
+                later = occurrences[-1][0]
+                return s.d.explanation(
+                    Cause.DATA_DEPENDENT_BRANCH,
+                    f"{who(ahead)} printed '{later.text}' ({later.source}), a step past {who(behind)}, "
+                    f"which printed the step before with {'it' if len(ahead) == 1 else 'them'} and "
+                    f"wait there: in that step {who(ahead)} skipped a collective the others made. "
+                    f"{its(ahead).capitalize()} line of that step holds {name}={theirs[0]} where every "
+                    f"other rank's is not zero ('{said.text}', {said.source}): the likely reading is a "
+                    f"branch on that value of {its(ahead)} own data (nothing to reduce, an empty batch) "
+                    "that skips the collective. What would confirm it: the test on that value around "
+                    "the collective",
+                    ranks=behind,
+                    absent_ranks=ahead,
+                    op=None,
+                    site=None,
+                    evidence=s.evidence,
+                )
+    return None
+
+
 def a_rank_never_published_its_nccl_id(s: Leftovers) -> Explanation | None:
     """Ranks that created a NCCL communicator at their first collective on a group and never
     got the id its first rank publishes: that rank never reached its first collective there.
@@ -2216,6 +2285,7 @@ AFTERMATH_RULES = (
     completed_on_some_ranks_only,
     some_ranks_never_issued_it,
     a_rank_blocked_in_the_kernel,
+    a_rank_ahead_by_its_own_lines,
     stacks_decide,
     every_rank_at_one_position,
 )

@@ -329,7 +329,8 @@ def some_ranks_outside_any_collective(s: Standoff) -> Explanation | None:
     ranks = sorted(r for c in waiting for r in c.ranks)
     return s.d.explanation(
         Cause.STRAGGLER,
-        f"{who(ranks)} wait in {waiting[0].blocking} while {who(late)} are busy outside any "
+        f"{who(ranks)} {_verb(ranks)} in {waiting[0].blocking} while {who(late)} "
+        f"{'is' if len(late) == 1 else 'are'} busy outside any "
         f"collective ({outside[0].blocking} {_where(outside[0])})",
         ranks=ranks,
         absent_ranks=late,
