@@ -799,6 +799,17 @@ def _loops_of_other_lengths(s: Leftovers, said: str, by_op: dict[str, list[int]]
     )
 
 
+def _times_said(s: Leftovers, lines: list[OwnOutput]) -> list[list[OwnOutput]]:
+    """One log call's lines before the timeouts, grouped by the time it was said: a rank
+    that prints it again starts the next time."""
+    occurrences: list[list[OwnOutput]] = [[]]
+    for line in _before_the_timeouts(s, lines):
+        if any(o.rank == line.rank for o in occurrences[-1]):
+            occurrences.append([])
+        occurrences[-1].append(line)
+    return occurrences
+
+
 def _a_decision_only_they_took(s: Leftovers, said: str, sides: list[list[int]]) -> Explanation | None:
     """The ranks parted into ``sides``; a line of the job's own that every rank of them had
     printed together before was printed this last time by the ranks of one side only: a
@@ -806,11 +817,7 @@ def _a_decision_only_they_took(s: Leftovers, said: str, sides: list[list[int]]) 
     others did not, each deciding on a value of its own. The likely reading, with the line."""
     parted = {r for side in sides for r in side}
     for lines in s.job.rank_lines.values():
-        occurrences: list[list[OwnOutput]] = [[]]
-        for line in _before_the_timeouts(s, lines):
-            if any(o.rank == line.rank for o in occurrences[-1]):
-                occurrences.append([])  # a rank prints it again: the next time it was said
-            occurrences[-1].append(line)
+        occurrences = _times_said(s, lines)
         if len(occurrences) < 2:
             continue
         took = sorted({o.rank for o in occurrences[-1] if o.rank is not None} & parted)
@@ -1360,11 +1367,7 @@ def a_rank_ahead_by_its_own_lines(s: Leftovers) -> Explanation | None:
     if not stuck:
         return None
     for lines in s.job.rank_lines.values():
-        occurrences: list[list[OwnOutput]] = [[]]
-        for line in _before_the_timeouts(s, lines):
-            if any(o.rank == line.rank for o in occurrences[-1]):
-                occurrences.append([])
-            occurrences[-1].append(line)
+        occurrences = _times_said(s, lines)
         if len(occurrences) < 2:
             continue
         printers = {o.rank for occ in occurrences for o in occ if o.rank is not None}
