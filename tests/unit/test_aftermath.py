@@ -2076,3 +2076,18 @@ def test_a_rank_a_step_ahead_whose_last_shared_line_holds_a_zero_skipped_on_its_
     log.write_text(steps.replace("tokens=0 ", "tokens=902 ") + "[rank2]: it 42 tokens=913 loss=2.2\n")
     (finding,) = run_doctor_from([log, dump]).findings
     assert finding.cause is not Cause.DATA_DEPENDENT_BRANCH
+
+
+def test_the_side_of_a_parting_that_said_it_stopped_early_left_the_loop(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank1]: [rank 1] val_loss has not improved for 4 epochs, early stopping\n"
+        + "".join(_watchdog(r, 3301, "BROADCAST", 40, 3301, 3300) for r in (0, 2, 3))
+        + _watchdog(1, 3301, "ALLREDUCE", 1, 3301, 3300)
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.UNSYNCHRONIZED_DECISION,
+        [0, 2, 3],
+        [1],
+    )

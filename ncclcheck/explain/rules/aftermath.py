@@ -683,6 +683,12 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             decided = _a_decision_only_they_took(s, f"the ranks disagree on {said}", list(by_op.values()))
             if decided is not None:
                 return decided
+            # a side that said it stopped left the loop the other side is still in
+            fewer, more = sorted(by_op.values(), key=len)[:2] if len(by_op) == 2 else ([], [])
+            if len(fewer) < len(more):
+                stopped = _said_it_stopped(s, sorted(more), sorted(fewer), f"The ranks disagree on {said}")
+                if stopped is not None:
+                    return stopped
             announced = _a_phase_only_they_announced(s, f"the ranks disagree on {said}", list(by_op.values()))
             if announced is not None:
                 return announced
