@@ -762,3 +762,22 @@ def test_a_loop_exit_names_the_test_at_its_own_line_and_the_exit_at_its_own(tmp_
         f"`break` at train.py:{break_line} under `if loss < 0.1` at train.py:{if_line}" in e
         for e in explanation.evidence
     ), explanation.evidence
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        ("KeyError: 'shadow'", Cause.RANK_EXCEPTION),
+        ("FileNotFoundError: [Errno 2] No such file or directory: 'ann/0007.json'", Cause.RANK_EXCEPTION),
+        ("PIL.UnidentifiedImageError: cannot identify image file 'x.jpg'", Cause.RANK_EXCEPTION),
+        ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", Cause.RANK_CRASHED),
+        ("RuntimeError: CUDA error: an illegal memory access was encountered", Cause.RANK_CRASHED),
+        ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970", Cause.RANK_CRASHED),
+        ("SystemExit: 7", Cause.RANK_CRASHED),
+        (None, Cause.RANK_CRASHED),
+    ],
+)
+def test_what_a_rank_died_of_decides_crash_or_exception(error: str | None, cause: Cause) -> None:
+    from ncclcheck.explain.context import death_cause
+
+    assert death_cause(error) is cause
