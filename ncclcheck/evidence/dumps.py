@@ -101,6 +101,7 @@ class StackReader:
     threads: list[ThreadStack] = field(default_factory=list)
     pid: int | None = None
     command: str = ""  # py-spy's "Process N: <command line>"
+    beside: str = ""  # the folder of the file the dump was read from: source may sit there
     _faulthandler: bool = False  # threads named by no dump: the main one found by its frames
     _current: int | None = None  # faulthandler's "Current thread", by index
     _in_locals: bool = False
@@ -244,7 +245,7 @@ class StackReader:
         for thread in threads:
             if len(thread.locals) != len(thread.frames) or not any(thread.locals):
                 thread.locals = []
-            thread.frames = [_found(frame, self.command) for frame in thread.frames]
+            thread.frames = [_found(frame, self.command, self.beside) for frame in thread.frames]
             thread.user = [is_user_path(f.file) for f in thread.frames]
         return ProcessStack(pid=self.pid or 0, threads=threads, status="dumped")
 
@@ -264,11 +265,16 @@ def _outermost_first(frames: list[Frame], indents: list[int]) -> bool:
     return len(indents) == len(frames) and indents[-1] > indents[0] and indents == sorted(indents)
 
 
-def _found(frame: Frame, command: str) -> Frame:
+def _found(frame: Frame, command: str, beside: str = "") -> Frame:
     """py-spy's text names the user's files by their base name (``repro.py``): found again
-    next to the script its command line ran, where such a file is."""
+    next to the script its command line ran, or next to the dump itself (``beside``: a
+    poster's folder with the dumps and the source), where such a file is."""
     if os.path.isabs(frame.file) or os.path.exists(frame.file):
         return frame
+    if beside and _FOREIGN_LIBRARY.search(frame.file.replace("\\", "/")) is None:
+        candidate = os.path.join(beside, frame.file)
+        if os.path.isfile(candidate):
+            return Frame(candidate, frame.line, frame.function)
     for word in command.split():
         if word.endswith(".py") and os.path.basename(word) != frame.file:
             candidate = os.path.join(os.path.dirname(word), frame.file)

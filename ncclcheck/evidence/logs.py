@@ -1325,6 +1325,8 @@ def _finish(text: _TextFile) -> None:
             continue
         _own(text, only, kind, value, number)
     for rank, pid, reader, number in text.pending_stacks:
+        if isinstance(reader, StackReader):
+            reader.beside = str(text.path.parent)
         stack = reader.stack()
         if stack is None:
             continue

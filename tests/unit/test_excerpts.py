@@ -539,3 +539,41 @@ def test_a_post_with_only_the_jobs_stopped_progress_is_read_and_decides_nothing(
     assert report.findings == []
     assert "the job's own output only" in report.summary["unexplained"]
     assert "4123/9600" in report.summary["unexplained"]
+
+
+def test_source_beside_the_dumps_is_read_whatever_the_working_folder(tmp_path: Path) -> None:
+    """A poster's folder: two py-spy dumps naming `loop.py` by its base name, and loop.py."""
+    (tmp_path / "loop.py").write_text(
+        "import torch.distributed as dist\n"
+        "\n"
+        "def save(rank):\n"
+        "    dist.barrier()\n"
+        "\n"
+        "def fit(rank, steps):\n"
+        "    for step in range(steps):\n"
+        "        dist.all_reduce(step)\n"
+        "        if rank == 0:\n"
+        "            save(rank)\n"
+    )
+
+    def dump(pid: int, frames: str) -> str:
+        return f'Process {pid}: python -u loop.py\n\nThread {pid} (idle): "MainThread"\n{frames}'
+
+    (tmp_path / "rank0.txt").write_text(
+        dump(
+            10,
+            "    barrier (torch/distributed/distributed_c10d.py:4159)\n"
+            "    save (loop.py:4)\n"
+            "    fit (loop.py:10)\n",
+        )
+    )
+    (tmp_path / "rank1.txt").write_text(
+        dump(11, "    all_reduce (torch/distributed/distributed_c10d.py:2501)\n    fit (loop.py:8)\n")
+    )
+    (finding,) = run_doctor_from([tmp_path / "rank0.txt", tmp_path / "rank1.txt"]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0],
+        [1],
+    )
+    assert finding.severity.value == "error" and "if rank == 0" in finding.message

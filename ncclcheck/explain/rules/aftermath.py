@@ -607,7 +607,8 @@ def _an_exception_it_did_not_exit_on(
 ) -> Explanation:
     ending = s.job.ranks[rank].ending
     assert ending is not None
-    return s.d.explanation(
+    site = f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None
+    found = s.d.explanation(
         Cause.RANK_EXCEPTION,
         f"rank {rank} raised ({ending.error}) and did not exit: torchelastic, which ends a job "
         f"within seconds of a worker's exit, saw its first failure only in rank {aborted}'s "
@@ -617,9 +618,11 @@ def _an_exception_it_did_not_exit_on(
         ranks=waiting,
         absent_ranks=[rank],
         op=None,
-        site=f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None,
+        site=site,
         evidence=s.evidence,
     )
+    found.fix = uncaught_fix(site, ending.error or "")  # no try around a collective to move
+    return found
 
 
 def _an_exception_it_lived_through(s: Leftovers, rank: int, waiting: list[int]) -> Explanation:
@@ -2106,7 +2109,9 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
         )
     if len(dumped) < s.job.world_size:
         explanation.evidence.append(
-            f"stacks of ranks {format_ranks(dumped)} only, of {s.job.world_size}: the others were not dumped"
+            f"stacks of ranks {format_ranks(dumped)} only, of "
+            + (f"{s.job.world_size}" if s.job.world_said else f"at least {s.job.world_size}")
+            + ": the others were not dumped"
         )
     return explanation
 
