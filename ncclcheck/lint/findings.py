@@ -118,6 +118,9 @@ class ProjectIndex(Protocol):
     def resolve_call(
         self, call: ast.Call, module: ParsedModule, function: Function | None
     ) -> Function | None: ...
+    def returns_what_it_synced(
+        self, call: ast.Call, module: ParsedModule, function: Function | None
+    ) -> bool: ...
     def collective_of_call(
         self, call: ast.Call, module: ParsedModule, function: Function | None, ddp_names: set[str]
     ) -> Collective | None: ...

@@ -840,7 +840,7 @@ class Linter:
         pending: list[ast.AST] = [value]
         while pending:
             node = pending.pop()
-            if isinstance(node, ast.Call) and self._returns_what_it_synced(node, module, function):
+            if isinstance(node, ast.Call) and self.returns_what_it_synced(node, module, function):
                 continue  # `out_of_time(start)` all-reduces its flag: what it is given stays inside
             pending.extend(ast.iter_child_nodes(node))
             if isinstance(node, ast.Name) and node.id in local:
@@ -872,9 +872,7 @@ class Linter:
                 return True
         return False
 
-    def _returns_what_it_synced(
-        self, call: ast.Call, module: ParsedModule, function: Function | None
-    ) -> bool:
+    def returns_what_it_synced(self, call: ast.Call, module: ParsedModule, function: Function | None) -> bool:
         """A call of a project function every ``return`` of which gives back values built
         only from what it synchronised (``flag = ...; dist.all_reduce(flag, MAX); return
         bool(flag.item())``, an early stopper's ``dist.broadcast(decision, src=0)`` then

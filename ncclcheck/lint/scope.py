@@ -269,6 +269,14 @@ class ScopeChecker:
             )
 
     def kind(self, test: ast.expr, branches: list[ast.stmt]) -> str:
+        if any(
+            isinstance(call, ast.Call)
+            and self.linter.returns_what_it_synced(call, self.module, self.function)
+            for call in ast.walk(test)
+        ):
+            # `budget.exhausted(rank)` broadcasts rank 0's verdict and returns it: the rank it
+            # is given decides nothing, every rank gets the same answer
+            return "other"
         kind = kind_of(test, self.derived)
         if kind == RANK and kind_of(test, set()) != RANK:
             # rank-dependent only through names: those whose rank value reaches the test

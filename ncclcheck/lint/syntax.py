@@ -19,6 +19,7 @@ from ncclcheck.lint.tables import (
     SCOPES,
     TENSOR_VALUE_CALLS,
 )
+from ncclcheck.source.reading import paired
 
 
 def ddp_parameters_of(call: ast.Call, target: Function, ddp_names: set[str]) -> frozenset[str]:
@@ -361,6 +362,16 @@ def constructed(scope: ast.AST) -> dict[str, str]:
 
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign):
+            for whole in node.targets:
+                # `budget, best = TimeBudget(60), 0.0`: each name with its own value
+                for target, value in paired(whole, node.value):
+                    if (
+                        isinstance(target, ast.Name)
+                        and target is not whole
+                        and isinstance(value, ast.Call)
+                        and isinstance(value.func, ast.Name)
+                    ):
+                        found.setdefault(target.id, value.func.id)
             for target in node.targets:
                 if isinstance(target, ast.Subscript):  # self.meters[name] = Meter(...)
                     if (name := key(target.value)) is not None and (cls := _called_class(node.value)):

@@ -239,7 +239,8 @@ def test_what_a_real_hung_repro_left_names_its_cause_and_ranks(catalogue, cause:
         # guessed; whether it reached the call, nothing here says
         assert (finding.severity.value, finding.absent_ranks) == ("warning", [])
         assert "either rank 1, whose stacks are not here, never reached this call" in finding.message
-        assert any("of at least 2: the others were not dumped" in line for line in finding.evidence), finding.evidence
+        not_dumped = "of at least 2: the others were not dumped"
+        assert any(not_dumped in line for line in finding.evidence), finding.evidence
         assert set(finding.ranks + finding.absent_ranks) <= set(expected)
         return
     assert finding.cause == cause, (finding.message, finding.evidence)

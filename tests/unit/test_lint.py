@@ -1936,3 +1936,35 @@ def main(path):
         lint_source(tmp_path, source.replace("records=read_shard(path, rank)", "records=torch.load(path)"))
         == []
     )
+
+
+def test_a_test_that_broadcasts_rank_0s_verdict_is_agreed_though_it_is_given_the_rank(tmp_path: Path) -> None:
+    """`clock.expired(rank)` decides on rank 0 and broadcasts the flag: every rank breaks
+    together (bound through a tuple assignment, as people write it)."""
+    source = """
+import time
+import torch
+import torch.distributed as dist
+
+class Deadline:
+    def __init__(self, seconds):
+        self.seconds, self.start = seconds, time.monotonic()
+
+    def expired(self, rank):
+        flag = torch.tensor([float(rank == 0 and time.monotonic() - self.start > self.seconds)])
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+def train(rank, batches):
+    clock, seen = Deadline(600), 0
+    for batch in batches:
+        dist.all_reduce(batch)
+        seen += 1
+        if clock.expired(rank):
+            break
+    dist.barrier()
+"""
+    assert lint_source(tmp_path, source) == []
+    # the same test without the broadcast: each rank's own clock
+    unsynced = source.replace("        dist.broadcast(flag, src=0)\n", "")
+    assert [cause for cause, _, _ in lint_source(tmp_path, unsynced)], lint_source(tmp_path, unsynced)
