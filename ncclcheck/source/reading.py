@@ -834,3 +834,77 @@ def group_argument(path: str, line: int, op: str) -> ast.expr | None:
                 if keyword.arg == "group":
                     return keyword.value
     return None
+
+
+def where_the_sentinel_comes_from(path: str, guard: Guard) -> Guard | None:
+    """For a test on a function's sentinel (``if loss is None: continue`` after ``loss =
+    runner.training_step(batch)``), the test inside that function (of this file) under which
+    it returns None (``if not batch_is_finite(batch): return None``): the decision the
+    caller's test only passes on."""
+    try:
+        test = ast.parse(guard.text, mode="eval").body
+    except SyntaxError:
+        return None
+    name = None
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Is):
+        if isinstance(test.left, ast.Name) and isinstance(test.comparators[0], ast.Constant):
+            name = test.left.id if test.comparators[0].value is None else None
+    elif (
+        isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not) and isinstance(test.operand, ast.Name)
+    ):
+        name = test.operand.id
+    function = enclosing_function(path, guard.decided_at)
+    tree = parse(path)
+    if name is None or function is None or tree is None:
+        return None
+    assigned = [
+        node.value
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign)
+        and node.lineno < guard.decided_at
+        and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+        and isinstance(node.value, ast.Call)
+    ]
+    if not assigned:
+        return None
+    called = callee_name(assigned[-1])
+    for helper in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        if helper.name != called:
+            continue
+        nones = {
+            node.lineno
+            for node in ast.walk(helper)
+            if isinstance(node, ast.Return) and (node.value is None or _is_none(node.value))
+        }
+        for inner in conditional_exits(path, helper):
+            if inner.statement != "return" or inner.line not in nones:
+                continue
+            kind = inner.kind if inner.kind != OTHER else _kind_through_helpers(tree, inner.text)
+            if kind in (RANK, DATA):
+                return Guard(kind, inner.line, inner.text, inner.statement, inner.test_line)
+    return None
+
+
+def _kind_through_helpers(tree: ast.Module, text: str) -> str:
+    """The kind of a test that calls a function of the file (``not batch_is_finite(batch)``):
+    DATA where each such function returns a test of a tensor's value (``return
+    bool(torch.isfinite(x).all())``), one level down."""
+    try:
+        test = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return OTHER
+    called = {callee_name(n) for n in ast.walk(test) if isinstance(n, ast.Call)}
+    helpers = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name in called
+    ]
+    for helper in helpers:
+        returned = [n.value for n in ast.walk(helper) if isinstance(n, ast.Return) and n.value is not None]
+        if returned and all(kind_of(value, set()) == DATA for value in returned):
+            return DATA
+    return OTHER
+
+
+def _is_none(value: ast.expr) -> bool:
+    return isinstance(value, ast.Constant) and value.value is None

@@ -781,3 +781,46 @@ def test_what_a_rank_died_of_decides_crash_or_exception(error: str | None, cause
     from ncclcheck.explain.context import death_cause
 
     assert death_cause(error) is cause
+
+
+@pytest.mark.parametrize(
+    ("inner_test", "kind"),
+    [
+        ("batch['mask'].sum() == 0", "data"),  # a test of the data itself
+        ("not all_finite(batch)", "data"),  # through a helper of the file that tests values
+        ("self.rank != 0", "rank"),
+        ("self.calls > 3", None),  # a count of its own: nothing to pass on
+    ],
+)
+def test_a_test_on_a_sentinel_passes_on_the_test_that_returned_it(
+    tmp_path: Path, inner_test: str, kind: str | None
+) -> None:
+    from ncclcheck.source import reading
+
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "\n"
+        "def all_finite(batch):\n"
+        "    return bool(torch.isfinite(batch['x']).all())\n"
+        "\n"
+        "class Stepper:\n"
+        "    def step(self, batch):\n"
+        f"        if {inner_test}:\n"
+        "            return None\n"
+        "        return batch['x'].sum()\n"
+        "\n"
+        "def fit(stepper, loader):\n"
+        "    for batch in loader:\n"
+        "        out = stepper.step(batch)\n"
+        "        if not out:\n"
+        "            continue\n"
+        "        dist.all_reduce(out)\n"
+    )
+    function = reading.enclosing_function(str(path), 17)
+    (guard,) = [g for g in reading.conditional_exits(str(path), function) if g.statement == "continue"]
+    inner = reading.where_the_sentinel_comes_from(str(path), guard)
+    assert (inner.kind if inner else None) == kind
+    if inner is not None:
+        assert (inner.decided_at, inner.text) == (9, inner_test)

@@ -451,6 +451,24 @@ class SkippedPass:
     def of(cls, d: Context, path: str, guard: reading.Guard) -> SkippedPass:
         deciding = Frame(path, guard.line, "")
         where = d.site(deciding)
+        inner = reading.where_the_sentinel_comes_from(path, guard)
+        if inner is not None:
+            # `if loss is None: continue` passes on a decision taken inside the function that
+            # returned None: that test, on the data or the rank, is the deciding line
+            decided = Frame(path, inner.decided_at, "")
+            at = d.site(decided)
+            return cls(
+                cause_of_exit(inner.kind),
+                f"`continue` under `if {guard.text}` ({where}), after a None returned under "
+                f"`if {inner.text}` ({at})",
+                f"`if {guard.text}: continue` at {where} passes on the test at {at}: `if {inner.text}: "
+                f"return None`: {_kind_said(inner.kind)}",
+                Reason(
+                    REASON_OF_KIND.get(inner.kind, ReasonKind.LOCAL_TEST),
+                    decided,
+                    f"if {inner.text}: return None",
+                ),
+            )
         return cls(
             cause_of_exit(guard.kind),
             f"`continue` under `if {guard.text}` ({where})",

@@ -684,6 +684,7 @@ def skipped_step(
         f"{d.site(site)} for {step.get('loader')} batch {step.get('batch')}",
     ]
     cause, reason = Cause.DATA_DEPENDENT_BRANCH, ""
+    deciding: Frame | None = None  # a test elsewhere that decided, where one is read
     caught: list[str] = []  # what the skipping ranks' handlers caught, as the run noted it
     if site is not None:
         # the try may be a caller's, around the step function the error left early
@@ -735,14 +736,24 @@ def skipped_step(
             caught = caught_before
         elif exits:
             guard = exits[-1]
+            # `if loss is None: continue` passes on a None a step function returned under a
+            # test of its own: that test decides (the data, the rank), sited where it is
+            inner = reading.where_the_sentinel_comes_from(site.file, guard)
+            decided = inner or guard
             cause = {
                 "rank": Cause.RANK_CONDITIONAL_COLLECTIVE,
                 "data": Cause.DATA_DEPENDENT_BRANCH,
-            }.get(guard.kind, Cause.UNSYNCHRONIZED_DECISION)
+            }.get(decided.kind, Cause.UNSYNCHRONIZED_DECISION)
             reason = (
                 f"`{guard.statement}` under `if {guard.text}` at "
                 f"{d.site(Frame(site.file, guard.line, ''))} skips it"
             )
+            if inner is not None:
+                reason += (
+                    f", after a None returned under `if {inner.text}` at "
+                    f"{d.site(Frame(site.file, inner.decided_at, ''))}: the test that decided"
+                )
+                deciding = Frame(site.file, inner.decided_at, "")
     if reason:
         evidence.append(reason)
     evidence += caught
@@ -754,7 +765,7 @@ def skipped_step(
         ranks=did,
         absent_ranks=skipped,
         op=earlier.op,
-        site=d.site(site),
+        site=d.site(deciding or site),
         evidence=evidence,
     )
 
