@@ -41,7 +41,8 @@ from ncclcheck.lint.tables import (
     TENSOR_VALUE_CALLS,
     UNSYNCED_CALLS,
 )
-from ncclcheck.model import Finding
+from ncclcheck.model import Finding, Frame
+from ncclcheck.source import origins
 from ncclcheck.source.reading import (
     DATA,
     RANK,
@@ -170,6 +171,16 @@ class ScopeChecker:
                 return "a set's iteration order is not the same in every process"
             if name.split(".")[-1] in ("listdir", "scandir", "glob", "iglob", "rglob", "iterdir"):
                 return f"{name}() lists files in file-system order, which differs between hosts"
+        # what it iterates, followed back: `self.states` built in __init__ from a module's set
+        chain = origins.bindings(
+            [Frame(str(self.module.path), loop.lineno, "")], loop.iter, origins.is_unordered
+        )
+        unordered = next((b for b in chain if origins.is_unordered(b.value)), None)
+        if unordered is not None:
+            return (
+                f"its items come from a set (`{unordered.name} = {unordered.text[:60]}`, line "
+                f"{unordered.frame.line}), and a set's iteration order is not the same in every process"
+            )
         return None
 
     def _rebound(self, name: str, loop: ast.stmt) -> bool:

@@ -73,11 +73,19 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
     function = reading.enclosing_function(frame.file, frame.line)
     if function is None:
         return [[]]
+    if _of_self(expr) is not None:
+        return _an_attribute_set_in_its_class(stack, level, expr, depth)
     if not isinstance(expr, ast.Name):
         return _items_of_a_joined_list(stack, level, function, expr, depth)
     assignments = _assignments(function, expr.id, frame.line)
     if assignments is None:
         return [[]]
+    if not assignments and not _is_parameter(function, expr.id):
+        constant = _module_constant(frame.file, expr.id)
+        if constant is not None:  # a module's own constant (METRICS = {"loss", "acc"})
+            line, value = constant
+            here = Binding(expr.id, ast.unparse(value), Frame(frame.file, line, ""), value)
+            return [[here]]
     found: list[list[Binding]] = []
     for assigned in assignments:  # latest first
         here = Binding(
@@ -111,6 +119,58 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
     passed_to = function.name if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) else ""
     here = Binding(expr.id, ast.unparse(argument), Frame(caller.file, caller.line, ""), argument, passed_to)
     return [[here, *rest] for rest in _paths(stack, level - 1, argument, depth - 1)]
+
+
+def _of_self(expr: ast.expr) -> str | None:
+    """``x`` of ``self.x``."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+        return expr.attr
+    return None
+
+
+def _an_attribute_set_in_its_class(
+    stack: list[Frame], level: int, expr: ast.expr, depth: int
+) -> list[list[Binding]]:
+    """``self.states``: where a method of the same class sets it (``self.states = {n: ...
+    for n in METRICS}`` in ``__init__``), each such value followed on in that method."""
+    frame, attr = stack[level], _of_self(expr)
+    chain = reading.enclosing_chain(frame.file, frame.line)
+    owner = next((node for node in reversed(chain) if isinstance(node, ast.ClassDef)), None)
+    if owner is None or attr is None:
+        return [[]]
+    found: list[list[Binding]] = []
+    for method in owner.body:
+        if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(method):
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and _of_self(node.targets[0]) == attr:
+                here = Binding(
+                    f"self.{attr}", ast.unparse(node.value), Frame(frame.file, node.lineno, ""), node.value
+                )
+                inside = [*stack[:level], Frame(frame.file, node.lineno, method.name)]
+                found += [[here, *rest] for rest in _paths(inside, level, node.value, depth - 1)]
+    return found or [[]]
+
+
+def _is_parameter(function: ast.AST, name: str) -> bool:
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    arguments = function.args
+    return name in {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+
+
+def _module_constant(path: str, name: str) -> tuple[int, ast.expr] | None:
+    """The value a module-level assignment of ``path`` binds ``name`` to, where exactly one does."""
+    tree = reading.parse(path)
+    if tree is None:
+        return None
+    found = [
+        (node.lineno, node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    ]
+    return found[0] if len(found) == 1 else None
 
 
 # calls that join a list of tensors into one: its size is the sum of the pieces'

@@ -1968,3 +1968,27 @@ def train(rank, batches):
     # the same test without the broadcast: each rank's own clock
     unsynced = source.replace("        dist.broadcast(flag, src=0)\n", "")
     assert [cause for cause, _, _ in lint_source(tmp_path, unsynced)], lint_source(tmp_path, unsynced)
+
+
+def test_a_loop_over_an_attribute_built_from_a_modules_set_has_each_processs_order(tmp_path: Path) -> None:
+    """`self.sums` is made in __init__ by a comprehension over a module-level set of names;
+    sync() all-reduces it item by item in another method."""
+    source = """
+import torch
+import torch.distributed as dist
+
+COUNTERS = {"tokens", "pad_tokens", "sequences"}
+
+class Meter:
+    def __init__(self):
+        self.sums = {key: torch.zeros(1) for key in COUNTERS}
+
+    def sync(self):
+        for key, total in self.sums.items():
+            dist.all_reduce(total)
+"""
+    found = lint_source(tmp_path, source)
+    assert ("collective-order-mismatch", 13, "warning") in found, found
+    # built from a list: one order everywhere (another file: the source reader caches by path)
+    listed = source.replace('{"tokens", "pad_tokens", "sequences"}', '["tokens", "pad"]')
+    assert lint_source(tmp_path, listed, name="listed.py") == []

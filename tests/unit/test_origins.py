@@ -243,3 +243,29 @@ def test_an_unpacked_call_of_a_function_the_file_does_not_define_ends_the_chain(
         "`scores` passed to gather() as t",
         "`scores, count = library.collect(loader)`",
     ]
+
+
+def test_an_attribute_is_followed_into_its_classs_methods_and_a_name_to_the_modules_constant(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "meters.py"
+    path.write_text(
+        "import torch\n"
+        "\n"
+        "HEADS = {'box', 'cls', 'mask'}\n"
+        "\n"
+        "class Losses:\n"
+        "    def __init__(self):\n"
+        "        self.parts = {head: torch.zeros(2) for head in HEADS}\n"
+        "\n"
+        "    def sync(self):\n"
+        "        for head, part in self.parts.items():\n"
+        "            reduce(part)\n"
+    )
+    stack = [Frame(str(path), 11, "sync")]
+    chain = origins.bindings(stack, ast.parse("self.parts.items()", mode="eval").body, origins.is_unordered)
+    assert [str(b) for b in chain] == [
+        "`self.parts = {head: torch.zeros(2) for head in HEADS}`",
+        "`HEADS = {'box', 'cls', 'mask'}`",
+    ]
+    assert [b.frame.line for b in chain] == [7, 3]
