@@ -503,7 +503,42 @@ def condition_kind(path: str, test: ast.expr) -> str:
     for node in enclosing_chain(path, line):
         if isinstance(node, ast.ClassDef):
             derived |= rank_attributes(node)
-    return kind_of(test, derived)
+    kind = kind_of(test, derived)
+    if tree is not None and kind == OTHER:
+        # `not batch_is_finite(batch)`: a helper of the file that tests a tensor's values
+        return _kind_through_helpers(tree, ast.unparse(test))
+    if tree is not None and kind == DATA and _judged_by_the_files_own(tree, test):
+        # `stopper(val_loss.item())`: the value goes into the project's own judgement (a
+        # patience count, a best so far), which decides on what this rank has seen: a
+        # decision on a value of its own, not a test of the batch at hand
+        return OTHER
+    return kind
+
+
+def _judged_by_the_files_own(tree: ast.Module, test: ast.expr) -> bool:
+    """The test is a call (or its negation) of an instance of a class of the file, which
+    keeps state across calls (``stopper = EarlyStopping(3)`` then ``stopper(loss.item())``,
+    ``self.tracker.improved(acc)``); a plain function of the file that tests a value
+    (``is_finite(loss)``) stays a test of the data."""
+    while isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        test = test.operand
+    if not isinstance(test, ast.Call):
+        return False
+    defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    func = test.func
+    owner = func.value if isinstance(func, ast.Attribute) else func
+    name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", None)
+    if name is None:
+        return False
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        # `stopper, step = EarlyStopping(3), 0` too: each target with its own value
+        for target, value in (pair for whole in node.targets for pair in paired(whole, node.value)):
+            bound = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", None)
+            if bound == name and isinstance(value, ast.Call) and callee_name(value) in defined:
+                return True
+    return False
 
 
 def rank_local_reads(text: str, path: str | None = None, line: int | None = None) -> list[str]:

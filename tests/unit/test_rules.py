@@ -3,6 +3,7 @@ them, stacks as py-spy shows them, source files the rules read. No ranks."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -824,3 +825,41 @@ def test_a_test_on_a_sentinel_passes_on_the_test_that_returned_it(
     assert (inner.kind if inner else None) == kind
     if inner is not None:
         assert (inner.decided_at, inner.text) == (9, inner_test)
+
+
+@pytest.mark.parametrize(
+    ("test", "kind"),
+    [
+        ("not batch_is_finite(batch)", "data"),  # a helper of the file that tests values
+        ("stopper(val_loss.item())", "other"),  # a stateful judgement of the project's: a decision
+        ("self.tracker.improved(acc.item())", "other"),
+        ("not math.isfinite(loss.item())", "data"),  # a library's test of the value
+    ],
+)
+def test_what_a_condition_reads_through_the_files_own_helpers_and_objects(
+    tmp_path: Path, test: str, kind: str
+) -> None:
+    from ncclcheck.source import reading
+
+    path = tmp_path / "fit.py"
+    path.write_text(
+        "import math\n"
+        "import torch\n"
+        "\n"
+        "def batch_is_finite(batch):\n"
+        "    return bool(torch.isfinite(batch).all())\n"
+        "\n"
+        "class Patience:\n"
+        "    def __call__(self, value):\n"
+        "        return value > 1\n"
+        "\n"
+        "class Fit:\n"
+        "    def __init__(self):\n"
+        "        self.tracker = Patience()\n"
+        "\n"
+        "    def run(self, batch, val_loss, acc, loss):\n"
+        "        stopper, seen = Patience(), 0\n"
+        f"        if {test}:\n"
+        "            return\n"
+    )
+    assert reading.condition_kind(str(path), ast.parse(test, mode="eval").body) == kind
