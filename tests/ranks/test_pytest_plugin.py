@@ -117,7 +117,7 @@ def test_marked_tests_run_on_ranks_and_fail_with_the_cause_and_site(
     result.stdout.fnmatch_lines(
         [
             "*_ test_one_rank_disagrees _*",
-            "ncclcheck found rank-crashed (2 ranks)",
+            "ncclcheck found rank-exception (2 ranks)",
             "*AssertionError: rank 1 disagrees*",
         ]
     )
