@@ -37,7 +37,7 @@ _SELF_RAISED_SIGNALS = frozenset(
 _FAILURE_BENEATH_THE_CODE = re.compile(
     r"out of memory|OutOfMemoryError|MemoryError|CUDA error|CUDNN_STATUS|CUBLAS_STATUS|NCCL error"
     r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|HIP error|Segmentation fault"
-    r"|illegal memory access|ECC error|Xid"
+    r"|illegal memory access|ECC error|\bXid\b"
     # an exit asked for (sys.exit(7), a stand-in for a kill) or a signal: no error raised
     r"|SystemExit|KeyboardInterrupt",
     re.I,
