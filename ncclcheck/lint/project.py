@@ -132,35 +132,26 @@ class Linter:
         params = [a.arg for a in (init.args.posonlyargs + init.args.args)[1:]] if init is not None else []
         given = self._rank_derived_arguments(module, class_name, params) if params else set()
         members: set[str] = set()
-        if given:
-            assignments = [
-                (attr, node.value, method)
-                for method in methods
-                for node in self.nodes(method)
-                if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
-                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                if isinstance(target, ast.Attribute)
-                and isinstance(target.value, ast.Name)
-                and target.value.id == "self"
-                for attr in [target.attr]
-            ]
-            for _ in range(4):
-                before = len(members)
-                for attr, value, method in assignments:
-                    seeds = members | (given if method is init else set())
-                    if derives_from_the_rank(
-                        value, seeds | rank_derived_names(method, seeds=frozenset(seeds))
+        for _ in range(4 if given else 0):
+            before = len(members)
+            for method in methods:
+                # once per method and round: its names derived from what is known so far
+                seeds = frozenset(members | (given if method is init else set()))
+                local = rank_derived_names(method, self.nodes(method), seeds=seeds) | seeds
+                for node in self.nodes(method):
+                    if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                        if derives_from_the_rank(node.value, set(local)):
+                            members |= {a for t in targets if (a := _self_attribute(t)) is not None}
+                    elif (
+                        isinstance(node, ast.Return)
+                        and node.value is not None
+                        and method is not init
+                        and derives_from_the_rank(node.value, set(local))
                     ):
-                        members.add(attr)
-                for method in methods:
-                    if method is init or method.name in members:
-                        continue
-                    local = rank_derived_names(method, seeds=frozenset(members)) | members
-                    returned = [n.value for n in self.nodes(method) if isinstance(n, ast.Return) and n.value]
-                    if any(derives_from_the_rank(value, local) for value in returned):
                         members.add(method.name)
-                if len(members) == before:
-                    break
+            if len(members) == before:
+                break
         self._class_members[key] = frozenset(members)
         return self._class_members[key]
 
@@ -1005,6 +996,13 @@ class Linter:
                 if causes is None or finding.cause in causes:
                     return True
         return False
+
+
+def _self_attribute(target: ast.expr) -> str | None:
+    """``x`` of an assignment's target ``self.x``."""
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+        return target.attr
+    return None
 
 
 # Names a value the same on every rank may be built from besides synchronised ones: the
