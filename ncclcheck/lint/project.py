@@ -57,6 +57,7 @@ from ncclcheck.source.reading import (
     rank_fields,
     rank_functions,
     reads_a_reduction,
+    self_attribute,
 )
 
 
@@ -142,7 +143,7 @@ class Linter:
                     if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
                         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                         if derives_from_the_rank(node.value, set(local)):
-                            members |= {a for t in targets if (a := _self_attribute(t)) is not None}
+                            members |= {a for t in targets if (a := self_attribute(t)) is not None}
                     elif (
                         isinstance(node, ast.Return)
                         and node.value is not None
@@ -996,13 +997,6 @@ class Linter:
                 if causes is None or finding.cause in causes:
                     return True
         return False
-
-
-def _self_attribute(target: ast.expr) -> str | None:
-    """``x`` of an assignment's target ``self.x``."""
-    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-        return target.attr
-    return None
 
 
 # Names a value the same on every rank may be built from besides synchronised ones: the

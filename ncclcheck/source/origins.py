@@ -73,7 +73,7 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
     function = reading.enclosing_function(frame.file, frame.line)
     if function is None:
         return [[]]
-    if _of_self(expr) is not None:
+    if reading.self_attribute(expr) is not None:
         return _an_attribute_set_in_its_class(stack, level, expr, depth)
     if not isinstance(expr, ast.Name):
         return _items_of_a_joined_list(stack, level, function, expr, depth)
@@ -121,19 +121,12 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
     return [[here, *rest] for rest in _paths(stack, level - 1, argument, depth - 1)]
 
 
-def _of_self(expr: ast.expr) -> str | None:
-    """``x`` of ``self.x``."""
-    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
-        return expr.attr
-    return None
-
-
 def _an_attribute_set_in_its_class(
     stack: list[Frame], level: int, expr: ast.expr, depth: int
 ) -> list[list[Binding]]:
     """``self.states``: where a method of the same class sets it (``self.states = {n: ...
     for n in METRICS}`` in ``__init__``), each such value followed on in that method."""
-    frame, attr = stack[level], _of_self(expr)
+    frame, attr = stack[level], reading.self_attribute(expr)
     chain = reading.enclosing_chain(frame.file, frame.line)
     owner = next((node for node in reversed(chain) if isinstance(node, ast.ClassDef)), None)
     if owner is None or attr is None:
@@ -143,7 +136,11 @@ def _an_attribute_set_in_its_class(
         if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         for node in ast.walk(method):
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and _of_self(node.targets[0]) == attr:
+            if (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and reading.self_attribute(node.targets[0]) == attr
+            ):
                 here = Binding(
                     f"self.{attr}", ast.unparse(node.value), Frame(frame.file, node.lineno, ""), node.value
                 )

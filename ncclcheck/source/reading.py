@@ -363,7 +363,7 @@ def rank_attributes(class_def: ast.ClassDef) -> set[str]:
         for node in ast.walk(method)
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None
         for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-        for attr in _self_attribute(target)
+        if (attr := self_attribute(target)) is not None
     ]
     found: set[str] = set()
     for _ in range(3):  # self.is_main = self.rank == 0 after self.rank = get_rank()
@@ -440,12 +440,12 @@ def paired(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]
     return [(target, value)]
 
 
-def _self_attribute(target: ast.expr) -> set[str]:
-    """``self.is_primary = ...``: an attribute of the instance, read by the class's other
-    methods as ``self.is_primary`` (another object's ``state.rank`` keeps its own meaning)."""
-    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
-        return {target.attr}
-    return set()
+def self_attribute(expr: ast.expr) -> str | None:
+    """``is_primary`` of ``self.is_primary``: an attribute of the instance, read by the
+    class's other methods (another object's ``state.rank`` keeps its own meaning)."""
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id == "self":
+        return expr.attr
+    return None
 
 
 def bound_names(target: ast.expr) -> set[str]:
