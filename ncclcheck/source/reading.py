@@ -201,7 +201,7 @@ def rank_derived_names(
     ``nodes``: the scope's nodes where the caller has walked them already; ``seeds``: names
     and attributes known to be rank-derived from outside the scope (a class's members)."""
     walked = list(ast.walk(scope) if nodes is None else nodes) if scope is not None else []
-    devices = _device_names(walked)
+    devices = device_names(walked)
 
     def holds(value: ast.expr, derived: set[str]) -> bool:
         return derives_from_the_rank(value, derived | seeds, devices)
@@ -216,11 +216,6 @@ def derives_from_the_rank(value: ast.expr, derived: set[str], devices: Iterable[
         return False
     placing = set(devices)
     return _is_device(value, placing) or kind_of(_unplaced(value), derived - placing) == RANK
-
-
-def device_names(nodes: Iterable[ast.AST]) -> set[str]:
-    """Names bound to a device built from the rank (``device = torch.device("cuda", rank)``)."""
-    return _device_names(list(nodes))
 
 
 # where a value is put, not what it is: `.to(device)`, `.cuda(rank)`, `device_ids=[rank]`
@@ -241,7 +236,8 @@ def _is_device(value: ast.expr, devices: set[str]) -> bool:
     return isinstance(value, ast.JoinedStr | ast.BinOp) and ("cuda" in text or "npu" in text or "xpu" in text)
 
 
-def _device_names(nodes: list[ast.AST]) -> set[str]:
+def device_names(nodes: Iterable[ast.AST]) -> set[str]:
+    """Names bound to a device built from the rank (``device = torch.device("cuda", rank)``)."""
     found: set[str] = set()
     for node in nodes:
         if (
