@@ -12,7 +12,7 @@ Python's per-process string hashing decides; a tensor cut by each rank's own dat
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ncclcheck.model import Frame
@@ -69,6 +69,8 @@ def _paths(stack: list[Frame], level: int, expr: ast.expr, depth: int) -> list[l
     expr = followed(expr)
     if depth == 0 or level < 0:
         return [[]]
+    if isinstance(expr, ast.IfExp):  # `sorted(names) if fixed else names`: either may hold
+        return _paths(stack, level, expr.body, depth) + _paths(stack, level, expr.orelse, depth)
     frame = stack[level]
     function = reading.enclosing_function(frame.file, frame.line)
     if function is None:
@@ -247,10 +249,13 @@ def followed(expr: ast.expr) -> ast.expr:
 
 
 def is_unordered(expr: ast.expr) -> bool:
-    """A set: a display, a set comprehension, set() or frozenset(), or an operator of sets."""
+    """A set: a display, a set comprehension, set() or frozenset(), an operator of sets, or
+    a conditional either of whose values is one."""
     expr = followed(expr)
     if isinstance(expr, ast.Set | ast.SetComp):
         return True
+    if isinstance(expr, ast.IfExp):
+        return is_unordered(expr.body) or is_unordered(expr.orelse)
     if isinstance(expr, ast.Call) and reading.callee_name(expr) in ("set", "frozenset"):
         return True
     return (
@@ -460,7 +465,7 @@ def first_iteration_of_a_set(paths: list[str]) -> tuple[str, int, str] | None:
         ]
         module_sets = _names_bound_to_sets(tree)  # read by name in every function of the file
         for scope in scopes:
-            sets = module_sets | _names_bound_to_sets(scope)
+            sets = _names_bound_to_sets(scope, module_sets)
             # a class: a method may iterate what another binds (self.names = set(...))
             nodes = list(ast.walk(scope)) if isinstance(scope, ast.ClassDef) else _own_nodes(scope)
             for node in nodes:
@@ -499,16 +504,25 @@ def _iterated(node: ast.AST) -> list[ast.expr]:
     return []
 
 
-def _names_bound_to_sets(scope: ast.AST) -> set[str]:
+def _names_bound_to_sets(scope: ast.AST, known: Iterable[str] = ()) -> set[str]:
     """Names (and ``self.x``) that ``scope``'s own code binds to a set, for a class the
-    attributes any of its methods binds."""
+    attributes any of its methods binds; with the ``known`` set names (the module's), a name
+    bound to one of those too (``names = sorted(KEYS) if fixed else KEYS``)."""
     nodes: list[ast.AST] = (
         list(ast.walk(scope)) if isinstance(scope, ast.ClassDef) else list(_own_nodes(scope))
     )
-    bound: set[str] = set()
-    for node in nodes:
-        if isinstance(node, ast.Assign) and is_unordered(node.value):
-            bound |= {ast.unparse(target) for target in node.targets}
-        elif isinstance(node, ast.AnnAssign) and node.value is not None and is_unordered(node.value):
-            bound.add(ast.unparse(node.target))
+    bound: set[str] = set(known)
+
+    def may_be_a_set(value: ast.expr) -> bool:
+        if isinstance(value, ast.IfExp):
+            return may_be_a_set(value.body) or may_be_a_set(value.orelse)
+        return is_unordered(value) or ast.unparse(value) in bound
+
+    for node in sorted(
+        (n for n in nodes if isinstance(n, ast.Assign | ast.AnnAssign)), key=lambda n: n.lineno
+    ):
+        if node.value is None or not may_be_a_set(node.value):
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        bound |= {ast.unparse(target) for target in targets}
     return bound

@@ -140,3 +140,44 @@ def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_meters_states_built_in_init_from_a_modules_set_are_an_order_mismatch() -> None:
+    """The loop in sync() iterates self.states, which __init__ builds from a module-level
+    set through a conditional: followed back to the set, and warm forking (one shared hash
+    seed, one order) declined for it. Its twin builds the states sorted."""
+    script = SCRIPTS / "meter_states_from_a_set.py"
+    proc, report = preflight("--warm-start", "--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-order-mismatch", finding
+    assert (
+        finding["site"]
+        == f"tests/scripts/meter_states_from_a_set.py:{line_in(script, 'dist.all_reduce(state)')}"
+    )
+    (came,) = [e for e in finding["evidence"] if e.startswith("where the loop's items come from")]
+    for built in ("self.states = {name", "names = sorted(STATE_NAMES)", "STATE_NAMES = {"):
+        assert f"meter_states_from_a_set.py:{line_in(script, built)}" in came, came
+    assert report["summary"]["launcher"].startswith("--warm-start not used"), report["summary"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_skip_on_a_step_functions_none_is_sited_at_the_data_test_that_returned_it() -> None:
+    """`if loss is None: continue` passes on the step's `if not all_finite(batch): return
+    None`, a test of the data through a helper of the file: that test decides. Its twin keeps
+    every rank in the step."""
+    script = SCRIPTS / "step_returns_none_on_bad_data.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "data-dependent-branch", finding
+    decided = line_in(script, "if not all_finite(batch)")
+    assert finding["site"] == f"tests/scripts/step_returns_none_on_bad_data.py:{decided}", finding
+    assert any("after a None returned under `if not all_finite(batch)" in e for e in finding["evidence"]), (
+        finding
+    )
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
