@@ -38,7 +38,10 @@ class TimedOutWork:
     """``WorkNCCL(SeqNum=..., OpType=..., NumelIn=..., NumelOut=...)`` in a watchdog line."""
 
     group: str  # the process group's id as NCCL names it ("0" for the default group)
-    seq: int
+    # None in the lines of torch 1.10 and older, which number no work: "WorkNCCL(OpType=
+    # BROADCAST, Timeout(ms)=1800000)". Such a timeout is where that rank waits, and no more:
+    # two ranks' lines cannot be matched to one position
+    seq: int | None
     op: str  # "" where the line was cut before the op's name ended
     numel_in: int | None
     numel_out: int | None
@@ -48,6 +51,8 @@ class TimedOutWork:
     def describe(self) -> str:
         unit = "element" if self.numel_in == 1 else "elements"
         sizes = f", {self.numel_in} {unit} in" if self.numel_in is not None else ""
+        if self.seq is None:
+            return f"{self.op} (the line numbers no work){sizes}"
         return f"#{self.seq} {self.op or '(op cut off in the line)'}{sizes} on group {self.group}"
 
 
@@ -181,10 +186,16 @@ class RankAftermath:
     # here, so a watchdog line it would have printed would be here too
     heard: Source | None = None
 
+    @property
+    def numbered(self) -> list[TimedOutWork]:
+        """Its timeouts whose lines give the work's sequence number: the ones that can be
+        matched across ranks."""
+        return [w for w in self.timeouts if w.seq is not None]
+
     def issued_at_least(self, group: str) -> int | None:
         """The highest sequence number this rank is known to have issued on ``group``: a
         collective that timed out was issued, and so was all a progress line counts."""
-        known = [w.seq for w in self.timeouts if w.group == group]
+        known = [w.seq for w in self.numbered if w.group == group and w.seq is not None]
         if group in self.progress:
             known.append(self.progress[group].last_enqueued)
         return max(known) if known else None
@@ -193,7 +204,7 @@ class RankAftermath:
         """The first collective of ``group`` this rank issued and never saw complete: the one
         its watchdog timed out, or the one after its last completed where it had enqueued
         more. A rank's collectives on one group complete in order (one stream)."""
-        pending = [w.seq for w in self.timeouts if w.group == group]
+        pending = [w.seq for w in self.numbered if w.group == group and w.seq is not None]
         progress = self.progress.get(group)
         if progress is not None and progress.last_enqueued > progress.last_completed:
             pending.append(progress.last_completed + 1)

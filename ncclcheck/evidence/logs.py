@@ -11,6 +11,7 @@ whole, and each rank keeps a few small records (evidence/aftermath.py).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import deque
 from collections.abc import Iterator
@@ -79,6 +80,10 @@ _WORK = re.compile(
     r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?=[,)])(?:, NumelIn=(\d+), NumelOut=(\d+)(?=[,)]))?"
 )
 _WORK_CUT = re.compile(r"WorkNCCL\(SeqNum=(\d+)(?=[,)])")  # the op cut off: number only
+# torch 1.10 and older number no work: "WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000)",
+# some with the tensor's shape ("OpType=ALLREDUCE, TensorShape=[1024], ...")
+_WORK_UNNUMBERED = re.compile(r"WorkNCCL\(OpType=(\w+)(?=[,)])")
+_TENSOR_SHAPE = re.compile(r"\bTensorShape=\[([\d, ]*)\]")
 _WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
@@ -355,7 +360,10 @@ def _place_in_groups(record: RankAftermath, default: str) -> None:
         record.progress.setdefault(default, replace(unnamed, group=default))
     by_work = {p.timed_out: group for group, p in record.progress.items() if p.timed_out is not None}
     record.timeouts = [
-        w if w.group != _NO_GROUP else replace(w, group=by_work.get(w.seq, default)) for w in record.timeouts
+        w
+        if w.group != _NO_GROUP
+        else replace(w, group=default if w.seq is None else by_work.get(w.seq, default))
+        for w in record.timeouts
     ]
     # a failed collective's stack trace is in the group of the timeout it follows
     group_of: dict[int | None, str] = {w.seq: w.group for w in record.timeouts}
@@ -719,7 +727,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
             return  # srun's, not the job's
         if rank is None and "ank" in line[:120] and (tag := _RANK_TAG.search(line[:120])):
             rank = int(tag.group(1))  # a logger's format that tags its lines after its name
-        if line.strip():  # the job's own output: the last of it before a timeout is evidence
+        if line.strip() and not _SOURCE_CODE.search(line):
+            # the job's own output: the last of it before a timeout is evidence
             text.own_output.append((line, number, rank))
             if ("kip" in line or "rop" in line or "gnor" in line or "KIP" in line) and (
                 _SKIPPED_STEP.search(line)
@@ -926,6 +935,14 @@ def _rank_line(text: _TextFile, rank: int, line: str, number: int) -> None:
         del kept[0]
 
 
+# a line of the script pasted beside the logs, not one it printed: the call that prints, an
+# f-string, a placeholder no format filled ("print(f\"[rank {rank}] early stopping\")")
+_SOURCE_CODE = re.compile(
+    r"\b(?:print|logger\.\w+|logging\.\w+|log|write)\(\s*f?[\"']|\bf[\"'][^\"']*\{"
+    r"|\{[A-Za-z_][\w.]*(?:\[[^\]]*\])?(?:[!:][^{}]*)?\}"
+)
+
+
 # a failure said in the same line: an exit with an error is a crash, not a loop left
 _FAILED_EXIT = re.compile(
     r"exit ?code\s*[:=]?\s*-?[1-9]|status\s*[:=]?\s*[1-9]|error|signal|killed|abort", re.I
@@ -975,15 +992,19 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
     group = group_match.group(1) if group_match else _NO_GROUP
     source = Source(str(text.path), number)
     text.kinds.add("NCCL watchdog lines")
-    if work := _WORK.search(line) or _WORK_CUT.search(line):
-        full = work.re is _WORK
-        numel_in, numel_out = (work.group(3), work.group(4)) if full else (None, None)
+    if work := _WORK.search(line) or _WORK_CUT.search(line) or _WORK_UNNUMBERED.search(line):
+        numel_in: int | None = None
+        numel_out: int | None = None
+        if work.re is _WORK and work.group(3):
+            numel_in, numel_out = int(work.group(3)), int(work.group(4))
+        elif shape := _TENSOR_SHAPE.search(line):
+            numel_in = math.prod(int(n) for n in shape.group(1).replace(" ", "").split(",") if n)
         timed_out = TimedOutWork(
             group,
-            int(work.group(1)),
-            work.group(2) if full else "",
-            int(numel_in) if numel_in else None,
-            int(numel_out) if numel_out else None,
+            None if work.re is _WORK_UNNUMBERED else int(work.group(1)),
+            work.group(1) if work.re is _WORK_UNNUMBERED else work.group(2) if work.re is _WORK else "",
+            numel_in,
+            numel_out,
             source,
             int(limit.group(1)) if (limit := _WORK_TIMEOUT.search(line)) else None,
         )
@@ -1092,7 +1113,15 @@ def _own(text: _TextFile, rank: int | None, kind: str, value: Any, number: int) 
     if kind == "timeout":
         # one timeout, said again ("terminate called ... what(): [Rank 1] Watchdog caught ..."):
         # kept once, the fuller line of the two
-        same = next((w for w in record.timeouts if (w.group, w.seq) == (value.group, value.seq)), None)
+        # (lines that number no work: the same op again)
+        same = next(
+            (
+                w
+                for w in record.timeouts
+                if (w.group, w.seq) == (value.group, value.seq) and (w.seq is not None or w.op == value.op)
+            ),
+            None,
+        )
         if same is None:
             record.timeouts.append(value)
         elif (same.op == "" and value.op) or (same.numel_in is None and value.numel_in is not None):

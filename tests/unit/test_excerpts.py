@@ -577,3 +577,54 @@ def test_source_beside_the_dumps_is_read_whatever_the_working_folder(tmp_path: P
         [1],
     )
     assert finding.severity.value == "error" and "if rank == 0" in finding.message
+
+
+def _unnumbered(rank: int, op: str, shape: str) -> str:
+    """A watchdog line of torch 1.9 or 1.10: no SeqNum, the tensor's shape, torchrun's prefix."""
+    return (
+        f"{rank}: [E ProcessGroupNCCL.cpp:566] [Rank {rank}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(OpType={op}, TensorShape=[{shape}], Timeout(ms)=1800000) ran for 1800{rank:03d} "
+        "milliseconds before timing out.\n"
+    )
+
+
+def test_watchdog_lines_that_number_no_work_part_the_ranks_by_their_op(tmp_path: Path) -> None:
+    """Old watchdog lines carry no sequence number: two ranks cannot be placed at one
+    position, but ranks that time out in different ops wait in different collectives."""
+    log = tmp_path / "slurm-4411.out"
+    log.write_text(
+        "".join(_unnumbered(r, "ALLREDUCE", "4096, 512") for r in (0, 1, 2, 4, 5, 6, 7))
+        + _unnumbered(3, "ALLGATHER", "1")
+    )
+    job = read_leftovers([log])
+    assert [w.seq for w in job.ranks[3].timeouts] == [None]
+    assert job.ranks[0].timeouts[0].numel_in == 4096 * 512  # the shape's elements
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([3], [0, 1, 2, 4, 5, 6, 7])
+    assert "number no work" in finding.message
+
+
+def test_one_op_in_lines_that_number_no_work_places_no_rank_at_one_position(tmp_path: Path) -> None:
+    """Every rank timed out in an all-reduce, unnumbered: they may be at one all-reduce or at
+    two (one step apart): nothing says which, so no transport is blamed as for one position."""
+    log = tmp_path / "job.err"
+    log.write_text("".join(_unnumbered(r, "ALLREDUCE", "1") for r in range(4)))
+    report = run_doctor_from([log])
+    assert all(f.cause is not Cause.TRANSPORT_HANG for f in report.findings)
+    assert all(not f.ranks and not f.absent_ranks for f in report.findings)
+
+
+def test_the_scripts_lines_pasted_beside_the_logs_are_not_what_it_printed(tmp_path: Path) -> None:
+    listing = tmp_path / "snippet.txt"
+    listing.write_text(
+        "Here is the loop:\n"
+        "141        if stale_evals >= cfg.patience:\n"
+        '142            print(f"[rank {rank}] early stopping at epoch {epoch}")\n'
+        '143            logger.info("rank %d stopping early", rank)\n'
+        "144            break\n"
+    )
+    out = tmp_path / "out.log"
+    out.write_text("[rank 2] early stopping at epoch 7\n" + _unnumbered(0, "BROADCAST", "1"))
+    job = read_leftovers([listing, out])
+    assert [(line.rank, line.source.path) for line in job.stop_lines] == [(2, str(out))]

@@ -68,9 +68,19 @@ class Leftovers:
     def works(self, group: str) -> dict[int, list[TimedOutWork]]:
         found: dict[int, list[TimedOutWork]] = {}
         for rank, record in sorted(self.job.ranks.items()):
-            mine = [w for w in record.timeouts if w.group == group]
+            mine = [w for w in record.numbered if w.group == group]
             if mine:
                 found[rank] = mine
+        return found
+
+    def unnumbered(self) -> dict[int, TimedOutWork]:
+        """Each rank's one timeout where its lines number no work (torch 1.10 and older), for
+        the ranks that have exactly one: the collective that rank waits in."""
+        found = {}
+        for rank, record in sorted(self.job.ranks.items()):
+            mine = [w for w in record.timeouts if w.seq is None]
+            if len(mine) == 1 and mine[0].op:
+                found[rank] = mine[0]
         return found
 
     def _without_watchdog_line(self) -> list[int]:
@@ -656,19 +666,33 @@ def _at_one_position(s: Leftovers) -> list[tuple[str, int, dict[int, TimedOutWor
         by_seq: dict[int, dict[int, TimedOutWork]] = {}
         for rank, works in s.works(group).items():
             for work in works:
-                by_seq.setdefault(work.seq, {})[rank] = work
+                if work.seq is not None:
+                    by_seq.setdefault(work.seq, {})[rank] = work
         found += [(group, seq, works) for seq, works in sorted(by_seq.items()) if len(works) > 1]
     return found
 
 
+def _position(group: str, seq: int | None) -> str:
+    if seq is None:
+        return "the collective each rank's watchdog timed out in (these lines number no work)"
+    return f"collective #{seq} of group {group}"
+
+
 def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
-    for group, seq, works in _at_one_position(s):
+    positions: list[tuple[str, int | None, dict[int, TimedOutWork]]] = list(_at_one_position(s))
+    unnumbered = s.unnumbered()
+    if len(unnumbered) > 1:
+        # lines that number no work (torch 1.10 and older) cannot place two ranks at one
+        # position; two ops can still not be one collective: ranks that time out in
+        # different ops wait in different collectives
+        positions.append(("0", None, unnumbered))
+    for group, seq, works in positions:
         by_op: dict[str, list[int]] = {}
         for rank, work in works.items():
             if work.op:  # an op cut off in its line is no other op
                 by_op.setdefault(work.op, []).append(rank)
         if len(by_op) > 1:
-            said = f"collective #{seq} of group {group}: " + "; ".join(
+            said = f"{_position(group, seq)}: " + "; ".join(
                 f"{who(ranks)} issued {op}" for op, ranks in sorted(by_op.items())
             )
             from_stacks = _stacks_say_why(s, said)
@@ -704,7 +728,7 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
                 return in_a_phase
             parted = s.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
-                f"the ranks disagree on collective #{seq} of group {group}: "
+                f"the ranks disagree on {_position(group, seq)}: "
                 + "; ".join(f"{who(ranks)} issued {op}" for op, ranks in sides)
                 + ". Each side waits for a call the others make at another point (or never: a "
                 "collective under a rank test pairs with the next one of the others)",
@@ -896,7 +920,7 @@ def _a_phase_only_they_announced(s: Leftovers, said: str, sides: list[list[int]]
 
 
 def _one_side_reduces_to_a_root(
-    s: Leftovers, group: str, seq: int, by_op: dict[str, list[int]]
+    s: Leftovers, group: str, seq: int | None, by_op: dict[str, list[int]]
 ) -> Explanation | None:
     """Two ops at one position, and one side's is a reduce to one rank. Training code rarely
     calls dist.reduce but for a metric (DDP and FSDP all-reduce, reduce-scatter and
@@ -915,7 +939,7 @@ def _one_side_reduces_to_a_root(
     reducers, others = sorted(by_op[reducing[0]]), sorted(by_op[other])
     explanation = s.d.explanation(
         Cause.UNSYNCHRONIZED_DECISION,
-        f"the ranks disagree on collective #{seq} of group {group}: {who(reducers)} issued "
+        f"the ranks disagree on {_position(group, seq)}: {who(reducers)} issued "
         f"{reducing[0]}, a reduce to one rank, where {who(others)} issued {other}. A reduce leaves "
         "its result on its destination only (the other ranks keep a partial sum): a decision every "
         "rank takes from a reduced value (save when the loss improved, stop early) differs "
@@ -939,7 +963,7 @@ def _pass_start(record: RankAftermath) -> Frame | None:
 
 
 def _a_side_began_a_new_pass(
-    s: Leftovers, group: str, seq: int, by_op: dict[str, list[int]]
+    s: Leftovers, group: str, seq: int | None, by_op: dict[str, list[int]]
 ) -> Explanation | None:
     """Two ops at one position, and the frames of one side (its stack, or the traceback its
     wait ended in) show the collective a prepared loader issues as a pass begins: those
@@ -962,7 +986,7 @@ def _a_side_began_a_new_pass(
     )
     explanation = s.d.explanation(
         Cause.UNEVEN_EVAL_BATCHES,
-        f"the ranks disagree on collective #{seq} of group {group}: {who(early)} issued {op} in "
+        f"the ranks disagree on {_position(group, seq)}: {who(early)} issued {op} in "
         f"{what} (rank {rank}'s frames: {frame.function} at {relative(frame.file, s.d.ev.cwd)}:"
         f"{frame.line}), so {'it' if len(early) == 1 else 'they'} had begun a new pass; {others}, "
         "a collective of the pass before. The ranks' loaders gave them different numbers of batches",
@@ -1092,7 +1116,10 @@ def _stuck_before(s: Leftovers, group: str, seq: int, op: str) -> tuple[list[int
     behind = {
         rank: works[0].seq
         for rank, works in s.works(group).items()
-        if len(works) == 1 and works[0].seq < seq and works[0].op == op and works[0].numel_in is not None
+        if len(works) == 1
+        and (works[0].seq or 0) < seq
+        and works[0].op == op
+        and works[0].numel_in is not None
     }
     if not behind or len(set(behind.values())) != 1:
         return [], None
@@ -1811,9 +1838,9 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
         # earlier ones were enqueued, so timed, before it): one that timed out in #n and said
         # nothing of #n-1 had completed it
         inferred = {
-            r: min(w.seq for w in rec.timeouts if w.group == group) - 1
+            r: min(w.seq for w in rec.numbered if w.group == group and w.seq is not None) - 1
             for r, rec in sorted(s.job.ranks.items())
-            if r not in done and any(w.group == group for w in rec.timeouts)
+            if r not in done and any(w.group == group for w in rec.numbered)
         }
         done = {**inferred, **done}
         if not waits:
@@ -1832,7 +1859,7 @@ def completed_on_some_ranks_only(s: Leftovers) -> Explanation | None:
             f"rank {r} then waited in {w.describe()}"
             for r in past
             for w in s.job.ranks[r].timeouts
-            if w.group == group and w.seq > first
+            if w.group == group and w.seq is not None and w.seq > first
         )
         said = (
             f"{who(past)} completed collectives of group {group} up to #{furthest}; {who(stuck)} never "
@@ -1920,9 +1947,14 @@ def some_ranks_never_issued_it(s: Leftovers) -> Explanation | None:
                 f"{who(behind)} enqueued up to #{max(stopped[r] for r in behind)} on group {group}, "
                 f"{who(made)} waited in #{ahead}"
             )
-        elif silent and waiting and len({(w.seq, w.op) for ws in waiting.values() for w in ws}) == 1:
+        elif (
+            silent
+            and waiting
+            and len({(w.seq, w.op) for ws in waiting.values() for w in ws}) == 1
+            and (numbered := next(iter(waiting.values()))[0].seq) is not None
+        ):
             behind, made = silent, sorted(waiting)
-            missed = next(iter(waiting.values()))[0].seq
+            missed = numbered
             how = (
                 f"{who(silent)} left no watchdog line while these files hold other evidence of "
                 f"{'it' if len(silent) == 1 else 'them'}: no NCCL collective was waiting there"
@@ -2139,6 +2171,8 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         ):
             continue
         seq, op, _ = kinds.pop()
+        if seq is None:  # works() holds numbered timeouts only
+            continue
         unseen = s.unseen
         # one rank that said it left out a step before the timeouts: the same op at one
         # number is then the others' call of that step against its call of the next
