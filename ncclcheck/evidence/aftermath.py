@@ -71,6 +71,10 @@ class Progress:
 # the sequences a rank's issued collectives are numbered in, as the files print them
 NCCL_COLL = "NCCL's COLL trace"  # NCCL_DEBUG_SUBSYS=COLL: opCount per communicator (evidence/nccl_coll.py)
 DETAIL_RUNNING = "DETAIL's fingerprints"  # TORCH_DISTRIBUTED_DEBUG=DETAIL's "Running collective" lines
+# fr_trace -j's table: each rank's Flight Recorder entries side by side (evidence/fr_trace.py),
+# numbered by the entries' collective_seq_id where printed (-v), else by the table's rows
+FR_ENTRIES = "the Flight Recorder entries fr_trace -j printed"
+FR_ROWS = "the Flight Recorder entries fr_trace -j printed, row by row"
 NCCL_RAS = "NCCL's RAS report"  # ncclras: launch counts per communicator (evidence/ncclras.py)
 
 
@@ -512,11 +516,13 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
                 )
             )
     for sequence, issued in sorted(record.issued.items()):
-        facts.append(
-            Fact(
-                FactKind.ISSUED, f"{sequence}: it last issued {issued[-1].describe()}", str(issued[-1].source)
-            )
+        latest = issued[-1]
+        issued_text = (
+            f"its last, in row {latest.position}, {latest.describe().split(' ', 1)[1]}"
+            if sequence == FR_ROWS
+            else f"it last issued {latest.describe()}"
         )
+        facts.append(Fact(FactKind.ISSUED, f"{sequence}: {issued_text}", str(latest.source)))
     recorded = record.flight_recorder
     for call in recorded.get("last", {}).values():
         last = f"#{call['seq']} {call['op']} ({call['state']})"

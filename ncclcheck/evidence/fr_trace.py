@@ -17,14 +17,31 @@ comparison of every rank's dump, read as it is:
     sync_buffers at .../model.py:650
 
 Older versions head a block ``Not all ranks joining collective: sequence number: N``
-or ``Collective N at entry M errors``; a pasted excerpt may stop anywhere."""
+or ``Collective N at entry M errors``; a pasted excerpt may stop anywhere.
+
+With ``-j`` it prints each rank's entries instead, side by side (tabulate), a column per
+rank, one entry per row as the dumps hold them:
+
+     Rank 0                                              Rank 2
+     all_reduce(input_sizes=[[8, 64]], state=scheduled)  all_reduce(input_sizes=[[8]], state=scheduled)
+
+``-v`` adds ``collective_seq_id | p2p_seq_id=N`` and more fields to each entry."""
 
 from __future__ import annotations
 
 import ast
 import re
 
-from ncclcheck.evidence.aftermath import MISMATCH, MISSING, SIZES, FrTraceVerdict, Source
+from ncclcheck.evidence.aftermath import (
+    FR_ENTRIES,
+    FR_ROWS,
+    MISMATCH,
+    MISSING,
+    SIZES,
+    FrTraceVerdict,
+    Issued,
+    Source,
+)
 from ncclcheck.model import Frame
 
 _MISSING = re.compile(r"^Not all ranks joining collective[,:] sequence number: (\d+)")
@@ -38,10 +55,61 @@ _CULPRIT = re.compile(r"Culprit rank (\d+); (?:Error type: )?(\w+)")
 _FRAME = re.compile(r"^\s*(\S+) at (.+):(\d+)\s*$")
 
 
+_TABLE_HEADER = re.compile(r"^\s*Rank \d+(?:\s+Rank \d+)+\s*$", re.MULTILINE)
+_HEADER_RANK = re.compile(r"Rank (\d+)")
+# one entry as Op.__str__ prints it: "all_reduce(input_sizes=[[8, 64]], state=scheduled)"
+_ENTRY = re.compile(r"\b([a-z_]+)\(([^()]*?\bstate=\w+)\)")
+_ENTRY_SIZES = re.compile(r"\binput_sizes=(\[[^=]*?\]\])")
+_ENTRY_SEQ = re.compile(r"collective_seq_id(?: \| p2p_seq_id)?=(\d+)")
+
+
 def looks_like_fr_trace(text: str) -> bool:
-    return any(p.search(text) for p in (_MISSING, _ERRORS, _SIZES)) or (
-        "group info:" in text and "expected ranks:" in text
+    return (
+        any(p.search(text) for p in (_MISSING, _ERRORS, _SIZES))
+        or ("group info:" in text and "expected ranks:" in text)
+        or bool(_TABLE_HEADER.search(text))
     )
+
+
+def read_entry_table(path: str, text: str) -> tuple[str, dict[int, list[Issued]]]:
+    """fr_trace -j's table: each rank's entries in its column, by the entries' sequence
+    numbers where printed (FR_ENTRIES), else by row (FR_ROWS: the analyser takes one entry
+    of each rank per row). A row a poster elided ("...") is skipped; the table ends at the
+    first line with no entry after one that had some."""
+    found: dict[int, list[Issued]] = {}
+    columns: list[tuple[int, int]] = []  # (start, rank), left to right
+    row = 0
+    numbered = True
+    for number, line in enumerate(text.splitlines(), 1):
+        if _TABLE_HEADER.match(line):
+            columns = [(m.start(), int(m.group(1))) for m in _HEADER_RANK.finditer(line)]
+            row = 0
+            continue
+        if not columns:
+            continue
+        entries = list(_ENTRY.finditer(line))
+        if not entries:
+            if row and line.strip() and not set(line.strip()) <= set(".- "):
+                columns = []  # past the table
+            continue
+        row += 1
+        for entry in entries:
+            # an entry sits under its rank's header (tabulate aligns cells left)
+            rank = next((r for start, r in reversed(columns) if start <= entry.start() + 2), columns[0][1])
+            body = entry.group(2)
+            sizes = _ENTRY_SIZES.search(body)
+            seq = _ENTRY_SEQ.search(body)
+            # its state is no part of the call: one rank's watchdog may see it complete later
+            found.setdefault(rank, []).append(
+                Issued(
+                    int(seq.group(1)) if seq else row,  # FR_ROWS where any entry lacks its number
+                    entry.group(1),
+                    sizes.group(1) if sizes else "",
+                    Source(path, number),
+                )
+            )
+            numbered = numbered and seq is not None
+    return (FR_ENTRIES if numbered else FR_ROWS), found
 
 
 def read_fr_trace(path: str, text: str) -> list[FrTraceVerdict]:

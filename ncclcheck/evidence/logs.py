@@ -51,7 +51,7 @@ from ncclcheck.evidence.dumps import (
     is_user_path,
     looks_like_py_spy_json,
 )
-from ncclcheck.evidence.fr_trace import looks_like_fr_trace, read_fr_trace
+from ncclcheck.evidence.fr_trace import looks_like_fr_trace, read_entry_table, read_fr_trace
 from ncclcheck.evidence.nccl_coll import CollTrace
 from ncclcheck.evidence.ncclras import RasReport
 from ncclcheck.evidence.stacks import ProcessStack, threads_from_py_spy_json
@@ -410,12 +410,21 @@ def _read_file(path: Path, found: Aftermath, trust_pickle: bool) -> None:
             found.skipped.append(f"{path}: not a doctor dump, nor JSON of any kind doctor reads (cut short?)")
             return
     if looks_like_fr_trace(head.decode("utf-8", errors="replace")):
-        verdicts = read_fr_trace(str(path), path.read_text(encoding="utf-8", errors="replace"))
-        if verdicts:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        verdicts = read_fr_trace(str(path), text)
+        numbering, entries = read_entry_table(str(path), text)
+        for rank, issued in entries.items():
+            found.rank(rank).issued[numbering] = issued
+        if verdicts or entries:
             found.fr_trace.extend(verdicts)
-            found.world_size = max([found.world_size, *(v.world_size or 0 for v in verdicts)])
+            found.world_size = max(
+                [found.world_size, *(v.world_size or 0 for v in verdicts), max(entries, default=-1) + 1]
+            )
             found.world_said = max([found.world_said, *(v.world_size or 0 for v in verdicts)])
-            found.read.append(f"{path}: the Flight Recorder analyser's output (fr_trace)")
+            found.read.append(
+                f"{path}: the Flight Recorder analyser's output (fr_trace"
+                + (", its table of each rank's entries)" if entries else ")")
+            )
             return
     _read_text(path, found)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ncclcheck.causes import Cause
 from ncclcheck.commands.doctor import run_doctor_from
+from ncclcheck.evidence.aftermath import FR_ROWS
 from ncclcheck.evidence.logs import read_leftovers
 
 # py-spy's frames, innermost first, cut from a dump: no Process or Thread line, padded
@@ -628,3 +629,70 @@ def test_the_scripts_lines_pasted_beside_the_logs_are_not_what_it_printed(tmp_pa
     out.write_text("[rank 2] early stopping at epoch 7\n" + _unnumbered(0, "BROADCAST", "1"))
     job = read_leftovers([listing, out])
     assert [(line.rank, line.source.path) for line in job.stop_lines] == [(2, str(out))]
+
+
+# fr_trace -j as tabulate prints it (its "simple" format: a rule of dashes under the header,
+# each column as wide as its widest cell), four ranks of four, each cell an entry as the
+# analyser's Op prints it
+def _entry_table(rows: list[list[str]]) -> str:
+    header = [f"Rank {rank}" for rank in range(len(rows[0]))]
+    width = max(len(cell) for row in rows for cell in row)
+    lines = [header, ["-" * width] * len(header), *rows]
+    return "$ python -m torch.distributed.flight_recorder.fr_trace dumps/ -j\n" + "".join(
+        "  ".join(cell.ljust(width) for cell in line).rstrip() + "\n" for line in lines
+    )
+
+
+def _entry(op: str, size: int, state: str = "scheduled") -> str:
+    return f"{op}(input_sizes=[[{size}]], state={state})"
+
+
+_ENTRY_TABLE = _entry_table(
+    [
+        [_entry("broadcast", 1024, "completed")] * 4,
+        [_entry("all_reduce", 3)] * 3 + [_entry("all_gather", 16)],
+        [_entry("all_gather", 16)] * 3 + [_entry("all_reduce", 3)],
+    ]
+)
+
+
+def test_a_flight_recorder_table_with_the_same_calls_in_another_order_is_an_order_mismatch(
+    tmp_path: Path,
+) -> None:
+    table = tmp_path / "fr_table.txt"
+    table.write_text(_ENTRY_TABLE)
+    job = read_leftovers([table])
+    assert [call.op for call in job.ranks[3].issued[FR_ROWS]] == ["broadcast", "all_gather", "all_reduce"]
+    (finding,) = run_doctor_from([table]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    # every rank of the four is in the table: the one with the other order is set apart
+    assert (finding.ranks, finding.absent_ranks) == ([3], [0, 1, 2])
+    assert "same calls in another order" in finding.message and "row 2" in finding.message
+
+
+def _fingerprints(shapes_by_seq: dict[int, tuple[str, str]]) -> str:
+    """DETAIL's lines of ranks 0 and 1, each number's all-reduce with each rank's shape."""
+    return "".join(
+        f"[rank{rank}]:[I debug.cpp:42] [Rank {rank}] Running collective: CollectiveFingerPrint("
+        f"SequenceNumber={seq}, OpType=ALLREDUCE, TensorShape=[{shape}], TensorDtypes=Float, "
+        "TensorDeviceTypes=TensorOptions(dtype=float, device=cuda))\n"
+        for seq, shapes in shapes_by_seq.items()
+        for rank, shape in enumerate(shapes)
+    )
+
+
+def test_two_ranks_fingerprints_in_swapped_order_set_no_rank_apart(tmp_path: Path) -> None:
+    """One rank against one: the sequences prove the swap, not which rank is odd."""
+    log = tmp_path / "detail.log"
+    log.write_text(_fingerprints({41: ("1", "1"), 42: ("10", "4"), 43: ("4", "10")}))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([], [])
+    assert "collective #42" in finding.message
+
+
+def test_other_sizes_that_are_no_swap_stay_a_shape_mismatch(tmp_path: Path) -> None:
+    log = tmp_path / "detail.log"
+    log.write_text(_fingerprints({42: ("10", "12"), 43: ("4", "4")}))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH

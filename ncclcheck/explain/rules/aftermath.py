@@ -22,6 +22,8 @@ from ncclcheck.communicates import GRADIENT_BUCKET_MIN_NUMEL, PARAMETER_OPS, iss
 from ncclcheck.evidence import flight_recorder
 from ncclcheck.evidence.aftermath import (
     DETAIL_RUNNING,
+    FR_ENTRIES,
+    FR_ROWS,
     MISSING,
     NCCL_COLL,
     NCCL_RAS,
@@ -1153,6 +1155,92 @@ def flight_recorders_disagree(s: Leftovers) -> Explanation | None:
     return disagree
 
 
+def _numbered(sequence: str, position: int) -> str:
+    return f"row {position}" if sequence == FR_ROWS else f"collective #{position}"
+
+
+def _orders_from(traced: dict[int, list[Issued]]) -> tuple[int, dict[tuple[str, ...], list[int]]] | None:
+    """Where the ranks' sequences first differ, and each rank's calls from there to where
+    the shortest of them ends, when every rank holds the same calls there in another order
+    (two calls or more): the same collectives, issued in each rank's own order. None where
+    they differ otherwise (another call, another size, a call missing)."""
+    at = {r: {call.position: call for call in calls} for r, calls in traced.items()}
+    common = sorted(set.intersection(*(set(calls) for calls in at.values())))
+    first = next(
+        (p for p in common if len({(calls[p].op, calls[p].shape) for calls in at.values()}) > 1), None
+    )
+    if first is None:
+        return None
+    window = [p for p in common if p >= first]
+    if len(window) < 2 or window != list(range(first, first + len(window))):
+        return None
+    orders: dict[tuple[str, ...], list[int]] = {}
+    for rank, calls in at.items():
+        order = tuple(f"{calls[p].op} of {calls[p].shape}" if calls[p].shape else calls[p].op for p in window)
+        orders.setdefault(order, []).append(rank)
+    if len({tuple(sorted(order)) for order in orders}) != 1:
+        return None
+    return first, orders
+
+
+def the_same_calls_in_another_order(s: Leftovers) -> Explanation | None:
+    """Each rank's sequence of issued calls (NCCL's COLL trace, DETAIL's fingerprints, the
+    Flight Recorder's entries as fr_trace -j prints them) holds, from where they first
+    differ, the same calls on every rank in another order: an order each rank takes from
+    its own state (a set, a dict built from one, a completion order), proven by the
+    sequences; no call was skipped. The side set apart: the ranks the Flight Recorder
+    analyser names at that call (it compared every rank of the group), or the fewer where
+    every rank of the job is traced; else none, and what would decide is said."""
+    for sequence in (NCCL_COLL, DETAIL_RUNNING, FR_ENTRIES, FR_ROWS):
+        traced = {
+            r: rec.issued[sequence] for r, rec in sorted(s.job.ranks.items()) if rec.issued.get(sequence)
+        }
+        if len(traced) < 2:
+            continue
+        found = _orders_from(traced)
+        if found is None:
+            continue
+        first, orders = found
+        sides = sorted(orders.items(), key=lambda item: (len(item[1]), item[1][0]))
+        named = sorted({r for v in s.job.fr_trace for r in v.culprits})
+        odd: list[int] = []
+        if (
+            named
+            and any(set(named) >= set(ranks) for _, ranks in sides)
+            and 2 * len(named) < s.job.world_size
+        ):
+            odd = named
+        elif len(traced) == s.job.world_size and len(sides[0][1]) < len(sides[1][1]):
+            odd = sides[0][1]
+        said = "; ".join(f"{who(ranks)} issued {' then '.join(order)}" for order, ranks in sides)
+        decides = (
+            ""
+            if odd or len(traced) == s.job.world_size
+            else f". Which side is odd, {its(list(traced))} sequences do not say ({len(traced)} of "
+            f"{s.job.world_size} ranks traced): the other ranks' orders decide"
+        )
+        return s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH,
+            f"the ranks issued the same calls in another order ({sequence}, from "
+            f"{_numbered(sequence, first)}): {said}. Each waits in its first for the others' call of "
+            "another tensor; none was skipped. Such an order is each process's own: a set, or a dict "
+            "or list built from one (string hashing is seeded per process), or the order in which "
+            "work completed"
+            + (
+                f"; the Flight Recorder analyser names {who(odd)} at this call"
+                if odd and odd == named
+                else ""
+            )
+            + decides,
+            ranks=odd,
+            absent_ranks=sorted(r for r in traced if r not in odd) if odd else [],
+            op=None,
+            site=None,
+            evidence=[*s.evidence, f"{sequence}, from {_numbered(sequence, first)}: {said}"],
+        )
+    return None
+
+
 def issued_sequences_disagree(s: Leftovers) -> Explanation | None:
     """The collectives each rank issued, numbered the same on every rank: NCCL's COLL trace
     (opCount on the communicator of every rank) or DETAIL's fingerprint lines (sequence
@@ -1160,7 +1248,7 @@ def issued_sequences_disagree(s: Leftovers) -> Explanation | None:
     disagreement the numbers prove; ranks whose last number is lower than the others'
     never issued what the others went on to, as far as their lines go (a trace cut
     short, lines never flushed, reads the same: said)."""
-    for sequence in (NCCL_COLL, DETAIL_RUNNING, NCCL_RAS):
+    for sequence in (NCCL_COLL, DETAIL_RUNNING, FR_ENTRIES, FR_ROWS, NCCL_RAS):
         traced = {
             r: rec.issued[sequence] for r, rec in sorted(s.job.ranks.items()) if rec.issued.get(sequence)
         }
@@ -1182,7 +1270,7 @@ def _sequence_disagrees(s: Leftovers, sequence: str, traced: dict[int, list[Issu
         said = "; ".join(f"{who(ranks)} issued {op} of {shape}" for (op, shape), ranks in sides)
         found = s.d.explanation(
             Cause.COLLECTIVE_ORDER_MISMATCH if other_op else Cause.COLLECTIVE_SHAPE_MISMATCH,
-            f"{sequence}, collective #{position}: {said}"
+            f"{sequence}, {_numbered(sequence, position)}: {said}"
             + (
                 ". Each side waits for a call the others make at another point"
                 if other_op
@@ -1192,7 +1280,7 @@ def _sequence_disagrees(s: Leftovers, sequence: str, traced: dict[int, list[Issu
             absent_ranks=sorted(r for _, ranks in sides[1:] for r in ranks),
             op=sides[0][0][0],
             site=None,
-            evidence=[*s.evidence, f"{sequence}, #{position}: {said}"],
+            evidence=[*s.evidence, f"{sequence}, {_numbered(sequence, position)}: {said}"],
         )
         if other_op:
             found.fix = _WHERE_NOT_WHY
@@ -2324,6 +2412,7 @@ AFTERMATH_RULES = (
     a_rank_never_published_its_nccl_id,
     the_desync_report_says,
     a_monitored_barrier_names_the_late_rank,
+    the_same_calls_in_another_order,
     ops_differ_at_one_position,
     sizes_differ_at_one_position,
     the_flight_recorder_analyser_says,
