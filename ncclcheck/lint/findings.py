@@ -154,12 +154,20 @@ def relative_path(path: Path) -> str:
         return str(path)
 
 
-def dedupe(findings: list[Finding]) -> list[Finding]:
-    seen: set[tuple[str, int, int, str]] = set()
+def dedupe(findings: list[Finding], by_call: bool = False) -> list[Finding]:
+    """One finding per collective and cause, the first; ``by_call``: one error per call
+    that reaches it as well. lint dedupes each function's findings without it (two tests
+    in one function, a flag set under the first and tested again or branches nested in
+    one protocol, are one decision, the first said) and the module's with it (two
+    functions that each reach the collective under a rank test of their own are two
+    places to fix; the warnings of other paths to it add nothing to read)."""
+    seen: set[tuple[str, int, int, str, str, int | None]] = set()
     unique = []
     for finding in findings:
         where = located(finding)
-        key = (where.path, where.line, where.col, finding.cause)
+        key = (where.path, where.line, where.col, finding.cause, "", None)
+        if by_call and finding.severity is Severity.ERROR:
+            key = (*key[:4], where.checked_path, where.call_line)
         if key not in seen:
             seen.add(key)
             unique.append(finding)

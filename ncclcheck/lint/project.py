@@ -81,6 +81,8 @@ class Linter:
         self._local_attributes: dict[int, set[str]] = {}  # id(module tree) -> rank-local attributes
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
         self._properties: tuple[int, frozenset[str]] = (-1, frozenset())  # (modules read, their properties)
+        self._duck_classes: dict[tuple[int, str], str | None] = {}  # (id(function node), parameter) -> class
+        self._members_by_class: dict[int, dict[str, set[str]]] = {}  # id(module tree) -> class -> members
         self.files_checked = 0
         self.lines_checked = 0
 
@@ -132,7 +134,7 @@ class Linter:
         init = next((m for m in methods if m.name == "__init__"), None)
         params = [a.arg for a in (init.args.posonlyargs + init.args.args)[1:]] if init is not None else []
         given = self._rank_derived_arguments(module, class_name, params) if params else set()
-        members: set[str] = set()
+        members: set[str] = self._rank_tests_of(methods, self.class_rank_attributes(module, class_name))
         for _ in range(4 if given else 0):
             before = len(members)
             for method in methods:
@@ -155,6 +157,29 @@ class Linter:
                 break
         self._class_members[key] = frozenset(members)
         return self._class_members[key]
+
+    def _rank_tests_of(
+        self, methods: list[ast.FunctionDef | ast.AsyncFunctionDef], attributes: set[str]
+    ) -> set[str]:
+        """The methods (properties among them) that take no argument and return a rank
+        value itself: ``return self.global_rank == 0`` on an attribute set from the rank,
+        ``return dist.get_rank() == 0``. One that returns an object built with one is no
+        rank (``return TrainerState(is_world_process_zero=...)``)."""
+        found = set()
+        for method in methods:
+            arguments = method.args
+            if method.name == "__init__" or len(arguments.args) > 1 or arguments.kwonlyargs:
+                continue
+            returned = [
+                n.value for n in self.nodes(method) if isinstance(n, ast.Return) and n.value is not None
+            ]
+            if returned and all(
+                isinstance(value, ast.Compare | ast.BoolOp | ast.UnaryOp | ast.Name | ast.Attribute)
+                and derives_from_the_rank(value, attributes)
+                for value in returned
+            ):
+                found.add(method.name)
+        return found
 
     def _rank_derived_arguments(self, module: ParsedModule, class_name: str, params: list[str]) -> set[str]:
         """The ``__init__`` parameters some construction of the class in ``module`` passes a
@@ -553,6 +578,8 @@ class Linter:
                 container = element_source(value.id, function.node)
                 if container is not None:
                     named = self._element_class(container, module, function)
+            if named is None and function is not None:
+                named = self.duck_class(value.id, module, function)
         elif isinstance(value, ast.Attribute):
             named = self._bound_class(ast.unparse(value), module, function)
         elif isinstance(value, ast.Subscript):  # self.meters["loss"]
@@ -567,6 +594,46 @@ class Linter:
             if source is not None and any(cls == original for cls, _ in source.methods):
                 return source, original
         return None
+
+    def duck_class(self, name: str, module: ParsedModule, function: Function) -> str | None:
+        """The class of the module a parameter with no annotation and no binding is an
+        instance of, by what the function uses of it: the one class that has every
+        attribute and method read on it (``trainer.is_world_zero``, ``trainer.metric(...)``
+        in a callback's ``on_epoch_end(self, trainer)``). None where no class or two fit."""
+        node = function.node
+        arguments = node.args
+        parameters = {a.arg: a for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)}
+        if name not in parameters or name in ("self", "cls") or parameters[name].annotation is not None:
+            return None
+        key = (id(node), name)
+        if key not in self._duck_classes:
+            used = {
+                n.attr
+                for n in self.nodes(node)
+                if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == name
+            }
+            classes = self._class_members_of(module)
+            fitting = [cls for cls, members in classes.items() if used and used <= members]
+            self._duck_classes[key] = fitting[0] if len(fitting) == 1 else None
+        return self._duck_classes[key]
+
+    def _class_members_of(self, module: ParsedModule) -> dict[str, set[str]]:
+        """Each class of the module with what an instance has: its methods, its class-level
+        names and the attributes its methods set on ``self``."""
+        key = id(module.tree)
+        if key not in self._members_by_class:
+            found: dict[str, set[str]] = {}
+            for cls in (n for n in module.all_nodes if isinstance(n, ast.ClassDef)):
+                members = found.setdefault(cls.name, set())
+                for item in cls.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        members.add(item.name)
+                        members |= {a for n in ast.walk(item) if (a := self_attribute(n)) is not None}
+                    elif isinstance(item, ast.Assign | ast.AnnAssign):
+                        targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+                        members |= {t.id for t in targets if isinstance(t, ast.Name)}
+            self._members_by_class[key] = found
+        return self._members_by_class[key]
 
     def _bound_class(self, key: str, module: ParsedModule, function: Function | None) -> str | None:
         """The class ``key`` (``x``, ``x[]``, ``self.x``, ``self.x[]``) is bound to an instance
@@ -620,7 +687,12 @@ class Linter:
     ) -> Function | None:
         func = call.func
         if isinstance(func, ast.Name):
-            return self._resolve_name_call(func.id, module)
+            found = self._resolve_name_call(func.id, module)
+            if found is None and (owner := self._class_of(func, module, function)) is not None:
+                # an instance called: ``stopper(val_loss)`` runs its class's __call__
+                owner_module, class_name = owner
+                found = owner_module.methods.get((class_name, "__call__"))
+            return found
         if isinstance(func, ast.Attribute):
             return self._resolve_attribute_call(func, module, function)
         return None
@@ -801,6 +873,15 @@ class Linter:
             self._synced[key] = _and_what_follows_from_them(synced, list(self.nodes(scope)))
         return self._synced[key]
 
+    def _of_torch_distributed(self, call: ast.Call, module: ParsedModule) -> bool:
+        """A call of torch.distributed's own (``dist.reduce``, ``reduce`` imported from it),
+        not a library's method of the same name: accelerate's ``reduce`` and ``gather``
+        return the result on every rank and leave their argument as it was."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            return func.id in module.dist_functions
+        return isinstance(func, ast.Attribute) and self.is_dist(func.value, module)
+
     def rooted_names(self, scope: ast.AST, module: ParsedModule) -> dict[str, tuple[str, int]]:
         """Tensors passed to dist.reduce / gather / scatter, each with that call's label and
         line: after the call their value is the result on the destination rank only, and
@@ -815,7 +896,7 @@ class Linter:
             if label is None:
                 continue
             name = call.args[0].id
-            if label.split(".")[-1] in ROOTED:
+            if label.split(".")[-1] in ROOTED and self._of_torch_distributed(call, module):
                 rooted.setdefault(name, (label, call.lineno))
             else:
                 synced_at[name] = max(synced_at.get(name, 0), call.lineno)
@@ -968,6 +1049,13 @@ class Linter:
                 members = self.class_derived_members(module, function.class_name)
                 if members:  # what the class was given from the rank, and what follows from it
                     derived |= members | rank_derived_names(scope, self.nodes(scope), seeds=members)
+            if function is not None:
+                # a parameter that is an instance of a class of the module (a callback's
+                # ``trainer``): its rank-derived members are rank values here too
+                for argument in function.node.args.args:
+                    duck = self.duck_class(argument.arg, module, function)
+                    if duck is not None:
+                        derived |= self.class_derived_members(module, duck)
             ddp_names = (self.ddp_names_of(scope) if function is not None else set()) | module.ddp_names
             checker = ScopeChecker(self, module, function, derived, ddp_names)
             body = (
@@ -977,9 +1065,9 @@ class Linter:
             checker.returns_without_a_value()
             if function is not None and is_rank_zero_only(function.node):
                 checker.decorated_rank_zero()
-            findings += checker.findings
+            findings += dedupe(checker.findings)
         findings += eval_loaders_without_sampler(self, module)
-        return [f for f in dedupe(findings) if not self._ignored(module, f)]
+        return [f for f in dedupe(findings, by_call=True) if not self._ignored(module, f)]
 
     def _ignored(self, module: ParsedModule, finding: Finding) -> bool:
         """``# ncclcheck: ignore[cause]`` on the collective's line, on the line of the call

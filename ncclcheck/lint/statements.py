@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from ncclcheck.causes import Cause
 from ncclcheck.lint.findings import Collective, Guard
+from ncclcheck.lint.rank_sets import negates
 from ncclcheck.lint.syntax import clean_exit, is_exit_call
 from ncclcheck.source.reading import RANK, kind_of
 
@@ -82,8 +83,26 @@ def visit_if(c: Checker, node: ast.If, guards: list[Guard], loop: ast.stmt | Non
     c.block(node.body, [*guards, guard], loop)
     from_body = c.pending_exits[len(exits_before) :]
     c.pending_exits = list(exits_before)
+    if _elif_decides_alone(node, c.derived):
+        guard = Guard("other", node.lineno, guard.text, True, False, node.test)
     c.block(node.orelse, [*guards, guard], loop)
     c.pending_exits += from_body
+
+
+def _conjuncts(test: ast.expr) -> list[ast.expr]:
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return [part for value in test.values for part in _conjuncts(value)]
+    return [test]
+
+
+def _elif_decides_alone(node: ast.If, derived: set[str]) -> bool:
+    """``if not in_order and is_main: ... elif in_order: wait()``: the elif's test denies a
+    part of the if's that names no rank, so wherever the elif holds the if was false on
+    every rank, whatever its rank part: the elif branch is decided by its own test."""
+    if len(node.orelse) != 1 or not isinstance(node.orelse[0], ast.If):
+        return False
+    parts = [p for p in _conjuncts(node.test) if kind_of(p, derived) != RANK]
+    return any(negates(part, other) for part in parts for other in _conjuncts(node.orelse[0].test))
 
 
 def visit_loop(

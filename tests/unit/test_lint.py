@@ -1992,3 +1992,146 @@ class Meter:
     # built from a list: one order everywhere (another file: the source reader caches by path)
     listed = source.replace('{"tokens", "pad_tokens", "sequences"}', '["tokens", "pad"]')
     assert lint_source(tmp_path, listed, name="listed.py") == []
+
+
+# -- what a class's instances are, where nothing names their class ---------------------
+
+
+_CALLBACK_TRAINER = """
+    import torch
+    import torch.distributed as dist
+
+
+    class Runner:
+        def __init__(self, model):
+            self.model = model
+            self.global_rank = dist.get_rank()
+            self.cache = {}
+
+        @property
+        def leads(self):
+            return self.global_rank == 0
+
+        def score(self):
+            total = torch.zeros(2)
+            dist.all_reduce(total)
+            return total
+
+        def metric(self, name):
+            if name not in self.cache:
+                self.cache[name] = self.score()
+            return self.cache[name]
+
+
+    class BestKeeper:
+        def after_epoch(self, runner):
+            if not runner.leads:
+                return
+            torch.save(runner.model.state_dict(), f"best-{runner.metric('acc')}.pt")
+
+
+    class Plotter:
+        def after_epoch(self, runner):
+            if dist.get_rank() == 0:
+                print(runner.metric("acc"))
+"""
+
+
+def test_a_callbacks_parameter_is_the_class_whose_members_it_uses(tmp_path: Path) -> None:
+    """``runner`` has no annotation and no binding: the one class of the file with every
+    member the callback reads on it (``leads``, ``model``, ``metric``) is its class; its
+    property built on ``self.global_rank`` is a rank test, and ``metric()`` reaches the
+    all-reduce. Two callbacks that call it under a rank test are two findings."""
+    found = lint_source(tmp_path, _CALLBACK_TRAINER)
+    assert ("rank-early-exit", 18, "error") in found  # BestKeeper, its return at the rank test
+    assert ("rank-conditional-collective", 18, "error") in found  # Plotter's if
+    assert len(found) == 2
+
+
+def test_a_parameter_two_classes_fit_is_left_unresolved(tmp_path: Path) -> None:
+    source = (
+        _CALLBACK_TRAINER
+        + """
+
+    class Replay:
+        model = None
+
+        def leads(self):
+            return True
+
+        def metric(self, name):
+            return 0.0
+    """
+    )
+    found = lint_source(tmp_path, source)
+    # BestKeeper's runner could be a Replay: its test is no known rank test; Plotter's
+    # dist.get_rank() is one, but which metric() it calls is unknown: no finding either way
+    assert found == []
+
+
+def test_a_stateful_instance_called_on_a_ranks_own_value_is_an_unsynchronized_decision(
+    tmp_path: Path,
+) -> None:
+    """``stopper(val_loss.item())`` runs the class's ``__call__`` (a patience count): a
+    decision on what this rank has seen, not a test of the data; accelerate's ``reduce``
+    returns the mean on every rank and leaves ``val_loss`` as it was (not dist.reduce)."""
+    found = lint_source(
+        tmp_path,
+        """
+        import torch
+        from accelerate import Accelerator
+
+
+        class Patience:
+            def __init__(self, limit):
+                self.limit, self.best, self.bad = limit, float("inf"), 0
+
+            def __call__(self, value):
+                self.bad = 0 if value < self.best else self.bad + 1
+                self.best = min(self.best, value)
+                return self.bad >= self.limit
+
+
+        def main():
+            accelerator = Accelerator()
+            model, loader = accelerator.prepare(torch.nn.Linear(2, 1), [torch.zeros(2)])
+            stopper = Patience(3)
+            for epoch in range(50):
+                for x in loader:
+                    accelerator.backward(model(x).sum())
+                val_loss = model(torch.ones(2)).sum()
+                print(accelerator.reduce(val_loss).item())
+                if stopper(val_loss.item()):
+                    break
+        """,
+    )
+    assert found == [("unsynchronized-decision", 22, "warning")]
+
+
+def test_an_elif_that_denies_a_rank_free_part_of_the_if_is_decided_by_its_own_test(tmp_path: Path) -> None:
+    """``elif in_order:`` holds only where ``not in_order`` failed: the if was false on every
+    rank there, whatever ``is_main`` said; a plain ``else`` is still under the rank test."""
+    found = lint_source(
+        tmp_path,
+        """
+        import torch.distributed as dist
+
+
+        def say(text, in_order=False):
+            is_main = dist.get_rank() == 0
+            if not in_order and is_main:
+                print(text)
+            elif in_order:
+                for _ in range(dist.get_world_size()):
+                    dist.barrier()
+
+
+        def shout(text, in_order=False):
+            is_main = dist.get_rank() == 0
+            if not in_order and is_main:
+                print(text)
+            else:
+                dist.barrier()
+        """,
+    )
+    assert [(cause, line) for cause, line, _ in found] == [("rank-conditional-collective", 19)]
