@@ -165,9 +165,15 @@ def dedupe(findings: list[Finding], by_call: bool = False) -> list[Finding]:
     unique = []
     for finding in findings:
         where = located(finding)
-        key = (where.path, where.line, where.col, finding.cause, "", None)
-        if by_call and finding.severity is Severity.ERROR:
-            key = (*key[:4], where.checked_path, where.call_line)
+        by_its_call = by_call and finding.severity is Severity.ERROR
+        key: tuple[str, int, int, str, str, int | None] = (
+            where.path,
+            where.line,
+            where.col,
+            finding.cause,
+            where.checked_path if by_its_call else "",
+            where.call_line if by_its_call else None,
+        )
         if key not in seen:
             seen.add(key)
             unique.append(finding)

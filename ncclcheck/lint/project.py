@@ -628,7 +628,11 @@ class Linter:
                 for item in cls.body:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                         members.add(item.name)
-                        members |= {a for n in ast.walk(item) if (a := self_attribute(n)) is not None}
+                        members |= {
+                            a
+                            for n in ast.walk(item)
+                            if isinstance(n, ast.expr) and (a := self_attribute(n)) is not None
+                        }
                     elif isinstance(item, ast.Assign | ast.AnnAssign):
                         targets = item.targets if isinstance(item, ast.Assign) else [item.target]
                         members |= {t.id for t in targets if isinstance(t, ast.Name)}
