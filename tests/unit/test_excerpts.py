@@ -696,3 +696,35 @@ def test_other_sizes_that_are_no_swap_stay_a_shape_mismatch(tmp_path: Path) -> N
     log.write_text(_fingerprints({42: ("10", "12"), 43: ("4", "4")}))
     (finding,) = run_doctor_from([log]).findings
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+
+
+def test_a_transport_failing_on_ranks_before_the_others_timed_out_is_the_likely_transport_hang(
+    tmp_path: Path,
+) -> None:
+    """Half of a 16-rank job's watchdog lines pasted, all at one collective; ranks 12 and 13
+    printed only their set-up lines and NCCL's report of a failing socket, before the
+    timeouts: their silence is no skipped call, and nothing sets a rank apart."""
+    log = tmp_path / "node_logs.txt"
+    log.write_text(
+        "".join(
+            f"[rank{r}]:node-c:{3300 + r}:{3400 + r} [{r % 8}] NCCL INFO comm 0x55d1 rank {r} nRanks 16 "
+            "- Init COMPLETE\n"
+            for r in (12, 13)
+        )
+        + "[rank0]:step 9000 | loss 1.83\n"
+        + "".join(
+            f"[rank{r}]:node-c:{3300 + r}:{3500 + r} [{r % 8}] misc/socket.cc:49 NCCL WARN NET/Socket : "
+            "recv failed: Connection reset by peer\n"
+            for r in (12, 13)
+        )
+        + "".join(
+            f"[rank{r}]:[E ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: "
+            f"WorkNCCL(SeqNum=77120, OpType=ALLREDUCE, NumelIn=25165824, NumelOut=25165824, "
+            "Timeout(ms)=600000) ran for 600104 milliseconds before timing out.\n"
+            for r in range(0, 8)
+        )
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.TRANSPORT_HANG
+    assert not (finding.ranks and finding.absent_ranks)
+    assert "ranks 12-13" in finding.message and "likely" in finding.message

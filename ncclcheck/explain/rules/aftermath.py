@@ -38,6 +38,7 @@ from ncclcheck.evidence.aftermath import (
     OwnOutput,
     ProgressBar,
     RankAftermath,
+    Source,
     TimedOutWork,
     evidence_lines,
     lived_through,
@@ -95,8 +96,32 @@ class Leftovers:
     def silent(self) -> list[int]:
         """Ranks that left no NCCL watchdog line while others did, and something else that
         says where they were (a stack, a Flight Recorder dump, an ending of their own):
-        the evidence sets them apart."""
-        return [r for r in self._without_watchdog_line() if _says_where(self.job.ranks.get(r))]
+        the evidence sets them apart. Not a rank whose own NCCL reported its transport
+        failing before the timeouts: that rank was in the job's collectives, on a link that
+        broke, and its silence says nothing of a call it skipped."""
+        failing = self.transport_failed_on
+        return [
+            r
+            for r in self._without_watchdog_line()
+            if _says_where(self.job.ranks.get(r)) and r not in failing
+        ]
+
+    @property
+    def transport_failed_on(self) -> dict[int, Source]:
+        """Ranks whose own lines report a failing transport or an NCCL error before the
+        first watchdog timeout of their file (after it, an error is the abort's echo), each
+        with its first such line."""
+        first_timeout: dict[str, int] = {}
+        for record in self.job.ranks.values():
+            for work in record.timeouts:
+                path, line = work.source.path, work.source.line or 0
+                first_timeout[path] = min(first_timeout.get(path, line), line)
+        found: dict[int, Source] = {}
+        for rank, source in self.job.transport_errors:
+            line = source.line or 0
+            if rank is not None and line < first_timeout.get(source.path, line + 1):
+                found.setdefault(rank, source)
+        return found
 
     @property
     def unseen(self) -> list[int]:
@@ -2273,6 +2298,27 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
             others = sorted(r for r in works if r != odd)
             return _said_it_skipped(
                 s, odd, line, others, f"before the ranks timed out in {op} #{seq} of group {group}", []
+            )
+        failing = s.transport_failed_on
+        if unseen and failing:
+            # the files cover part of the job only, and they show the transport failing
+            said_at = ", ".join(f"{who([r])} at {source}" for r, source in sorted(failing.items())[:4])
+            return s.d.explanation(
+                Cause.TRANSPORT_HANG,
+                f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} of "
+                f"group {group}, and before the timeouts NCCL reported its transport failing on "
+                f"{who(sorted(failing))} ({said_at}): the likely reading is the network (that link or "
+                f"node) stalling the collective, not a program that parted. These files say nothing of "
+                f"{who(unseen)}; what would confirm it: their watchdog lines at the same number, and "
+                "`ncclcheck probe` over the job's nodes (the failing one drained)",
+                ranks=sorted(works),
+                absent_ranks=[],
+                op=op,
+                site=None,
+                evidence=[
+                    *s.evidence,
+                    *(f"{who([r])}: a failing transport said at {src}" for r, src in failing.items()),
+                ],
             )
         if not unseen:
             return s.d.explanation(
