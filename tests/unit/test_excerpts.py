@@ -718,8 +718,8 @@ def test_a_transport_failing_on_ranks_before_the_others_timed_out_is_the_likely_
             for r in (12, 13)
         )
         + "".join(
-            f"[rank{r}]:[E ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation timeout: "
-            f"WorkNCCL(SeqNum=77120, OpType=ALLREDUCE, NumelIn=25165824, NumelOut=25165824, "
+            f"[rank{r}]:[E ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective operation "
+            f"timeout: WorkNCCL(SeqNum=77120, OpType=ALLREDUCE, NumelIn=25165824, NumelOut=25165824, "
             "Timeout(ms)=600000) ran for 600104 milliseconds before timing out.\n"
             for r in range(0, 8)
         )

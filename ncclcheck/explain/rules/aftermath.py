@@ -2300,37 +2300,34 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 s, odd, line, others, f"before the ranks timed out in {op} #{seq} of group {group}", []
             )
         failing = s.transport_failed_on
-        if unseen and failing:
-            # the files cover part of the job only, and they show the transport failing
-            said_at = ", ".join(f"{who([r])} at {source}" for r, source in sorted(failing.items())[:4])
+        if not unseen or failing:
+            message = (
+                f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} "
+                f"of group {group}: the code is aligned as far as the logs show, the transport is "
+                "the suspect; run `ncclcheck probe` with the job's launcher options"
+            )
+            if unseen:
+                # the files cover part of the job only, and they show the transport failing
+                said_at = ", ".join(f"{who([r])} at {source}" for r, source in sorted(failing.items())[:4])
+                message = (
+                    f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} of "
+                    f"group {group}, and before the timeouts NCCL reported its transport failing on "
+                    f"{who(sorted(failing))} ({said_at}): the likely reading is the network (that link or "
+                    f"node) stalling the collective, not a program that parted. These files say nothing of "
+                    f"{who(unseen)}; what would confirm it: their watchdog lines at the same number, and "
+                    "`ncclcheck probe` over the job's nodes (the failing one drained)"
+                )
             return s.d.explanation(
                 Cause.TRANSPORT_HANG,
-                f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} of "
-                f"group {group}, and before the timeouts NCCL reported its transport failing on "
-                f"{who(sorted(failing))} ({said_at}): the likely reading is the network (that link or "
-                f"node) stalling the collective, not a program that parted. These files say nothing of "
-                f"{who(unseen)}; what would confirm it: their watchdog lines at the same number, and "
-                "`ncclcheck probe` over the job's nodes (the failing one drained)",
+                message,
                 ranks=sorted(works),
                 absent_ranks=[],
                 op=op,
                 site=None,
                 evidence=[
                     *s.evidence,
-                    *(f"{who([r])}: a failing transport said at {src}" for r, src in failing.items()),
+                    *(f"{who([r])}: a failing transport said at {at}" for r, at in failing.items()),
                 ],
-            )
-        if not unseen:
-            return s.d.explanation(
-                Cause.TRANSPORT_HANG,
-                f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} "
-                f"of group {group}: the code is aligned as far as the logs show, the transport is "
-                "the suspect; run `ncclcheck probe` with the job's launcher options",
-                ranks=sorted(works),
-                absent_ranks=[],
-                op=op,
-                site=None,
-                evidence=s.evidence,
             )
         first = " (the job's first collective on it)" if seq == 1 else ""
         # work the job shows running outside the collective explains the one rank's silence
