@@ -170,6 +170,9 @@ class RankAftermath:
     ending: Ending | None = None
     stack: ProcessStack | None = None
     stack_source: Source | None = None
+    # an earlier dump of the same rank that the files hold too (two `py-spy dump`s of one
+    # pid): frames that moved between them are work under way
+    earlier_stack: tuple[ProcessStack, Source] | None = None
     calls: list[CollectiveCall] = field(default_factory=list)  # where its timed-out collectives were called
     # its watchdog thread made no progress for this many seconds (the heartbeat monitor's
     # "watchdog got stuck"): a NCCL or CUDA call blocked it, so it could not time out a

@@ -126,6 +126,8 @@ class StackReader:
         """Take a line; False when it is no part of a stack dump."""
         line = line.rstrip("\n")
         if match := PROCESS.match(line):
+            if self.threads:
+                return False  # the next dump (py-spy run again): a stack of its own
             self.pid, self.command = int(match.group(1)), match.group(2)
             return True
         if match := _PY_SPY_THREAD.match(line):

@@ -838,6 +838,10 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         if stream.stack.feed(line):
             return
         _close_stack(text, rank)
+        if PROCESS.match(line):  # the next dump of a process, right after the last
+            stream.stack, stream.stack_line = StackReader(pid=text.header_pid), number
+            stream.stack.feed(line)
+            return
     if line.startswith("Traceback (most recent call last):"):
         stream.traceback, stream.traceback_line, stream.traceback_headed = [], number, True
         return
@@ -1034,8 +1038,9 @@ def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
             Progress(
                 group,
                 int(progress.group(1)) if progress.group(1) else None,
-                int(progress.group(2)),
-                int(progress.group(3)),
+                # -1: none yet (a group's works are numbered from 1): as 0, "up to #0"
+                max(int(progress.group(2)), 0),
+                max(int(progress.group(3)), 0),
                 source,
             ),
             number,
@@ -1378,6 +1383,8 @@ def _finish(text: _TextFile) -> None:
             text.kinds.add(f"{kind} of no known rank")
             continue
         record = text.found.rank(owner)
+        if record.stack is not None and record.stack_source is not None:
+            record.earlier_stack = (record.stack, record.stack_source)
         record.stack, record.stack_source = stack, Source(str(text.path), number)
         text.kinds.add(kind)
     if text.kinds:

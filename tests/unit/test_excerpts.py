@@ -728,3 +728,30 @@ def test_a_transport_failing_on_ranks_before_the_others_timed_out_is_the_likely_
     assert finding.cause is Cause.TRANSPORT_HANG
     assert not (finding.ranks and finding.absent_ranks)
     assert "ranks 12-13" in finding.message and "likely" in finding.message
+
+
+def _py_spy(pid: int, innermost: str) -> str:
+    return (
+        f"Process {pid}: python train.py\nPython v3.10.12 (/usr/bin/python3.10)\n\n"
+        f'Thread {pid} (active): "MainThread"\n'
+        f"    {innermost}\n"
+        "    build_index (prep/index.py:88)\n"
+        "    main (train.py:40)\n"
+        "    <module> (train.py:95)\n\n"
+    )
+
+
+def test_two_dumps_of_a_busy_rank_whose_frames_moved_confirm_the_straggler(tmp_path: Path) -> None:
+    log = tmp_path / "job.log"
+    log.write_text("".join(_watchdog(r, 5, "BROADCAST", 1) for r in (0, 1, 3)))
+    dumps = tmp_path / "rank2_dumps.txt"
+    dumps.write_text(
+        _py_spy(4410, "encode (prep/tokenize.py:31)") + _py_spy(4410, "flush (prep/shards.py:12)")
+    )
+    (finding,) = run_doctor_from([log, dumps]).findings
+    assert finding.cause is Cause.STRAGGLER
+    assert (finding.ranks, finding.absent_ranks) == ([0, 1, 3], [2])
+    assert "moved between two dumps" in finding.message and "one snapshot" not in finding.message
+    dumps.write_text(_py_spy(4410, "encode (prep/tokenize.py:31)") * 2)
+    (finding,) = run_doctor_from([log, dumps]).findings
+    assert "one snapshot" in finding.message  # the same place twice confirms nothing

@@ -2098,10 +2098,11 @@ def _outside_any_collective(
     (compute, I/O, its data pipeline): busy while the others waited. From one snapshot, the
     likely reading, said with what would confirm it."""
     where = []
+    moved = []
     for rank in behind:
         record = s.job.ranks.get(rank)
         stack = record.stack if record is not None else None
-        if stack is None or stack.main is None or not stack.main.frames:
+        if record is None or stack is None or stack.main is None or not stack.main.frames:
             return None
         holds = blocking(stack)
         if holds.waits_for_peers or holds.sync:
@@ -2111,21 +2112,50 @@ def _outside_any_collective(
             f" in {user[0].function}() at {relative(user[0].file, s.d.ev.cwd)}:{user[0].line}" if user else ""
         )
         where.append(f"rank {rank}: {holds.what}{at}")
+        if (moves := _frames_moved(record)) is not None:
+            moved.append(
+                f"rank {rank}'s dumps at {record.earlier_stack[1] if record.earlier_stack else ''} "
+                f"and {record.stack_source}: {moves}"
+            )
     if not where:
         return None
+    confirmed = len(moved) == len(behind)
     return s.d.explanation(
         Cause.STRAGGLER,
         f"{said}. Where {who(behind)} {'were' if len(behind) > 1 else 'was'}, {its(behind)} stack says, "
         "was outside any collective "
-        f"({'; '.join(where)}): busy there while {who(waited)} waited, the likely reading from one "
-        "snapshot. What would confirm it: a second dump a little later (frames that move are work "
-        "under way; a collective it then reaches that the others never call makes it "
-        "rank-conditional-collective)",
+        f"({'; '.join(where)}): busy there while {who(waited)} waited, "
+        + (
+            f"and {its(behind)} frames moved between two dumps ({'; '.join(moved)}): work under way, "
+            "a rank slower than the collective's timeout, not a program that parted. The fix is to let "
+            "the others wait for it (a longer timeout for this phase, or the work done before the "
+            "process group starts, or shared across the ranks)"
+            if confirmed
+            else "the likely reading from one snapshot. What would confirm it: a second dump a little "
+            "later (frames that move are work under way; a collective it then reaches that the others "
+            "never call makes it rank-conditional-collective)"
+        ),
         ranks=waited,
         absent_ranks=behind,
         op=op,
         site=None,
         evidence=s.evidence,
+    )
+
+
+def _frames_moved(record: RankAftermath) -> str | None:
+    """Where a rank's two dumps differ in its main thread's innermost frame: the frames,
+    earlier then later; None with one dump, or two in the same place."""
+    if record.earlier_stack is None or record.stack is None:
+        return None
+    earlier, later = record.earlier_stack[0].main, record.stack.main
+    if earlier is None or later is None or not earlier.frames or not later.frames:
+        return None
+    first, then = earlier.frames[0], later.frames[0]
+    if (first.file, first.line, first.function) == (then.file, then.line, then.function):
+        return None
+    return (
+        f"{first.function}() at {first.file}:{first.line}, then {then.function}() at {then.file}:{then.line}"
     )
 
 
