@@ -61,7 +61,13 @@ _EXCERPT_FRAME = re.compile(
     r"\((?P<file>[^()\s]+\.pyx?|<[\w-]+>):(?P<line>\d+)\)(?P<note>.*)$"
 )
 # headers between the dumps of one file: "== rank 3 ==", "=== pid 123 ===", "rank 3:"
-HEADER = re.compile(r"^\s*(?:=+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:=+\s*|:\s*)$", re.IGNORECASE)
+# a poster's heading over one process's dump: "rank 3:", "=== pid 4410 ===", "--- rank 5 (pid
+# 2215) ---" (the other id in parentheses, group 4)
+HEADER = re.compile(
+    r"^\s*(?:[=#*-]+\s*)?(rank|pid)\s*[:#]?\s*(\d+)\s*(?:\((rank|pid)\s*[:=#]?\s*(\d+)\)\s*)?"
+    r"(?:[=#*-]+\s*|:\s*)$",
+    re.IGNORECASE,
+)
 PROCESS = re.compile(r"^Process (\d+): (.*)$")
 
 

@@ -698,10 +698,13 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         and (header := HEADER.match(line))
     ):
         _close_stack(text, text.header_rank)
-        kind, value = header.group(1).lower(), int(header.group(2))
-        text.header_rank, text.header_pid = (value, None) if kind == "rank" else (None, value)
-        if kind == "rank":
-            text.found.rank(value)  # a rank whose dump is empty (frozen, gone) still counts
+        ids = {header.group(1).lower(): int(header.group(2))}
+        if header.group(3) is not None:
+            ids[header.group(3).lower()] = int(header.group(4))
+        text.header_rank, text.header_pid = ids.get("rank"), ids.get("pid")
+        if text.header_rank is not None:
+            record = text.found.rank(text.header_rank)  # a rank whose dump is empty still counts
+            record.pid = record.pid or text.header_pid
         return
     if rank is None:
         rank = text.header_rank
@@ -747,6 +750,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _stop_line(text, rank, line, number)
             if rank is not None:
                 _rank_line(text, rank, line, number)
+            if ("pid" in line or "PID" in line or "->" in line) and ("rank" in line or "Rank" in line):
+                _pids_of_ranks(text, line)
             if "batch" in line and (counted := _BATCH_COUNT.search(line)):
                 # its prefix's rank, else the one its text names ("[val shard] rank=3 batches=126")
                 named = _RANK_IN_TEXT.search(line) if rank is None else None
@@ -1391,6 +1396,23 @@ def _finish(text: _TextFile) -> None:
         text.found.read.append(f"{text.path}: {', '.join(sorted(text.kinds))}")
     else:
         text.found.skipped.append(f"{text.path}: of no kind doctor reads (no rank's log, stack or summary)")
+
+
+# a line that ties a process to its rank, as people write it beside their dumps: "rank 0
+# pid 140219", "pid=4410 (rank 2)", "140219 -> GPU0 (rank 0)"; read per comma-separated part
+_PID_AND_RANK = (
+    re.compile(r"\bpid[ =:#]*(?P<pid>\d{2,8})\b.{0,40}?\brank[ =:#]*(?P<rank>\d{1,5})\b", re.I),
+    re.compile(r"\brank[ =:#]*(?P<rank>\d{1,5})\b.{0,40}?\bpid[ =:#]*(?P<pid>\d{2,8})\b", re.I),
+    re.compile(r"\b(?P<pid>\d{3,8})\s*(?:->|→|=>)\s*.{0,30}?\brank[ =:#]*(?P<rank>\d{1,5})\b", re.I),
+)
+
+
+def _pids_of_ranks(text: _TextFile, line: str) -> None:
+    for part in re.split(r"[,;]", line):
+        tied = next((m for pattern in _PID_AND_RANK if (m := pattern.search(part))), None)
+        if tied is not None:
+            record = text.found.rank(int(tied.group("rank")))
+            record.pid = record.pid or int(tied.group("pid"))
 
 
 def _rank_of_pid(found: Aftermath, pid: int) -> int | None:

@@ -755,3 +755,46 @@ def test_two_dumps_of_a_busy_rank_whose_frames_moved_confirm_the_straggler(tmp_p
     dumps.write_text(_py_spy(4410, "encode (prep/tokenize.py:31)") * 2)
     (finding,) = run_doctor_from([log, dumps]).findings
     assert "one snapshot" in finding.message  # the same place twice confirms nothing
+
+
+def test_a_line_that_ties_pids_to_ranks_places_the_dumps_of_no_known_rank(tmp_path: Path) -> None:
+    dumps = tmp_path / "dumps.txt"
+    dumps.write_text(
+        "worker pids: rank 1 pid 5123; pid=5122 (rank 0), and 5130 -> cuda:2 (rank 2)\n\n"
+        + _py_spy(5122, "all_gather (torch/distributed/distributed_c10d.py:3001)")
+        + _py_spy(5123, "barrier (torch/distributed/distributed_c10d.py:4101)")
+        + _py_spy(5130, "barrier (torch/distributed/distributed_c10d.py:4101)")
+    )
+    job = read_leftovers([dumps])
+    assert not job.unplaced
+    assert {r: rec.stack.pid for r, rec in job.ranks.items() if rec.stack} == {0: 5122, 1: 5123, 2: 5130}
+
+
+def test_dumps_under_headings_with_rank_and_pid_are_those_ranks_and_their_timeouts_place_them(
+    tmp_path: Path,
+) -> None:
+    """Ranks 1 and 3 dumped in compute after their collectives (an `.item()` on the norm):
+    every rank's watchdog timed out in one reduce-scatter, so the stacks wait behind it,
+    not outside communication."""
+    log = tmp_path / "job.log"
+    log.write_text("".join(_watchdog(r, 902, "_REDUCE_SCATTER_BASE", 4096) for r in range(4)))
+    dumps = tmp_path / "py-spy.txt"
+    thread = (
+        'Thread {pid} (active): "MainThread"\n'
+        "    clip_grad_norm_ (torch/nn/utils/clip_grad.py:99)\n"
+        "    step (trainer/loop.py:210)\n"
+        "    main (train.py:51)\n\n"
+    )
+    dumps.write_text(
+        "--- rank 1 (pid 7101) ---\n"
+        + thread.format(pid=7101)
+        + "=== rank 3 (PID: 7103) ===\n"
+        + thread.format(pid=7103)
+    )
+    job = read_leftovers([log, dumps])
+    assert {r: (rec.pid, rec.stack is not None) for r, rec in job.ranks.items() if rec.stack} == {
+        1: (7101, True),
+        3: (7103, True),
+    }
+    (finding,) = run_doctor_from([log, dumps]).findings
+    assert finding.cause is Cause.TRANSPORT_HANG

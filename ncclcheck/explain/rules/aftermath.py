@@ -2272,6 +2272,11 @@ def stacks_decide(s: Leftovers) -> Explanation | None:
         not_dumped,
         processes_listed=False,
     )
+    if explanation.cause is Cause.STRAGGLER and all(s.job.ranks[r].numbered for r in dumped):
+        # "no rank in a collective" from stacks at a device sync point or in compute, of ranks
+        # whose watchdogs timed out in one: they wait behind it (NCCL's calls return at
+        # once); the watchdog lines place them, the rules on those decide
+        return None
     # where each stack was read: the file, and the line of its dump
     explanation.evidence += evidence_lines(s.job, {FactKind.STACK})
     if explanation.cause is Cause.TRANSPORT_HANG:
