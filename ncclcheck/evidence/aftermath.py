@@ -408,6 +408,9 @@ class Aftermath:
     # the job's own lines that say a rank stopped training or is leaving ("EarlyStopping: no
     # improvement for 3 epochs, stopping", "shard exhausted", "done, exiting"), likewise
     stop_lines: list[OwnOutput] = field(default_factory=list)
+    # how the files say the model is wrapped: "sharded" (FSDP, ZeRO, DeepSpeed, Megatron's
+    # distributed optimizer) where any line names one, "replicated" where one names DDP
+    wrappers_said: set[str] = field(default_factory=set)
     # the processes torchelastic's agent told to stop after a failure ("Sending process 5521
     # closing signal SIGTERM"): the survivors of the first failure it saw, on its node
     launcher_closed: set[int] = field(default_factory=set)

@@ -590,6 +590,14 @@ def _process_listing(text: _TextFile, line: str, number: int) -> bool:
     return True
 
 
+# a post's or a log's word for how the model is wrapped: sharded parameters are gathered per
+# module (their all-gathers' sizes follow the modules run), replicated ones are not
+_WRAPPER = re.compile(
+    r"\b(?:FSDP\d?|fully_shard|FullyShardedDataParallel|ZeRO(?:-?3|[_ -]?stage)?|zero_stage|zero3|"
+    r"DeepSpeed|deepspeed|distributed[_ ]optimizer)\b|(?P<replicated>\bDDP\b|DistributedDataParallel)",
+)
+
+
 def _read_text(path: Path, found: Aftermath) -> None:
     text = _TextFile(path, found)
     with open(path, encoding="utf-8", errors="replace") as handle:
@@ -615,6 +623,10 @@ def _read_text(path: Path, found: Aftermath) -> None:
                     found.rank(rank).pid = found.rank(rank).pid or pid
                 text.kinds.add("a stack dumper's error")
                 continue
+            if ("DP" in raw or "ZeRO" in raw or "ero" in raw or "hard" in raw or "peed" in raw) and (
+                wrapper := _WRAPPER.search(raw)
+            ):
+                found.wrappers_said.add("replicated" if wrapper.group("replicated") else "sharded")
             # a second rank's prefix past the line's start (no slice: this runs on every line)
             if (raw.find("[rank", 1) != -1 or raw.find("[default", 1) != -1) and len(
                 pieces := _SPLICED.split(raw)

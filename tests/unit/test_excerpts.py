@@ -798,3 +798,19 @@ def test_dumps_under_headings_with_rank_and_pid_are_those_ranks_and_their_timeou
     }
     (finding,) = run_doctor_from([log, dumps]).findings
     assert finding.cause is Cause.TRANSPORT_HANG
+
+
+def test_an_all_gather_of_other_sizes_under_a_model_said_to_be_ddp_is_the_users_own(tmp_path: Path) -> None:
+    """DDP gathers no parameters: an _ALLGATHER_BASE of other sizes is the script's own
+    all_gather_into_tensor, a shape mismatch; where the post names FSDP, the likely reading
+    stays the parameter all-gather of modules one rank did not run."""
+    log = tmp_path / "eval.log"
+    lines = "".join(_watchdog(r, 61, "_ALLGATHER_BASE", 8192 if r == 2 else 10240) for r in range(4))
+    log.write_text(
+        "model = DDP(model, device_ids=[local_rank]); the hang is in our gather of scores\n" + lines
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks) == (Cause.COLLECTIVE_SHAPE_MISMATCH, [2])
+    log.write_text("we wrap the model with FSDP (FULL_SHARD)\n" + lines)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks) == (Cause.DATA_DEPENDENT_BRANCH, [2])

@@ -251,7 +251,7 @@ def the_debug_check_says(s: Leftovers) -> Explanation | None:
                 f"{who(sorted(ranks))} with {', '.join(x for x in size if x)}" for size, ranks in sides
             )
         )
-        if _issued_for_parameters(op, [_flat_numel(shape) for (shape, _dtype), _ in sides]):
+        if _issued_for_parameters(s, op, [_flat_numel(shape) for (shape, _dtype), _ in sides]):
             absent = sorted(set(seen) - set(odd)) if odd else []
             return _other_modules_ran(s, found, op, odd or sorted(seen), absent, said)
         return s.d.explanation(
@@ -314,12 +314,14 @@ def the_debug_check_says(s: Leftovers) -> Explanation | None:
     return parted
 
 
-def _issued_for_parameters(op: str, numels: list[int | None]) -> bool:
+def _issued_for_parameters(s: Leftovers, op: str, numels: list[int | None]) -> bool:
     """Whether a collective of ``op`` with these sizes (elements, None where not flat or not
     said) is one a library issues for the model's parameters (communicates.PARAMETER_OPS), or a
-    gradient bucket's all-reduce (a flat tensor of millions of elements on every rank)."""
+    gradient bucket's all-reduce (a flat tensor of millions of elements on every rank). Not a
+    parameter all-gather where the files say the model is replicated (DDP) and name no
+    sharding: DDP gathers no parameters, the call is the user's own."""
     if op.upper() in PARAMETER_OPS:
-        return True
+        return s.job.wrappers_said != {"replicated"}
     known = [n for n in numels if n is not None]
     return op.upper() == "ALLREDUCE" and len(known) == len(numels) and min(known) >= GRADIENT_BUCKET_MIN_NUMEL
 
@@ -1123,7 +1125,7 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                         s, odd[0], skips[0], majority, f"before {op} #{seq} of group {group}", [message]
                     )
             rest = sorted(r for r in works if r not in odd)
-            if not first and _issued_for_parameters(op, list(by_size)):
+            if not first and _issued_for_parameters(s, op, list(by_size)):
                 return _other_modules_ran(s, message, op, odd or sorted(works), rest if odd else [], [])
             return s.d.explanation(
                 Cause.COLLECTIVE_SHAPE_MISMATCH,
