@@ -12,6 +12,10 @@ run that hang often lie past it, and both are read here after the run:
   reaches a collective and which never fired: no recorded collective has its body on
   its call chain. Whether every rank takes it together (a barrier inside ``try/except``
   one rank takes, a save only rank 0 finishes) was not checked.
+- **an order each process draws** (lint's collective-order-mismatch: collectives in a loop
+  over a set's items, a directory listing): where the ranks' orders agreed in the dry run,
+  they agreed by chance (each interpreter's string-hash seed, one host's file system), and
+  what ran cannot vouch for a run whose ranks draw other orders.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ncclcheck.causes import Cause
 from ncclcheck.evidence.traces import LoaderPass
 from ncclcheck.explain.context import Context
 from ncclcheck.lint.decisions import LocalDecision, local_decisions
@@ -64,7 +69,28 @@ def coverage(d: Context) -> Coverage:
     _train_pass_ends(d, found)
     _periodic_actions(d, found, linter)
     _decisions_on_local_values(d, found, linter)
+    _orders_each_process_draws(d, found, linter)
     return found
+
+
+def _orders_each_process_draws(d: Context, found: Coverage, linter: Linter) -> None:
+    """lint's collective-order-mismatch findings in the user's files, as parts the run did
+    not check: where the ranks of this dry run met the items in one order, chance (or a
+    shared PYTHONHASHSEED, one host's directory order) made them agree."""
+    for path in _user_files(d):
+        for finding in _checked(linter, Path(path), found):
+            if finding.cause is not Cause.COLLECTIVE_ORDER_MISMATCH or finding.location is None:
+                continue
+            where = finding.location
+            found.not_run.append(
+                Gap(
+                    f"{relative(where.path, d.ev.cwd)}:{where.line}: {finding.message} (as lint reads it). "
+                    "Where the ranks of this dry run met the items in one order, they did by chance (each "
+                    "process draws its string-hash seed; one host lists a directory one way): what ran "
+                    "cannot vouch for it",
+                    True,
+                )
+            )
 
 
 def _decisions_on_local_values(d: Context, found: Coverage, linter: Linter) -> None:

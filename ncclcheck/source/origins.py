@@ -127,7 +127,8 @@ def _an_attribute_set_in_its_class(
     stack: list[Frame], level: int, expr: ast.expr, depth: int
 ) -> list[list[Binding]]:
     """``self.states``: where a method of the same class sets it (``self.states = {n: ...
-    for n in METRICS}`` in ``__init__``), each such value followed on in that method."""
+    for n in METRICS}`` in ``__init__``), each such value followed on in that method; for a
+    property of the class, what it returns."""
     frame, attr = stack[level], reading.self_attribute(expr)
     chain = reading.enclosing_chain(frame.file, frame.line)
     owner = next((node for node in reversed(chain) if isinstance(node, ast.ClassDef)), None)
@@ -136,6 +137,18 @@ def _an_attribute_set_in_its_class(
     found: list[list[Binding]] = []
     for method in owner.body:
         if not isinstance(method, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if method.name == attr and any(ast.unparse(d).endswith("property") for d in method.decorator_list):
+            for node in ast.walk(method):
+                if isinstance(node, ast.Return) and node.value is not None:
+                    here = Binding(
+                        f"self.{attr}",
+                        ast.unparse(node.value),
+                        Frame(frame.file, node.lineno, ""),
+                        node.value,
+                    )
+                    inside = [*stack[:level], Frame(frame.file, node.lineno, method.name)]
+                    found += [[here, *rest] for rest in _paths(inside, level, node.value, depth - 1)]
             continue
         for node in ast.walk(method):
             if (
@@ -525,4 +538,13 @@ def _names_bound_to_sets(scope: ast.AST, known: Iterable[str] = ()) -> set[str]:
             continue
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         bound |= {ast.unparse(target) for target in targets}
+    if isinstance(scope, ast.ClassDef):
+        # a method that returns a set: ``self.names()``, or ``self.names`` for a property
+        for method in (n for n in scope.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)):
+            returned = [
+                n.value for n in ast.walk(method) if isinstance(n, ast.Return) and n.value is not None
+            ]
+            if returned and any(may_be_a_set(value) for value in returned):
+                is_property = any(ast.unparse(d).endswith("property") for d in method.decorator_list)
+                bound.add(f"self.{method.name}" + ("" if is_property else "()"))
     return bound

@@ -9,6 +9,8 @@ test that sent one rank to the side group's call alone is the answer."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ..conftest import SCRIPTS, line_in
@@ -180,4 +182,42 @@ def test_a_skip_on_a_step_functions_none_is_sited_at_the_data_test_that_returned
     )
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_buffers_a_property_names_as_a_set_part_the_ranks_at_other_branches_of_one_loop(
+    tmp_path: Path,
+) -> None:
+    """Float buffers all-reduced and counters broadcast, in the order of a set a property
+    returns: the ranks are at one pass of the loop with other items, one in all_reduce, the
+    other in broadcast. Where their orders agree (one PYTHONHASHSEED for all), the run is
+    partial, the loop named as what it could not vouch for; the sorted twin is aligned."""
+    script = SCRIPTS / "buffers_named_by_a_property.py"
+    # five floats and five counters: two hash seeds give one pattern of the two about 1 in 252
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == "collective-order-mismatch", finding
+    loop = line_in(script, "for name in self.buffer_names")
+    assert (
+        f"loop over `self.buffer_names` at tests/scripts/buffers_named_by_a_property.py:{loop}"
+        in (finding["message"])
+    ), finding["message"]
+    assert "take other branches" in finding["message"], finding["message"]
+
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"PYTHONHASHSEED": "0"})
+    assert (proc.returncode, report["verdict"]) == (5, "partial"), (proc.stderr[-2000:], report)
+    reduced = line_in(script, "dist.all_reduce(tensor)")
+    assert any(
+        gap.startswith(f"tests/scripts/buffers_named_by_a_property.py:{reduced}:") and "by chance" in gap
+        for gap in report["summary"]["not_run"]
+    ), report["summary"]
+
+    fixed = tmp_path / "buffers_named_sorted.py"
+    fixed.write_text(
+        script.read_text()
+        .replace("return set(", "return sorted(set(")
+        .replace("named_parameters()}\n", "named_parameters()})\n")
+    )
+    proc, report = preflight("--nproc-per-node=2", str(fixed))
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)

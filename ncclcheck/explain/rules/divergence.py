@@ -157,10 +157,20 @@ def _a_loop_in_each_ranks_own_order(
                     "order; where the names cannot be known beforehand, all_gather_object them and "
                     "loop over the sorted union."
                 )
+            calls = (
+                f"{who(p.first.members)} call {call.op} at {p.d.site(call.site)}"
+                if p.first.kind is Mismatch.SHAPE
+                else " and ".join(
+                    f"{who([r])} calls {c.op} at {p.d.site(c.site)}"
+                    for r, c in sorted(p.first.calls.items())
+                    if c is not None
+                )
+            )
             explanation = p.d.explanation(
                 Cause.COLLECTIVE_ORDER_MISMATCH,
-                f"{who(p.first.members)} call {call.op} at {p.d.site(call.site)} once per item of the loop "
-                f"over `{items}` at {loop_site}, {why}, so the n-th calls pair items of other sizes",
+                f"{calls} once per item of the loop "
+                f"over `{items}` at {loop_site}, {why}, so the n-th calls pair other items"
+                + (" (of other sizes)" if p.first.kind is Mismatch.SHAPE else " (which take other branches)"),
                 ranks=p.first.members,
                 absent_ranks=[],
                 op=call.op,
@@ -323,6 +333,27 @@ def a_step_skipped(p: Parting) -> Explanation | None:
     if p.first.kind is not Mismatch.STEP:
         return None
     return skipped_step(p.d, p.first, p.made, p.other, p.evidence)
+
+
+def other_calls_of_one_loop_in_its_own_order(p: Parting) -> Explanation | None:
+    """Each side's call (other ops, other lines) is made in one pass of the same loop, in
+    the same frame, and that loop's items are ordered by each process (a set, a dict filled
+    on first sight): the ranks are at one pass of it with other items, which take other
+    branches (``if tensor.is_floating_point(): all_reduce ... else: broadcast``)."""
+    if p.first.kind is Mismatch.SHAPE or not p.made or not p.other:
+        return None
+    mine, theirs = p.first.calls.get(p.made[0]), p.first.calls.get(p.other[0])
+    if mine is None or theirs is None or not mine.user_stack or not theirs.user_stack:
+        return None
+    here, there = mine.user_stack[-1], theirs.user_stack[-1]
+    if (here.file, here.function) != (there.file, there.function):
+        return None
+    shared = {loop.lineno for loop in reading.enclosing_loops(here.file, here.line)} & {
+        loop.lineno for loop in reading.enclosing_loops(there.file, there.line)
+    }
+    if not shared:
+        return None
+    return _a_loop_in_each_ranks_own_order(p, mine)
 
 
 def a_rank_busy_elsewhere(p: Parting) -> Explanation | None:
@@ -823,6 +854,7 @@ DIVERGENCE_RULES = (
     eval_loaders_of_different_lengths,
     train_passes_end_apart,
     a_step_skipped,
+    other_calls_of_one_loop_in_its_own_order,
     a_rank_busy_elsewhere,
     the_source_decides,
 )
