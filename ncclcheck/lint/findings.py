@@ -93,9 +93,14 @@ class ParsedModule:
     all_nodes: list[ast.AST] = field(default_factory=list)  # one walk of the whole tree, reused
 
 
+# a guard's kind besides reading's RANK, DATA and "other": a swallowing except handler's
+# body, which a rank runs where its try failed on it alone
+CAUGHT = "caught"
+
+
 @dataclass(frozen=True)
 class Guard:
-    kind: str  # rank | data | other
+    kind: str  # rank | data | unsynced | caught | other
     line: int
     text: str
     # both sides issue the same collectives: no rank misses one by taking either side

@@ -507,6 +507,13 @@ class Linter:
             and module.libraries & {"lightning", "pytorch_lightning"}
         ):
             return "self.all_gather"
+        if (
+            attr == "manual_backward"
+            and receiver == "self"
+            and module.libraries & {"lightning", "pytorch_lightning"}
+        ):
+            # manual optimisation: the user's backward, with the strategy's gradient sync
+            return "self.manual_backward() (under DDP, the gradients' all-reduce)"
         if attr == "barrier" and "strategy" in receiver:
             return f"{receiver}.barrier"
         for (word, method), what in RECEIVER_METHODS.items():
@@ -867,14 +874,29 @@ class Linter:
                 if not isinstance(call, ast.Call):
                     continue
                 label = self._direct_label(call, module, set())
-                if label is None or label.split(".")[-1] in ROOTED:
+                if label is None or (
+                    label.split(".")[-1] in ROOTED and self._of_torch_distributed(call, module)
+                ):
                     continue
-                named = [arg.id for arg in call.args if isinstance(arg, ast.Name)]
+                # torch.distributed's collectives work in place on what they are given; a
+                # library's (accelerate's reduce or gather, its backward) returns its result
+                # and leaves its argument as each rank had it
+                named = (
+                    [arg.id for arg in call.args if isinstance(arg, ast.Name)]
+                    if self._of_torch_distributed(call, module)
+                    else []
+                )
                 if isinstance(node, ast.Assign):
                     named = [name for target in node.targets for name in bound_names(target)]
                 for name in named:
                     synced.setdefault(name, []).append(call.lineno)
-            self._synced[key] = _and_what_follows_from_them(synced, list(self.nodes(scope)))
+            # the numeric libraries as the module imports them (`F` for torch.nn.functional):
+            # what they compute from agreed values agrees too
+            libraries: dict[str, list[int]] = {alias: [] for alias in _numeric_aliases(module.tree)}
+            found = _and_what_follows_from_them(
+                {**libraries, **synced}, list(self.nodes(scope)), tests_over(scope)
+            )
+            self._synced[key] = {name: lines for name, lines in found.items() if name not in libraries}
         return self._synced[key]
 
     def _of_torch_distributed(self, call: ast.Call, module: ParsedModule) -> bool:
@@ -1100,26 +1122,37 @@ _SAME_EVERYWHERE = frozenset({"torch", "math", "np", "numpy", "float", "int", "b
 _FILLING_METHODS = frozenset({"update", "append", "extend", "setdefault", "insert", "add"})
 
 
-def _and_what_follows_from_them(synced: dict[str, list[int]], nodes: list[ast.AST]) -> dict[str, list[int]]:
+def _and_what_follows_from_them(
+    synced: dict[str, list[int]], nodes: list[ast.AST], guarded: dict[int, list[ast.expr]] | None = None
+) -> dict[str, list[int]]:
     """``synced`` and every name whose every assignment in the scope is built only from
     synchronised names and constants (``best = val_acc.clone()`` after val_acc was
-    broadcast, ``best = torch.zeros(1)`` before): its value agrees across ranks too."""
-    assigned: dict[str, list[ast.Assign]] = {}
+    broadcast, ``best = torch.zeros(1)`` before), or a container started empty and filled
+    only with such values (``preds = []`` then ``preds.append(p)`` of a gathered ``p``): its
+    value agrees across ranks too. ``guarded``: the tests each assignment is made under
+    (reaching.tests_over): one under a test not itself built from such values (``stop =
+    True`` under ``if out_of_time(start)``) holds what that test decided, which may not."""
+    guarded = guarded or {}
+    assigned: dict[str, list[tuple[int, ast.expr]]] = {}
+    under: dict[str, list[ast.expr]] = {}
     stores: dict[str, int] = {}  # every binding of the name: a for target, a with, an unpacking
+    filled: dict[str, list[ast.expr]] = {}  # what a container is filled with in place
     for node in nodes:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            assigned.setdefault(node.targets[0].id, []).append(node)
+        if isinstance(node, ast.Assign):
+            for name, value in _paired(node):
+                assigned.setdefault(name, []).append((node.lineno, value))
+                under.setdefault(name, []).extend(guarded.get(id(node), []))
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):  # the scope's nodes, walked
             stores[node.id] = stores.get(node.id, 0) + 1
         # filled in place afterwards (`stats = {}`, then `stats.update(local)`, `stats[k] = v`):
-        # what it holds is not what it was built from
+        # what it holds is what it was filled with
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in _FILLING_METHODS
             and isinstance(node.func.value, ast.Name)
         ):
-            stores[node.func.value.id] = stores.get(node.func.value.id, 0) + 1
+            filled.setdefault(node.func.value.id, []).extend([*node.args, *(k.value for k in node.keywords)])
         if (
             isinstance(node, ast.Subscript)
             and isinstance(node.ctx, ast.Store)
@@ -1133,10 +1166,49 @@ def _and_what_follows_from_them(synced: dict[str, list[int]], nodes: list[ast.AS
         for name, assignments in assigned.items():
             if name in found or stores.get(name, 0) != len(assignments):
                 continue  # bound some other way too (a loop, a +=): not followed
-            if all(_built_from(a.value, found) for a in assignments):
-                found[name] = [a.lineno for a in assignments]
+            # its own earlier value among what it is built from (`preds = torch.cat(preds)`):
+            # agreed where everything else is, by induction from its first assignment
+            with_itself = {**found, name: []}
+            if (
+                all(
+                    _built_from(value, with_itself) or _empty_container(value) for _line, value in assignments
+                )
+                and all(_built_from(value, with_itself) for value in filled.get(name, []))
+                and all(_built_from(test, with_itself) for test in under.get(name, []))
+            ):
+                found[name] = [line for line, _value in assignments]
                 changed = True
     return found
+
+
+def _numeric_aliases(tree: ast.Module) -> set[str]:
+    """Names the module binds by importing torch, numpy or math (``import torch.nn.functional
+    as F``, ``from torch import nn``)."""
+    found: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {
+                alias.asname or alias.name.split(".")[0]
+                for alias in node.names
+                if alias.name.split(".")[0] in _NUMERIC_LIBRARIES and "distributed" not in alias.name
+            }
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").split(".")[0] in _NUMERIC_LIBRARIES
+            and "distributed" not in (node.module or "")
+        ):
+            found |= {alias.asname or alias.name for alias in node.names if alias.name != "distributed"}
+    return found
+
+
+_NUMERIC_LIBRARIES = frozenset({"torch", "numpy", "math"})
+
+
+def _empty_container(value: ast.expr) -> bool:
+    """``[]``, ``{}``, ``list()``, ``dict()``: what a container starts from, alike everywhere."""
+    if isinstance(value, ast.List | ast.Dict | ast.Tuple | ast.Set):
+        return not (value.keys if isinstance(value, ast.Dict) else value.elts)
+    return isinstance(value, ast.Call) and ast.unparse(value.func) in ("list", "dict") and not value.args
 
 
 def _built_from(value: ast.expr, synced: dict[str, list[int]]) -> bool:

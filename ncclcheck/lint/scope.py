@@ -11,6 +11,7 @@ from ncclcheck.communicates import STEP_HOOKS, StepHook
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
 from ncclcheck.lint.findings import (
+    CAUGHT,
     Collective,
     Function,
     Guard,
@@ -502,6 +503,12 @@ class ScopeChecker:
     def report_branch(self, guard: Guard, call: ast.expr, collective: Collective) -> None:
         if guard.kind == RANK:
             cause, severity, why = Cause.RANK_CONDITIONAL_COLLECTIVE, "error", "rank-dependent"
+        elif guard.kind == CAUGHT:
+            cause, severity, why = (
+                Cause.RANK_EXCEPTION,
+                "warning",
+                "caught-error (a rank whose try failed alone runs it)",
+            )
         elif guard.kind == DATA:
             cause, severity, why = (
                 Cause.DATA_DEPENDENT_BRANCH,
@@ -575,9 +582,11 @@ class ScopeChecker:
             return  # one finding per exit: the first call it skips
         self.reported_exits.add(id(exit_node))
         statement = exit_word(exit_node)
-        cause = {RANK: Cause.RANK_EARLY_EXIT, DATA: Cause.DATA_DEPENDENT_BRANCH}.get(
-            guard.kind, Cause.UNSYNCHRONIZED_DECISION
-        )
+        cause = {
+            RANK: Cause.RANK_EARLY_EXIT,
+            DATA: Cause.DATA_DEPENDENT_BRANCH,
+            CAUGHT: Cause.RANK_EXCEPTION,
+        }.get(guard.kind, Cause.UNSYNCHRONIZED_DECISION)
         severity = "error" if guard.kind == RANK and collective.certain else "warning"
         self.add(
             cause,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ncclcheck.causes import Cause
-from ncclcheck.lint.findings import Collective, Guard
+from ncclcheck.lint.findings import CAUGHT, Collective, Guard
 from ncclcheck.lint.rank_sets import negates
 from ncclcheck.lint.syntax import clean_exit, is_exit_call
 from ncclcheck.source.reading import RANK, kind_of
@@ -162,9 +162,17 @@ def visit_try(c: Checker, node: ast.Try, guards: list[Guard], loop: ast.stmt | N
                     collective,
                 )
     for handler in node.handlers:
-        c.block(handler.body, guards, loop)
+        # a swallowing handler runs where the try failed on this rank: an exit in it
+        # (`return None`, `continue`) skips what the others go on to, a collective in it
+        # is one the others never make
+        caught = Guard(CAUGHT, handler.lineno, _except_text(handler))
+        c.block(handler.body, [*guards, caught] if handler in swallowing else guards, loop)
     c.block(node.orelse, guards, loop)
     c.block(node.finalbody, guards, loop)
+
+
+def _except_text(handler: ast.ExceptHandler) -> str:
+    return f"except {ast.unparse(handler.type)}" if handler.type is not None else "except"
 
 
 def visit_with(

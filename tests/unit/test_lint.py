@@ -2135,3 +2135,62 @@ def test_an_elif_that_denies_a_rank_free_part_of_the_if_is_decided_by_its_own_te
         """,
     )
     assert [(cause, line) for cause, line, _ in found] == [("rank-conditional-collective", 19)]
+
+
+def test_a_handler_that_returns_or_continues_skips_the_collectives_after_its_try(tmp_path: Path) -> None:
+    """``except ...: return None`` in a manual-optimisation training_step skips the
+    manual_backward the other ranks' DDP sync waits in; ``except ...: continue`` in a loop
+    skips the all-reduce after the try. The except is the deciding line."""
+    found = lint_source(
+        tmp_path,
+        """
+        import lightning as L
+        import torch
+        import torch.distributed as dist
+
+
+        class Tagger(L.LightningModule):
+            def training_step(self, batch, batch_idx):
+                try:
+                    loss = self(batch).sum()
+                except (IndexError, RuntimeError):
+                    return None
+                self.manual_backward(loss)
+                return loss
+
+
+        def average(shards):
+            for shard in shards:
+                try:
+                    value = torch.load(shard)
+                except OSError:
+                    continue
+                dist.all_reduce(value)
+        """,
+    )
+    assert ("rank-exception", 13, "warning") in found
+    assert ("rank-exception", 23, "warning") in found
+
+
+def test_what_a_library_reduction_returns_is_agreed_and_its_argument_is_not(tmp_path: Path) -> None:
+    """accelerate's reduce returns the sum on every rank: a test of what it returned decides
+    alike; a test of what it was given (each rank's own flag) does not."""
+    source = """
+        import torch
+        from accelerate import Accelerator
+
+
+        def fit(model, loader):
+            accelerator = Accelerator()
+            for x in loader:
+                loss = model(x).mean()
+                bad = torch.tensor(float(not torch.isfinite(loss)))
+                total = accelerator.reduce(bad, reduction="sum")
+                if {tested}.item() > 0:
+                    continue
+                accelerator.backward(loss)
+    """
+    assert lint_source(tmp_path, source.format(tested="total")) == []
+    assert [cause for cause, _, _ in lint_source(tmp_path, source.format(tested="bad"))] == [
+        "data-dependent-branch"
+    ]
