@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -53,6 +54,7 @@ from ncclcheck.record.tracefile import End
 from ncclcheck.record.virtual import ENV_VIRTUAL, REFERENCE_FILE
 from ncclcheck.render.lanes import Lanes, build_lanes
 from ncclcheck.settings import DryRunSettings, Launcher
+from ncclcheck.source import reading
 from ncclcheck.source.origins import first_iteration_of_a_set
 from ncclcheck.wording import relative, who
 
@@ -674,6 +676,11 @@ def _what_forcing_did(forced: Diagnosis, path: str, line: int) -> _Forced:
         )
     side = "true" if turned.taken else "false"
     head = f"its test made {side} on rank {FORCED_RANK} alone, at its first test in {turned.site.function}()"
+    if _is_a_handler(path, line):
+        head = (
+            f"an error it catches raised on rank {FORCED_RANK} alone at the start of its try, the first "
+            f"time {turned.site.function}() ran it"
+        )
     report = forced.report
     errors = [f for f in report.findings if f.severity is Severity.ERROR]
     own = trace.exit if trace else None
@@ -688,6 +695,14 @@ def _what_forcing_did(forced: Diagnosis, path: str, line: int) -> _Forced:
     return _Forced(f"{head}: the ranks stayed aligned through the collectives after it", checked=True)
 
 
+def _is_a_handler(path: str, line: int) -> bool:
+    """Whether ``path:line`` is an except clause (a forced handler), not an if's test."""
+    return any(
+        isinstance(node, ast.ExceptHandler) and node.lineno == line
+        for node in ast.walk(reading.parse(path) or ast.Module([], []))
+    )
+
+
 def _say_forced(report: Report, gap: Gap, where: str, what: str) -> None:
     """The forcing run's first error, said as what follows when one rank takes the decision:
     the decision is the cause (lint's reading of it) and its test the site; where the
@@ -700,11 +715,20 @@ def _say_forced(report: Report, gap: Gap, where: str, what: str) -> None:
     finding.evidence = [line for line in finding.evidence if line.startswith(("rank ", "call chain"))]
     finding.evidence[:0] = [
         f"the ranks then parted at {finding.site}" if finding.site else "the ranks then parted",
-        "the first dry run's ranks had all taken it alike; this is the run in which rank "
+        (
+            "no rank caught an error there in the first dry run; this is the run in which rank "
+            f"{FORCED_RANK} alone caught one, as the real run does the day a record, a file or a "
+            "batch fails on one rank"
+        )
+        if decision.cause is Cause.RANK_EXCEPTION
+        else "the first dry run's ranks had all taken it alike; this is the run in which rank "
         f"{FORCED_RANK} alone took the other side, as the real run does the day its own value differs",
     ]
     finding.message = (
-        f"a decision each rank takes on a value of its own, as lint reads it: {decision.reading}; "
+        f"an error one rank catches and swallows, as lint reads it: {decision.reading}; {what}: the "
+        "ranks parted"
+        if decision.cause is Cause.RANK_EXCEPTION
+        else f"a decision each rank takes on a value of its own, as lint reads it: {decision.reading}; "
         f"{what}: the ranks parted"
     )
     if finding.cause is not decision.cause:

@@ -70,7 +70,46 @@ def coverage(d: Context) -> Coverage:
     _periodic_actions(d, found, linter)
     _decisions_on_local_values(d, found, linter)
     _orders_each_process_draws(d, found, linter)
+    _handlers_that_caught_nothing(d, found, linter)
     return found
+
+
+def _handlers_that_caught_nothing(d: Context, found: Coverage, linter: Linter) -> None:
+    """lint's rank-exception findings in the user's files whose except no rank entered in
+    the dry run: the error it swallows never came, so what a rank does when it comes alone
+    (skip a step, return None, continue past a collective) did not run."""
+    caught = {
+        (os.path.realpath(c.site.file), c.site.line) for trace in d.ev.traces.values() for c in trace.caught
+    }
+    # the functions the recorded collectives were called through: a handler in one of them
+    # sat in code the run went through (its try ran), the forcing run can raise there
+    went_through = {
+        (os.path.realpath(frame.file), frame.function)
+        for trace in d.ev.traces.values()
+        for call in trace.calls
+        for frame in call.user_stack
+    }
+    for path in _user_files(d):
+        for finding in _checked(linter, Path(path), found):
+            where = finding.location
+            if finding.cause is not Cause.RANK_EXCEPTION or where is None or where.condition_line is None:
+                continue
+            handler = (os.path.realpath(where.checked_path or where.path), where.condition_line)
+            if handler in caught:
+                continue  # it caught on some rank: what followed ran, and was checked
+            function = reading.enclosing_function(handler[0], handler[1])
+            name = getattr(function, "name", "")
+            reading_of_it = finding.message.split(": ranks that take it")[0]
+            found.not_run.append(
+                Gap(
+                    f"{relative(handler[0], d.ev.cwd)}:{handler[1]}: {finding.message} (as lint reads it); "
+                    "no rank caught an error there in the dry run, so a rank that does alone was not "
+                    "checked",
+                    True,
+                    decision=LocalDecision(handler[0], handler[1], Cause.RANK_EXCEPTION, reading_of_it),
+                    reached=(handler[0], name) in went_through,
+                )
+            )
 
 
 def _orders_each_process_draws(d: Context, found: Coverage, linter: Linter) -> None:

@@ -50,6 +50,7 @@ _HELPER = "__ncclcheck_fire__"
 _DECIDE = "__ncclcheck_decide__"
 _READ = "__ncclcheck_read__"
 _CAUGHT = "__ncclcheck_caught__"
+_THROW = "__ncclcheck_throw__"
 
 
 # what a watched test read is digested over its first evaluations, and noted after these
@@ -145,13 +146,43 @@ class Decisions:
         self.note_caught(file, line, sys._getframe(1).f_code.co_name, text, raised)
 
     def note_handlers(self, tree: ast.Module, path: str) -> None:
-        """Each except handler of ``tree`` starts by noting what it caught."""
+        """Each except handler of ``tree`` starts by noting what it caught; the one to force
+        here gets its try's body started by raising what it catches, once (``throw``)."""
+        real = os.path.realpath(path)
         for node in ast.walk(tree):
-            if isinstance(node, ast.ExceptHandler):
-                self.handlers.append((os.path.realpath(path), node.lineno))
-                call = ast.Call(ast.Name(_CAUGHT, ast.Load()), [ast.Constant(len(self.handlers) - 1)], [])
-                note = ast.copy_location(ast.Expr(ast.copy_location(call, node)), node)
-                node.body.insert(0, note)
+            if not isinstance(node, ast.Try):
+                continue
+            for handler in node.handlers:
+                self.handlers.append((real, handler.lineno))
+                key = len(self.handlers) - 1
+                call = ast.Call(ast.Name(_CAUGHT, ast.Load()), [ast.Constant(key)], [])
+                note = ast.copy_location(ast.Expr(ast.copy_location(call, handler)), handler)
+                handler.body.insert(0, note)
+                if self.force == (real, handler.lineno) and node.body:
+                    # the first type it catches (a tuple's first), Exception for a bare except
+                    caught = handler.type.elts[0] if isinstance(handler.type, ast.Tuple) else handler.type
+                    kind = caught if caught is not None else ast.Name("Exception", ast.Load())
+                    first = node.body[0]
+                    throw = ast.Call(ast.Name(_THROW, ast.Load()), [ast.Constant(key), kind], [])
+                    node.body.insert(0, ast.copy_location(ast.Expr(ast.copy_location(throw, first)), first))
+                    for inner in ast.walk(node.body[0]):
+                        ast.copy_location(inner, first)
+
+    def throw(self, key: int, kind: Any) -> None:
+        """Raise an error of ``kind`` at the start of the forced handler's try, the first
+        time only: what the rank does when that error comes to it alone. Noted as the
+        handler's forced side."""
+        if self.forced:
+            return
+        self.forced = True
+        file, line = self.handlers[key]
+        self.note(file, line, sys._getframe(1).f_code.co_name, True, True)
+        message = "raised by ncclcheck preflight: this handler forced on this rank"
+        try:
+            error = kind(message)
+        except Exception:  # an error class that takes other arguments
+            error = kind.__new__(kind)
+        raise error
 
     def wrap(self, test: ast.expr, path: str, line: int) -> ast.expr:
         self.keys.append((os.path.realpath(path), line))
@@ -321,6 +352,7 @@ def install(
         setattr(builtins, _DECIDE, decisions.decide)
         setattr(builtins, _READ, decisions.read)
         setattr(builtins, _CAUGHT, decisions.caught)
+        setattr(builtins, _THROW, decisions.throw)
     firing = Firing([(str(f), int(n)) for f, n in json.loads(raw_fire or "[]")], note, decisions)
     setattr(builtins, _HELPER, firing.fire)
 

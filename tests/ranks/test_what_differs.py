@@ -194,10 +194,7 @@ def test_buffers_a_property_names_as_a_set_part_the_ranks_at_other_branches_of_o
     partial, the loop named as what it could not vouch for; the sorted twin is aligned."""
     script = SCRIPTS / "buffers_named_by_a_property.py"
     # five floats and five counters: two hash seeds give one pattern of the two about 1 in 252
-    proc, report = preflight("--nproc-per-node=2", str(script))
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    finding = report["findings"][0]
-    assert finding["cause"] == "collective-order-mismatch", finding
+    _report, finding = _first_error(script, "collective-order-mismatch")
     loop = line_in(script, "for name in self.buffer_names")
     assert (
         f"loop over `self.buffer_names` at tests/scripts/buffers_named_by_a_property.py:{loop}"
@@ -221,3 +218,30 @@ def test_buffers_a_property_names_as_a_set_part_the_ranks_at_other_branches_of_o
     )
     proc, report = preflight("--nproc-per-node=2", str(fixed))
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_record_a_rank_skips_in_its_except_is_forced_and_named_at_the_except(tmp_path: Path) -> None:
+    """No record fails in the dry run, so no rank enters the `except ...: continue`; the
+    run in which rank 1 alone catches an error there parts the ranks at the all-reduce the
+    `continue` skips: rank-exception at the except. The twin that contributes a zero for the
+    failed record and still calls the collective is aligned."""
+    script = SCRIPTS / "skips_a_record_that_fails.py"
+    report, finding = _first_error(script, "rank-exception")
+    assert finding["site"] == f"tests/scripts/{script.name}:{line_in(script, 'except ValueError')}"
+    assert any("raised on rank 1 alone" in said for said in report["summary"]["forced"]), report["summary"]
+
+    fixed = tmp_path / "contributes_a_zero.py"
+    fixed.write_text(
+        script.read_text().replace("            continue\n", "            value = torch.zeros(4)\n")
+    )
+    proc, report = preflight("--nproc-per-node=2", str(fixed))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def _first_error(script: Path, cause: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """preflight on ``script`` at two ranks: exit 1, its first finding of ``cause``."""
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == cause, finding
+    return report, finding

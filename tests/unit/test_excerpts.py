@@ -814,3 +814,29 @@ def test_an_all_gather_of_other_sizes_under_a_model_said_to_be_ddp_is_the_users_
     log.write_text("we wrap the model with FSDP (FULL_SHARD)\n" + lines)
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.ranks) == (Cause.DATA_DEPENDENT_BRANCH, [2])
+
+
+def test_a_fatal_traceback_of_no_rank_is_likely_the_one_silent_ranks(tmp_path: Path) -> None:
+    """Ranks 0, 2 and 3 timed out; rank 1 left no line; an unprefixed traceback that reached
+    `<module>` (its process died of it) is likely rank 1's, said as likely. One that stops
+    short of `<module>` was printed by a handler: a process that lived on, not that."""
+    fatal = (
+        "Traceback (most recent call last):\n"
+        '  File "/srv/job/train.py", line 210, in <module>\n'
+        "    main()\n"
+        '  File "/srv/job/train.py", line 181, in main\n'
+        "    batch = collate(samples)\n"
+        '  File "/srv/job/data.py", line 44, in collate\n'
+        "    lengths = [len(s['tokens']) for s in samples]\n"
+        "KeyError: 'tokens'\n"
+    )
+    timeouts = "".join(_watchdog(r, 3310, "ALLREDUCE", 1048576) for r in (0, 2, 3))
+    log = tmp_path / "job.log"
+    log.write_text(fatal + timeouts)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_EXCEPTION, [0, 2, 3], [1])
+    assert "likely" in finding.message and finding.site == "/srv/job/data.py:44"
+    log.write_text(
+        fatal.replace('  File "/srv/job/train.py", line 210, in <module>\n    main()\n', "") + timeouts
+    )
+    assert all(f.cause is not Cause.RANK_EXCEPTION for f in run_doctor_from([log]).findings)

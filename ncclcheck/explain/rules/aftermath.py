@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -31,6 +31,7 @@ from ncclcheck.evidence.aftermath import (
     Aftermath,
     CollectiveCall,
     DesyncVerdict,
+    Ending,
     FactKind,
     Fingerprint,
     Issued,
@@ -604,18 +605,31 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
         if ending.signal
         else f"exit code {ending.exit_code}"
     )
+    return _died_of(
+        s,
+        ending,
+        lambda how: (
+            f"{who(dead)} {how} ({what})"
+            + (f" while {who(waiting)} waited for {'it' if len(dead) == 1 else 'them'}" if waiting else "")
+        ),
+        (waiting, dead),
+        what,
+    )
+
+
+def _died_of(
+    s: Leftovers, ending: Ending, said: Callable[[str], str], sides: tuple[list[int], list[int]], what: str
+) -> Explanation:
+    """The finding for ranks (``sides[1]``) whose process an error ended while the others
+    (``sides[0]``) waited: rank-crashed for what fails a process whatever its code (out of
+    memory, CUDA, a signal), else rank-exception at the raise line with the fix for an
+    uncaught error. ``said`` words it, given how the rank ended ("failed", "raised and did
+    not catch")."""
     cause = death_cause(ending.error)
     how = "failed" if cause is Cause.RANK_CRASHED else "raised and did not catch"
     site = f"{ending.error_site.file}:{ending.error_site.line}" if ending.error_site else None
     finding = s.d.explanation(
-        cause,
-        f"{who(dead)} {how} ({what})"
-        + (f" while {who(waiting)} waited for {'it' if len(dead) == 1 else 'them'}" if waiting else ""),
-        ranks=waiting,
-        absent_ranks=dead,
-        op=None,
-        site=site,
-        evidence=s.evidence,
+        cause, said(how), ranks=sides[0], absent_ranks=sides[1], op=None, site=site, evidence=s.evidence
     )
     if cause is Cause.RANK_EXCEPTION:
         finding.fix = uncaught_fix(site, what)
@@ -1492,6 +1506,43 @@ def a_rank_past_its_scripts_end(s: Leftovers) -> Explanation | None:
         op=None,
         site=None,
         evidence=s.evidence,
+    )
+
+
+def the_one_unseen_ranks_traceback(s: Leftovers) -> Explanation | None:
+    """Every rank but one left a watchdog timeout, and the one left no line at all, while the
+    files hold a traceback no rank's prefix owns that propagated to the script's top
+    (`<module>` is its outermost frame: the process died of it), of an error that is no wait
+    given up: the likely reading is that it is that rank's, which raised and left the
+    others waiting. Said as likely, with what would confirm it."""
+    unseen = s.unseen
+    waiting = sorted(r for r, rec in s.job.ranks.items() if rec.timeouts)
+    if len(unseen) != 1 or not waiting or s.silent:
+        return None
+    fatal = [
+        e
+        for e in s.job.unplaced_endings
+        if e.error and not _WAITED.search(e.error) and e.frames and e.frames[0].function == "<module>"
+    ]
+    if not fatal:
+        return None
+    error = fatal[-1]
+    site = f"{error.error_site.file}:{error.error_site.line}" if error.error_site else None
+    return _died_of(
+        s,
+        error,
+        lambda how: (
+            f"{who(waiting)} timed out waiting, and {who(unseen)}, the one rank of the job "
+            f"with no line of its own here, left none; these files hold a traceback no rank's prefix owns "
+            f"that reached the script's top, so its process died of it ({error.error}"
+            + (f", raised at {site}" if site else "")
+            + (f", {error.source}" if error.source else "")
+            + f"): the likely reading is that it is {who(unseen)}'s, which {how} while the others waited "
+            f"for it. What would confirm it: the pid or the prefix of the lines that printed it, or "
+            f"{who(unseen)}'s own log"
+        ),
+        (waiting, unseen),
+        error.error or "",
     )
 
 
@@ -2489,6 +2540,7 @@ AFTERMATH_RULES = (
     a_transport_found_the_calls_differ,
     a_rank_failed_first,
     a_rank_past_its_scripts_end,
+    the_one_unseen_ranks_traceback,
     a_rank_never_published_its_nccl_id,
     the_desync_report_says,
     a_monitored_barrier_names_the_late_rank,
