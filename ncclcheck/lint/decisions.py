@@ -82,7 +82,9 @@ def _synced_somewhere(linter: Linter, module: ParsedModule, path: str, line: int
     test = next((n.test for n in reversed(chain) if isinstance(n, ast.If | ast.While)), None)
     if scope is None or test is None:
         return False
-    synced = linter.sync_points(scope, module)
+    # what a collective itself agreed: a constant (`patience = 30`) agrees everywhere, but it is
+    # no sign that the function synchronises what its test reads
+    synced = linter.passed_to_collectives(scope, module)
     values: dict[str, list[ast.expr]] = {}
     for node in ast.walk(scope):
         if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) and node.value is not None:

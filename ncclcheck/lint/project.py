@@ -78,6 +78,7 @@ class Linter:
         self._ddp: dict[int, set[str]] = {}
         self._mentions: dict[int, bool] = {}
         self._synced: dict[int, dict[str, list[int]]] = {}
+        self._passed: dict[int, dict[str, list[int]]] = {}  # what sync_points starts from
         self._local_attributes: dict[int, set[str]] = {}  # id(module tree) -> rank-local attributes
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
         self._properties: tuple[int, frozenset[str]] = (-1, frozenset())  # (modules read, their properties)
@@ -890,6 +891,7 @@ class Linter:
                     named = [name for target in node.targets for name in bound_names(target)]
                 for name in named:
                     synced.setdefault(name, []).append(call.lineno)
+            self._passed[key] = dict(synced)
             # the numeric libraries as the module imports them (`F` for torch.nn.functional):
             # what they compute from agreed values agrees too
             libraries: dict[str, list[int]] = {alias: [] for alias in _numeric_aliases(module.tree)}
@@ -898,6 +900,12 @@ class Linter:
             )
             self._synced[key] = {name: lines for name, lines in found.items() if name not in libraries}
         return self._synced[key]
+
+    def passed_to_collectives(self, scope: ast.AST, module: ParsedModule) -> dict[str, list[int]]:
+        """The names ``scope`` passes to a collective or binds to what one returns, without
+        what follows from them (sync_points): the values a collective itself agreed."""
+        self.sync_points(scope, module)
+        return self._passed[id(scope)]
 
     def _of_torch_distributed(self, call: ast.Call, module: ParsedModule) -> bool:
         """A call of torch.distributed's own (``dist.reduce``, ``reduce`` imported from it),

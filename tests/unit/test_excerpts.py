@@ -840,3 +840,33 @@ def test_a_fatal_traceback_of_no_rank_is_likely_the_one_silent_ranks(tmp_path: P
         fatal.replace('  File "/srv/job/train.py", line 210, in <module>\n    main()\n', "") + timeouts
     )
     assert all(f.cause is not Cause.RANK_EXCEPTION for f in run_doctor_from([log]).findings)
+
+
+def test_a_phase_announced_by_ranks_no_rank_test_picks_is_each_ranks_own_decision(tmp_path: Path) -> None:
+    """Ranks 0, 1 and 3 announce a save and wait in its barrier; rank 2 waits in the next
+    step's all-gather. No rank test picks ranks 0, 1 and 3: each decided on its own value.
+    Announced by rank 0 alone, or by local rank 0 of each node, the rank test stays the
+    likely reading."""
+    log = tmp_path / "train.log"
+
+    def job(announcing: list[int], world: int) -> str:
+        return "".join(
+            f"[rank{r}]:2024-05-02 10:00:01 INFO saving checkpoint to /ckpt/step_900\n" for r in announcing
+        ) + "".join(
+            _watchdog(
+                r, 7731, "ALLREDUCE" if r in announcing else "_ALLGATHER_BASE", 1 if r in announcing else 4096
+            )
+            for r in range(world)
+        )
+
+    log.write_text(job([0, 1, 3], 4))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.UNSYNCHRONIZED_DECISION,
+        [0, 1, 3],
+        [2],
+    )
+    for announcing, world in (([0], 4), ([0, 4], 8)):
+        log.write_text(job(announcing, world))
+        (finding,) = run_doctor_from([log]).findings
+        assert (finding.cause, finding.ranks) == (Cause.RANK_CONDITIONAL_COLLECTIVE, announcing)

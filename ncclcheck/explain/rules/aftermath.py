@@ -946,6 +946,24 @@ def _a_phase_only_they_announced(s: Leftovers, said: str, sides: list[list[int]]
     fewer = alone[0]
     more = next(side for side in sides if side is not fewer)
     line = announced[fewer[0]]
+    if not _a_rank_test_could_pick(sorted(fewer), s.job.world_size):
+        # no rank test picks these ranks (rank 0, or local rank 0 of each node): each rank
+        # decided for itself, and these took the phase (its own clock, count or data)
+        return s.d.explanation(
+            Cause.UNSYNCHRONIZED_DECISION,
+            f"{said}. {who(fewer)}, and none of {who(more)}, announced a phase before the timeouts "
+            f"('{line.text}', {line.source}); no rank test picks {who(fewer)} (it picks rank 0, or "
+            "local rank 0 of each node): the likely reading is a decision each rank takes on a value "
+            f"of its own (its clock since the last save, its own count or data), which {who(more)} "
+            "did not meet this time. What would confirm it: the test before the code that prints "
+            "that line, and whether what it reads is agreed across the ranks (broadcast or "
+            "all-reduced) first",
+            ranks=sorted(fewer),
+            absent_ranks=sorted(more),
+            op=None,
+            site=None,
+            evidence=s.evidence,
+        )
     return s.d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
         f"{said}. {who(fewer)}, and none of {who(more)}, announced a phase before the timeouts "
@@ -960,6 +978,17 @@ def _a_phase_only_they_announced(s: Leftovers, said: str, sides: list[list[int]]
         site=None,
         evidence=s.evidence,
     )
+
+
+def _a_rank_test_could_pick(ranks: list[int], world: int) -> bool:
+    """Whether a rank test could pick exactly ``ranks``: rank 0 alone, or local rank 0 of
+    each node (0, n, 2n, ... for n ranks a node)."""
+    if ranks == [0]:
+        return True
+    if len(ranks) < 2 or ranks[0] != 0:
+        return False
+    step = ranks[1] - ranks[0]
+    return step > 1 and ranks == list(range(0, max(world, ranks[-1] + 1), step))
 
 
 def _one_side_reduces_to_a_root(
