@@ -946,32 +946,31 @@ def _a_phase_only_they_announced(s: Leftovers, said: str, sides: list[list[int]]
     fewer = alone[0]
     more = next(side for side in sides if side is not fewer)
     line = announced[fewer[0]]
-    if not _a_rank_test_could_pick(sorted(fewer), s.job.world_size):
+    announced_by = f"{said}. {who(fewer)}, and none of {who(more)}, announced a phase before the timeouts"
+    if _a_rank_test_could_pick(sorted(fewer), s.job.world_size):
+        cause = Cause.RANK_CONDITIONAL_COLLECTIVE
+        reading = (
+            f"('{line.text}', {line.source}): the likely reading is that this phase runs under a rank "
+            f"test (the main process, or local rank 0 of each node) and issues a collective that only "
+            f"{who(fewer)} make{'s' if len(fewer) == 1 else ''}. What would confirm it: the test around "
+            "the code that prints that line, and the collective inside it (a state_dict of a sharded "
+            "model all-gathers, an evaluation reduces its metrics)"
+        )
+    else:
         # no rank test picks these ranks (rank 0, or local rank 0 of each node): each rank
         # decided for itself, and these took the phase (its own clock, count or data)
-        return s.d.explanation(
-            Cause.UNSYNCHRONIZED_DECISION,
-            f"{said}. {who(fewer)}, and none of {who(more)}, announced a phase before the timeouts "
+        cause = Cause.UNSYNCHRONIZED_DECISION
+        reading = (
             f"('{line.text}', {line.source}); no rank test picks {who(fewer)} (it picks rank 0, or "
             "local rank 0 of each node): the likely reading is a decision each rank takes on a value "
             f"of its own (its clock since the last save, its own count or data), which {who(more)} "
             "did not meet this time. What would confirm it: the test before the code that prints "
             "that line, and whether what it reads is agreed across the ranks (broadcast or "
-            "all-reduced) first",
-            ranks=sorted(fewer),
-            absent_ranks=sorted(more),
-            op=None,
-            site=None,
-            evidence=s.evidence,
+            "all-reduced) first"
         )
     return s.d.explanation(
-        Cause.RANK_CONDITIONAL_COLLECTIVE,
-        f"{said}. {who(fewer)}, and none of {who(more)}, announced a phase before the timeouts "
-        f"('{line.text}', {line.source}): the likely reading is that this phase runs under a rank "
-        f"test (the main process, or local rank 0 of each node) and issues a collective that only "
-        f"{who(fewer)} make{'s' if len(fewer) == 1 else ''}. What would confirm it: the test around "
-        "the code that prints that line, and the collective inside it (a state_dict of a sharded "
-        "model all-gathers, an evaluation reduces its metrics)",
+        cause,
+        f"{announced_by} {reading}",
         ranks=sorted(fewer),
         absent_ranks=sorted(more),
         op=None,
