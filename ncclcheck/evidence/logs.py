@@ -751,6 +751,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
             return  # srun's, not the job's
         if rank is None and "ank" in line[:120] and (tag := _RANK_TAG.search(line[:120])):
             rank = int(tag.group(1))  # a logger's format that tags its lines after its name
+        elif rank is None and line[:2] == "[r" and (tag := _SHORT_RANK_TAG.match(line)):
+            rank = int(tag.group(1))  # a script's own short tag, "[r3] epoch 0 done"
         if line.strip() and not _SOURCE_CODE.search(line):
             # the job's own output: the last of it before a timeout is evidence
             text.own_output.append((line, number, rank))
@@ -947,6 +949,7 @@ _BATCH_COUNT = re.compile(r"\b(\d+)\s+(?:\w+\s+)?batches\b(?!\s*[=:])|\b(?:num_|
 
 # a rank's tag inside a logger's prefix: "INFO:trainer.loop:[rank3] step 8400 ..."
 _RANK_TAG = re.compile(r"\[(?:rank|Rank|RANK)[ =:]?(\d+)\]")
+_SHORT_RANK_TAG = re.compile(r"\[r(\d{1,5})\] ")
 _RANK_LINE_KINDS = 2000  # distinct texts kept: a log's calls, not its values
 _RANK_LINE_LAST = 64  # of each, the last: enough for every rank's copy of two of its calls
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

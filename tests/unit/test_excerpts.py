@@ -870,3 +870,26 @@ def test_a_phase_announced_by_ranks_no_rank_test_picks_is_each_ranks_own_decisio
         log.write_text(job(announcing, world))
         (finding,) = run_doctor_from([log]).findings
         assert (finding.cause, finding.ranks) == (Cause.RANK_CONDITIONAL_COLLECTIVE, announcing)
+
+
+def test_loops_of_other_lengths_split_as_the_sizes_split_are_uneven_loaders(tmp_path: Path) -> None:
+    """Ranks 0 and 1 count 1201 batches, ranks 2 and 3 count 1200 (a script's own `[rN]`
+    tags): at one number the longer side all-reduces its last batch's gradients while the
+    shorter waits in its barrier (1 element). A training loop: its loader has no
+    DistributedSampler; an evaluation's is uneven-eval-batches."""
+    log = tmp_path / "train.log"
+
+    def job(loop: str) -> str:
+        counts = "".join(f"[r{r}] {loop} shard ready: {1201 if r < 2 else 1200} batches\n" for r in range(4))
+        return counts + "".join(_watchdog(r, 2402, "ALLREDUCE", 2097152 if r < 2 else 1) for r in range(4))
+
+    log.write_text(job("train"))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.MISSING_DISTRIBUTED_SAMPLER,
+        [2, 3],
+        [0, 1],
+    )
+    log.write_text(job("val"))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.UNEVEN_EVAL_BATCHES, [0, 1])

@@ -856,23 +856,40 @@ def _loops_of_other_lengths(s: Leftovers, said: str, by_op: dict[str, list[int]]
     else:
         return None
     shorter = sorted(parted - set(longer))
+    if owned and not any(set(side) == set(longer) for side in sides):
+        return None  # the lengths split the ranks otherwise than the parting did
     counts = "; ".join(
         f"{who(sorted(r for r, n in owned.items() if n == total))}: {total}"
         for total in sorted({*owned.values()}, reverse=True)
     ) or ", ".join(str(total) for total in sorted({x.total for x in lengths}, reverse=True))
     where = ", ".join(str(x.source) for x in lengths[:3])
+    # a training loop of other lengths per rank: its loader has no DistributedSampler, which
+    # gives every rank the same count (padding, or drop_last); an evaluation's is the
+    # catalogue's uneven-eval-batches whatever its sampler
+    training = _TRAINING.search(lengths[0].said) and not _EVALUATING.search(lengths[0].said)
+    cause = Cause.MISSING_DISTRIBUTED_SAMPLER if training else Cause.UNEVEN_EVAL_BATCHES
     return s.d.explanation(
-        Cause.UNEVEN_EVAL_BATCHES,
+        cause,
         f"the ranks disagree on {said}. The job's own output shows one loop of other lengths on "
         f"the ranks ('{lengths[0].said}', batches {counts}; {where}): {who(longer)}, with the "
         f"longest, made a per-batch collective of a batch {who(shorter)} never had, and met "
-        f"{its(shorter)} next collective instead",
+        f"{its(shorter)} next collective instead"
+        + (
+            ". A training loader whose ranks get other numbers of batches is sharded by hand (or "
+            "not at all): a DistributedSampler gives every rank the same count"
+            if training
+            else ""
+        ),
         ranks=shorter,
         absent_ranks=longer,
         op=None,
         site=None,
         evidence=s.evidence,
     )
+
+
+_TRAINING = re.compile(r"\btrain(?:ing)?\b", re.IGNORECASE)
+_EVALUATING = re.compile(r"\b(?:eval\w*|val\w*|valid\w*|test\w*|predict\w*)\b", re.IGNORECASE)
 
 
 def _times_said(s: Leftovers, lines: list[OwnOutput]) -> list[list[OwnOutput]]:
@@ -1159,6 +1176,13 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
             in_its_own_order = _iterated_in_its_own_order(s, message, sorted(works), odd)
             if in_its_own_order is not None:
                 return in_its_own_order
+            # a loop the ranks' own output gives other lengths, split as the sizes split: the
+            # longer loop's per-batch collective against the shorter's next one (a barrier)
+            uneven = _loops_of_other_lengths(
+                s, f"{op} #{seq} of group {group}", {f"{size} elements": ranks for size, ranks in sides}
+            )
+            if uneven is not None:
+                return uneven
             if odd:
                 skips = [line for line in _before_the_timeouts(s, s.job.skip_lines) if line.rank in odd]
                 if len(odd) == 1 and skips:
