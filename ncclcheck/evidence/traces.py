@@ -40,6 +40,21 @@ class LoaderPass:
     exhausted: bool | None = None  # None: the pass never ended
     sample_ids: list[int] | None = None
     iterable: bool = False  # an IterableDataset: it shards itself, no sampler can
+    batch_sampler: str | None = None  # its batch sampler's class (torch's BatchSampler, or one of its own)
+
+    @property
+    def sampled_by_hand(self) -> bool:
+        """A map-style dataset read through torch's plain samplers: each rank's share was
+        cut by hand (or not at all), where a DistributedSampler would give every rank one
+        count. Not a DistributedSampler or a framework's sharding, not a batch sampler of the
+        user's own (a token budget), not an IterableDataset."""
+        return (
+            not self.distributed_sampler
+            and not self.iterable
+            and self.sampler in ("RandomSampler", "SequentialSampler")
+            and self.batch_sampler in (None, "BatchSampler")
+        )
+
     budget_cut: bool = False  # the dry run ended it after --train-steps batches
     # --eval-batches (record/fastforward.py): the leading batches every rank skipped, the
     # length each rank told at the start (None: unknown), why none were skipped
@@ -432,6 +447,7 @@ def _pass(record: dict[str, Any]) -> LoaderPass:
         batches=int(record.get("batches", 0)),
         sample_ids=record.get("sample_ids"),
         iterable=bool(record.get("iterable", False)),
+        batch_sampler=record.get("batch_sampler"),
         budget_cut=bool(record.get("budget_cut", False)),
         skipped=int(record.get("skipped", 0)),
         read=bool(record.get("read", False)),

@@ -184,6 +184,7 @@ class TrackedIterator:
             "budget_cut": self.cut_by_budget,
             "len": length,
             "sampler": type(sampler).__name__ if sampler is not None else None,
+            "batch_sampler": type(batch_sampler).__name__ if batch_sampler is not None else None,
             "distributed_sampler": distributed,
             "dataset": type(dataset).__name__,
             "dataset_len": _whole_set_len(dataset),

@@ -305,14 +305,21 @@ def train_passes_end_apart(p: Parting) -> Explanation | None:
     shorter = sorted(r for r in first.members if r not in longer)
     call = first.calls.get(longer[0])
     where = f" ({op_text(call)} at {d.site(call.site)})" if call is not None else ""
+    sampled_by_hand = all(lp.sampled_by_hand for lp in firsts.values())
     return d.explanation(
-        Cause.UNEVEN_EVAL_BATCHES,
+        Cause.MISSING_DISTRIBUTED_SAMPLER if sampled_by_hand else Cause.UNEVEN_EVAL_BATCHES,
         f"train loader {loader} yields different numbers of batches per rank ("
         + ", ".join(f"rank {r}: {n}" for r, n in sorted(lengths.items()))
         + f"): the dry run ran the epoch's end, where {who(shorter)} ended the pass and moved on "
         f"while {who(longer)} went on with a step of its own{where}, a collective nobody else makes "
-        "at that point. Shard with DistributedSampler, drop the remainder, or wrap the loop in "
-        "DDP's join()",
+        "at that point"
+        + (
+            f"; its sampler is a {firsts[shorter[0]].sampler}, not a DistributedSampler, over a dataset "
+            "each rank cut for itself"
+            if sampled_by_hand
+            else ""
+        )
+        + ". Shard with DistributedSampler, drop the remainder, or wrap the loop in DDP's join()",
         ranks=longer,
         absent_ranks=shorter,
         op=call.op if call is not None else None,

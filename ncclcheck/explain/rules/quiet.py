@@ -274,6 +274,7 @@ def uneven_train_loader(d: Context) -> Explanation | None:
     epoch early, so the run itself stays aligned; the lengths the loaders told as the
     pass began decide it all the same: an error, never an aligned run with a warning."""
     lengths: dict[str, dict[int, int]] = {}
+    by_hand: dict[str, bool] = {}  # every rank's first pass over it sampled by hand
     # the first passes (those compared) cut before their end: their lengths decide, not the run
     cut = any(
         p.budget_cut for t in d.ev.traces.values() for p in t.passes if p.role == "train" and p.index == 0
@@ -287,6 +288,9 @@ def uneven_train_loader(d: Context) -> Explanation | None:
             length = loader_pass.true_length
             if loader_pass.role == "train" and loader_pass.index == 0 and length is not None:
                 lengths.setdefault(loader_pass.loader, {})[rank] = length
+                by_hand[loader_pass.loader] = by_hand.get(loader_pass.loader, True) and (
+                    loader_pass.sampled_by_hand
+                )
     for loader, per_rank in sorted(lengths.items()):
         if len(per_rank) < 2 or len(set(per_rank.values())) < 2:
             continue
@@ -294,13 +298,18 @@ def uneven_train_loader(d: Context) -> Explanation | None:
         if all(d.ev.traces[r].join_stand_ins for r, n in per_rank.items() if n < most):
             continue  # the ranks with fewer batches joined: DDP's Join stood in for them
         return Explanation(
-            cause=Cause.UNEVEN_EVAL_BATCHES,
+            cause=Cause.MISSING_DISTRIBUTED_SAMPLER if by_hand.get(loader) else Cause.UNEVEN_EVAL_BATCHES,
             severity=Severity.ERROR,
             message=(
                 f"train loader {loader} yields different numbers of batches per rank ("
                 + ", ".join(f"rank {r}: {n}" for r, n in sorted(per_rank.items()))
                 + "), and every step makes a collective: at the end of each epoch the ranks "
                 "with fewer batches move on while the others wait in their next step"
+                + (
+                    "; its sampler is no DistributedSampler, over a dataset each rank cut for itself"
+                    if by_hand.get(loader)
+                    else ""
+                )
                 + (
                     " (the dry run stopped each pass before its end; the lengths the loaders "
                     "told as the pass began decide)"
