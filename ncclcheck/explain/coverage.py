@@ -71,7 +71,40 @@ def coverage(d: Context) -> Coverage:
     _decisions_on_local_values(d, found, linter)
     _orders_each_process_draws(d, found, linter)
     _handlers_that_caught_nothing(d, found, linter)
+    _rank_tests_on_paths_not_run(d, found, linter)
     return found
+
+
+def _frames_called_through(d: Context) -> set[tuple[str, int, str]]:
+    """(file, line, function) of every user frame some rank's recorded collective was
+    called through: the code the dry run went through to a collective."""
+    return {
+        (os.path.realpath(frame.file), frame.line, frame.function)
+        for trace in d.ev.traces.values()
+        for call in trace.calls
+        for frame in call.user_stack
+    }
+
+
+def _rank_tests_on_paths_not_run(d: Context, found: Coverage, linter: Linter) -> None:
+    """lint's errors on a rank test (a collective reached only on some ranks, or skipped by
+    an exit some ranks take) whose call no rank made in the dry run: a path the run's state
+    never took (a metric already in the logs, an option), which the source decides, as for
+    a periodic action that never fired."""
+    made = {(file, line) for file, line, _function in _frames_called_through(d)}
+    for path in _user_files(d):
+        for finding in _checked(linter, Path(path), found):
+            where = finding.location
+            if (
+                where is None
+                or finding.severity is not Severity.ERROR
+                or finding.cause not in (Cause.RANK_CONDITIONAL_COLLECTIVE, Cause.RANK_EARLY_EXIT)
+            ):
+                continue
+            home = os.path.realpath(where.checked_path or where.path)
+            call = where.call_line if where.call_line is not None else where.line
+            if (home, call) not in made:
+                _decided_by_the_source(d, finding, "no rank made that call", found)
 
 
 def _handlers_that_caught_nothing(d: Context, found: Coverage, linter: Linter) -> None:
@@ -83,12 +116,7 @@ def _handlers_that_caught_nothing(d: Context, found: Coverage, linter: Linter) -
     }
     # the functions the recorded collectives were called through: a handler in one of them
     # sat in code the run went through (its try ran), the forcing run can raise there
-    went_through = {
-        (os.path.realpath(frame.file), frame.function)
-        for trace in d.ev.traces.values()
-        for call in trace.calls
-        for frame in call.user_stack
-    }
+    went_through = {(file, function) for file, _line, function in _frames_called_through(d)}
     for path in _user_files(d):
         for finding in _checked(linter, Path(path), found):
             where = finding.location

@@ -254,3 +254,36 @@ def _first_error(script: Path, cause: str) -> tuple[dict, dict]:  # type: ignore
     finding = report["findings"][0]
     assert finding["cause"] == cause, finding
     return report, finding
+
+
+def test_a_rank_tested_evaluation_on_a_path_the_run_never_took_is_decided_by_the_source(
+    tmp_path: Path,
+) -> None:
+    """The main process's callback evaluates (an all-reduce) only where the epoch's logs hold
+    no loss, which never happens within a dry run: the run stays together, but lint's error
+    on that rank test is on a call no rank made, so the source decides it (misaligned, exit
+    1, never aligned). The twin evaluates on every rank and keeps only the bookkeeping on
+    rank 0: aligned."""
+    script = SCRIPTS / "best_checkpoint_evaluates_on_main.py"
+    report, finding = _first_error(script, "rank-conditional-collective")
+    assert report["verdict"] == "misaligned", report
+    assert f"`trainer.is_main` (line {line_in(script, 'if trainer.is_main:')})" in finding["message"], finding
+    assert any("no rank made that call" in line for line in finding["evidence"]), finding
+
+    fixed = tmp_path / "evaluates_on_every_rank.py"
+    fixed.write_text(
+        script.read_text().replace(
+            """        if trainer.is_main:
+            current = logs.get("val_loss")
+            if current is None:
+                current = trainer.evaluate()["val_loss"]
+            self.best""",
+            """        current = logs.get("val_loss")
+        if current is None:
+            current = trainer.evaluate()["val_loss"]
+        if trainer.is_main:
+            self.best""",
+        )
+    )
+    proc, report = preflight("--nproc-per-node=2", str(fixed))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
