@@ -893,3 +893,24 @@ def test_loops_of_other_lengths_split_as_the_sizes_split_are_uneven_loaders(tmp_
     log.write_text(job("val"))
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.absent_ranks) == (Cause.UNEVEN_EVAL_BATCHES, [0, 1])
+
+
+def test_a_rank_that_said_its_batch_held_none_is_the_data_branchs_side(tmp_path: Path) -> None:
+    """An excerpt of an FSDP job's watchdog lines (ranks 0-3 and 5 of 8): rank 5 gathers
+    other parameters. Half the job unseen, the sizes alone set no rank apart; rank 5's own
+    line before the timeouts gives its batch no audio (`n_audio=0`): the branch on the data
+    is its."""
+    log = tmp_path / "fsdp.log"
+    said = "[batch] rank=5 step=88 n_audio=0 n_text=32\n"
+    lines = "".join(_watchdog(r, 512, "_ALLGATHER_BASE", 65536 if r == 5 else 4096) for r in (0, 1, 2, 3, 5))
+    log.write_text("FSDP FULL_SHARD, 8 ranks\n" + lines)
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.DATA_DEPENDENT_BRANCH and not finding.absent_ranks
+    log.write_text("FSDP FULL_SHARD, 8 ranks\n" + said + lines)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.DATA_DEPENDENT_BRANCH,
+        [5],
+        [0, 1, 2, 3],
+    )
+    assert any("n_audio=0" in line for line in finding.evidence)

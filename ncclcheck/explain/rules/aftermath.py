@@ -338,6 +338,15 @@ def _other_modules_ran(
 ) -> Explanation:
     """Other sizes in a collective issued for the model's parameters: the ranks ran other
     modules. Read from what these ops are, not from the files: said as the likely reading."""
+    if not absent:
+        # the one side some of whose ranks said, before the timeouts, that their data held
+        # none of something (`n_img=0`, `tokens: 0`), the other side's ranks saying nothing
+        # such: the branch on the data is theirs
+        said_none = _said_it_held_none(s, ranks)
+        sides = [sorted(said_none), sorted(set(ranks) - set(said_none))] if said_none else []
+        if sides and all(sides):
+            ranks, absent = sides[0], sides[1]
+            said = [*said, *(f"rank {r} said before the timeouts: '{line}'" for r, line in said_none.items())]
     kind = "gradient reduce-scatter" if "SCATTER" in op.upper() else "parameter all-gather"
     what = (
         f"most likely the {kind} that ZeRO-3 or FSDP issues for the modules a forward or backward runs "
@@ -1599,6 +1608,33 @@ def the_one_unseen_ranks_traceback(s: Leftovers) -> Explanation | None:
 
 
 _FIELD = re.compile(r"\b([A-Za-z_][\w.]*)\s*[=:]\s*(-?\d+(?:\.\d+)?|nan|inf|-inf)\b", re.IGNORECASE)
+
+
+# fields a log line counts by that say nothing of the data when zero
+_COUNTERS = re.compile(
+    r"^(?:step|global_step|epoch|iter\w*|rank|local_rank|batch(?:_idx)?|idx|lr|loss|seed)$", re.I
+)
+
+
+def _said_it_held_none(s: Leftovers, ranks: list[int]) -> dict[int, str]:
+    """The ranks among ``ranks`` whose own lines before the timeouts give a field of the data
+    as zero or not finite (`n_img=0`), where no other rank's lines give that field so:
+    each with its line."""
+    found: dict[int, str] = {}
+    heard = [*(line for lines in s.job.rank_lines.values() for line in lines), *s.job.output_before]
+    for line in _before_the_timeouts(s, heard):
+        rank = line.rank
+        if rank is None and (named := _RANK_NAMED.search(line.text)):
+            rank = int(named.group(1))  # "[dbg] rank=11 n_img=0": the rank its text names
+        if rank is None or rank not in ranks:
+            continue
+        fields = [(name, value) for name, value in _FIELD.findall(line.text) if not _COUNTERS.match(name)]
+        if any(_empty(value) for _name, value in fields):
+            found.setdefault(rank, line.text)
+    return found if len(found) < len(ranks) else {}
+
+
+_RANK_NAMED = re.compile(r"\brank\s*[=:#]\s*(\d+)\b", re.IGNORECASE)
 
 
 def _empty(value: str) -> bool:
