@@ -20,6 +20,7 @@ from ncclcheck.explain.engine import (
     first_explanation,
     reason_of_local_decision,
 )
+from ncclcheck.explain.rules.orders import loop_in_each_ranks_own_order
 from ncclcheck.lint.decisions import decision_at
 from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
@@ -580,8 +581,26 @@ def _candidates(f: Fork) -> list[str]:
     return list(found)[:8]
 
 
+def one_pass_of_a_loop_over_items_each_rank_orders(fork: Fork) -> Explanation | None:
+    """The two sides wait in other calls of one function, both inside one loop of it, and
+    that loop's items come from a set (or a dict filled on first sight): the ranks are at
+    one pass with other items, which took other branches (rules/orders.py)."""
+    if fork.alt is None or not fork.call.user_stack or not fork.alt.user_stack:
+        return None
+    here, there = fork.call.user_stack[-1], fork.alt.user_stack[-1]
+    if (here.file, here.function) != (there.file, there.function) or here.line == there.line:
+        return None
+    shared = {loop.lineno for loop in reading.enclosing_loops(here.file, here.line)} & {
+        loop.lineno for loop in reading.enclosing_loops(there.file, there.line)
+    }
+    if not shared:
+        return None
+    return loop_in_each_ranks_own_order(fork.d, fork.members, fork.calls, fork.call, False, fork.evidence)
+
+
 FORK_RULES = (
     rank_test_around_the_call,
+    one_pass_of_a_loop_over_items_each_rank_orders,
     early_exit_before_the_call,
     a_loop_one_side_left,
     a_function_one_side_returned_from,

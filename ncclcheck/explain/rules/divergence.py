@@ -14,6 +14,7 @@ from ncclcheck.evidence.traces import Decided, LoaderPass
 from ncclcheck.explain.context import Context, Fork, death_cause, uncaught_fix
 from ncclcheck.explain.engine import Explanation, Reason, first_explanation, reason_of_local_decision
 from ncclcheck.explain.rules.branch import explain_fork, rank_test_around_the_call
+from ncclcheck.explain.rules.orders import loop_in_each_ranks_own_order
 from ncclcheck.lint.decisions import LocalDecision, decision_at
 from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.record.tracefile import End
@@ -84,7 +85,13 @@ def shapes_differ(p: Parting) -> Explanation | None:
     # a tensor whose size the data sets differs per rank as it is: a dict it sits in is not
     # then what differs, whatever order that dict keeps
     sized = _where_the_tensor_comes_from(p.d, call) if call is not None else []
-    in_another_order = _a_loop_in_each_ranks_own_order(p, call, dicts=not sized) if call is not None else None
+    in_another_order = (
+        loop_in_each_ranks_own_order(
+            p.d, p.first.members, p.first.calls, call, True, p.evidence, dicts=not sized
+        )
+        if call is not None
+        else None
+    )
     if in_another_order is not None:
         return in_another_order
     return p.d.explanation(
@@ -105,99 +112,6 @@ def shapes_differ(p: Parting) -> Explanation | None:
             ),
         ],
     )
-
-
-def _a_loop_in_each_ranks_own_order(
-    p: Parting, call: CollectiveCall, dicts: bool = True
-) -> Explanation | None:
-    """The call is made once per item of a loop whose items each process orders its own
-    way: the same calls on every rank, in another order, so the n-th calls pair items of
-    other sizes. Two sources of such an order: a set (a set of strings iterates in the
-    order of their hashes, which Python randomises per process), and, where ``dicts``, a
-    dict that takes each key the first time the process meets it (the order of each
-    rank's own data)."""
-    stack = call.user_stack
-    for level in range(len(stack) - 1, -1, -1):
-        frame = stack[level]
-        for loop in reading.enclosing_loops(frame.file, frame.line):
-            if not isinstance(loop, ast.For | ast.AsyncFor):
-                continue
-            items = ast.unparse(loop.iter)
-            loop_site = p.d.site(Frame(frame.file, loop.lineno, ""))
-            chain = origins.bindings(stack[: level + 1], loop.iter, origins.is_unordered)
-            came = [f"{b} at {p.d.site(b.frame)}" for b in chain]
-            unordered = next((b for b in chain if origins.is_unordered(b.value)), None)
-            if unordered is not None or origins.is_unordered(loop.iter):
-                source = unordered.text if unordered is not None else items
-                why = f"whose items come from a set (`{source}`): each process meets them in its own order"
-                how = (
-                    "a set of strings iterates in the order of their hashes, which Python randomises "
-                    "per process (PYTHONHASHSEED): the ranks of one job disagree"
-                )
-                fix = None  # the playbook's: sort
-            else:
-                filled = _filled_on_first_sight(frame, loop.iter, chain) if dicts else None
-                if filled is None:
-                    continue
-                dict_text, filling, filled_at = filled
-                why = (
-                    f"a dict (`{dict_text}`) that takes each key the first time the process meets it "
-                    f"(`{filling}` at {p.d.site(filled_at)}): it holds its keys in the order each rank "
-                    "first met them"
-                )
-                how = (
-                    "a dict keeps its keys in insertion order: where what each rank meets first is its "
-                    "own data's doing (a metric added under a test of the batch, a name read from a "
-                    "record), the ranks' orders differ"
-                )
-                # sorting is not enough: a rank that never met a key has one call fewer
-                fix = (
-                    f"Create every key of `{dict_text}` up front, on every rank, in one fixed order (zeros "
-                    "for what a rank never meets), or iterate a fixed list of names, not the dict's own "
-                    "order; where the names cannot be known beforehand, all_gather_object them and "
-                    "loop over the sorted union."
-                )
-            calls = (
-                f"{who(p.first.members)} call {call.op} at {p.d.site(call.site)}"
-                if p.first.kind is Mismatch.SHAPE
-                else " and ".join(
-                    f"{who([r])} calls {c.op} at {p.d.site(c.site)}"
-                    for r, c in sorted(p.first.calls.items())
-                    if c is not None
-                )
-            )
-            explanation = p.d.explanation(
-                Cause.COLLECTIVE_ORDER_MISMATCH,
-                f"{calls} once per item of the loop "
-                f"over `{items}` at {loop_site}, {why}, so the n-th calls pair other items"
-                + (" (of other sizes)" if p.first.kind is Mismatch.SHAPE else " (which take other branches)"),
-                ranks=p.first.members,
-                absent_ranks=[],
-                op=call.op,
-                site=p.d.site(call.site),
-                evidence=[
-                    *p.evidence,
-                    *([f"where the loop's items come from: {'; '.join(came)}"] if came else []),
-                    how,
-                ],
-            )
-            explanation.fix = fix
-            return explanation
-    return None
-
-
-def _filled_on_first_sight(
-    frame: Frame, items: ast.expr, chain: list[origins.Binding]
-) -> tuple[str, str, Frame] | None:
-    """The dict a loop's items come from, where it is filled key by key on first sight:
-    its text, the filling's source (its first line) and where that is."""
-    candidates = [(frame, items), *((binding.frame, binding.value) for binding in chain)]
-    for where, expr in candidates:
-        filling = origins.filled_on_first_sight(where.file, where.line, expr)
-        if filling is not None:
-            first_line = ast.unparse(filling).splitlines()[0].rstrip(":")
-            return ast.unparse(origins.followed(expr)), first_line, Frame(where.file, filling.lineno, "")
-    return None
 
 
 def _where_the_tensor_comes_from(d: Context, call: CollectiveCall) -> list[str]:
@@ -340,27 +254,6 @@ def a_step_skipped(p: Parting) -> Explanation | None:
     if p.first.kind is not Mismatch.STEP:
         return None
     return skipped_step(p.d, p.first, p.made, p.other, p.evidence)
-
-
-def other_calls_of_one_loop_in_its_own_order(p: Parting) -> Explanation | None:
-    """Each side's call (other ops, other lines) is made in one pass of the same loop, in
-    the same frame, and that loop's items are ordered by each process (a set, a dict filled
-    on first sight): the ranks are at one pass of it with other items, which take other
-    branches (``if tensor.is_floating_point(): all_reduce ... else: broadcast``)."""
-    if p.first.kind is Mismatch.SHAPE or not p.made or not p.other:
-        return None
-    mine, theirs = p.first.calls.get(p.made[0]), p.first.calls.get(p.other[0])
-    if mine is None or theirs is None or not mine.user_stack or not theirs.user_stack:
-        return None
-    here, there = mine.user_stack[-1], theirs.user_stack[-1]
-    if (here.file, here.function) != (there.file, there.function):
-        return None
-    shared = {loop.lineno for loop in reading.enclosing_loops(here.file, here.line)} & {
-        loop.lineno for loop in reading.enclosing_loops(there.file, there.line)
-    }
-    if not shared:
-        return None
-    return _a_loop_in_each_ranks_own_order(p, mine)
 
 
 def a_rank_busy_elsewhere(p: Parting) -> Explanation | None:
@@ -861,7 +754,6 @@ DIVERGENCE_RULES = (
     eval_loaders_of_different_lengths,
     train_passes_end_apart,
     a_step_skipped,
-    other_calls_of_one_loop_in_its_own_order,
     a_rank_busy_elsewhere,
     the_source_decides,
 )
