@@ -899,9 +899,18 @@ def where_the_sentinel_comes_from(path: str, guard: Guard) -> Guard | None:
     if not assigned:
         return None
     called = callee_name(assigned[-1])
-    for helper in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
-        if helper.name != called:
-            continue
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    target = functions.get(called)
+    # a decorator of the file's on it (`@requires_supervision`): its wrapper returns the
+    # sentinel before calling the function, and is where the decision is
+    decorators = [
+        inner
+        for d in (target.decorator_list if target is not None else [])
+        if (name := callee_name(d) if isinstance(d, ast.Call) else ast.unparse(d)) in functions
+        for inner in ast.walk(functions[name])
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    for helper in [*decorators, *([target] if target is not None else [])]:
         nones = {
             node.lineno
             for node in ast.walk(helper)

@@ -863,3 +863,38 @@ def test_what_a_condition_reads_through_the_files_own_helpers_and_objects(
         "            return\n"
     )
     assert reading.condition_kind(str(path), ast.parse(test, mode="eval").body) == kind
+
+
+def test_a_sentinel_a_decorator_of_the_file_returns_is_traced_into_its_wrapper(tmp_path: Path) -> None:
+    """``@skip_unlabelled`` returns None before the step runs where the batch has no label:
+    the caller's ``if out is None: continue`` passes on the wrapper's test of the data."""
+    from ncclcheck.source import reading
+
+    path = tmp_path / "train.py"
+    path.write_text(
+        "import functools\n"
+        "import torch.distributed as dist\n"
+        "\n"
+        "def skip_unlabelled(step):\n"
+        "    @functools.wraps(step)\n"
+        "    def wrapper(batch):\n"
+        "        if (batch['y'] >= 0).sum() == 0:\n"
+        "            return None\n"
+        "        return step(batch)\n"
+        "    return wrapper\n"
+        "\n"
+        "@skip_unlabelled\n"
+        "def step(batch):\n"
+        "    return batch['y'].float().sum()\n"
+        "\n"
+        "def fit(loader):\n"
+        "    for batch in loader:\n"
+        "        out = step(batch)\n"
+        "        if out is None:\n"
+        "            continue\n"
+        "        dist.all_reduce(out)\n"
+    )
+    function = reading.enclosing_function(str(path), 19)
+    (guard,) = [g for g in reading.conditional_exits(str(path), function) if g.statement == "continue"]
+    inner = reading.where_the_sentinel_comes_from(str(path), guard)
+    assert inner is not None and (inner.kind, inner.decided_at) == ("data", 7)
