@@ -796,7 +796,6 @@ def test_what_a_rank_died_of_decides_crash_or_exception(error: str | None, cause
 def test_a_test_on_a_sentinel_passes_on_the_test_that_returned_it(
     tmp_path: Path, inner_test: str, kind: str | None
 ) -> None:
-    from ncclcheck.source import reading
 
     path = tmp_path / "train.py"
     path.write_text(
@@ -819,9 +818,7 @@ def test_a_test_on_a_sentinel_passes_on_the_test_that_returned_it(
         "            continue\n"
         "        dist.all_reduce(out)\n"
     )
-    function = reading.enclosing_function(str(path), 17)
-    (guard,) = [g for g in reading.conditional_exits(str(path), function) if g.statement == "continue"]
-    inner = reading.where_the_sentinel_comes_from(str(path), guard)
+    inner = _where_the_sentinel_comes_from(path, 17)
     assert (inner.kind if inner else None) == kind
     if inner is not None:
         assert (inner.decided_at, inner.text) == (9, inner_test)
@@ -868,7 +865,6 @@ def test_what_a_condition_reads_through_the_files_own_helpers_and_objects(
 def test_a_sentinel_a_decorator_of_the_file_returns_is_traced_into_its_wrapper(tmp_path: Path) -> None:
     """``@skip_unlabelled`` returns None before the step runs where the batch has no label:
     the caller's ``if out is None: continue`` passes on the wrapper's test of the data."""
-    from ncclcheck.source import reading
 
     path = tmp_path / "train.py"
     path.write_text(
@@ -894,7 +890,14 @@ def test_a_sentinel_a_decorator_of_the_file_returns_is_traced_into_its_wrapper(t
         "            continue\n"
         "        dist.all_reduce(out)\n"
     )
-    function = reading.enclosing_function(str(path), 19)
-    (guard,) = [g for g in reading.conditional_exits(str(path), function) if g.statement == "continue"]
-    inner = reading.where_the_sentinel_comes_from(str(path), guard)
+    inner = _where_the_sentinel_comes_from(path, 19)
     assert inner is not None and (inner.kind, inner.decided_at) == ("data", 7)
+
+
+def _where_the_sentinel_comes_from(path: Path, line: int):  # type: ignore[no-untyped-def]
+    """The test the ``continue`` of the function holding ``line`` passes on."""
+    from ncclcheck.source import reading
+
+    function = reading.enclosing_function(str(path), line)
+    (guard,) = [g for g in reading.conditional_exits(str(path), function) if g.statement == "continue"]
+    return reading.where_the_sentinel_comes_from(str(path), guard)
