@@ -123,11 +123,14 @@ def test_a_sharded_models_forward_on_rank_zero_alone_is_named_at_the_model_call_
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
 
 
-def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test_not_an_order() -> None:
+def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test_not_an_order(
+    tmp_path: Path,
+) -> None:
     """Rank 0 alone saves, and its save all-reduces on a gloo side group while rank 1 went on
     to the next epoch's gradients: a cycle across the two groups, but no order differs; the
     `if self.is_main` that sent rank 0 there decided (fresh w01). Its twin totals on every
-    rank and writes on rank 0 alone."""
+    rank and writes on rank 0 alone; with the broken path kept behind MODE, the path the run
+    did not take is decided by its source (misaligned)."""
     script = SCRIPTS / "side_group_save_on_main.py"
     proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -141,6 +144,18 @@ def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test
     assert "each side waits for the other in a different process group: a cycle" in finding["evidence"]
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (1, "misaligned"), (proc.stderr[-2000:], report)
+    assert any("no rank made that call" in line for line in report["findings"][0]["evidence"]), report
+    fixed = tmp_path / "totals_on_every_rank.py"
+    fixed.write_text(
+        script.read_text().replace(
+            """                elif self.is_main:
+                    self.save(loss, self.total(self.seen))
+""",
+            "",
+        )
+    )
+    proc, report = preflight("--nproc-per-node=2", str(fixed), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
 
 
