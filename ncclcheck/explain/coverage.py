@@ -71,7 +71,6 @@ def coverage(d: Context) -> Coverage:
     _decisions_on_local_values(d, found, linter)
     _orders_each_process_draws(d, found, linter)
     _handlers_that_caught_nothing(d, found, linter)
-    _rank_tests_on_paths_not_run(d, found, linter)
     return found
 
 
@@ -84,37 +83,6 @@ def _frames_called_through(d: Context) -> set[tuple[str, int, str]]:
         for call in trace.calls
         for frame in call.user_stack
     }
-
-
-def _rank_tests_on_paths_not_run(d: Context, found: Coverage, linter: Linter) -> None:
-    """lint's errors on a rank test (a collective reached only on some ranks, or skipped by
-    an exit some ranks take) whose call no rank made in the dry run: a path the run's state
-    never took (a metric already in the logs, an option): listed with lint's reading as
-    what the run cannot vouch for (partial), not decided: the path may be one this
-    configuration never takes."""
-    made = {(file, line) for file, line, _function in _frames_called_through(d)}
-    for path in _user_files(d):
-        for finding in _checked(linter, Path(path), found):
-            where = finding.location
-            if (
-                where is None
-                or finding.severity is not Severity.ERROR
-                or finding.cause not in (Cause.RANK_CONDITIONAL_COLLECTIVE, Cause.RANK_EARLY_EXIT)
-            ):
-                continue
-            home = os.path.realpath(where.checked_path or where.path)
-            call = where.call_line if where.call_line is not None else where.line
-            if (home, call) in made or any(finding is said for said in found.found_in_source):
-                continue
-            test = where.condition_line or call
-            found.not_run.append(
-                Gap(
-                    f"{relative(home, d.ev.cwd)}:{test}: a rank test on a path no rank took in the dry "
-                    f"run: {finding.message} (as lint reads it); where the run's state or options "
-                    "take that path, the ranks part there",
-                    True,
-                )
-            )
 
 
 def _handlers_that_caught_nothing(d: Context, found: Coverage, linter: Linter) -> None:

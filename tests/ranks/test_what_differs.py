@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import SCRIPTS, aligned_but_for_decisions, line_in
+from ..conftest import SCRIPTS, line_in
 from .test_preflight import preflight
 
 pytestmark = [pytest.mark.ranks, pytest.mark.warm_start]  # preflight forks its ranks warm (conftest)
@@ -129,8 +129,7 @@ def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test
     """Rank 0 alone saves, and its save all-reduces on a gloo side group while rank 1 went on
     to the next epoch's gradients: a cycle across the two groups, but no order differs; the
     `if self.is_main` that sent rank 0 there decided (fresh w01). Its twin totals on every
-    rank and writes on rank 0 alone; with the broken path kept behind MODE, the path the run
-    did not take is listed (partial)."""
+    rank and writes on rank 0 alone, with the broken path kept behind MODE and without it."""
     script = SCRIPTS / "side_group_save_on_main.py"
     proc, report = preflight("--nproc-per-node=2", str(script))
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -144,7 +143,7 @@ def test_a_save_on_the_main_process_that_totals_on_a_side_group_is_the_rank_test
     assert "each side waits for the other in a different process group: a cycle" in finding["evidence"]
 
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
-    aligned_but_for_decisions(proc.returncode, report)
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
     fixed = tmp_path / "totals_on_every_rank.py"
     fixed.write_text(
         script.read_text().replace(
@@ -259,6 +258,15 @@ def test_a_record_a_rank_skips_in_its_except_is_forced_and_named_at_the_except(t
     )
     proc, report = preflight("--nproc-per-node=2", str(fixed))
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def _first_error(script: Path, cause: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """preflight on ``script`` at two ranks: exit 1, its first finding of ``cause``."""
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] == cause, finding
+    return report, finding
 
 
 def _first_error(script: Path, cause: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
