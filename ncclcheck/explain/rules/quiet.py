@@ -117,8 +117,8 @@ def warnings(d: Context, errors: list[Explanation]) -> list[Explanation]:
     if Cause.STRAGGLER not in causes:  # a wait that became the hang is said by its error
         found += [said for wait in d.ev.outside_waits if (said := kept_waiting(d, wait)) is not None]
     uneven_train = uneven_train_loader(d)
-    if uneven_train is not None and Cause.UNEVEN_EVAL_BATCHES not in causes:
-        found.append(uneven_train)
+    if uneven_train is not None and uneven_train.cause not in causes:
+        found.append(uneven_train)  # unless the run's divergence already said it
     counts = _first_uneven_eval_pass(d)
     if counts is not None and not causes & {Cause.UNEVEN_EVAL_BATCHES, Cause.MISSING_DISTRIBUTED_SAMPLER}:
         found.append(
