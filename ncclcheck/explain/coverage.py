@@ -74,17 +74,6 @@ def coverage(d: Context) -> Coverage:
     return found
 
 
-def _frames_called_through(d: Context) -> set[tuple[str, int, str]]:
-    """(file, line, function) of every user frame some rank's recorded collective was
-    called through: the code the dry run went through to a collective."""
-    return {
-        (os.path.realpath(frame.file), frame.line, frame.function)
-        for trace in d.ev.traces.values()
-        for call in trace.calls
-        for frame in call.user_stack
-    }
-
-
 def _handlers_that_caught_nothing(d: Context, found: Coverage, linter: Linter) -> None:
     """lint's rank-exception findings in the user's files whose except no rank entered in
     the dry run: the error it swallows never came, so what a rank does when it comes alone
@@ -94,7 +83,12 @@ def _handlers_that_caught_nothing(d: Context, found: Coverage, linter: Linter) -
     }
     # the functions the recorded collectives were called through: a handler in one of them
     # sat in code the run went through (its try ran), the forcing run can raise there
-    went_through = {(file, function) for file, _line, function in _frames_called_through(d)}
+    went_through = {
+        (os.path.realpath(frame.file), frame.function)
+        for trace in d.ev.traces.values()
+        for call in trace.calls
+        for frame in call.user_stack
+    }
     for path in _user_files(d):
         for finding in _checked(linter, Path(path), found):
             where = finding.location
