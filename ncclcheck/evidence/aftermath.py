@@ -232,6 +232,10 @@ class RankAftermath:
 # what a block's header says the analyser found
 MISSING, MISMATCH, SIZES = "missing ranks", "mismatch", "input/output sizes"
 
+# the rank a line's own text names, where no prefix gives one ("[val shard] rank=3
+# batches=126", "[dbg] rank=11 n_img=0")
+RANK_IN_TEXT = re.compile(r"\brank[ =:#\[]{0,2}(\d+)\b", re.IGNORECASE)
+
 
 @dataclass
 class FrTraceVerdict:

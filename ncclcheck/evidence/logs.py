@@ -25,6 +25,7 @@ from ncclcheck.evidence.aftermath import (
     DETAIL_RUNNING,
     NCCL_COLL,
     NCCL_RAS,
+    RANK_IN_TEXT,
     Aftermath,
     CollectiveCall,
     DesyncVerdict,
@@ -768,7 +769,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _pids_of_ranks(text, line)
             if "batch" in line and (counted := _BATCH_COUNT.search(line)):
                 # its prefix's rank, else the one its text names ("[val shard] rank=3 batches=126")
-                named = _RANK_IN_TEXT.search(line) if rank is None else None
+                named = RANK_IN_TEXT.search(line) if rank is None else None
                 owner = rank if rank is not None else (int(named.group(1)) if named else None)
                 if owner is not None:
                     what = _NUMBER.sub("N", line.strip())[:200]
@@ -899,7 +900,6 @@ _SKIPPED_STEP = re.compile(
 # a loss scaler's overflow skip (DeepSpeed's "OVERFLOW! Rank 0 Skipping step", apex's
 # "Gradient overflow.  Skipping step"): agreed on every rank, printed by one
 _AGREED_SKIP = re.compile(r"overflow|loss scale", re.IGNORECASE)
-_RANK_IN_TEXT = re.compile(r"\brank[ =:#\[]{0,2}(\d+)\b", re.IGNORECASE)
 
 
 # the job's own word that a rank stopped training or leaves: an early stop, its data run out,
@@ -994,7 +994,7 @@ def _skip_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
 
 def _of_a_rank(text: _TextFile, rank: int | None, line: str, number: int) -> OwnOutput:
     """A line of the job's own, with its rank: its prefix's, else the one its text names."""
-    if rank is None and (named := _RANK_IN_TEXT.search(line)):
+    if rank is None and (named := RANK_IN_TEXT.search(line)):
         rank = int(named.group(1))
     return OwnOutput(line.strip()[:200], Source(str(text.path), number), rank)
 

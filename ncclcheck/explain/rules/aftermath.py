@@ -27,6 +27,7 @@ from ncclcheck.evidence.aftermath import (
     MISSING,
     NCCL_COLL,
     NCCL_RAS,
+    RANK_IN_TEXT,
     SIZES,
     Aftermath,
     CollectiveCall,
@@ -1624,7 +1625,7 @@ def _said_it_held_none(s: Leftovers, ranks: list[int]) -> dict[int, str]:
     heard = [*(line for lines in s.job.rank_lines.values() for line in lines), *s.job.output_before]
     for line in _before_the_timeouts(s, heard):
         rank = line.rank
-        if rank is None and (named := _RANK_NAMED.search(line.text)):
+        if rank is None and (named := RANK_IN_TEXT.search(line.text)):
             rank = int(named.group(1))  # "[dbg] rank=11 n_img=0": the rank its text names
         if rank is None or rank not in ranks:
             continue
@@ -1632,9 +1633,6 @@ def _said_it_held_none(s: Leftovers, ranks: list[int]) -> dict[int, str]:
         if any(_empty(value) for _name, value in fields):
             found.setdefault(rank, line.text)
     return found if len(found) < len(ranks) else {}
-
-
-_RANK_NAMED = re.compile(r"\brank\s*[=:#]\s*(\d+)\b", re.IGNORECASE)
 
 
 def _empty(value: str) -> bool:
