@@ -143,6 +143,16 @@ PARAMETER_OPS = frozenset(
         "REDUCE_SCATTER_TENSOR_COALESCED",
     }
 )
+# The library modules that gather a sharded model's parameters (and reduce its gradients)
+# module by module, FSDP 1 and 2 and ZeRO-3, as an issuer ("module:function") begins: two
+# ranks in two such calls at one line of the user's (a backward) ran other modules.
+PARAMETER_SHARDING_MODULES = (
+    "torch.distributed.fsdp.",
+    "deepspeed.runtime.zero.partition_parameters",
+    "deepspeed.runtime.zero.parameter_offload",
+    "deepspeed.runtime.zero.partitioned_param_coordinator",
+    "deepspeed.runtime.zero.stage3",
+)
 # An all-reduce of a flat tensor this large is a gradient bucket (DDP's are 25 MiB, its first
 # 1 MiB; ZeRO-1/2 reduce in buckets of millions of elements), not a metric a user reduces.
 GRADIENT_BUCKET_MIN_NUMEL = 1_000_000
@@ -445,6 +455,20 @@ OWN_WRAPPERS = {
 def issuer_of(module: str, function: str) -> tuple[str, str] | None:
     """(what issued it, what to do) for library code by module and function name."""
     return ISSUERS.get((module, function.rpartition(".")[2])) or ISSUERS.get((module, "*"))
+
+
+def shards_parameters(issuer: str | None, op: str) -> bool:
+    """Whether the library code that gathers a sharded model's parameters issued a
+    collective (PARAMETER_SHARDING_MODULES): by its issuer ("module:function", a recorded
+    call), or by that issuer's name in the op a stack dump's class gives
+    (`all_gather_single (FSDP2 (fully_shard) gathering or reducing a parameter group)`)."""
+    if issuer:
+        return issuer.startswith(PARAMETER_SHARDING_MODULES)
+    return any(
+        f"({what})" in op
+        for (module, _), (what, _) in ISSUERS.items()
+        if module.startswith(PARAMETER_SHARDING_MODULES)
+    )
 
 
 def issued_at(file: str, function: str) -> tuple[str, str] | None:

@@ -523,6 +523,11 @@ class _Stream:
     traceback: list[tuple[str, int, str]] | None = None  # frames (file, line, function)
     traceback_line: int = 0
     traceback_headed: bool = False  # "Traceback (most recent call last):" opened it
+    # a DataLoader worker's error re-raised in the rank ("Caught X in DataLoader worker process
+    # 3.", then "Original Traceback ..."): that line, and where the worker's own frames begin
+    # in ``traceback``
+    wrapped: str | None = None
+    original_from: int | None = None
     elastic: dict[str, str] = field(default_factory=dict)
     call: list[Frame] | None = None  # the frames of a "Stack trace of the failed collective"
     call_line: int = 0
@@ -873,7 +878,14 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         if frame := _TRACEBACK_FRAME.match(line):
             stream.traceback.append((frame.group(1), int(frame.group(2)), frame.group(3).strip()))
         elif line and not line[0].isspace():
-            if stream.traceback_headed or _EXCEPTION_LINE.match(line):
+            if stream.wrapped is None and _WRAPPED_ERROR.search(line):
+                stream.wrapped = line  # the worker's traceback follows
+            elif stream.wrapped is not None and stream.original_from is None:
+                if line.startswith("Original Traceback"):
+                    stream.original_from = len(stream.traceback)
+                else:  # none followed: the wrapper's line is all there is of the error
+                    _ending_from_traceback(text, rank, stream, stream.wrapped)
+            elif stream.traceback_headed or _EXCEPTION_LINE.match(line):
                 _ending_from_traceback(text, rank, stream, line)
             else:
                 _stack_from_cut_traceback(text, rank, stream)
@@ -1247,12 +1259,21 @@ def _close_elastic(text: _TextFile) -> None:
     _own(text, int(rank_match.group(1)), "ending", ending, text.elastic_line)
 
 
+# torch's ExceptionWrapper, re-raising a DataLoader worker's (or a thread's) error in the
+# rank: "Caught UnidentifiedImageError in DataLoader worker process 7."; the worker's own
+# traceback follows under "Original Traceback (most recent call last):"
+_WRAPPED_ERROR = re.compile(r"\bCaught \w+ in (?:DataLoader worker process \d+|[\w ]+)\.\s*$")
+
+
 def _ending_from_traceback(text: _TextFile, rank: int | None, stream: _Stream, line: str) -> None:
     frames = stream.traceback or []
+    original = frames[stream.original_from :] if stream.original_from is not None else []
+    stream.wrapped = stream.original_from = None
     if "ChildFailedError" in line:  # torchrun's own, after a rank failed: the summary follows
         stream.traceback = None
         return
-    user = [f for f in frames if "site-packages" not in f[0] and "/lib/python" not in f[0]]
+    # the worker's error and the line that raised it, where it was re-raised in the rank
+    user = [f for f in original or frames if "site-packages" not in f[0] and "/lib/python" not in f[0]]
     innermost = (user or frames)[-1] if frames else None
     ending = Ending(
         error=line.strip()[:300],

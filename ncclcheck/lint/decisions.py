@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import SHARDED_FORWARD
 from ncclcheck.errors import InputError
 from ncclcheck.lint.findings import ParsedModule, located
 from ncclcheck.lint.project import Linter
@@ -41,6 +42,10 @@ class LocalDecision:
     # path (`dist.broadcast(epoch_loss, 0)` under an option): where the run saw every rank
     # read the same values, that path is the likely one, and the decision is not forced
     synced_somewhere: bool = False
+    call_line: int = 0  # the call the test skips or reaches (lint's finding's line)
+    # that call is a forward of a model whose parameters FSDP or ZeRO-3 shard: a rank that
+    # skips it skips the all-gathers of that module's parameters (forward and backward)
+    skips_a_sharded_forward: bool = False
 
 
 def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]:
@@ -57,7 +62,18 @@ def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]
             continue
         reading = finding.message.split(": ranks that take it")[0]
         synced = _synced_somewhere(linter, module, path, line)
-        found.setdefault((path, line), LocalDecision(path, line, finding.cause, reading, synced))
+        found.setdefault(
+            (path, line),
+            LocalDecision(
+                path,
+                line,
+                finding.cause,
+                reading,
+                synced,
+                where.call_line or where.line,
+                where.label.endswith(SHARDED_FORWARD),
+            ),
+        )
     return sorted(found.values(), key=lambda decision: decision.line)
 
 
@@ -135,12 +151,18 @@ def decisions_to_watch(script: Path) -> tuple[list[tuple[str, int]], list[str]]:
     it imports, and those files: what a dry run watches (record/firing.py: the decisions'
     tests, and every except handler of the files). A file that cannot be read gives none:
     the run itself reports on it."""
+    decisions, files = decisions_of_the_program(script)
+    return [(d.path, d.line) for d in decisions], files
+
+
+def decisions_of_the_program(script: Path) -> tuple[list[LocalDecision], list[str]]:
+    """Every local decision in the script and the local modules it imports, and those files."""
     linter = Linter()
     try:
         linter.load(script)
     except InputError:
         return [], []
-    watched: list[tuple[str, int]] = []
+    found: list[LocalDecision] = []
     done: set[Path] = set()
     # checking a module loads the local modules its calls resolve into: those too, in turn
     while pending := [path for path in linter.modules if path not in done]:
@@ -151,5 +173,5 @@ def decisions_to_watch(script: Path) -> tuple[list[tuple[str, int]], list[str]]:
             except InputError:
                 continue
             if module is not None:
-                watched += [(d.path, d.line) for d in local_decisions(linter, module)]
-    return watched, sorted(str(path) for path in done)
+                found += local_decisions(linter, module)
+    return found, sorted(str(path) for path in done)

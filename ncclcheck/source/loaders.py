@@ -39,6 +39,7 @@ def loader_origin(frames: list[tuple[str, int]], loop: ast.stmt) -> LoaderOrigin
         scope: ast.AST | None = function if function is not None else parse(path)
         if scope is None:
             return None
+        built = []
         for node in ast.walk(scope):
             if (
                 isinstance(node, ast.Assign)
@@ -49,13 +50,19 @@ def loader_origin(frames: list[tuple[str, int]], loop: ast.stmt) -> LoaderOrigin
                 sampler = next(
                     (k.value for k in node.value.keywords if k.arg in ("sampler", "batch_sampler")), None
                 )
-                return LoaderOrigin(
-                    name=name,
-                    file=path,
-                    line=node.lineno,
-                    sampler=ast.unparse(sampler) if sampler is not None else None,
-                    rank_sharded=name in rank_derived_names(scope),
+                built.append(
+                    LoaderOrigin(
+                        name=name,
+                        file=path,
+                        line=node.lineno,
+                        sampler=ast.unparse(sampler) if sampler is not None else None,
+                        rank_sharded=name in rank_derived_names(scope),
+                    )
                 )
+        if built:
+            # built on two paths (`if distributed: ... sampler=... else: ...`): the loop ran
+            # a different number of times per rank, which a loader without a sampler explains
+            return min(built, key=lambda origin: (origin.sampler is not None, origin.line))
         # not built here: a parameter? then follow the argument its caller passed
         if function is None or depth == 0:
             return None
@@ -74,3 +81,14 @@ def loader_origin(frames: list[tuple[str, int]], loop: ast.stmt) -> LoaderOrigin
             return None
         name = argument.id
     return None
+
+
+# the calls of a training step: gradients (and, under DDP/FSDP/DeepSpeed, their reduction)
+_TRAINING_CALLS = frozenset({"backward", "manual_backward"})
+
+
+def trains(loop: ast.stmt) -> bool:
+    """Whether ``loop``'s own body runs a backward pass (``loss.backward()``,
+    ``accelerator.backward(loss)``, Lightning's ``self.manual_backward(loss)``): a training
+    loop, whose per-rank length is a sampler's business, not evaluation's."""
+    return any(isinstance(node, ast.Call) and callee_name(node) in _TRAINING_CALLS for node in ast.walk(loop))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -790,6 +790,39 @@ def try_that_continues(loop: ast.stmt, before_line: int) -> tuple[ast.Try, ast.E
             if own:
                 return node, handler
     return None
+
+
+def try_that_returns(function: ast.AST, before_line: int) -> tuple[ast.Try, ast.ExceptHandler] | None:
+    """The last try of ``function`` (not of a function nested in it) before ``before_line``
+    with an ``except`` that returns: the way a rank whose step raised leaves the function
+    (`except RuntimeError: log.warning(...); return None`) and skips every collective after
+    the try. The try's body must not hold ``before_line``: a call inside it is skipped by
+    any handler, which swallowing_try reads."""
+    found: tuple[ast.Try, ast.ExceptHandler] | None = None
+    for node in _own_nodes(function):
+        if not isinstance(node, ast.Try) or node.lineno >= before_line:
+            continue
+        if any(contains(statement, before_line) for statement in node.body):
+            continue
+        for handler in node.handlers:
+            if any(isinstance(n, ast.Return) for n in _own_nodes(handler)) and (
+                found is None or node.lineno > found[0].lineno
+            ):
+                found = (node, handler)
+                break
+    return found
+
+
+def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """``scope`` and the nodes below it, not entering the functions, lambdas and classes it
+    defines (their returns are not its own)."""
+    pending = [scope]
+    while pending:
+        node = pending.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+                pending.append(child)
 
 
 def where_a_flag_is_set(paths: list[str], test: str) -> list[tuple[str, int, Guard | None]]:

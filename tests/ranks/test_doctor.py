@@ -701,3 +701,77 @@ def test_an_error_swallowed_around_a_helpers_collective_is_named_at_the_handler(
     handler = line_in(script, "except ValueError as err:  # a bad shard")
     assert f"handler at tests/scripts/scores_skip_bad_records.py:{handler}" in finding["message"], finding
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1])
+
+
+# Shapes in which the line that decided is not on the waiting ranks' common path: each
+# broken script's hang as doctor reads it live (cause; site: the call the odd side
+# skipped; the deciding line named in the message), and its fixed twin, which preflight
+# (forcing the untaken sides of what lint reads as each rank's own decision) calls aligned.
+SOURCE_SHAPES = {
+    # a step that returns from its handler before backward: the rank that raised waits in
+    # the fit loop's next broadcast, out of the step, which the other is still in
+    "step_swallows_a_crop_error.py": (
+        "rank-exception",
+        "loss.backward()",
+        "except RuntimeError as err:",
+        (
+            "            return None\n",
+            "            loss = self.model(torch.zeros(len(documents), CROP)).sum() * 0.0\n",
+        ),
+    ),
+    # training data each rank cut for itself, of other lengths: a training loop, whose
+    # uneven length is a sampler's business (not uneven eval batches)
+    "per_rank_shard_files.py": (
+        "missing-distributed-sampler",
+        "F.cross_entropy(model(features), labels).backward()",
+        "for features, labels in train_loader:",
+        (
+            "    train_set = load(files[rank::world_size])\n"
+            "    train_loader = DataLoader(train_set, batch_size=4, shuffle=True)\n",
+            "    train_set = load(files)\n"
+            "    sampler = torch.utils.data.DistributedSampler(train_set)\n"
+            "    train_loader = DataLoader(train_set, batch_size=4, sampler=sampler)\n",
+        ),
+    ),
+    # both ranks at one backward, in other FSDP collectives: their forwards skipped other
+    # blocks on a draw each rank made for itself
+    "fsdp2_layerdrop.py": (
+        "unsynchronized-decision",
+        "x = x + block(x)",
+        "if self.training and random.random() < self.layerdrop:",
+        (
+            "        for block in self.blocks:\n"
+            "            if self.training and random.random() < self.layerdrop:\n",
+            "        draws = torch.tensor([random.random() for _ in self.blocks])\n"
+            "        dist.broadcast(draws, src=0)  # rank 0's draws on every rank\n"
+            "        for block, draw in zip(self.blocks, draws.tolist(), strict=True):\n"
+            "            if self.training and draw < self.layerdrop:\n",
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", ["broken", "fixed"])
+@pytest.mark.parametrize("name", sorted(SOURCE_SHAPES))
+def test_doctor_names_the_line_that_sent_a_rank_elsewhere_and_the_twin_is_aligned(
+    name: str, mode: str, tmp_path: Path
+) -> None:
+    from .test_preflight import preflight
+
+    script = SCRIPTS / name
+    cause, call, deciding, (broken_text, fixed_text) = SOURCE_SHAPES[name]
+    if mode == "fixed":
+        fixed = tmp_path / name
+        text = script.read_text()
+        assert broken_text in text
+        fixed.write_text(text.replace(broken_text, fixed_text))
+        proc, report = preflight("--nproc-per-node=2", str(fixed))
+        assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+        return
+    code, report = doctor_on_hung(script, 2)
+    assert code == 1, report
+    finding = report["findings"][0]
+    assert finding["cause"] == cause, finding
+    assert finding["site"] == f"tests/scripts/{name}:{line_in(script, call)}", finding
+    said = json.dumps(finding)
+    assert f"tests/scripts/{name}:{line_in(script, deciding)}" in said, finding

@@ -2092,3 +2092,61 @@ def test_the_side_of_a_parting_that_said_it_stopped_early_left_the_loop(tmp_path
         [0, 2, 3],
         [1],
     )
+
+
+def _worker_error_log(exits: str, timed_out: tuple[int, ...] = (0, 2)) -> str:
+    """A job of three srun tasks whose unprefixed output holds one traceback that reached the
+    script's top: a DataLoader worker's error, re-raised in the rank that owned the worker."""
+    return (
+        "[init] world of 3 ready\n"
+        "Traceback (most recent call last):\n"
+        '  File "/work/seg/train.py", line 140, in <module>\n'
+        "    run(cfg)\n"
+        '  File "/work/seg/train.py", line 118, in run\n'
+        "    for images, masks in loader:\n"
+        '  File "/opt/py/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1465, '
+        "in _next_data\n"
+        "    return self._process_data(data)\n"
+        '  File "/opt/py/lib/python3.11/site-packages/torch/_utils.py", line 733, in reraise\n'
+        "    raise exception\n"
+        "KeyError: Caught KeyError in DataLoader worker process 2.\n"
+        "Original Traceback (most recent call last):\n"
+        '  File "/opt/py/lib/python3.11/site-packages/torch/utils/data/_utils/worker.py", line 349, '
+        "in _worker_loop\n"
+        "    data = fetcher.fetch(index)\n"
+        '  File "/work/seg/data.py", line 77, in __getitem__\n'
+        '    mask = self.masks[record["mask_id"]]\n'
+        "KeyError: 'mask_id'\n"
+        "\n"
+        + exits
+        + "".join(
+            f"[rank{r}]:[E1203 02:11:09.118000 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught "
+            "collective operation timeout: WorkNCCL(SeqNum=7731, OpType=ALLREDUCE, NumelIn=2359296, "
+            "NumelOut=2359296, Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n"
+            for r in timed_out
+        )
+    )
+
+
+def test_one_unowned_traceback_and_one_task_that_exited_with_a_code_are_likely_one_death(
+    tmp_path: Path,
+) -> None:
+    """srun says task 1 exited with code 1 and the others time out; the one traceback no
+    prefix owns reached the script's top: the likely reading is rank 1's uncaught error, at
+    the line the DataLoader worker raised it (its original traceback), said as likely. Two
+    tasks that exited leave the traceback unassigned."""
+    log = tmp_path / "slurm-3301.out"
+    log.write_text(_worker_error_log("srun: error: node-c: task 1: Exited with exit code 1\n"))
+    finding = run_doctor_from([log]).findings[0]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.RANK_EXCEPTION, [0, 2], [1])
+    assert finding.site == "/work/seg/data.py:77", finding
+    assert "KeyError: 'mask_id'" in finding.message and "likely" in finding.message, finding.message
+    log.write_text(
+        _worker_error_log(
+            "srun: error: node-c: task 1: Exited with exit code 1\n"
+            "srun: error: node-c: task 2: Exited with exit code 1\n",
+            timed_out=(0,),
+        )
+    )
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.site != "/work/seg/data.py:77", finding

@@ -610,6 +610,14 @@ def a_rank_failed_first(s: Leftovers) -> Explanation | None:
         aborted_first = _the_launcher_saw_no_exit_of(s, first)
         if aborted_first is not None:
             return _an_exception_it_did_not_exit_on(s, first, waiting, aborted_first)
+    fatal = _fatal_tracebacks_of_no_rank(s)
+    if len(dead) == 1 and not ending.error and (ending.exit_code or 0) > 0 and len(fatal) == 1:
+        # a launcher's line gave the exit code (srun's "task 6: Exited with exit code 1"), the
+        # files one traceback of no rank that killed its process: the likely reading is that
+        # they are one rank's death, said as such
+        return _an_unowned_death(
+            s, fatal[0], waiting, dead, f"{who(dead)} exited with code {ending.exit_code}"
+        )
     what = ending.error or (
         f"killed by {signal_name(ending.exit_code) or 'a signal'}"
         if ending.signal
@@ -1571,6 +1579,16 @@ def a_rank_past_its_scripts_end(s: Leftovers) -> Explanation | None:
     )
 
 
+def _fatal_tracebacks_of_no_rank(s: Leftovers) -> list[Ending]:
+    """The tracebacks no rank's prefix owns that reached the script's top (`<module>` is their
+    outermost frame: a process died of each), of an error that is no wait given up."""
+    return [
+        e
+        for e in s.job.unplaced_endings
+        if e.error and not _WAITED.search(e.error) and e.frames and e.frames[0].function == "<module>"
+    ]
+
+
 def the_one_unseen_ranks_traceback(s: Leftovers) -> Explanation | None:
     """Every rank but one left a watchdog timeout, and the one left no line at all, while the
     files hold a traceback no rank's prefix owns that propagated to the script's top
@@ -1581,29 +1599,39 @@ def the_one_unseen_ranks_traceback(s: Leftovers) -> Explanation | None:
     waiting = sorted(r for r, rec in s.job.ranks.items() if rec.timeouts)
     if len(unseen) != 1 or not waiting or s.silent:
         return None
-    fatal = [
-        e
-        for e in s.job.unplaced_endings
-        if e.error and not _WAITED.search(e.error) and e.frames and e.frames[0].function == "<module>"
-    ]
+    fatal = _fatal_tracebacks_of_no_rank(s)
     if not fatal:
         return None
-    error = fatal[-1]
+    return _an_unowned_death(
+        s,
+        fatal[-1],
+        waiting,
+        unseen,
+        f"{who(waiting)} timed out waiting, and {who(unseen)}, the one rank of the job with no line of "
+        "its own here, left none",
+    )
+
+
+def _an_unowned_death(
+    s: Leftovers, error: Ending, waiting: list[int], owners: list[int], circumstance: str
+) -> Explanation:
+    """A traceback no rank's prefix owns that killed its process, read as ``owners``'s death
+    for what ``circumstance`` says of them: said as the likely reading, with what would
+    confirm it."""
     site = f"{error.error_site.file}:{error.error_site.line}" if error.error_site else None
     return _died_of(
         s,
         error,
         lambda how: (
-            f"{who(waiting)} timed out waiting, and {who(unseen)}, the one rank of the job "
-            f"with no line of its own here, left none; these files hold a traceback no rank's prefix owns "
-            f"that reached the script's top, so its process died of it ({error.error}"
+            f"{circumstance}; these files hold a traceback no rank's prefix owns that reached the "
+            f"script's top, so its process died of it ({error.error}"
             + (f", raised at {site}" if site else "")
             + (f", {error.source}" if error.source else "")
-            + f"): the likely reading is that it is {who(unseen)}'s, which {how} while the others waited "
-            f"for it. What would confirm it: the pid or the prefix of the lines that printed it, or "
-            f"{who(unseen)}'s own log"
+            + f"): the likely reading is that it is {who(owners)}'s, which {how} while {who(waiting)} "
+            f"waited for it. What would confirm it: the pid or the prefix of the lines that printed it, "
+            f"or {who(owners)}'s own log"
         ),
-        (waiting, unseen),
+        (waiting, owners),
         error.error or "",
     )
 

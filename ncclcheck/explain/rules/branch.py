@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import shards_parameters
 from ncclcheck.explain import lines
 from ncclcheck.explain.context import Context, Fork
 from ncclcheck.explain.engine import (
@@ -21,12 +23,13 @@ from ncclcheck.explain.engine import (
     reason_of_local_decision,
 )
 from ncclcheck.explain.rules.orders import loop_in_each_ranks_own_order
-from ncclcheck.lint.decisions import decision_at
+from ncclcheck.lint.decisions import decision_at, decisions_of_the_program
 from ncclcheck.model import CollectiveCall, Frame
 from ncclcheck.record.tracefile import End
 from ncclcheck.source import loaders, reading
 from ncclcheck.wording import (
     issuer_advice,
+    its,
     op_text,
     who,
 )
@@ -140,39 +143,91 @@ def rank_test_around_the_call(f: Fork) -> Explanation | None:
 
 
 def early_exit_before_the_call(f: Fork) -> Explanation | None:
-    """An early exit, in a function the absent ranks left, before the call."""
+    """An early exit, in a function the absent ranks left, before the call: a ``return``
+    or ``raise`` under a test, or a handler that returns (a step that raised on one rank,
+    caught, `return None`). The function is on the side that made the call; or, where that
+    side's own frames end in the frames both share (it waits in library code called from
+    there: a Lightning loop's own broadcast), on the other side, which is still in it."""
     d = f.d
-    for frame in f.stack[f.common :] or f.stack[-1:]:
-        function = reading.enclosing_function(frame.file, frame.line)
-        if function is None:
-            continue
-        exits = [
-            g
-            for g in reading.conditional_exits(frame.file, function, frame.line)
-            if g.statement in ("return", "raise")
-        ]
-        if exits:
-            guard = exits[-1]
-            deciding = Frame(frame.file, guard.line, "")
-            where = d.site(deciding)
-            return call_finding(
-                d,
-                cause_of_exit(guard.kind),
-                f"{who(f.other)} left {frame.function}() early through the "
-                f"`{guard.statement}` at {where} and "
-                f"missed the {op_text(f.call)} at {d.site(f.call.site)} that "
-                f"{who(f.made)} waited in",
-                f.call,
-                f.made,
-                f.other,
-                [
-                    *f.evidence,
-                    f"`{guard.statement}` under `if {guard.text}` at {where} leaves "
-                    f"{frame.function}() before the call",
-                ],
-                Reason(ReasonKind.EARLY_EXIT, deciding, f"{guard.statement} under if {guard.text}"),
-            )
+    sides = [(f.stack[f.common :] or f.stack[-1:], f.call, f.made, f.other)]
+    if f.alt is not None and f.common > 0 and len(f.stack) <= f.common < len(f.alt_stack):
+        sides.append((f.alt_stack[f.common :], f.alt, f.other, f.made))
+    for frames, call, made, other in sides:
+        for frame in frames:
+            function = reading.enclosing_function(frame.file, frame.line)
+            if function is None:
+                continue
+            exits = [
+                g
+                for g in reading.conditional_exits(frame.file, function, frame.line)
+                if g.statement in ("return", "raise")
+            ]
+            caught = reading.try_that_returns(function, frame.line)
+            if caught is not None and (not exits or caught[1].lineno > exits[-1].line):
+                return _a_handler_returned(f, frame, caught, call, made, other)
+            if exits:
+                guard = exits[-1]
+                deciding = Frame(frame.file, guard.line, "")
+                where = d.site(deciding)
+                return call_finding(
+                    d,
+                    cause_of_exit(guard.kind),
+                    f"{who(other)} left {frame.function}() early through the "
+                    f"`{guard.statement}` at {where} and "
+                    f"missed the {op_text(call)} at {d.site(call.site)} that "
+                    f"{who(made)} waited in",
+                    call,
+                    made,
+                    other,
+                    [
+                        *f.evidence,
+                        f"`{guard.statement}` under `if {guard.text}` at {where} leaves "
+                        f"{frame.function}() before the call",
+                    ],
+                    Reason(ReasonKind.EARLY_EXIT, deciding, f"{guard.statement} under if {guard.text}"),
+                )
     return None
+
+
+def _a_handler_returned(
+    f: Fork,
+    frame: Frame,
+    caught: tuple[ast.Try, ast.ExceptHandler],
+    call: CollectiveCall,
+    made: list[int],
+    other: list[int],
+) -> Explanation:
+    """``except ...: return`` before the call in the function ``frame`` is in: a rank whose
+    step raised there left the function and missed the call (rank-exception)."""
+    d = f.d
+    swallowing, handler = caught
+    deciding = Frame(frame.file, handler.lineno, "")
+    where = d.site(deciding)
+    kinds = f" {ast.unparse(handler.type)}" if handler.type is not None else ""
+    return call_finding(
+        d,
+        Cause.RANK_EXCEPTION,
+        f"{who(made)} waited in {op_text(call)} at {d.site(call.site)} in {frame.function}(); "
+        f"{who(other)} did not reach it: the handler at {where} (`except{kinds}: ... return`) leaves "
+        f"{frame.function}() before that call on a rank whose try at "
+        f"{d.site(Frame(frame.file, swallowing.lineno, ''))} raised, the likely way {who(other)} missed it",
+        call,
+        made,
+        other,
+        [
+            *f.evidence,
+            f"`except{kinds}` at {where} returns from {frame.function}() before the call: a rank "
+            "whose try raised skips it, while the others go on to it",
+            *(
+                d.caught_by(sorted([*made, *other]), frame.file, swallowing)
+                or [
+                    f"what would decide: {its(other)} output from the handler (an error logged there), "
+                    "or `ncclcheck preflight`, whose ranks record each error a handler catches"
+                ]
+            ),
+        ],
+        Reason(ReasonKind.SWALLOWED_ERROR, deciding, "except"),
+    )
 
 
 def a_loop_one_side_left(f: Fork) -> Explanation | None:
@@ -500,6 +555,63 @@ def skipped_pass(path: str, loop: ast.stmt, before_line: int) -> reading.Guard |
     return None
 
 
+def a_sharded_forward_each_rank_decides(f: Fork) -> Explanation | None:
+    """Both sides at one line of the user's (a ``loss.backward()``, a model call), each in
+    another collective of a sharded model (FSDP's or ZeRO-3's gathers and reduce-scatters,
+    one per module a pass runs): the ranks ran other modules in that pass. A test lint
+    reads as each rank's own decision that skips a sharded module's forward (LayerDrop on
+    a per-rank random draw, a branch on the batch) is the likely reason: said as such,
+    with what would confirm it, and with no rank set apart (each side made a call the
+    other did not)."""
+    if f.alt is None or not f.stack or not (_shards_parameters(f.call) and _shards_parameters(f.alt)):
+        return None
+    if [(x.file, x.line) for x in f.stack] != [(x.file, x.line) for x in f.alt_stack]:
+        return None
+    found = [
+        decision
+        for decision in decisions_of_the_program(Path(f.stack[0].file))[0]
+        if decision.skips_a_sharded_forward
+    ]
+    if not found:
+        return None
+    d, decision = f.d, found[0]
+    test = reading.decision_at(decision.path, decision.line) or "the test"
+    deciding = Frame(decision.path, decision.line, "")
+    skipped = Frame(decision.path, decision.call_line, "")
+    ranks = sorted(f.members)
+    others = [
+        f"also each rank's own: `{reading.decision_at(x.path, x.line)}` at "
+        f"{d.site(Frame(x.path, x.line, ''))}"
+        for x in found[1:4]
+    ]
+    return d.explanation(
+        decision.cause,
+        f"{who(f.made)} waits in {op_text(f.call)}, {who(f.other)} in {op_text(f.alt)}, both at "
+        f"{d.site(f.call.site)}: the ranks ran other modules of the sharded model in this pass. "
+        f"`{test}` at {d.site(deciding)} skips the forward at {d.site(skipped)} on a value each "
+        "rank draws for itself, the likely reason",
+        ranks=ranks,
+        absent_ranks=[],
+        op=f.call.op,
+        site=d.site(skipped),
+        evidence=[
+            *f.evidence,
+            f"lint's reading of it: {decision.reading}",
+            *others,
+            "what would confirm it: the value each rank read there (py-spy dump --locals in the "
+            "forward, or `ncclcheck preflight`, which makes one rank take the other side); make "
+            "the decision once for all ranks (draw from a generator seeded alike on every rank, or "
+            "broadcast rank 0's draw), or run the module and zero its output instead of skipping it",
+            *issuer_advice(f.call),
+        ],
+        reason=Reason(reason_of_local_decision(decision.cause), deciding, test),
+    )
+
+
+def _shards_parameters(call: CollectiveCall) -> bool:
+    return shards_parameters(call.issuer, call.op)
+
+
 def nothing_in_the_source(f: Fork) -> Explanation:
     """Nothing in the source explains it: say so, report the place with no reason, list
     what the source shows on the way (each test, exit and swallowing try around or before
@@ -610,6 +722,7 @@ FORK_RULES = (
     # measured where the source reading found nothing: the rules above say more (the loop
     # left, the values a replay read) where they apply
     a_watched_decision_the_ranks_took_apart,
+    a_sharded_forward_each_rank_decides,
     nothing_in_the_source,
 )
 

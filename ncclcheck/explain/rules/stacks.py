@@ -193,7 +193,7 @@ def a_loop_ran_unequal_passes(s: Standoff) -> Explanation | None:
                 + " paired with the others' next call"
             )
             evidence = [*s.evidence, *lines]
-            cause, detail = _loader_cause(chain[: depth + 1], loop, evidence)
+            cause, detail = _loader_cause(chain[: depth + 1], loop, loaders.trains(loop), evidence)
             return s.d.explanation(
                 cause,
                 message + detail,
@@ -1028,7 +1028,8 @@ def _loop_finding(
             f"{inside.blocking}), {who(outside.ranks)} already left it: the loop ran fewer "
             f"times on them"
         )
-        cause, detail = _loader_cause(inside.frames[: depth + 1], loop, evidence)
+        training = loaders.trains(loop) or "in backward" in inside.blocking
+        cause, detail = _loader_cause(inside.frames[: depth + 1], loop, training, evidence)
         message += detail
     return diagnoser.explanation(
         cause,
@@ -1042,11 +1043,14 @@ def _loop_finding(
     )
 
 
-def _loader_cause(frames: list[Frame], loop: ast.stmt, evidence: list[str]) -> tuple[Cause, str]:
+def _loader_cause(
+    frames: list[Frame], loop: ast.stmt, training: bool, evidence: list[str]
+) -> tuple[Cause, str]:
     """A loop that ran a different number of times per rank: its loader, built without a
-    sampler on a set not sharded by rank (missing-distributed-sampler), or loaders of
-    unequal lengths (uneven-eval-batches). ``frames`` end in the loop's function; what
-    the loader's construction shows goes to ``evidence``."""
+    sampler on a set not sharded by rank (missing-distributed-sampler), or on a training
+    set each rank cut for itself (the same: a DistributedSampler gives every rank as many
+    steps), or loaders of unequal lengths (uneven-eval-batches). ``frames`` end in the
+    loop's function; what the loader's construction shows goes to ``evidence``."""
     origin = loaders.loader_origin([(f.file, f.line) for f in frames], loop)
     if origin is None:
         return Cause.UNEVEN_EVAL_BATCHES, ""
@@ -1055,6 +1059,11 @@ def _loader_cause(frames: list[Frame], loop: ast.stmt, evidence: list[str]) -> t
         return Cause.MISSING_DISTRIBUTED_SAMPLER, (
             f"; the loader ({built}) has no sampler and its dataset is not sharded by "
             f"rank, so each rank iterates a set of its own length"
+        )
+    if origin.sampler is None and training:
+        return Cause.MISSING_DISTRIBUTED_SAMPLER, (
+            f"; this loop trains, and its loader ({built}) has no sampler over a dataset each rank "
+            "cut for itself, so each rank takes as many steps as its own share has batches"
         )
     evidence.append(f"{built}, sampler: {origin.sampler or 'none, dataset sharded by rank by hand'}")
     return Cause.UNEVEN_EVAL_BATCHES, ""
