@@ -504,10 +504,14 @@ def _read_pickled_flight_recorder(path: Path, found: Aftermath, trust_pickle: bo
 def _rank_from_name(path: Path) -> int | None:
     """A rank the file's name gives: "rank3.txt", "rank_3.log", or a name that is only
     the number ("3.json"). Other numbers in a name (a pid, a thread id, a node) are not
-    ranks."""
-    match = re.search(r"(?<![a-z])rank[_\-]?(\d+)(?!\d)", path.name, re.IGNORECASE) or re.fullmatch(
-        r"(\d+)\.\w+", path.name
-    )
+    ranks, and a name that gives two ("pyspy_rank0_rank3.txt", "ranks_1_5") gives none:
+    the file holds several ranks' lines, each to be placed by what it says itself."""
+    named = {int(n) for n in re.findall(r"(?<![a-z])rank[_\-]?(\d+)(?!\d)", path.name, re.IGNORECASE)}
+    if len(named) > 1 or re.search(r"(?<![a-z])ranks(?![a-z])", path.name, re.IGNORECASE):
+        return None
+    if named:
+        return named.pop()
+    match = re.fullmatch(r"(\d+)\.\w+", path.name)
     return int(match.group(1)) if match else None
 
 
@@ -1359,12 +1363,13 @@ def _launches(text: _TextFile) -> None:
         text.found.rank(rank).issued[NCCL_COLL] = list(launches)
     if by_rank:
         text.kinds.add("NCCL's COLL trace")
-        text.found.world_said = max(text.found.world_said, text.coll.world)
     unknown = text.coll.of_no_known_rank(by_rank)
     if unknown:
         text.found.unplaced_issued.update(unknown)
         text.kinds.add("NCCL's COLL trace (processes of no known rank: no communicator init lines)")
-        text.found.world_said = max(text.found.world_said, text.coll.world)
+    # the communicators' sizes, from their init lines ("rank 3 nranks 16") or launches: the
+    # largest is the job's, stated, whether or not a collective was traced
+    text.found.world_said = max(text.found.world_said, text.coll.world)
 
 
 def _ras_counts(text: _TextFile) -> None:

@@ -16,7 +16,7 @@ from ncclcheck.causes import Cause
 from ncclcheck.commands.doctor import run_doctor_from
 from ncclcheck.errors import InputError
 from ncclcheck.evidence.logs import read_leftovers
-from ncclcheck.model import Report, Verdict
+from ncclcheck.model import Report, Severity, Verdict
 
 from ..conftest import REPO, WAIT_S, line_in, run_bounded
 
@@ -65,9 +65,30 @@ def test_different_sizes_at_one_sequence_number_are_a_shape_mismatch() -> None:
     assert "1024" in finding.message and "1000" in finding.message
 
 
-def test_every_rank_in_the_same_collective_is_the_transport() -> None:
+def test_every_rank_in_the_same_collective_is_the_transport_only_where_they_are_the_whole_job(
+    tmp_path: Path,
+) -> None:
+    """Ranks 0 and 1 time out at one number. Nothing states the job's size: they may be one
+    node of a larger job, so the transport is one reading of two (a warning naming what
+    decides). Their communicators' init lines state a world of 2: the transport, found; a
+    world of 4: the two ranks never seen are where to look, no transport said."""
     (finding,) = diagnose("transport.log").findings
-    assert finding.cause is Cause.TRANSPORT_HANG
+    assert (finding.cause, finding.severity) == (Cause.TRANSPORT_HANG, Severity.WARNING), finding
+    assert "nothing here states the job's size" in finding.message
+    for world, severity in ((2, Severity.ERROR), (4, Severity.WARNING)):
+        log = tmp_path / f"world{world}.log"
+        log.write_text(
+            "".join(
+                f"node-{r}:{4100 + r}:{4180 + r} [0] NCCL INFO comm 0x55d3c8a0e4{r}0 rank {r} nranks {world} "
+                f"cudaDev 0 nvmlDev 0 busId 18000 commId 0x7c1e2b3a5f0d11aa - Init COMPLETE\n"
+                for r in range(2)
+            )
+            + (FIXTURES / "transport.log").read_text()
+        )
+        (finding,) = run_doctor_from([log]).findings
+        assert finding.severity is severity, (world, finding)
+        if world == 4:
+            assert finding.cause is not Cause.TRANSPORT_HANG and "ranks 2-3" in finding.message, finding
 
 
 def test_an_excerpt_in_which_every_rank_it_covers_waits_sets_no_rank_apart() -> None:
@@ -2150,3 +2171,62 @@ def test_one_unowned_traceback_and_one_task_that_exited_with_a_code_are_likely_o
     )
     finding = run_doctor_from([log]).findings[0]
     assert finding.site != "/work/seg/data.py:77", finding
+
+
+def test_rank_0_alone_at_an_earlier_line_of_the_function_the_others_wait_further_in(tmp_path: Path) -> None:
+    """Rank 0's watchdog line is an all-gather, ranks 1-3's an all-reduce at the same number.
+    One file, named for two ranks, holds two dumps: its name places neither; rank 0's pid is
+    tied by torchelastic's line, the other is a dump of no known rank, in a barrier at a
+    later line of the function rank 0 waits in (export_weights at line 77, the barrier at 81):
+    the others went past line 77 without its collective, rank 0 alone took it, the likely
+    rank test, said as likely and sited at rank 0's line."""
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 3120, "_ALLGATHER_BASE", 8_388_608, 3120, 3119)
+        + "".join(_watchdog(r, 3120, "ALLREDUCE", 1, 3120, 3119) for r in (1, 2, 3))
+        + "run.py FAILED\n"
+        "Failures:\n  <NO_OTHER_FAILURES>\n"
+        "Root Cause (first observed failure):\n[0]:\n"
+        "  time      : 2025-01-05_10:00:00\n  host      : gpu-7\n  rank      : 0 (local_rank: 0)\n"
+        "  exitcode  : -6 (pid: 7001)\n  error_file: <N/A>\n"
+        "  traceback : Signal 6 (SIGABRT) received by PID 7001\n"
+    )
+
+    def dump(pid: int, frames: list[str]) -> str:
+        return f'Process {pid}: python run.py\n\nThread {pid} (active): "MainThread"\n' + "".join(
+            f"    {f}\n" for f in frames
+        )
+
+    both = tmp_path / "stacks_rank0_rank2.txt"
+    both.write_text(
+        dump(
+            7001,
+            [
+                "all_gather_into_tensor (torch/distributed/distributed_c10d.py:2897)",
+                "_unshard (torch/distributed/fsdp/_runtime_utils.py:326)",
+                "state_dict (torch/nn/modules/module.py:1866)",
+                "export_weights (run.py:77)",
+                "main (run.py:140)",
+                "<module> (run.py:150)",
+            ],
+        )
+        + "\n"
+        + dump(
+            7003,
+            [
+                "barrier (torch/distributed/distributed_c10d.py:3702)",
+                "export_weights (run.py:81)",
+                "main (run.py:140)",
+                "<module> (run.py:150)",
+            ],
+        )
+    )
+    finding = run_doctor_from([log, both]).findings[0]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0],
+        [1, 2, 3],
+    )
+    assert finding.site == "run.py:77" and "likely reading" in finding.message, finding
+    # the dump of no known rank is never said to be rank 0's or rank 2's
+    assert "rank 0's stack is at run.py:77" in finding.message.lower() and "no known rank" in finding.message

@@ -819,19 +819,38 @@ def _one_side_in_a_phase_of_its_own(
     dumped = {r: st for r in lone + rest if (st := s.job.ranks[r].stack) is not None}
     lone_rank = next((r for r in lone if r in dumped), None)
     rest_rank = next((r for r in rest if r in dumped), None)
-    if lone_rank is None or rest_rank is None:
+    if lone_rank is None:
         return None
-    lone_stack, rest_stack = dumped[lone_rank], dumped[rest_rank]
+    lone_stack = dumped[lone_rank]
+    rest_said = f"rank {rest_rank}'s (of {who(rest)})"
+    if rest_rank is not None:
+        rest_stack = dumped[rest_rank]
+    else:
+        # no rank of the others dumped, but a dump of no known rank waits in another collective
+        # than the lone side's: one of the others, as the likely reading (the lone side's ranks
+        # make the lone side's call)
+        lone_waits = blocking(lone_stack).what
+        others = [
+            u
+            for u in s.job.unplaced
+            if blocking(u.stack).waits_for_peers and blocking(u.stack).what != lone_waits
+        ]
+        if len(others) != 1:
+            return None
+        rest_stack = others[0].stack
+        rest_said = (
+            f"the dump of no known rank in {others[0].label}, in another collective (one of {who(rest)})"
+        )
     outermost_first = [list(reversed(user_frames(st))) for st in (lone_stack, rest_stack)]
     found = a_phase_one_side_ran(*outermost_first)
     if found is None:
-        return None
+        return _rank_zero_alone_at_an_earlier_line(s, said, lone_op, lone, rest, outermost_first, rest_said)
     shared, theirs, phase = found
     return s.d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
         f"the ranks disagree on {said}. Rank {lone_rank}'s stack is in {phase.function}() at "
         f"{phase.file}:{phase.line}, called from {shared.function}() at {shared.file}:{shared.line}; "
-        f"rank {rest_rank}'s (of {who(rest)}) is at line {theirs.line} of the same "
+        f"{rest_said} is at line {theirs.line} of the same "
         f"{shared.function}(), in no such phase: "
         f"the likely reading is that {phase.function}() runs under a rank test and issues {lone_op} "
         f"that only {who(lone)} make{'s' if len(lone) == 1 else ''}. What would confirm it: the "
@@ -840,6 +859,45 @@ def _one_side_in_a_phase_of_its_own(
         absent_ranks=rest,
         op=lone_op,
         site=f"{shared.file}:{shared.line}",
+        evidence=s.evidence,
+    )
+
+
+def _rank_zero_alone_at_an_earlier_line(
+    s: Leftovers,
+    said: str,
+    lone_op: str,
+    lone: list[int],
+    rest: list[int],
+    paths: list[list[Frame]],
+    rest_said: str,
+) -> Explanation | None:
+    """Rank 0 alone on one side, its stack's last frame of the user's at a line of the
+    function where the others' stack waits at a later line: the others went past that
+    earlier call without its collective. A branch only rank 0 took is the likely reading (a
+    main process's save or evaluation under `if rank == 0`); the test around the call
+    confirms it."""
+    lone_path, rest_path = paths
+    if lone != [0] or not lone_path or not rest_path or len(lone_path) != len(rest_path):
+        return None
+    *above, here = lone_path
+    *rest_above, there = rest_path
+    if [(f.file, f.line) for f in above] != [(f.file, f.line) for f in rest_above]:
+        return None
+    if (here.file, here.function) != (there.file, there.function) or here.line >= there.line:
+        return None
+    return s.d.explanation(
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        f"the ranks disagree on {said}. Rank 0's stack is at {here.file}:{here.line} in "
+        f"{here.function}(), in {lone_op}; {rest_said} is at line {there.line} of the same "
+        f"{here.function}(), past that call: the others went by line {here.line} without its "
+        f"collective. The likely reading is a branch only rank 0 took (`if rank == 0:` around a "
+        f"save, an evaluation) with a collective in it. What would confirm it: the test around "
+        f"{here.file}:{here.line}",
+        ranks=lone,
+        absent_ranks=rest,
+        op=lone_op,
+        site=f"{here.file}:{here.line}",
         evidence=s.evidence,
     )
 
@@ -2502,6 +2560,8 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 s, odd, line, others, f"before the ranks timed out in {op} #{seq} of group {group}", []
             )
         failing = s.transport_failed_on
+        if not unseen and not failing and s.job.world_said < s.job.world_size:
+            return _all_it_shows_at_one_position(s, sorted(works), op, seq, group)
         if not unseen or failing:
             message = (
                 f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} "
@@ -2629,6 +2689,34 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
         )
         return undecided
     return None
+
+
+def _all_it_shows_at_one_position(
+    s: Leftovers, ranks: list[int], op: str, seq: int, group: str
+) -> Explanation:
+    """Every rank the files show timed out in one collective, and nothing states the job's
+    size (its world is only the highest rank seen): these may be all of it, the transport
+    then the suspect, or one node of a larger job whose other ranks the files never show
+    (a job of 2 nodes of 8, node 0's log only). Neither is said as found."""
+    undecided = s.d.explanation(
+        Cause.TRANSPORT_HANG,
+        f"{who(ranks)}, every rank these files show, timed out in the same collective, {op} #{seq} of "
+        f"group {group}, and nothing here states the job's size. If these are all its ranks, the "
+        "code is aligned as far as the logs show and the transport is the suspect; if the job is "
+        "larger (another node's ranks), those ranks never arrived, and where they were decides",
+        ranks=ranks,
+        absent_ranks=[],
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+    undecided.severity = Severity.WARNING  # two readings fit: neither is said as found
+    undecided.fix = (
+        "What decides: the job's size (its launch line, WORLD_SIZE), and the other ranks' watchdog "
+        "lines or stacks if it has more; with every rank covered, `ncclcheck probe` with the job's "
+        "launcher options"
+    )
+    return undecided
 
 
 _WHERE_NOT_WHY = (

@@ -437,7 +437,7 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
                 skip.cause,
                 f"{who(f.made)} and {who(f.other)} are at different calls of one pass of the loop at "
                 f"{loop_site}: {skip.said} skips the rest of a pass, its collectives included, on the "
-                f"ranks where {_kind_said(guard.kind)}, and the ranks have been a call apart since",
+                f"ranks where {kind_said(guard.kind)}, and the ranks have been a call apart since",
                 f.call,
                 f.made,
                 f.other,
@@ -487,7 +487,7 @@ def a_pass_one_side_skipped(f: Fork) -> Explanation | None:
     return None
 
 
-def _kind_said(kind: str) -> str:
+def kind_said(kind: str) -> str:
     return {
         reading.RANK: "the test reads the rank",
         reading.DATA: "the test reads the data, which differs per rank",
@@ -518,7 +518,7 @@ class SkippedPass:
                 f"`continue` under `if {guard.text}` ({where}), after a None returned under "
                 f"`if {inner.text}` ({at})",
                 f"`if {guard.text}: continue` at {where} passes on the test at {at}: `if {inner.text}: "
-                f"return None`: {_kind_said(inner.kind)}",
+                f"return None`: {kind_said(inner.kind)}",
                 Reason(
                     REASON_OF_KIND.get(inner.kind, ReasonKind.LOCAL_TEST),
                     decided,
@@ -528,7 +528,7 @@ class SkippedPass:
         return cls(
             cause_of_exit(guard.kind),
             f"`continue` under `if {guard.text}` ({where})",
-            f"`if {guard.text}: continue` at {where}: {_kind_said(guard.kind)}",
+            f"`if {guard.text}: continue` at {where}: {kind_said(guard.kind)}",
             Reason(
                 REASON_OF_KIND.get(guard.kind, ReasonKind.LOCAL_TEST), deciding, f"if {guard.text}: continue"
             ),
@@ -794,7 +794,7 @@ def loop_left(
             f"{who(inside_ranks)} made one {op_text(call)} more than {who(outside_ranks)} in the loop at "
             f"{d.site(Frame(inside.file, loop.lineno, ''))}: its passes are the same on every rank, but "
             f"{skip.said} skips the rest of a pass, its collectives included, on the ranks where "
-            f"{_kind_said(guard.kind)}",
+            f"{kind_said(guard.kind)}",
             ranks=inside_ranks,
             absent_ranks=outside_ranks,
             op=call.op,

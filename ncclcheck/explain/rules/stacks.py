@@ -17,8 +17,8 @@ from ncclcheck.evidence import device
 from ncclcheck.evidence.classes import CREATED_GROUP, StackClass, after_loop, state_split
 from ncclcheck.evidence.stacks import STORE_GET
 from ncclcheck.explain.context import Context, Fork
-from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, first_explanation
-from ncclcheck.explain.rules.branch import SkippedPass, explain_fork, skips_a_pass
+from ncclcheck.explain.engine import Explanation, Reason, ReasonKind, cause_of_exit, first_explanation
+from ncclcheck.explain.rules.branch import SkippedPass, explain_fork, kind_said, skips_a_pass
 from ncclcheck.model import CollectiveCall, Frame, Severity
 from ncclcheck.source import loaders, reading
 from ncclcheck.wording import its, relative, who
@@ -931,6 +931,21 @@ def _left_loop(
     return None
 
 
+def _an_exit_before_the_call(frames: list[Frame]) -> tuple[Frame, reading.Guard] | None:
+    """The first of ``frames`` (outermost first) whose function returns under a test before
+    the frame's line, with that test: a way a pass skips the call the frame waits in."""
+    for below in frames:
+        function = reading.enclosing_function(below.file, below.line)
+        if function is None:
+            continue
+        exits = [
+            g for g in reading.conditional_exits(below.file, function, below.line) if g.statement == "return"
+        ]
+        if exits:
+            return below, exits[-1]
+    return None
+
+
 def _rank_branch_apart(frame: Frame, other_line: int) -> bool:
     """Whether a rank test encloses ``frame``'s line but not ``other_line`` (same function)."""
     for node in reading.enclosing_chain(frame.file, frame.line):
@@ -981,8 +996,27 @@ def _loop_finding(
     continuing = None
     if skipped is None and swallowing is None:
         continuing = reading.try_that_continues(loop, frame.line)
+    # a function a pass calls that returns before the call under a test (`if not
+    # torch.isfinite(loss): return None` before `loss.backward()`): a rank that took it
+    # skipped that pass's collectives, and the ranks were a call apart from there on
+    returned = None
+    if skipped is None and swallowing is None and continuing is None:
+        returned = _an_exit_before_the_call(inside.frames[depth + 1 :])
     caught = continuing[1] if continuing is not None else None
-    if caught is not None:
+    if returned is not None:
+        below, guard = returned
+        deciding = Frame(below.file, guard.line, "")
+        where = diagnoser.site(deciding)
+        cause = cause_of_exit(guard.kind)
+        reason = Reason(ReasonKind.EARLY_EXIT, deciding, f"return under if {guard.text}")
+        message = (
+            f"{who(inside.ranks)} {_verb(inside.ranks)} in {inside.blocking} in the loop at {loop_site}, "
+            f"{who(outside.ranks)} already left it: the `return` under `if {guard.text}` at {where} "
+            f"leaves {below.function}() before that call, skipping a pass's collectives on the ranks "
+            f"where it holds ({kind_said(guard.kind)}), and the ranks were a call apart from there to "
+            "the loop's end"
+        )
+    elif caught is not None:
         # `try: batch = next(it) / except OSError: continue`: a rank whose pass raised
         # skipped the rest of it, its collectives included
         handler_frame = Frame(frame.file, caught.lineno, "")
