@@ -733,6 +733,20 @@ SOURCE_SHAPES = {
             "    train_loader = DataLoader(train_set, batch_size=4, sampler=sampler)\n",
         ),
     ),
+    # a step that returns under a test of the data before its backward, called from a loop
+    # over a sharded loader: the rank that took it is a call ahead, at the epoch's barrier
+    "step_gives_up_on_a_nan_loss.py": (
+        "data-dependent-branch",
+        "loss.backward()",
+        "return None  # a corrupt batch",
+        (
+            "        loss = F.mse_loss(self.model(x), y)\n"
+            "        if not torch.isfinite(loss):\n"
+            "            return None  # a corrupt batch: keep the optimizer state clean\n",
+            # every rank steps on every batch: a corrupt value is cleaned, not skipped
+            "        loss = F.mse_loss(self.model(x.nan_to_num(0.0)), y)\n",
+        ),
+    ),
     # both ranks at one backward, in other FSDP collectives: their forwards skipped other
     # blocks on a draw each rank made for itself
     "fsdp2_layerdrop.py": (
