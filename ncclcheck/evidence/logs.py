@@ -88,6 +88,9 @@ _TENSOR_SHAPE = re.compile(r"\bTensorShape=\[([\d, ]*)\]")
 _WORK_TIMEOUT = re.compile(r"WorkNCCL\([^)]*Timeout\(ms\)=(\d+)")
 _GROUP = re.compile(r"\[PG(?: ID)? (\d+)")
 _NO_GROUP = ""  # a line that names no process group (placed once the rank's lines are read)
+# a line that names no group but gives the rank's rank in it, another than its own: the
+# work's group is one of the rank's own, compared with no other rank's
+_UNNAMED_SUBGROUP = "(unnamed, rank"
 _RANK_SAID = re.compile(r"\bRank (\d+)\]")
 # srun --label: the task's number, right-aligned, then ": " ("13: Traceback ...", " 4: [E ...")
 _SRUN_LABEL = re.compile(r"^ {0,4}(\d{1,5}): ")
@@ -300,7 +303,7 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     named = {w.group for r in found.ranks.values() for w in r.timeouts} | {
         g for r in found.ranks.values() for g in r.progress
     }
-    named.discard(_NO_GROUP)
+    named = {g for g in named if g != _NO_GROUP and not g.startswith(_UNNAMED_SUBGROUP)}
     # the one group the job's lines name, if they name one: older watchdog lines name none
     only = next(iter(named)) if len(named) == 1 else "0"
     # Older lines name no group, but each group has one timeout: works that name none and
@@ -1034,11 +1037,18 @@ def _size_mismatch(text: _TextFile, rank: int | None, line: str, number: int) ->
 
 def _nccl_line(text: _TextFile, rank: int | None, line: str, number: int) -> None:
     said = _RANK_SAID.search(line)
-    if said is not None:
-        text.said_ranks.add(int(said.group(1)))
-        rank = int(said.group(1)) if rank is None else rank
     group_match = _GROUP.search(line)
     group = group_match.group(1) if group_match else _NO_GROUP
+    if said is not None:
+        text.said_ranks.add(int(said.group(1)))
+        if rank is not None and int(said.group(1)) != rank and group == _NO_GROUP:
+            # "[rank43]:... [Rank 5] Watchdog caught ...": the line's rank is the process's rank
+            # in the group of the work, not its global one, so the work is on a group other
+            # than the default, which the line does not name: its numbers are that group's,
+            # to compare with no other rank's (a data-parallel group's #329521 is no position
+            # of a tensor-parallel group's #2471110)
+            group = f"{_UNNAMED_SUBGROUP} {int(said.group(1))} in it, of rank {rank})"
+        rank = int(said.group(1)) if rank is None else rank
     source = Source(str(text.path), number)
     text.kinds.add("NCCL watchdog lines")
     if work := _WORK.search(line) or _WORK_CUT.search(line) or _WORK_UNNUMBERED.search(line):

@@ -2230,3 +2230,34 @@ def test_rank_0_alone_at_an_earlier_line_of_the_function_the_others_wait_further
     assert finding.site == "run.py:77" and "likely reading" in finding.message, finding
     # the dump of no known rank is never said to be rank 0's or rank 2's
     assert "rank 0's stack is at run.py:77" in finding.message.lower() and "no known rank" in finding.message
+
+
+def test_a_watchdog_line_whose_rank_is_its_groups_is_no_position_of_the_default_group(tmp_path: Path) -> None:
+    """`[rank9]:... [Rank 1] Watchdog caught ...`: rank 9's line gives its rank in the group of
+    the work, so that work is on a group the line does not name, and its number (#412) is
+    that group's: no position of the default group's #90311 that ranks 0-3 time out at. No
+    order mismatch is read from the two numbers. Rank 9's NCCL reported its transport failing
+    before the timeouts: the network, rank 9 the rank the evidence is about."""
+
+    def timeout(prefix: int, inner: int, seq: int, op: str, numel: int) -> str:
+        return (
+            f"[rank{prefix}]:[E ProcessGroupNCCL.cpp:563] [Rank {inner}] Watchdog caught collective "
+            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel}, "
+            "Timeout(ms)=600000) ran for 600100 milliseconds before timing out.\n"
+        )
+
+    lines = timeout(9, 1, 412, "_REDUCE_SCATTER_BASE", 65536) + "".join(
+        timeout(r, r, 90311, "ALLREDUCE", 4096) for r in range(4)
+    )
+    log = tmp_path / "job.log"
+    log.write_text(lines)
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is not Cause.COLLECTIVE_ORDER_MISMATCH, finding
+    log.write_text(
+        "[rank9]:[E ProcessGroupNCCL.cpp:1316] [PG 3 Rank 1] NCCL watchdog thread terminated with "
+        "exception: NCCL error: remote process exited or there was a network error, NCCL version 2.21.5\n"
+        + lines
+    )
+    finding = run_doctor_from([log]).findings[0]
+    assert (finding.cause, finding.ranks) == (Cause.TRANSPORT_HANG, [9]), finding
+    assert "transport failing on rank 9" in finding.message

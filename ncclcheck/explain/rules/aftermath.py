@@ -2568,21 +2568,28 @@ def every_rank_at_one_position(s: Leftovers) -> Explanation | None:
                 f"of group {group}: the code is aligned as far as the logs show, the transport is "
                 "the suspect; run `ncclcheck probe` with the job's launcher options"
             )
-            if unseen:
-                # the files cover part of the job only, and they show the transport failing
+            if failing:
+                # the transport failing on some ranks before any timeout: those ranks are the ones
+                # the evidence is about (the link), whether or not the files cover the whole job
                 said_at = ", ".join(f"{who([r])} at {source}" for r, source in sorted(failing.items())[:4])
                 message = (
-                    f"every rank that left a watchdog line timed out in the same collective, {op} #{seq} of "
-                    f"group {group}, and before the timeouts NCCL reported its transport failing on "
-                    f"{who(sorted(failing))} ({said_at}): the likely reading is the network (that link or "
-                    f"node) stalling the collective, not a program that parted. These files say nothing of "
-                    f"{who(unseen)}; what would confirm it: their watchdog lines at the same number, and "
-                    "`ncclcheck probe` over the job's nodes (the failing one drained)"
+                    f"before the timeouts NCCL reported its transport failing on {who(sorted(failing))} "
+                    f"({said_at}); {who(sorted(works))} then timed out in "
+                    f"{'the same collective, ' if len(works) > 1 else ''}{op} #{seq} of group {group}: the "
+                    "likely reading is the network (that link or node) stalling the job's collectives, not "
+                    "a program that parted. "
+                    + (
+                        f"These files say nothing of {who(unseen)}; what would confirm it: their watchdog "
+                        "lines, and "
+                        if unseen
+                        else "What would confirm it: "
+                    )
+                    + "`ncclcheck probe` over the job's nodes (the failing one drained)"
                 )
             return s.d.explanation(
                 Cause.TRANSPORT_HANG,
                 message,
-                ranks=sorted(works),
+                ranks=sorted(failing) if failing else sorted(works),
                 absent_ranks=[],
                 op=op,
                 site=None,
