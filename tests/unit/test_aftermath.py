@@ -2261,3 +2261,21 @@ def test_a_watchdog_line_whose_rank_is_its_groups_is_no_position_of_the_default_
     finding = run_doctor_from([log]).findings[0]
     assert (finding.cause, finding.ranks) == (Cause.TRANSPORT_HANG, [9]), finding
     assert "transport failing on rank 9" in finding.message
+
+
+def test_sizes_of_their_own_against_a_majority_set_those_ranks_apart(tmp_path: Path) -> None:
+    """Five ranks at one all-gather: three with 4096 elements, rank 2 with 2992, rank 4 with
+    3376. One size on more than half the ranks: the two others are the odd ones on the
+    numbers' face. Two with 4096 of four, the other two each with a size of its own: no size
+    on a majority, no rank set apart."""
+    log = tmp_path / "job.log"
+    sizes = {0: 4096, 1: 4096, 2: 2992, 3: 4096, 4: 3376}
+    log.write_text("".join(_watchdog(r, 1873, "ALLGATHER", n, 1873, 1872) for r, n in sizes.items()))
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([2, 4], [0, 1, 3]), finding
+    sizes = {0: 4096, 1: 4096, 2: 2992, 3: 3376}
+    log.write_text("".join(_watchdog(r, 1873, "ALLGATHER", n, 1873, 1872) for r, n in sizes.items()))
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert finding.absent_ranks == [], finding

@@ -1244,11 +1244,13 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                     f"with {sizes} elements, which {who(sorted(works))} completed: the first to part, "
                     "with a size of its own there"
                 )
-            # one size on fewer ranks than the other, every rank of the job seen: those ranks
-            # are the odd ones on the numbers' face (one against one sets no rank apart)
+            # one size on more than half the ranks, every rank of the job seen: the ranks of the
+            # other sizes are the odd ones on the numbers' face (one against one, or no size on
+            # a majority, sets no rank apart)
             odd: list[int] = []
-            if not first and len(sides) == 2 and len(sides[0][1]) < len(sides[1][1]) and not s.unseen:
-                odd = sorted(sides[0][1])
+            commonest = max(sides, key=lambda side: len(side[1]))[1]
+            if not first and len(commonest) * 2 > len(works) and not s.unseen:
+                odd = sorted(r for r in works if r not in commonest)
             in_its_own_order = _iterated_in_its_own_order(s, message, sorted(works), odd)
             if in_its_own_order is not None:
                 return in_its_own_order
@@ -1262,7 +1264,7 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
             if odd:
                 skips = [line for line in _before_the_timeouts(s, s.job.skip_lines) if line.rank in odd]
                 if len(odd) == 1 and skips:
-                    majority = sorted(sides[1][1])
+                    majority = sorted(commonest)
                     return _said_it_skipped(
                         s, odd[0], skips[0], majority, f"before {op} #{seq} of group {group}", [message]
                     )
