@@ -418,6 +418,13 @@ class Aftermath:
     # the processes torchelastic's agent told to stop after a failure ("Sending process 5521
     # closing signal SIGTERM"): the survivors of the first failure it saw, on its node
     launcher_closed: set[int] = field(default_factory=set)
+    # the processes a launcher says it started, with their rank where its lines give it
+    # (DeepSpeed's "process 118822 spawned with command: [... '--local_rank=5' ...]" on the
+    # node its "node_rank=2, num_local_procs=8" names): pid -> rank
+    launched: dict[int, int] = field(default_factory=dict)
+    # the processes the kernel's OOM killer took ("Out of memory: Killed process 118822"):
+    # pid -> where said; a rank's ending where a pid is tied to a rank
+    oom_killed: dict[int, Source] = field(default_factory=dict)
     # the job's own lines that carry a rank's prefix, by their text with the numbers blanked
     # (each rank's copy of one log call matches), the last few of each (logs.py)
     rank_lines: dict[str, list[OwnOutput]] = field(default_factory=dict)

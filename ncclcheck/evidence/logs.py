@@ -295,6 +295,7 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     for path in files:
         _read_file(path, found, trust_pickle)
     _place_by_pid(found)
+    _place_oom_kills(found)
     if len(found.run_ids) > 1:
         raise InputError(
             f"these files hold two or more jobs: run ids {', '.join(sorted(found.run_ids))}",
@@ -570,6 +571,9 @@ class _TextFile:
     )
     kinds: set[str] = field(default_factory=set)
     coll: CollTrace = field(default_factory=CollTrace)  # NCCL_DEBUG_SUBSYS=COLL's lines
+    # DeepSpeed's launcher: host -> (node rank, processes per node); (host, pid, local rank)
+    launcher_nodes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    launched: list[tuple[str, int, int]] = field(default_factory=list)
     ras: RasReport = field(default_factory=RasReport)  # ncclras's launch counts
     prefixed_processes: dict[tuple[str, int], int] = field(default_factory=dict)  # (host, pid) -> rank
     unowned: list[tuple[str, Any, int]] = field(default_factory=list)  # evidence of no known rank yet
@@ -762,6 +766,20 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         if "srun: error:" in line and (tasks := _SRUN_TASKS.search(line)):
             _srun_task_endings(text, tasks.group(1), tasks.group(2), number)
             return  # srun's, not the job's
+        if "Killed process" in line and (killed := _OOM_KILLED.search(line)):
+            text.found.oom_killed.setdefault(int(killed.group(1)), Source(str(text.path), number))
+            text.kinds.add("the kernel's OOM killer's lines")
+            return  # the kernel's
+        if "num_local_procs=" in line and (node := _DS_NODE.search(line)):
+            host, nnodes, local_procs, node_rank = node.groups()
+            text.launcher_nodes[host] = (int(node_rank), int(local_procs))
+            text.found.world_said = max(text.found.world_said, int(nnodes) * int(local_procs))
+            text.found.world_size = max(text.found.world_size, text.found.world_said)
+            text.kinds.add("DeepSpeed launcher's lines")
+            return  # the launcher's
+        if "spawned with command" in line and (spawned := _DS_SPAWNED.search(line)):
+            text.launched.append((spawned.group(1), int(spawned.group(2)), int(spawned.group(3))))
+            return  # the launcher's
         if rank is None and "ank" in line[:120] and (tag := _RANK_TAG.search(line[:120])):
             rank = int(tag.group(1))  # a logger's format that tags its lines after its name
         elif rank is None and line[:2] == "[r" and (tag := _SHORT_RANK_TAG.match(line)):
@@ -948,6 +966,13 @@ _MAY_SAY_STOPPED = (
 
 # torchelastic's agent stopping the survivors of the first failure it saw
 _CLOSING = re.compile(r"Sending process (\d+) closing signal SIG")
+# the kernel's OOM killer: "Out of memory: Killed process 118822 (python) total-vm:...",
+# "Memory cgroup out of memory: Killed process 4410 (python)"
+_OOM_KILLED = re.compile(r"out of memory: Killed process (\d+)\b", re.IGNORECASE)
+# DeepSpeed's launcher on each node (pdsh prefixes its host): the node's rank and how many
+# processes it starts, then each process it starts with its local rank
+_DS_NODE = re.compile(r"^(\S+?): .*\bnnodes=(\d+), num_local_procs=(\d+), node_rank=(\d+)")
+_DS_SPAWNED = re.compile(r"^(\S+?): .*\bprocess (\d+) spawned with command: .*--local_rank[= ,']+(\d+)")
 # srun's word on how its tasks (under srun, a task's number is its rank) ended:
 # "srun: error: node-01: task 2: Out Of Memory", "...: tasks 1,3,5-7: Aborted (core dumped)"
 _SRUN_TASKS = re.compile(r"srun: error: \S+: tasks? ([\d,\-]+): (.+?)\s*$")
@@ -1400,6 +1425,10 @@ def _ras_counts(text: _TextFile) -> None:
 
 def _finish(text: _TextFile) -> None:
     _launches(text)
+    for host, started, local_rank in text.launched:
+        if host in text.launcher_nodes:
+            node_rank, per_node = text.launcher_nodes[host]
+            text.found.launched[started] = node_rank * per_node + local_rank
     _ras_counts(text)
     for rank, stream in list(text.streams.items()):
         _close_stack(text, rank)
@@ -1470,4 +1499,21 @@ def _rank_of_pid(found: Aftermath, pid: int) -> int | None:
     for record in found.ranks.values():
         if record.pid == pid or (record.ending is not None and record.ending.pid == pid):
             return record.rank
-    return None
+    return found.launched.get(pid)
+
+
+def _place_oom_kills(found: Aftermath) -> None:
+    """A process the kernel's OOM killer took whose pid the files tie to a rank: that rank's
+    ending (SIGKILL), unless the files give it another of its own."""
+    for pid, source in found.oom_killed.items():
+        rank = _rank_of_pid(found, pid)
+        if rank is None:
+            continue
+        record = found.rank(rank)
+        if record.ending is None or record.ending.exit_code in (None, -9, -15):
+            record.ending = Ending(
+                exit_code=-9,
+                pid=pid,
+                error=f"killed by the kernel's OOM killer (Out of memory: Killed process {pid})",
+                source=source,
+            )

@@ -2279,3 +2279,44 @@ def test_sizes_of_their_own_against_a_majority_set_those_ranks_apart(tmp_path: P
     finding = run_doctor_from([log]).findings[0]
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
     assert finding.absent_ranks == [], finding
+
+
+def test_the_oom_killers_pid_is_the_rank_a_launcher_or_a_line_ties_it_to(tmp_path: Path) -> None:
+    """dmesg says the OOM killer took pid 60417; DeepSpeed's launcher on node-b (node rank 1
+    of 2, four processes each) started pid 60417 as local rank 2: rank 6, killed, while the
+    others timed out waiting. Without the launcher's lines, a `rank 6 pid 60417` line ties
+    it the same way; with neither, nothing names the rank."""
+    launcher = tmp_path / "launcher.log"
+    launcher.write_text(
+        "".join(
+            f"{host}: [2025-02-01 08:00:01,000] [INFO] [launch.py:152:main] nnodes=2, num_local_procs=4, "
+            f"node_rank={node}\n"
+            + "".join(
+                f"{host}: [2025-02-01 08:00:02,000] [INFO] [launch.py:256:main] process {pid0 + local} "
+                f"spawned with command: ['/usr/bin/python', '-u', 'train.py', '--local_rank={local}']\n"
+                for local in range(4)
+            )
+            for host, node, pid0 in (("node-a", 0, 30100), ("node-b", 1, 60415))
+        )
+        + "".join(_watchdog(r, 5120, "ALLREDUCE", 1048576, 5120, 5119) for r in (0, 1, 2, 3, 4, 5, 7))
+    )
+    dmesg = tmp_path / "dmesg.txt"
+    dmesg.write_text(
+        "[Sat Feb  1 09:12:40 2025] Out of memory: Killed process 60417 (python) total-vm:98765432kB, "
+        "anon-rss:87654321kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:170000kB oom_score_adj:0\n"
+    )
+    finding = run_doctor_from([launcher, dmesg]).findings[0]
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [6]), finding
+    assert "OOM killer" in finding.message
+    tied = tmp_path / "job.log"
+    tied.write_text(
+        "rank 6 pid 60417\n"
+        + "".join(_watchdog(r, 5120, "ALLREDUCE", 1048576, 5120, 5119) for r in (0, 1, 2, 3, 4, 5, 7))
+    )
+    finding = run_doctor_from([tied, dmesg]).findings[0]
+    assert (finding.cause, finding.absent_ranks) == (Cause.RANK_CRASHED, [6]), finding
+    tied.write_text(
+        "".join(_watchdog(r, 5120, "ALLREDUCE", 1048576, 5120, 5119) for r in (0, 1, 2, 3, 4, 5, 7))
+    )
+    finding = run_doctor_from([tied, dmesg]).findings[0]
+    assert finding.cause is not Cause.RANK_CRASHED, finding
