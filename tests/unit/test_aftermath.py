@@ -2320,3 +2320,24 @@ def test_the_oom_killers_pid_is_the_rank_a_launcher_or_a_line_ties_it_to(tmp_pat
     )
     finding = run_doctor_from([tied, dmesg]).findings[0]
     assert finding.cause is not Cause.RANK_CRASHED, finding
+
+
+def test_a_rank_that_never_issued_it_waiting_on_its_own_gpu_is_the_likely_straggler(tmp_path: Path) -> None:
+    """Ranks 0, 1 and 3 time out in the barrier's all-reduce; rank 2 left no watchdog line
+    (no collective of its own pending) and its dump is in torch.cuda.synchronize() under the
+    script's timer: it waits for its own GPU, not a peer. A straggler on its own device, the
+    likely reading, not a collective skipped under a test."""
+    log = tmp_path / "job.log"
+    log.write_text("".join(_watchdog(r, 337508, "ALLREDUCE", 1, 337508, 337507) for r in (0, 1, 3)))
+    dump = tmp_path / "rank2_pyspy.txt"
+    dump.write_text(
+        'Process 9102: python train.py\n\nThread 9102 (active): "MainThread"\n'
+        "    synchronize (torch/cuda/__init__.py:954)\n"
+        "    stop (utils/timing.py:22)\n"
+        "    train_step (train.py:238)\n"
+        "    main (train.py:301)\n"
+        "    <module> (train.py:330)\n"
+    )
+    finding = run_doctor_from([log, dump]).findings[0]
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.STRAGGLER, [0, 1, 3], [2]), finding
+    assert "its own GPU's work" in finding.message and "likely" in finding.message

@@ -2370,6 +2370,48 @@ def _outside_any_collective(
     )
 
 
+def _waiting_on_its_own_device(
+    s: Leftovers, waited: list[int], behind: list[int], said: str, op: str | None
+) -> Explanation | None:
+    """The ranks that never issued the collective were dumped at a device sync point (a
+    `torch.cuda.synchronize()`, an `.item()`), with no NCCL collective of theirs waiting (no
+    watchdog line of theirs): what they wait for is their own GPU's work, not a peer. A
+    kernel that runs long or never ends keeps them from the collective the others wait in:
+    the likely reading, a straggler on its own device, with what would confirm it."""
+    where = []
+    for rank in behind:
+        record = s.job.ranks.get(rank)
+        stack = record.stack if record is not None else None
+        if record is None or stack is None or record.timeouts:
+            return None
+        holds = blocking(stack)
+        if not holds.sync:
+            return None
+        user = user_frames(stack)
+        at = (
+            f" in {user[0].function}() at {relative(user[0].file, s.d.ev.cwd)}:{user[0].line}" if user else ""
+        )
+        where.append(f"rank {rank} at {holds.sync}{at} ({record.stack_source})")
+    if not where:
+        return None
+    return s.d.explanation(
+        Cause.STRAGGLER,
+        f"{said}. {who(behind).capitalize()} {'waits' if len(behind) == 1 else 'wait'} at a device sync "
+        f"point ({'; '.join(where)}) with no NCCL collective of {its(behind)} own waiting: what "
+        f"{'it waits' if len(behind) == 1 else 'they wait'} for is {its(behind)} own GPU's work, not "
+        f"a peer. The likely reading is a kernel on that device running long or never ending (a "
+        f"custom kernel, a device fault), which keeps {who(behind)} from the collective "
+        f"{who(waited)} wait in. What would confirm it: that GPU busy while the others idle in "
+        "NCCL (nvidia-smi's utilization and power), `py-spy dump --native` in a CUDA wait, or the "
+        "same run with CUDA_LAUNCH_BLOCKING=1 naming the kernel",
+        ranks=waited,
+        absent_ranks=behind,
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+
+
 def _frames_moved(record: RankAftermath) -> str | None:
     """Where a rank's two dumps differ in its main thread's innermost frame: the frames,
     earlier then later; None with one dump, or two in the same place."""
@@ -2408,6 +2450,9 @@ def _never_issued(
     outside = _outside_any_collective(s, sides[0], sides[1], said[0].upper() + said[1:], op)
     if outside is not None:
         return outside
+    on_its_device = _waiting_on_its_own_device(s, sides[0], sides[1], said[0].upper() + said[1:], op)
+    if on_its_device is not None:
+        return on_its_device
     bar = next((b for b in s.job.progress_bars.values() if b.rank is not None and b.rank in sides[1]), None)
     if bar is not None and bar.rank is not None:
         # the rank's own output: work unfinished as the others timed out (tokenizing, a
