@@ -944,7 +944,9 @@ _AGREED_SKIP = re.compile(r"overflow|loss scale", re.IGNORECASE)
 # "done, exiting with status 0", "training finished"); never an exit code printed as a value
 _STOPPED = re.compile(
     r"early[ _-]?stop|\bstop(?:s|ping|ped)?\s+(?:the\s+)?(?:training|run|early|here)\b"
-    r"|(?<![-_./=])\bexit(?:s|ing|ed)?\b(?![-_=(]|\.\w|\s*(?:code|status\s*[1-9]))|\bquit(?:s|ting)?\b"
+    # "(Press CTRL+C to quit)": how to stop a server, not a stop
+    r"|(?<![-_./=])(?<!to )\bexit(?:s|ing|ed)?\b(?![-_=(]|\.\w|\s*(?:code|status\s*[1-9]))"
+    r"|(?<!to )\bquit(?:s|ting)?\b"
     r"|\bno more (?:data|batches|samples)\b|\b(?:exhausted|ran out)\b"
     r"|\b(?:training|run)\s+(?:is\s+)?(?:finished|done|complete[d]?|over|ended)\b|\bfinish(?:ed|ing)\s+training\b"
     r"|\bpatience\b[^.]{0,20}\b(?:exhausted|reached|exceeded|ran out)\b|\bno improvement\b",

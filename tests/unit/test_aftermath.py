@@ -2341,3 +2341,17 @@ def test_a_rank_that_never_issued_it_waiting_on_its_own_gpu_is_the_likely_stragg
     finding = run_doctor_from([log, dump]).findings[0]
     assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.STRAGGLER, [0, 1, 3], [2]), finding
     assert "its own GPU's work" in finding.message and "likely" in finding.message
+
+
+def test_a_servers_how_to_quit_line_is_no_rank_saying_it_stopped(tmp_path: Path) -> None:
+    """Rank 0 serves: its last line before the timeouts is uvicorn's "(Press CTRL+C to quit)",
+    how to stop the server, not a stop; the ops at #37 differ. Not rank-early-exit."""
+    log = tmp_path / "serve.log"
+    log.write_text(
+        "[rank0]: INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)\n"
+        + _watchdog(0, 37, "BROADCAST", 1, 39, 36)
+        + "".join(_watchdog(r, 37, "ALLREDUCE", 64, 38, 36) for r in (1, 2, 3))
+    )
+    finding = run_doctor_from([log]).findings[0]
+    assert finding.cause is not Cause.RANK_EARLY_EXIT, finding
+    assert "stopped" not in finding.message, finding
