@@ -146,18 +146,7 @@ class ScopeChecker:
 
     def order_of_loop(self, loop: ast.For | ast.AsyncFor) -> str | None:
         """Why the iteration order of ``loop`` may differ between ranks, or None."""
-        iterable = loop.iter
-        if (
-            isinstance(iterable, ast.Call)
-            and isinstance(iterable.func, ast.Attribute)
-            and iterable.func.attr
-            in (
-                "items",
-                "keys",
-                "values",
-            )
-        ):
-            iterable = iterable.func.value
+        iterable = _container(loop.iter)
         if (
             isinstance(iterable, ast.Name)
             and iterable.id in self.rank_ordered
@@ -212,10 +201,9 @@ class ScopeChecker:
             )
 
     def check_passed_containers(self, call: ast.Call) -> None:
-        """A rank-filled container handed to a helper that loops over it with a collective."""
+        """A container whose order differs per rank (filled under a rank-dependent condition,
+        or a set) handed to a helper that loops over it with a collective."""
         if not any(isinstance(a, ast.Name) for a in [*call.args, *(k.value for k in call.keywords)]):
-            return
-        if not self.rank_ordered:
             return
         target = self.linter.resolve_call(call, self.module, self.function)
         if target is None:
@@ -223,35 +211,53 @@ class ScopeChecker:
         params = [a.arg for a in (*target.node.args.posonlyargs, *target.node.args.args)]
         if params and params[0] in ("self", "cls"):
             params = params[1:]
-        passed: dict[str, str] = {}
+        passed: dict[str, ast.Name] = {}
         for index, arg in enumerate(call.args):
-            if isinstance(arg, ast.Name) and arg.id in self.rank_ordered and index < len(params):
-                passed[params[index]] = arg.id
+            if isinstance(arg, ast.Name) and index < len(params):
+                passed[params[index]] = arg
         for keyword in call.keywords:
-            if isinstance(keyword.value, ast.Name) and keyword.value.id in self.rank_ordered and keyword.arg:
-                passed[keyword.arg] = keyword.value.id
-        if not passed:
+            if isinstance(keyword.value, ast.Name) and keyword.arg:
+                passed[keyword.arg] = keyword.value
+        loops = [
+            (node, name)
+            for node in self.linter.nodes(target.node)
+            if isinstance(node, (ast.For, ast.AsyncFor)) and (name := _iterated_name(node)) in passed
+        ]
+        if not loops:
             return
         helper = ScopeChecker(
             self.linter, target.module, target, set(), self.linter.ddp_names_of(target.node)
         )
-        helper.rank_ordered = set(passed)
-        for node in self.linter.nodes(target.node):
-            if isinstance(node, (ast.For, ast.AsyncFor)) and helper.order_of_loop(node) is not None:
-                found = helper.collectives(node.body)
-                if found:
-                    _inner_call, collective = found[0]
-                    param = ast.unparse(node.iter)
-                    self.add(
-                        Cause.COLLECTIVE_ORDER_MISMATCH,
-                        "warning",
-                        call,
-                        f"{collective.label} in a loop over {param} in {target.name}() (line "
-                        f"{node.lineno}), which gets {', '.join(sorted(set(passed.values())))}: filled "
-                        f"under a rank-dependent condition, its order differs per rank; iterate sorted(...)",
-                        collective,
-                    )
-                    return
+        for loop, name in loops:
+            found = helper.collectives(loop.body)
+            argument = passed[name]
+            reason = self._order_of_argument(call, argument) if found else None
+            if found and reason is not None:
+                _inner_call, collective = found[0]
+                self.add(
+                    Cause.COLLECTIVE_ORDER_MISMATCH,
+                    "warning",
+                    call,
+                    f"{collective.label} in a loop over {ast.unparse(loop.iter)} in {target.name}() (line "
+                    f"{loop.lineno}), which gets {argument.id}: {reason}; iterate sorted(...)",
+                    collective,
+                )
+                return
+
+    def _order_of_argument(self, call: ast.Call, argument: ast.Name) -> str | None:
+        """Why the order of the container ``argument`` names may differ per rank, or None."""
+        if argument.id in self.rank_ordered:
+            return "filled under a rank-dependent condition, its order differs per rank"
+        chain = origins.bindings(
+            [Frame(str(self.module.path), call.lineno, "")], argument, origins.is_unordered
+        )
+        unordered = next((b for b in chain if origins.is_unordered(b.value)), None)
+        if unordered is None:
+            return None
+        return (
+            f"a set (`{unordered.name} = {unordered.text[:60]}`, line {unordered.frame.line}), whose "
+            "iteration order is not the same in every process"
+        )
 
     def check_shapes(self, call: ast.expr, collective: Collective) -> None:
         if (
@@ -422,9 +428,8 @@ class ScopeChecker:
         return body != orelse
 
     def calls_here(self, node: ast.AST, guards: list[Guard]) -> None:
-        if self.rank_ordered:
-            for call in calls_in(node):
-                self.check_passed_containers(call)
+        for call in calls_in(node):
+            self.check_passed_containers(call)
         for reached, collective in self.collectives_within(node) if self.scope_collectives else []:
             self.check_shapes(reached, collective)
             if (
@@ -715,3 +720,21 @@ class ScopeChecker:
                 collective.label,
             )
         )
+
+
+def _container(iterable: ast.expr) -> ast.expr:
+    """What a loop's iterable iterates: ``metrics`` of ``metrics.items()`` (``keys``,
+    ``values``), else the iterable itself."""
+    if (
+        isinstance(iterable, ast.Call)
+        and isinstance(iterable.func, ast.Attribute)
+        and iterable.func.attr in ("items", "keys", "values")
+    ):
+        return iterable.func.value
+    return iterable
+
+
+def _iterated_name(loop: ast.For | ast.AsyncFor) -> str | None:
+    """The name of the container a loop iterates (``tasks``, ``metrics`` of ``metrics.items()``)."""
+    container = _container(loop.iter)
+    return container.id if isinstance(container, ast.Name) else None

@@ -2194,3 +2194,32 @@ def test_what_a_library_reduction_returns_is_agreed_and_its_argument_is_not(tmp_
     assert [cause for cause, _, _ in lint_source(tmp_path, source.format(tested="bad"))] == [
         "data-dependent-branch"
     ]
+
+
+def test_a_set_handed_to_a_helper_that_reduces_per_item_is_an_order_mismatch(tmp_path: Path) -> None:
+    """`evaluate(confusion, heads)` with `heads = set(HEADS) - frozen`, and evaluate()
+    all-reduces one tensor per item of its parameter: the set's order is the process's own
+    (string hashing), so the ranks pair other heads. The same helper given `sorted(heads)`
+    is clean."""
+    script = tmp_path / "multihead.py"
+    script.write_text(
+        "import torch\n"
+        "import torch.distributed as dist\n"
+        "HEADS = {'pos': 17, 'ner': 9, 'chunk': 23}\n"
+        "def evaluate(confusion, names):\n"
+        "    for name in names:\n"
+        "        dist.all_reduce(confusion[name])\n"
+        "def main(frozen):\n"
+        "    dist.init_process_group('gloo')\n"
+        "    heads = set(HEADS) - set(frozen)\n"
+        "    confusion = {h: torch.zeros(n, n) for h, n in HEADS.items()}\n"
+        "    evaluate(confusion, heads)\n"
+    )
+    findings, _ = run_lint([script])
+    (finding,) = [f for f in findings if f.cause == "collective-order-mismatch"]
+    assert "which gets heads: a set" in finding.message, finding.message
+    script.write_text(
+        script.read_text().replace("evaluate(confusion, heads)", "evaluate(confusion, sorted(heads))")
+    )
+    findings, _ = run_lint([script])
+    assert not [f for f in findings if f.cause == "collective-order-mismatch"], findings
