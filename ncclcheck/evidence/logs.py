@@ -762,6 +762,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     ):
         if "closing signal" in line and (closing := _CLOSING.search(line)):
             text.found.launcher_closed.add(int(closing.group(1)))
+            text.found.launcher_closing.append(Source(str(text.path), number))
             return  # torchelastic's, not the job's
         if "srun: error:" in line and (tasks := _SRUN_TASKS.search(line)):
             _srun_task_endings(text, tasks.group(1), tasks.group(2), number)

@@ -82,6 +82,32 @@ class ScopeChecker:
         self._rank_local: set[str] | None = None
         self._rank_ordered: set[str] | None = None
         self._variable_size: set[str] | None = None
+        self._maybe_unordered: set[str] | None = None
+
+    @property
+    def maybe_unordered(self) -> set[str]:
+        """Names this scope or its module assigns a set (`heads = set(HEADS) - frozen`, `b = a`
+        of such a name): the arguments worth following into the helpers they are given to."""
+        if self._maybe_unordered is None:
+            found: set[str] = set()
+            assignments = [
+                node
+                for scope in (self.module.tree, self.scope)
+                for node in (scope.body if scope is self.module.tree else self.linter.nodes(scope))
+                if isinstance(node, ast.Assign)
+            ]
+            grew = True
+            while grew:
+                grew = False
+                for node in assignments:
+                    value = node.value
+                    if origins.is_unordered(value) or (isinstance(value, ast.Name) and value.id in found):
+                        for target in node.targets:
+                            if isinstance(target, ast.Name) and target.id not in found:
+                                found.add(target.id)
+                                grew = True
+            self._maybe_unordered = found
+        return self._maybe_unordered
 
     @property
     def rank_local(self) -> set[str]:
@@ -203,7 +229,10 @@ class ScopeChecker:
     def check_passed_containers(self, call: ast.Call) -> None:
         """A container whose order differs per rank (filled under a rank-dependent condition,
         or a set) handed to a helper that loops over it with a collective."""
-        if not any(isinstance(a, ast.Name) for a in [*call.args, *(k.value for k in call.keywords)]):
+        worth = self.rank_ordered | self.maybe_unordered
+        if not any(
+            isinstance(a, ast.Name) and a.id in worth for a in [*call.args, *(k.value for k in call.keywords)]
+        ):
             return
         target = self.linter.resolve_call(call, self.module, self.function)
         if target is None:

@@ -2355,3 +2355,24 @@ def test_a_servers_how_to_quit_line_is_no_rank_saying_it_stopped(tmp_path: Path)
     finding = run_doctor_from([log]).findings[0]
     assert finding.cause is not Cause.RANK_EARLY_EXIT, finding
     assert "stopped" not in finding.message, finding
+
+
+def test_a_rank_its_launcher_stopped_before_the_timeouts_is_not_set_apart_by_its_silence(
+    tmp_path: Path,
+) -> None:
+    """Node B's rank 5 reports its IB transport failing and aborts; node B's agent stops its
+    other processes (rank 4 among them, which printed its step lines) before node A's ranks
+    0-3 time out. Rank 4's lines without a timeout do not say it never issued the collective:
+    it was stopped before its watchdog could fire. The network, rank 5 the rank it is about."""
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank4]: step 900 loss 2.31\n"
+        "[rank5]:[E ProcessGroupNCCL.cpp:1895] [PG ID 0 PG GUID 0 Rank 5] Process group watchdog thread "
+        "terminated with exception: NCCL error: remote process exited or there was a network error\n"
+        "W0212 03:05:11.208000 901 torch/distributed/elastic/multiprocessing/api.py:897] Sending process "
+        "9904 closing signal SIGTERM\n"
+        + "".join(_watchdog(r, 7712, "ALLREDUCE", 4194304, 7713, 7711) for r in range(4))
+    )
+    finding = run_doctor_from([log]).findings[0]
+    assert (finding.cause, finding.ranks) == (Cause.TRANSPORT_HANG, [5]), finding
+    assert 4 not in finding.absent_ranks

@@ -102,11 +102,27 @@ class Leftovers:
         failing before the timeouts: that rank was in the job's collectives, on a link that
         broke, and its silence says nothing of a call it skipped."""
         failing = self.transport_failed_on
+        # a launcher that stopped processes before the timeouts (its node's first failure) may
+        # have stopped these before their own watchdog could time out: their own lines without
+        # a timeout then say nothing of where they were
+        heard_counts = not self._stopped_before_the_timeouts()
         return [
             r
             for r in self._without_watchdog_line()
-            if _says_where(self.job.ranks.get(r)) and r not in failing
+            if _says_where(self.job.ranks.get(r), heard_counts) and r not in failing
         ]
+
+    def _stopped_before_the_timeouts(self) -> bool:
+        """Whether a launcher's line stopping processes comes before a watchdog timeout in the
+        file that holds both."""
+        first_timeout: dict[str, int] = {}
+        for record in self.job.ranks.values():
+            for work in record.timeouts:
+                path, line = work.source.path, work.source.line or 0
+                first_timeout[path] = min(first_timeout.get(path, line), line)
+        return any(
+            (closing.line or 0) < first_timeout.get(closing.path, 0) for closing in self.job.launcher_closing
+        )
 
     @property
     def transport_failed_on(self) -> dict[int, Source]:
@@ -186,13 +202,15 @@ def _really_failed(record: RankAftermath) -> bool:
     return ending.root_cause or ending.exit_code > 0
 
 
-def _says_where(record: RankAftermath | None) -> bool:
-    """Does the evidence say anything of where this rank was, beyond that it was aborted?"""
+def _says_where(record: RankAftermath | None, heard_counts: bool = True) -> bool:
+    """Does the evidence say anything of where this rank was, beyond that it was aborted?
+    ``heard_counts``: whether its own lines with no timeout among them say it waited in no
+    collective (not where its process may have been stopped before its timeout could fire)."""
     if record is None:
         return False
     if record.stack is not None or record.flight_recorder or record.progress or record.barrier_waited_on:
         return True
-    if record.heard is not None and record.watchdog_stuck is None:
+    if heard_counts and record.heard is not None and record.watchdog_stuck is None:
         # its own lines without a timeout say it waited in no collective, unless its
         # watchdog was stuck and could not have timed one out
         return True
