@@ -1768,6 +1768,8 @@ def test_gloos_size_check_is_a_mismatch_of_the_calls_not_a_transport_and_sets_no
     [
         ("[rank1]: skipping batch 41: loss is nan\n", Cause.DATA_DEPENDENT_BRANCH),
         ("12:00:01 WARNING rank 1 dropped a batch (ValueError: empty record)\n", Cause.RANK_EXCEPTION),
+        # an out-of-memory caught and the batch skipped: an error swallowed, not a test of the data
+        ("[rank1]: WARNING: ran out of memory (max len 3391), skipping batch\n", Cause.RANK_EXCEPTION),
     ],
 )
 def test_a_rank_that_said_it_skipped_a_step_before_the_mismatch_is_the_likely_odd_one(

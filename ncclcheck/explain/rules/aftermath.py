@@ -395,7 +395,9 @@ def _other_modules_ran(
     return explained
 
 
-_EXCEPTION_NAME = re.compile(r"\b\w*(?:Error|Exception)\b")
+# a line that names an error: an exception's class, or the words an OOM handler prints
+# ("ran out of memory on rank 1 ... skipping batch", fairseq's), a caught error too
+_EXCEPTION_NAME = re.compile(r"\b\w*(?:Error|Exception)\b|(?i:\bout of memory\b)|\bOOM\b")
 
 
 def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
