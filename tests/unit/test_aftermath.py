@@ -2378,3 +2378,46 @@ def test_a_rank_its_launcher_stopped_before_the_timeouts_is_not_set_apart_by_its
     finding = run_doctor_from([log]).findings[0]
     assert (finding.cause, finding.ranks) == (Cause.TRANSPORT_HANG, [5]), finding
     assert 4 not in finding.absent_ranks
+
+
+def test_rank_0_in_an_evaluation_and_another_process_in_the_training_loop_is_the_likely_rank_test(
+    tmp_path: Path,
+) -> None:
+    """Rank 0's watchdog line is a 3-element all-reduce, ranks 1-3's a broadcast at the same
+    number. Rank 0's dump (its pid tied by a line) is in evaluate() called from fit() at line
+    167; another process's dump, tied to no rank and in no collective (at a line whose
+    source is not here), is at line 161 of fit(): with rank 0 alone on its side and dumped,
+    that process is one of the others. evaluate() under a rank test, as the likely reading."""
+    log = tmp_path / "job.log"
+    log.write_text(
+        "rank 0 pid 52214\n"
+        + _watchdog(0, 12011, "ALLREDUCE", 3, 12011, 12010)
+        + "".join(_watchdog(r, 12011, "BROADCAST", 53120, 12011, 12010) for r in (1, 2, 3))
+    )
+
+    def dump(pid: int, frames: list[str]) -> str:
+        return f'Process {pid}: python train.py\n\nThread {pid} (active): "MainThread"\n' + "".join(
+            f"    {f}\n" for f in frames
+        )
+
+    dumps = tmp_path / "pyspy_two.txt"
+    dumps.write_text(
+        dump(
+            52214,
+            [
+                "all_reduce (torch/distributed/distributed_c10d.py:2050)",
+                "evaluate (train.py:115)",
+                "fit (train.py:167)",
+                "<module> (train.py:249)",
+            ],
+        )
+        + "\n"
+        + dump(52215, ["fit (train.py:161)", "<module> (train.py:249)"])
+    )
+    finding = run_doctor_from([log, dumps]).findings[0]
+    assert (finding.cause, finding.ranks, finding.site) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0],
+        "train.py:167",
+    )
+    assert "another process: one of ranks 1-3" in finding.message

@@ -849,18 +849,18 @@ def _one_side_in_a_phase_of_its_own(
         # no rank of the others dumped, but a dump of no known rank waits in another collective
         # than the lone side's: one of the others, as the likely reading (the lone side's ranks
         # make the lone side's call)
+        # (with one lone rank, dumped: any other process's dump is one of the others)
         lone_waits = blocking(lone_stack).what
         others = [
             u
             for u in s.job.unplaced
-            if blocking(u.stack).waits_for_peers and blocking(u.stack).what != lone_waits
+            if (len(lone) == 1 and u.stack.pid != lone_stack.pid)
+            or (blocking(u.stack).waits_for_peers and blocking(u.stack).what != lone_waits)
         ]
         if len(others) != 1:
             return None
         rest_stack = others[0].stack
-        rest_said = (
-            f"the dump of no known rank in {others[0].label}, in another collective (one of {who(rest)})"
-        )
+        rest_said = f"the dump of no known rank in {others[0].label} (another process: one of {who(rest)})"
     outermost_first = [list(reversed(user_frames(st))) for st in (lone_stack, rest_stack)]
     found = a_phase_one_side_ran(*outermost_first)
     if found is None:
