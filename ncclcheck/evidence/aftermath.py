@@ -434,6 +434,10 @@ class Aftermath:
     # tracebacks that end in an exception, printed with no rank's prefix in a file of no
     # one rank: some rank's error, which one the files do not say
     unplaced_endings: list[Ending] = field(default_factory=list)
+    # the job's own lines that print a list of names, with the rank their prefix or text
+    # names ("rank 2: ema sync order ['embed_1', 'size_0', ...]"): the order each rank meets
+    # them in, where a debugging print shows it
+    listed: list[OwnOutput] = field(default_factory=list)
 
     def rank(self, rank: int) -> RankAftermath:
         found = self.ranks.get(rank)

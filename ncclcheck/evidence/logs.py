@@ -796,6 +796,12 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _stop_line(text, rank, line, number)
             if rank is not None:
                 _rank_line(text, rank, line, number)
+            if ("['" in line or '["' in line) and (
+                lister := rank if rank is not None else _named_rank(line)
+            ) is not None:
+                text.found.listed.append(
+                    OwnOutput(line.strip()[:400], Source(str(text.path), number), lister)
+                )
             if ("pid" in line or "PID" in line or "->" in line) and ("rank" in line or "Rank" in line):
                 _pids_of_ranks(text, line)
             if "batch" in line and (counted := _BATCH_COUNT.search(line)):
@@ -1000,6 +1006,12 @@ _SHORT_RANK_TAG = re.compile(r"\[r(\d{1,5})\] ")
 _RANK_LINE_KINDS = 2000  # distinct texts kept: a log's calls, not its values
 _RANK_LINE_LAST = 64  # of each, the last: enough for every rank's copy of two of its calls
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _named_rank(line: str) -> int | None:
+    """The rank a line's own text names ("rank 2: ..."), if it names one."""
+    named = RANK_IN_TEXT.search(line)
+    return int(named.group(1)) if named else None
 
 
 def _rank_line(text: _TextFile, rank: int, line: str, number: int) -> None:

@@ -2421,3 +2421,23 @@ def test_rank_0_in_an_evaluation_and_another_process_in_the_training_loop_is_the
         "train.py:167",
     )
     assert "another process: one of ranks 1-3" in finding.message
+
+
+def test_the_same_names_printed_in_another_order_on_each_rank_are_an_order_mismatch(tmp_path: Path) -> None:
+    """Two ranks all-reduce 1024 elements at #9, two others 65536: sizes that differ. Each
+    rank printed the list of metrics it syncs, the same four names in its own order: the
+    sizes differ because the order does. Without the printed lists, a size mismatch; with the
+    same order printed on every rank, no order is read from them."""
+
+    def run(orders: dict[int, list[str]]) -> Cause:
+        log = tmp_path / "job.log"
+        log.write_text(
+            "".join(f"[rank{r}]: syncing metrics {names!r}\n" for r, names in orders.items())
+            + "".join(_watchdog(r, 9, "ALLREDUCE", 1024 if r in (0, 3) else 65536, 9, 8) for r in range(4))
+        )
+        return run_doctor_from([log]).findings[0].cause
+
+    names = ["loss_sum", "hist", "area_union", "count"]
+    assert run({r: names[r:] + names[:r] for r in range(4)}) is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert run({}) is Cause.COLLECTIVE_SHAPE_MISMATCH
+    assert run({r: names for r in range(4)}) is Cause.COLLECTIVE_SHAPE_MISMATCH

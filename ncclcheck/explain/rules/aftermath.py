@@ -400,6 +400,71 @@ def _other_modules_ran(
 _EXCEPTION_NAME = re.compile(r"\b\w*(?:Error|Exception)\b|(?i:\bout of memory\b)|\bOOM\b")
 
 
+# a printed list of quoted names: "... order ['ema_embed_sum_1', 'ema_cluster_size_0']"
+_LISTED = re.compile(
+    r"^(?P<head>.*?)\[(?P<items>\s*(?:'[^']*'|\"[^\"]*\")(?:\s*,\s*(?:'[^']*'|\"[^\"]*\"))+)\s*\]"
+)
+_QUOTED = re.compile(r"'([^']*)'|\"([^\"]*)\"")
+
+
+def the_ranks_listed_the_same_names_in_other_orders(s: Leftovers) -> Explanation | None:
+    """The ranks parted at a collective (the DETAIL check, or ops or sizes that differ at one
+    number), and their own lines print one list of names, the same names on every rank in
+    another order on each ("rank 2: ema sync order ['embed_1', 'size_0', ...]"): a loop over
+    those names issues its collectives in each rank's own order (a set of strings iterates in
+    the order of their hashes, which Python randomises per process). No rank is set apart."""
+    if not (s.job.mismatches or _a_position_differs(s)):
+        return None
+    by_head: dict[str, dict[int, tuple[str, ...]]] = {}
+    said_at: dict[str, list[str]] = {}
+    for line in s.job.listed:
+        listed = _LISTED.search(line.text)
+        if listed is None or line.rank is None:
+            continue
+        head = re.sub(r"\d+", "N", listed.group("head")).strip()
+        items = tuple(a or b for a, b in _QUOTED.findall(listed.group("items")))
+        by_head.setdefault(head, {})[line.rank] = items
+        said_at.setdefault(head, []).append(f"rank {line.rank} at {line.source}")
+    for head, orders in by_head.items():
+        if (
+            len(orders) < 2
+            or len({tuple(sorted(o)) for o in orders.values()}) != 1
+            or len(set(orders.values())) < 2
+        ):
+            continue
+        ranks = sorted(orders)
+        shown = "; ".join(
+            f"rank {r}: {', '.join(orders[r][:4])}{', ...' if len(orders[r]) > 4 else ''}" for r in ranks[:4]
+        )
+        return s.d.explanation(
+            Cause.COLLECTIVE_ORDER_MISMATCH,
+            f"the ranks parted at a collective, and their own lines print the same "
+            f"{len(orders[ranks[0]])} names in another order on each rank (`{head} [...]`: "
+            f"{shown}): a loop over them issues its collectives in each rank's own order, so the "
+            "n-th calls pair other items (a set of strings iterates in the order of their hashes, "
+            "which Python randomises per process). No rank is set apart: each makes the same calls",
+            ranks=ranks,
+            absent_ranks=[],
+            op=None,
+            site=None,
+            evidence=[*s.evidence, *said_at[head][:4]],
+        )
+    return None
+
+
+def _a_position_differs(s: Leftovers) -> bool:
+    """Whether two ranks' watchdog lines at one number of one group give other ops or sizes."""
+    for group in s.groups:
+        at: dict[int, set[tuple[str, int | None]]] = {}
+        for works in s.works(group).values():
+            for work in works:
+                if work.seq is not None:
+                    at.setdefault(work.seq, set()).add((work.op, work.numel_in))
+        if any(len(kinds) > 1 for kinds in at.values()):
+            return True
+    return False
+
+
 def a_transport_found_the_calls_differ(s: Leftovers) -> Explanation | None:
     """gloo's size check, NCCL's network transport or NCCL's own check reported that the
     calls two ranks made do not match: no failing network, whatever error ends the ranks
@@ -2812,6 +2877,7 @@ _FIND_THE_REASON = (
 # waits; ranks that disagree on one position (op, then size) are proven wrong by the
 # numbers alone; then ranks behind the others; then the stacks; then alike everywhere.
 AFTERMATH_RULES = (
+    the_ranks_listed_the_same_names_in_other_orders,
     the_debug_check_says,
     a_transport_found_the_calls_differ,
     a_rank_failed_first,
