@@ -313,14 +313,63 @@ def read_leftovers(paths: list[Path], trust_pickle: bool = False) -> Aftermath:
     by_limit = len(limits) > 1 and None not in limits
     found.world_said = max(found.world_said, _world_of_gathers(found))
     found.world_size = max(found.world_size, found.world_said)  # the highest ranks may say nothing
+    apart = _groups_their_numbers_tell_apart(found)
     for record in found.ranks.values():
         if by_limit:
             record.timeouts = [
                 replace(w, group=f"(timeout {(w.timeout_ms or 0) / 1000:g} s)") if w.group == _NO_GROUP else w
                 for w in record.timeouts
             ]
+        record.timeouts = [
+            replace(w, group=apart[(record.rank, w.seq)]) if (record.rank, w.seq) in apart else w
+            for w in record.timeouts
+        ]
         _place_in_groups(record, only)
     return found
+
+
+# point-to-point ops: a send or receive involves two ranks of its group, so the other
+# members' numbers on that group do not advance with it
+_P2P_OPS = frozenset({"SEND", "RECV", "_SEND", "_RECV"})
+# within one group, the ranks' numbers at a timeout are a few calls apart at most (every
+# collective needs every member); numbers this far apart are of two groups
+_APART = 1000
+
+
+def _groups_their_numbers_tell_apart(found: Aftermath) -> dict[tuple[int, int | None], str]:
+    """Groups for timeouts whose lines name none and whose rank's progress lines do not
+    either (older torch), where the numbers themselves say that several groups are in play:
+    a send or receive is its rank's own (no other rank's number on its group moves with
+    it); and numbers more than ``_APART`` apart are of different groups, each run of close
+    numbers one. Where the numbers are all close and no op is point-to-point, nothing is
+    assigned (one group, as before)."""
+    unnamed = [
+        (record.rank, w)
+        for record in found.ranks.values()
+        for w in record.timeouts
+        if w.group == _NO_GROUP
+        and w.seq is not None
+        and not any(p.timed_out == w.seq for p in record.progress.values())
+    ]
+    p2p = [(rank, w) for rank, w in unnamed if w.op.upper() in _P2P_OPS]
+    numbers = sorted({w.seq for _rank, w in unnamed if w.op.upper() not in _P2P_OPS and w.seq is not None})
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number - runs[-1][-1] <= _APART:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    assigned: dict[tuple[int, int | None], str] = {
+        (rank, w.seq): f"(unnamed: rank {rank}'s {w.op.lower()})" for rank, w in p2p
+    }
+    if len(runs) > 1:
+        for run in runs:
+            for rank, w in unnamed:
+                if w.seq in run and w.op.upper() not in _P2P_OPS:
+                    assigned[(rank, w.seq)] = (
+                        f"(unnamed, #{run[0]}{'-' + str(run[-1]) if len(run) > 1 else ''})"
+                    )
+    return assigned
 
 
 def _place_by_pid(found: Aftermath) -> None:

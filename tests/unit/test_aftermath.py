@@ -2441,3 +2441,33 @@ def test_the_same_names_printed_in_another_order_on_each_rank_are_an_order_misma
     assert run({r: names[r:] + names[:r] for r in range(4)}) is Cause.COLLECTIVE_ORDER_MISMATCH
     assert run({}) is Cause.COLLECTIVE_SHAPE_MISMATCH
     assert run({r: names for r in range(4)}) is Cause.COLLECTIVE_SHAPE_MISMATCH
+
+
+def test_numbers_far_apart_and_point_to_point_ops_are_of_other_groups_than_the_lines_say(
+    tmp_path: Path,
+) -> None:
+    """Older watchdog lines name no group. Ranks 0-1 time out in a SEND at #3712901, ranks 2-3
+    in a one-element ALLREDUCE at #14, ranks 4-5 in an ALLREDUCE at #7425802: within one group
+    every rank's number moves with the others', so numbers millions apart are of different
+    groups, and a send moves only its own rank's. No rank completed collectives another
+    never made: no order is read from these numbers."""
+
+    def line(rank: int, seq: int, op: str, numel: int) -> str:
+        return (
+            f"{rank:2d}: [E ProcessGroupNCCL.cpp:828] [Rank {rank}] Watchdog caught collective operation "
+            f"timeout: WorkNCCL(SeqNum={seq}, OpType={op}, NumelIn={numel}, NumelOut={numel}, "
+            "Timeout(ms)=600000) ran for 600312 milliseconds before timing out.\n"
+        )
+
+    log = tmp_path / "slurm-88.out"
+    log.write_text(
+        line(0, 3712901, "SEND", 16777216)
+        + line(1, 3712901, "SEND", 16777216)
+        + line(2, 14, "ALLREDUCE", 1)
+        + line(3, 14, "ALLREDUCE", 1)
+        + line(4, 7425802, "ALLREDUCE", 16777216)
+        + line(5, 7425802, "ALLREDUCE", 16777216)
+    )
+    for finding in run_doctor_from([log]).findings:
+        assert "completed their own" not in finding.message, finding
+        assert finding.cause is not Cause.COLLECTIVE_ORDER_MISMATCH, finding

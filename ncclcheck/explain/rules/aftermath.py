@@ -210,9 +210,11 @@ def _says_where(record: RankAftermath | None, heard_counts: bool = True) -> bool
         return False
     if record.stack is not None or record.flight_recorder or record.progress or record.barrier_waited_on:
         return True
-    if heard_counts and record.heard is not None and record.watchdog_stuck is None:
-        # its own lines without a timeout say it waited in no collective, unless its
-        # watchdog was stuck and could not have timed one out
+    # its own lines without a timeout say it waited in no collective, unless its watchdog
+    # was stuck and could not have timed one out, or SIGABRT ended it as NCCL's watchdog ends
+    # a rank whose collective timed out (its timeout line may be lost)
+    aborted = record.ending is not None and record.ending.exit_code == -6
+    if heard_counts and record.heard is not None and record.watchdog_stuck is None and not aborted:
         return True
     ending = record.ending
     return ending is not None and (bool(ending.error) or ending.exit_code not in (None, -6, -15))
@@ -1960,11 +1962,13 @@ def _said_it_stopped(s: Leftovers, waited: list[int], candidates: list[int], sai
     training or was leaving: it left the loop the others stayed in. An early stop's words
     make it a decision taken on the rank's own values; else its loop ended (its data ran
     out, its count of steps differs). Untagged, the line counts only where one rank is the
-    candidate."""
+    candidate, and only in a file of the job's log (one that holds timeouts too: not the
+    prose of a post, whose title may say "hangs instead of exiting")."""
+    logs = {w.source.path for record in s.job.ranks.values() for w in record.timeouts}
     lines = [
         o
         for o in _before_the_timeouts(s, s.job.stop_lines)
-        if (o.rank in candidates) or (o.rank is None and len(candidates) == 1)
+        if (o.rank in candidates) or (o.rank is None and len(candidates) == 1 and o.source.path in logs)
     ]
     ranks = {o.rank if o.rank is not None else candidates[0] for o in lines}
     if len(ranks) != 1:
