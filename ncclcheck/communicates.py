@@ -362,6 +362,14 @@ DEVICE_SYNC_METHODS = {
     "cpu": ".cpu()",
     "numpy": ".numpy()",
 }
+# library functions whose own line reads a value on the host, by file and function, with
+# the read: a stack whose innermost Python frame is one of them waits for the device there
+# (py-spy shows no frame for the C++ .item()). GradScaler.step reads the found-inf flags
+# (`sum(v.item() for v in found_inf_per_device.values())`) in _maybe_opt_step.
+LIBRARY_SYNC_FRAMES = {
+    ("torch/cuda/amp/grad_scaler.py", "_maybe_opt_step"): "GradScaler's found_inf .item()",
+    ("torch/amp/grad_scaler.py", "_maybe_opt_step"): "GradScaler's found_inf .item()",
+}
 # builtins that read a tensor's value (float(loss), print(loss)), and the dunder
 # method each calls on the tensor
 DEVICE_SYNC_BUILTINS = {

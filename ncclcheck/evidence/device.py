@@ -26,6 +26,7 @@ from ncclcheck.communicates import (
     DEVICE_SYNC_BUILTINS,
     DEVICE_SYNC_CALL,
     DEVICE_SYNC_METHODS,
+    LIBRARY_SYNC_FRAMES,
     LIGHTNING_COLLECTIVES,
     NATIVE_DEVICE_WAITS,
     P2P,
@@ -97,6 +98,17 @@ def sync_in_frames(frames: list[Frame]) -> str | None:
     ``synchronize`` (``torch.cuda.synchronize()``, ``Stream.synchronize()``,
     ``Event.synchronize()``) among the library frames inside the user's code, as a
     library calls it after its asynchronous collectives (ZeRO-3's prefetch)."""
+    python = next((f for f in frames if f.file.endswith(".py")), None)
+    if python is not None:
+        # the innermost Python frame a library's own value read (GradScaler.step's found_inf)
+        path, function = python.file.replace("\\", "/"), python.function.rsplit(".", 1)[-1]
+        if function == "<genexpr>":
+            function = next(
+                (f.function for f in frames if f.file == python.file and f.function != function), ""
+            )
+        for (known, name), said in LIBRARY_SYNC_FRAMES.items():
+            if path.endswith(known) and function.rsplit(".", 1)[-1] == name:
+                return said
     for frame in frames:  # innermost first
         path = frame.file.replace("\\", "/")
         if "torch/cuda/" in path and frame.function.rsplit(".", 1)[-1] == DEVICE_SYNC_CALL:

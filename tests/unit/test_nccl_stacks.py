@@ -146,6 +146,24 @@ def test_native_frames_confirm_the_device_wait(tmp_path: Path) -> None:
     assert blocking(unreadable).what == "a device sync point (cudaStreamSynchronize, in native frames)"
 
 
+def test_gradscalers_step_reading_its_found_inf_flags_is_a_device_sync_point() -> None:
+    """No native frames, no .item() frame: GradScaler.step's _maybe_opt_step (its genexpr
+    `sum(v.item() for v in found_inf_per_device.values())`) is innermost, a read on the host
+    behind whatever the stream runs (an all-reduce that does not complete). Another library
+    function there is not one."""
+    scaler = "/opt/conda/lib/python3.8/site-packages/torch/cuda/amp/grad_scaler.py"
+    rank0 = stack(
+        (scaler, 288, "<genexpr>"),
+        (scaler, 288, "_maybe_opt_step"),
+        (scaler, 338, "step"),
+        ("/workspace/s2t/train.py", 170, "train_epoch"),
+    )
+    where = blocking(rank0)
+    assert (where.waits_for_peers, where.sync) == (True, "GradScaler's found_inf .item()")
+    other = stack((scaler, 301, "unscale_"), ("/workspace/s2t/train.py", 170, "train_epoch"))
+    assert blocking(other).sync is None
+
+
 ZERO3_TRAIN = """
     def train(engine, loader):
         for step, batch in enumerate(loader):
