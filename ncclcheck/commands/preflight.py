@@ -675,7 +675,10 @@ def _what_forcing_did(forced: Diagnosis, path: str, line: int) -> _Forced:
             f"forced on rank {FORCED_RANK}, its test was not reached there in that run: not checked"
         )
     side = "true" if turned.taken else "false"
-    head = f"its test made {side} on rank {FORCED_RANK} alone, at its first test in {turned.site.function}()"
+    head = (
+        f"its test made {side} on rank {FORCED_RANK} alone, from its first test in "
+        f"{turned.site.function}() on"
+    )
     if _is_a_handler(path, line):
         head = (
             f"an error it catches raised on rank {FORCED_RANK} alone at the start of its try, the first "

@@ -116,8 +116,12 @@ class Decisions:
             if count in READ_NOTED_AT and self.note_read is not None:
                 self.note_read(file, line, count, self.digests[key], key in self.informative)
         forced = False
-        if not self.forced and self.force == self.keys[key]:
-            self.forced = forced = True
+        if self.force == self.keys[key]:
+            # turned at every test from the first on, not once: a skip that is harmless at its
+            # first test (a `continue` in a micro-batch under no_sync) may not be at a later one
+            # (the micro-batch that synchronises the gradients)
+            forced = not self.forced
+            self.forced = True
             taken = not taken
         if forced or (key, taken) not in self.seen:
             self.seen.add((key, taken))

@@ -130,10 +130,13 @@ def test_a_watched_decision_notes_each_side_the_first_time_and_keeps_its_value(t
     assert [count for count, _, _ in reads] == [1, 2]  # what it read, after 1 and 2 evaluations (of 3)
 
 
-def test_a_forced_decision_takes_the_other_side_once_then_its_own(tmp_path: Path) -> None:
+def test_a_forced_decision_takes_the_other_side_at_every_test(tmp_path: Path) -> None:
     seen, noted, _ = _decide(tmp_path, ("forced", 5), [1.0, 2.0, 3.0])
     assert seen == [1.0]  # stopped at its first test, which was false
-    assert noted[0] == (5, True, True)
+    assert noted[0] == (5, True, True)  # noted as forced once, the first time
+    # a test true at first and false after: turned each time, it is false then true
+    seen, noted, _ = _decide(tmp_path, ("forced", 5), [200.0, 300.0, 1.0])
+    assert seen == [200.0, 300.0, 1.0] and noted[0] == (5, False, True)
 
 
 def test_what_a_test_read_is_the_same_only_for_the_same_values(tmp_path: Path) -> None:
