@@ -890,9 +890,11 @@ def _left_loop(
             if not shared:
                 continue
             here, there = inside.frames[len(shared) - 1], outside.frames[len(shared) - 1]
-            if _rank_branch_apart(here, there.line):
-                # `if rank == 0: evaluate(...)`: the others never entered the loop below;
-                # the source-reading diagnosis names the branch
+            if _rank_branch_apart(here, there.line) or _under_a_test_apart(there, here.line):
+                # `if rank == 0: evaluate(...)`: the others never entered the loop below; or
+                # the other side is in a call under a test of that function that the loop is
+                # not under (`if logger.improved(...): save(...)`): a branch it took, not a
+                # loop it left early. The source-reading diagnosis names the branch
                 return None
             # the shared function's loops that the other side is outside of, then the
             # loops of the functions below it, which the other side has left entirely: only
@@ -944,6 +946,19 @@ def _an_exit_before_the_call(frames: list[Frame]) -> tuple[Frame, reading.Guard]
         if exits:
             return below, exits[-1]
     return None
+
+
+def _under_a_test_apart(frame: Frame, other_line: int) -> bool:
+    """Whether an ``if`` of ``frame``'s function holds its line in its body but not
+    ``other_line`` (the other side's line in the same function)."""
+    for node in reading.enclosing_chain(frame.file, frame.line):
+        if (
+            isinstance(node, ast.If)
+            and any(reading.contains(b, frame.line) for b in node.body)
+            and not reading.contains(node, other_line)
+        ):
+            return True
+    return False
 
 
 def _rank_branch_apart(frame: Frame, other_line: int) -> bool:
