@@ -27,6 +27,13 @@ def diagnose(*names: str) -> Report:
     return run_doctor_from([FIXTURES / name for name in names])
 
 
+def _pyspy_dump(pid: int, frames: list[str], state: str = "active") -> str:
+    """One process's py-spy dump: its main thread with ``frames``, innermost first."""
+    return f'Process {pid}: python train.py\n\nThread {pid} ({state}): "MainThread"\n' + "".join(
+        f"    {f}\n" for f in frames
+    )
+
+
 def test_ranks_that_disagree_on_one_sequence_number_are_named_with_each_op() -> None:
     report = diagnose("ops_differ.log")
     (finding,) = report.findings
@@ -2008,18 +2015,19 @@ def test_one_rank_in_another_op_inside_a_phase_its_stack_shows_is_the_likely_ran
         + "".join(_watchdog(r, 900, "ALLREDUCE", 4_194_304, 905, 899) for r in (0, 2, 3))
     )
 
-    def dump(pid: int, frames: list[str]) -> str:
-        return f'Process {pid}: python fit.py\n\nThread {pid} (idle): "MainThread"\n' + "".join(
-            f"    {f}\n" for f in frames
-        )
-
     lone = tmp_path / "rank1_pyspy.txt"
     lone.write_text(
-        dump(41, ["export_previews (gan/visuals.py:31)", "fit (gan/loop.py:120)", "<module> (fit.py:9)"])
+        _pyspy_dump(
+            41,
+            ["export_previews (gan/visuals.py:31)", "fit (gan/loop.py:120)", "<module> (fit.py:9)"],
+            "idle",
+        )
     )
     other = tmp_path / "rank2_pyspy.txt"
     other.write_text(
-        dump(42, ["train_step (gan/loop.py:77)", "fit (gan/loop.py:104)", "<module> (fit.py:9)"])
+        _pyspy_dump(
+            42, ["train_step (gan/loop.py:77)", "fit (gan/loop.py:104)", "<module> (fit.py:9)"], "idle"
+        )
     )
     (finding,) = run_doctor_from([log, lone, other]).findings
     assert (finding.cause, finding.ranks, finding.absent_ranks) == (
@@ -2194,14 +2202,9 @@ def test_rank_0_alone_at_an_earlier_line_of_the_function_the_others_wait_further
         "  traceback : Signal 6 (SIGABRT) received by PID 7001\n"
     )
 
-    def dump(pid: int, frames: list[str]) -> str:
-        return f'Process {pid}: python run.py\n\nThread {pid} (active): "MainThread"\n' + "".join(
-            f"    {f}\n" for f in frames
-        )
-
     both = tmp_path / "stacks_rank0_rank2.txt"
     both.write_text(
-        dump(
+        _pyspy_dump(
             7001,
             [
                 "all_gather_into_tensor (torch/distributed/distributed_c10d.py:2897)",
@@ -2213,7 +2216,7 @@ def test_rank_0_alone_at_an_earlier_line_of_the_function_the_others_wait_further
             ],
         )
         + "\n"
-        + dump(
+        + _pyspy_dump(
             7003,
             [
                 "barrier (torch/distributed/distributed_c10d.py:3702)",
@@ -2395,14 +2398,9 @@ def test_rank_0_in_an_evaluation_and_another_process_in_the_training_loop_is_the
         + "".join(_watchdog(r, 12011, "BROADCAST", 53120, 12011, 12010) for r in (1, 2, 3))
     )
 
-    def dump(pid: int, frames: list[str]) -> str:
-        return f'Process {pid}: python train.py\n\nThread {pid} (active): "MainThread"\n' + "".join(
-            f"    {f}\n" for f in frames
-        )
-
     dumps = tmp_path / "pyspy_two.txt"
     dumps.write_text(
-        dump(
+        _pyspy_dump(
             52214,
             [
                 "all_reduce (torch/distributed/distributed_c10d.py:2050)",
@@ -2412,7 +2410,7 @@ def test_rank_0_in_an_evaluation_and_another_process_in_the_training_loop_is_the
             ],
         )
         + "\n"
-        + dump(52215, ["fit (train.py:161)", "<module> (train.py:249)"])
+        + _pyspy_dump(52215, ["fit (train.py:161)", "<module> (train.py:249)"])
     )
     finding = run_doctor_from([log, dumps]).findings[0]
     assert (finding.cause, finding.ranks, finding.site) == (
