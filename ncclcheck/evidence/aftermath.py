@@ -417,8 +417,7 @@ class Aftermath:
     wrappers_said: set[str] = field(default_factory=set)
     # the processes torchelastic's agent told to stop after a failure ("Sending process 5521
     # closing signal SIGTERM"): the survivors of the first failure it saw, on its node
-    launcher_closed: set[int] = field(default_factory=set)
-    launcher_closing: list[Source] = field(default_factory=list)  # where it said so
+    launcher_closed: dict[int, Source] = field(default_factory=dict)  # pid -> where it said so
     # the processes a launcher says it started, with their rank where its lines give it
     # (DeepSpeed's "process 118822 spawned with command: [... '--local_rank=5' ...]" on the
     # node its "node_rank=2, num_local_procs=8" names): pid -> rank

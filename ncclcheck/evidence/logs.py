@@ -810,8 +810,7 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         and not _may_matter(line)
     ):
         if "closing signal" in line and (closing := _CLOSING.search(line)):
-            text.found.launcher_closed.add(int(closing.group(1)))
-            text.found.launcher_closing.append(Source(str(text.path), number))
+            text.found.launcher_closed.setdefault(int(closing.group(1)), Source(str(text.path), number))
             return  # torchelastic's, not the job's
         if "srun: error:" in line and (tasks := _SRUN_TASKS.search(line)):
             _srun_task_endings(text, tasks.group(1), tasks.group(2), number)
@@ -845,18 +844,13 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
                 _stop_line(text, rank, line, number)
             if rank is not None:
                 _rank_line(text, rank, line, number)
-            if ("['" in line or '["' in line) and (
-                lister := rank if rank is not None else _named_rank(line)
-            ) is not None:
-                text.found.listed.append(
-                    OwnOutput(line.strip()[:400], Source(str(text.path), number), lister)
-                )
+            if "['" in line or '["' in line:  # a printed list of names: the order this rank met them
+                text.found.listed.append(_of_a_rank(text, rank, line, number, keep=400))
             if ("pid" in line or "PID" in line or "->" in line) and ("rank" in line or "Rank" in line):
                 _pids_of_ranks(text, line)
             if "batch" in line and (counted := _BATCH_COUNT.search(line)):
                 # its prefix's rank, else the one its text names ("[val shard] rank=3 batches=126")
-                named = RANK_IN_TEXT.search(line) if rank is None else None
-                owner = rank if rank is not None else (int(named.group(1)) if named else None)
+                owner = rank if rank is not None else _named_rank(line)
                 if owner is not None:
                     what = _NUMBER.sub("N", line.strip())[:200]
                     count = int(counted.group(1) or counted.group(2))
@@ -1100,11 +1094,12 @@ def _skip_line(text: _TextFile, rank: int | None, line: str, number: int) -> Non
         text.found.skip_lines.append(_of_a_rank(text, rank, line, number))
 
 
-def _of_a_rank(text: _TextFile, rank: int | None, line: str, number: int) -> OwnOutput:
-    """A line of the job's own, with its rank: its prefix's, else the one its text names."""
-    if rank is None and (named := RANK_IN_TEXT.search(line)):
-        rank = int(named.group(1))
-    return OwnOutput(line.strip()[:200], Source(str(text.path), number), rank)
+def _of_a_rank(text: _TextFile, rank: int | None, line: str, number: int, keep: int = 200) -> OwnOutput:
+    """A line of the job's own (its first ``keep`` characters), with its rank: its prefix's,
+    else the one its text names."""
+    return OwnOutput(
+        line.strip()[:keep], Source(str(text.path), number), rank if rank is not None else _named_rank(line)
+    )
 
 
 def _size_mismatch(text: _TextFile, rank: int | None, line: str, number: int) -> bool:

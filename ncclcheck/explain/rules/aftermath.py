@@ -121,7 +121,8 @@ class Leftovers:
                 path, line = work.source.path, work.source.line or 0
                 first_timeout[path] = min(first_timeout.get(path, line), line)
         return any(
-            (closing.line or 0) < first_timeout.get(closing.path, 0) for closing in self.job.launcher_closing
+            (closing.line or 0) < first_timeout.get(closing.path, 0)
+            for closing in self.job.launcher_closed.values()
         )
 
     @property
