@@ -11,6 +11,7 @@ rules (rules/stacks.py); what no rule explains is said as such, with the evidenc
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -88,6 +89,17 @@ class Leftovers:
                 found[rank] = mine[0]
         return found
 
+    @functools.cached_property
+    def first_timeouts(self) -> dict[str, int]:
+        """Each file's line of its first watchdog timeout: what a file says before it is
+        the job before the others gave up."""
+        first: dict[str, int] = {}
+        for record in self.job.ranks.values():
+            for work in record.timeouts:
+                path, line = work.source.path, work.source.line or 0
+                first[path] = min(first.get(path, line), line)
+        return first
+
     def _without_watchdog_line(self) -> list[int]:
         nccl = {r for r, rec in self.job.ranks.items() if rec.timeouts or rec.progress}
         if not nccl:
@@ -115,13 +127,8 @@ class Leftovers:
     def _stopped_before_the_timeouts(self) -> bool:
         """Whether a launcher's line stopping processes comes before a watchdog timeout in the
         file that holds both."""
-        first_timeout: dict[str, int] = {}
-        for record in self.job.ranks.values():
-            for work in record.timeouts:
-                path, line = work.source.path, work.source.line or 0
-                first_timeout[path] = min(first_timeout.get(path, line), line)
         return any(
-            (closing.line or 0) < first_timeout.get(closing.path, 0)
+            (closing.line or 0) < self.first_timeouts.get(closing.path, 0)
             for closing in self.job.launcher_closed.values()
         )
 
@@ -130,15 +137,10 @@ class Leftovers:
         """Ranks whose own lines report a failing transport or an NCCL error before the
         first watchdog timeout of their file (after it, an error is the abort's echo), each
         with its first such line."""
-        first_timeout: dict[str, int] = {}
-        for record in self.job.ranks.values():
-            for work in record.timeouts:
-                path, line = work.source.path, work.source.line or 0
-                first_timeout[path] = min(first_timeout.get(path, line), line)
         found: dict[int, Source] = {}
         for rank, source in self.job.transport_errors:
             line = source.line or 0
-            if rank is not None and line < first_timeout.get(source.path, line + 1):
+            if rank is not None and line < self.first_timeouts.get(source.path, line + 1):
                 found.setdefault(rank, source)
         return found
 
@@ -1950,11 +1952,7 @@ _Said = TypeVar("_Said", OwnOutput, LoopLength)
 def _before_the_timeouts(s: Leftovers, lines: list[_Said]) -> list[_Said]:
     """The lines printed before the first timeout of their file (all of a file that holds
     none: a rank's own log): what a rank said after the others gave up is not a cause."""
-    first: dict[str, int] = {}
-    for record in s.job.ranks.values():
-        for work in record.timeouts:
-            path, line = work.source.path, work.source.line or 0
-            first[path] = min(first.get(path, line), line)
+    first = s.first_timeouts
     return [o for o in lines if o.source.path not in first or (o.source.line or 0) < first[o.source.path]]
 
 
@@ -1965,7 +1963,7 @@ def _said_it_stopped(s: Leftovers, waited: list[int], candidates: list[int], sai
     out, its count of steps differs). Untagged, the line counts only where one rank is the
     candidate, and only in a file of the job's log (one that holds timeouts too: not the
     prose of a post, whose title may say "hangs instead of exiting")."""
-    logs = {w.source.path for record in s.job.ranks.values() for w in record.timeouts}
+    logs = s.first_timeouts
     lines = [
         o
         for o in _before_the_timeouts(s, s.job.stop_lines)
