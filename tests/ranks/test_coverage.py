@@ -267,3 +267,25 @@ def test_a_patience_count_kept_from_each_ranks_own_loss_is_forced_and_its_twin_o
     ), finding
     proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "patience_counter_on_mean.py"))
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
+def test_a_skip_harmless_at_its_first_test_is_forced_on_to_the_micro_batch_that_synchronises(
+    tmp_path: Path,
+) -> None:
+    """No loss is non-finite in the dry run. The forced run makes rank 1 take the `continue`
+    at every test from the first on: at the first micro-batch (under no_sync) it skips no
+    collective, at the fourth it skips the gradient all-reduce, and the ranks part. Turned
+    once, at the first test only, the run would stay aligned. The twin without the skip is
+    aligned."""
+    script = SCRIPTS / "accumulates_and_skips_a_nonfinite_loss.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, (proc.stderr[-2000:], report)
+    finding = report["findings"][0]
+    assert finding["cause"] == "data-dependent-branch", finding
+    assert finding["site"] == f"tests/scripts/{script.name}:{line_in(script, 'if not torch.isfinite(loss):')}"
+    fixed = tmp_path / script.name
+    skip = "            if not torch.isfinite(loss):\n                continue\n"
+    assert skip in script.read_text()
+    fixed.write_text(script.read_text().replace(skip, ""))
+    proc, report = preflight("--nproc-per-node=2", str(fixed))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
