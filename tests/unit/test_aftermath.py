@@ -2469,3 +2469,46 @@ def test_numbers_far_apart_and_point_to_point_ops_are_of_other_groups_than_the_l
     for finding in run_doctor_from([log]).findings:
         assert "completed their own" not in finding.message, finding
         assert finding.cause is not Cause.COLLECTIVE_ORDER_MISMATCH, finding
+
+
+def _srun_watchdog(rank: int, seq: int, numel: int) -> str:
+    """One rank's watchdog line as torch 2.1 prints it, under srun's task label."""
+    return (
+        f"{rank}: [E ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective operation timeout: "
+        f"WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn={numel}, NumelOut={numel}, Timeout(ms)=1800000) "
+        "ran for 1800412 milliseconds before timing out.\n"
+    )
+
+
+def test_ranks_that_said_they_stopped_and_wait_in_a_collective_of_their_own_left_the_loop(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "slurm-811.out"
+    steps = "".join(f"0: step {n} | loss 2.{n % 7} | 1.9 s/it\n" for n in range(870, 880))
+    # ranks 3 and 5 each read their own clock; the rest trained on into the next step's buckets
+    stops = "".join(
+        f"{r}: [rank {r}] time budget of 4h used up at step 880: stopping training\n" for r in (3, 5)
+    )
+    theirs = _srun_watchdog(3, 31, 1) + _srun_watchdog(5, 31, 1)
+    others = "".join(_srun_watchdog(r, 90112, 2_359_296) for r in (0, 1, 2, 4, 6, 7))
+    log.write_text(steps + stops + others + theirs)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.UNSYNCHRONIZED_DECISION,
+        [3, 5],
+        [0, 1, 2, 4, 6, 7],
+    )
+    assert "ALLREDUCE #31" in finding.message and "time budget" in finding.message
+    # one rank whose loop ended, no decision's words: its loop's length
+    log.write_text(
+        steps
+        + "3: [rank 3] shard exhausted at step 880, leaving the loop\n"
+        + "".join(_srun_watchdog(r, 90112, 2_359_296) for r in (0, 1, 2))
+        + _srun_watchdog(3, 31, 1)
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks) == (Cause.RANK_EARLY_EXIT, [3])
+    # a rank that said nothing waits beside them: the words do not part the ranks
+    log.write_text(steps + stops + others.replace("SeqNum=90112", "SeqNum=31", 1) + theirs)
+    for finding in run_doctor_from([log]).findings:
+        assert finding.ranks != [3, 5], finding.message

@@ -1942,8 +1942,13 @@ _OPENS_WORK = re.compile(
 )
 
 
-# an early stop's own words: a decision on the rank's own values, not a loop's end
-_EARLY_STOP = re.compile(r"early[ _-]?stop|patience|no improvement|plateau", re.IGNORECASE)
+# an early stop's own words: a decision on the rank's own values (its metric, its clock), not
+# a loop's end ("early stopping", "patience exhausted", "exit duration reached", "time limit")
+_EARLY_STOP = re.compile(
+    r"early[ _-]?stop|patience|no improvement|plateau"
+    r"|\b(?:exit|time|wall[ -]?clock|wall ?time)[ _-]?(?:duration|limit|budget)\b|\bdeadline\b",
+    re.IGNORECASE,
+)
 
 
 _Said = TypeVar("_Said", OwnOutput, LoopLength)
@@ -1981,21 +1986,7 @@ def _said_it_stopped(s: Leftovers, waited: list[int], candidates: list[int], sai
         at = f" in {user[0].function}() at {user[0].file}:{user[0].line}" if user else ""
         where = f"; its stack, dumped after, waits in {blocking(record.stack).what}{at}, past the loop"
     quoted = f"'{line.text}' ({line.source})"
-    if _EARLY_STOP.search(line.text):
-        cause = Cause.UNSYNCHRONIZED_DECISION
-        reading = (
-            f"an early stop decided on rank {rank}'s own values (its own validation loss, its own "
-            "patience count): the others, whose values had not met it, trained on into a "
-            f"collective rank {rank} never issued. What would confirm it: the code that takes the "
-            "decision, and whether its inputs are all-reduced (or the flag broadcast) first"
-        )
-    else:
-        cause = Cause.RANK_EARLY_EXIT
-        reading = (
-            f"rank {rank} left the loop the others stayed in (its data ran out first, or its count "
-            "of steps differs): a loop whose length or exit is rank-local. What would confirm it: "
-            f"the loop's bound on rank {rank} against the others' (its shard's length, its stop test)"
-        )
+    cause, reading = _what_a_stop_says(line, [rank], "trained on into a collective it never issued")
     return s.d.explanation(
         cause,
         f"{said}. Rank {rank}'s own output before the timeout says it stopped: {quoted}{where}. "
@@ -2003,6 +1994,66 @@ def _said_it_stopped(s: Leftovers, waited: list[int], candidates: list[int], sai
         ranks=waited,
         absent_ranks=[rank],
         op=None,
+        site=None,
+        evidence=s.evidence,
+    )
+
+
+def _what_a_stop_says(line: OwnOutput, stopped: list[int], the_others_then: str) -> tuple[Cause, str]:
+    """The cause a stop line of ``stopped`` points to, with the likely reading: an early
+    stop's words (or several ranks, but not all, stopping at once) make it a decision each
+    rank took on its own values; else the loop's length on those ranks differs."""
+    they = who(stopped)
+    if _EARLY_STOP.search(line.text) or len(stopped) > 1:
+        return Cause.UNSYNCHRONIZED_DECISION, (
+            f"a stop decided on {they}'s own values (a validation loss, a patience count, a clock "
+            f"of {its(stopped)} own): the others, whose values had not met it, {the_others_then}. "
+            "What would confirm it: the code that takes the decision, and whether its inputs are "
+            "all-reduced (or the flag broadcast) first"
+        )
+    return Cause.RANK_EARLY_EXIT, (
+        f"{they} left the loop the others stayed in (its data ran out first, or its count of steps "
+        f"differs): a loop whose length or exit is rank-local. What would confirm it: the loop's "
+        f"bound on {they} against the others' (its shard's length, its stop test)"
+    )
+
+
+def the_ranks_that_said_they_stopped_wait_apart(s: Leftovers) -> Explanation | None:
+    """Some ranks, not all, said before the timeouts that they stopped or were leaving
+    ("exit duration reached, saving checkpoint and exiting"), and those ranks timed out in
+    one collective no other rank timed out in, while the others timed out elsewhere: they
+    left the loop into the exit path (a final save's barrier, a last reduce) and the others
+    stayed in training. Their words, with where each side waits, set them apart."""
+    said = {o.rank: o for o in _before_the_timeouts(s, s.job.stop_lines) if o.rank is not None}
+    stopped = sorted(said)
+    positions = {
+        rank: {(w.group, w.seq, w.op) for w in record.numbered}
+        for rank, record in s.job.ranks.items()
+        if record.numbered
+    }
+    theirs = {p for rank in stopped for p in positions.get(rank, set())}
+    others = sorted(set(positions) - set(said))
+    if not stopped or len(theirs) != 1 or not others or not set(stopped) & set(positions):
+        return None
+    (apart,) = theirs
+    if any(apart in positions[r] for r in others):
+        return None
+    group, seq, op = apart
+    line = said[stopped[0]]
+    cause, reading = _what_a_stop_says(
+        line, stopped, "stayed in the training loop and never reached the collective of its exit path"
+    )
+    elsewhere = sorted({f"{o} #{n}" for r in others for (_, n, o) in positions[r]})
+    shown = ", ".join(elsewhere[:3]) + (f" and {len(elsewhere) - 3} more" if len(elsewhere) > 3 else "")
+    return s.d.explanation(
+        cause,
+        f"{who(stopped)} said before the timeouts that {'they' if len(stopped) > 1 else 'it'} "
+        f"stopped ('{line.text}', {line.source}) and timed out in {op} #{seq} of group {group}, "
+        f"which no other rank timed out in; {who(others)} timed out in other collectives ({shown}). "
+        f"The likely reading: {reading}",
+        ranks=stopped,
+        absent_ranks=others,
+        op=op,
         site=None,
         evidence=s.evidence,
     )
@@ -2900,6 +2951,7 @@ AFTERMATH_RULES = (
     some_ranks_never_issued_it,
     a_rank_blocked_in_the_kernel,
     a_rank_ahead_by_its_own_lines,
+    the_ranks_that_said_they_stopped_wait_apart,
     stacks_decide,
     every_rank_at_one_position,
 )
