@@ -592,11 +592,12 @@ def rank_facts(record: RankAftermath) -> list[Fact]:
     ):
         facts.append(Fact(FactKind.HEARD, "its own lines hold no watchdog timeout", str(record.heard)))
     if record.stack is not None and record.stack_source is not None:
-        facts.append(
-            Fact(
-                FactKind.STACK, f"its stack waits in {blocking(record.stack).what}", str(record.stack_source)
-            )
+        waits = blocking(record.stack)
+        at_sync = waits.sync and waits.sync not in waits.what
+        stack_said = f"its stack waits in {waits.what}" + (
+            f", at a device sync point ({waits.sync})" if at_sync else ""
         )
+        facts.append(Fact(FactKind.STACK, stack_said, str(record.stack_source)))
     if record.ending is not None:
         ending = record.ending
         how = f"exit code {ending.exit_code}" if ending.exit_code is not None else "ended"

@@ -136,6 +136,19 @@ def user_frames(stack: ProcessStack) -> list[Frame]:
     return [f for i, f in enumerate(main.frames) if main.is_user(i)] if main else []
 
 
+def user_frames_and_the_call_out(stack: ProcessStack) -> list[Frame]:
+    """The user's frames of the main thread, innermost first, led by the library function the
+    innermost of them called (``engine.save_checkpoint()``): the phase the user's code is in
+    may be a library's entry point, named there and nowhere in the user's frames."""
+    main = stack.main
+    if main is None:
+        return []
+    first_user = next((i for i in range(len(main.frames)) if main.is_user(i)), None)
+    if not first_user:  # no user frame, or the innermost frame is the user's own
+        return user_frames(stack)
+    return [main.frames[first_user - 1], *user_frames(stack)]
+
+
 CREATED_GROUP = "name of the group being created"
 
 

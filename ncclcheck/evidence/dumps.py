@@ -299,6 +299,40 @@ _FOREIGN_LIBRARY = re.compile(
 )
 
 
+# libraries whose files py-spy prints below their site-packages in posted dumps, which need
+# not be installed where the dump is read: a path under one is theirs, not the user's. Not
+# the repositories people run from a checkout (Megatron-LM, torchtitan): those are the user's
+POSTED_LIBRARIES = frozenset(
+    {
+        "accelerate",
+        "apex",
+        "datasets",
+        "deepspeed",
+        "fairscale",
+        "grpc",
+        "huggingface_hub",
+        "lightning",
+        "lightning_fabric",
+        "numpy",
+        "pandas",
+        "peft",
+        "pytorch_lightning",
+        "ray",
+        "safetensors",
+        "tensorboard",
+        "timm",
+        "torchaudio",
+        "torchmetrics",
+        "torchvision",
+        "transformers",
+        "triton",
+        "trl",
+        "vllm",
+        "wandb",
+    }
+)
+
+
 @functools.cache
 def is_user_path(path: str) -> bool:
     """Whether a dumped frame's file is the user's, for a dump taken on another machine:
@@ -311,6 +345,8 @@ def is_user_path(path: str) -> bool:
     if os.path.isabs(path):
         return is_user_file(path)
     first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
+    if first in POSTED_LIBRARIES:
+        return False
     try:
         spec = importlib.util.find_spec(first) if first.isidentifier() else None
     except (ImportError, ValueError):

@@ -3,6 +3,7 @@ watchdog and doctor). Dumps run in parallel, each bounded by a timeout."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import linecache
 import os
@@ -102,10 +103,19 @@ class ProcessStack:
 
     @property
     def main(self) -> ThreadStack | None:
-        for thread in self.threads:
-            if thread.thread_id and thread.name in (None, "MainThread") and thread.frames:
-                return thread
-        return self.threads[0] if self.threads else None
+        """The thread that runs the rank's work: the main thread, unless it only runs a
+        framework's event loop (Ray Train's worker runs the training function on a thread of
+        its own) while exactly one other thread runs the user's code."""
+        main = next(
+            (t for t in self.threads if t.thread_id and t.name in (None, "MainThread") and t.frames),
+            self.threads[0] if self.threads else None,
+        )
+        if main is None or _runs_user_code(main) or at_the_scripts_end(main):
+            return main
+        if any("torch/" in f.file.replace("\\", "/") for f in main.frames):
+            return main
+        working = [t for t in self.threads if t is not main and _runs_user_code(t)]
+        return working[0] if len(working) == 1 else main
 
     @property
     def in_collective(self) -> bool:
@@ -178,7 +188,7 @@ def _distributed_call(main: ThreadStack) -> Blocking | None:
     store's get, a rendezvous), or inside ncclcheck's own wrapper of one: the run of
     library frames below the user's innermost frame holds it. (torchelastic's @record
     wraps the whole script from outside: an outer frame does not count.)"""
-    outermost: Frame | None = None
+    outermost: int | None = None
     for index, frame in enumerate(main.frames):  # innermost first, up to the user's code
         if main.is_user(index):
             break
@@ -186,8 +196,12 @@ def _distributed_call(main: ThreadStack) -> Blocking | None:
         if any(path.endswith(wrapper) and frame.function in names for wrapper, names in OWN_WRAPPERS.items()):
             return Blocking("a collective (ncclcheck's wrapper around it)", True)
         if "torch/distributed/" in path:
-            outermost = frame
-    return Blocking(f"{outermost.function} (torch.distributed)", True) if outermost else None
+            outermost = index
+    if outermost is None:
+        return None
+    # FSDP's unshard waiting on its all-gather's event (its rate limiter): a device sync
+    sync = device.sync_in_frames(main.frames[:outermost])
+    return Blocking(f"{main.frames[outermost].function} (torch.distributed)", True, sync=sync)
 
 
 def _in_collective(thread: ThreadStack) -> Blocking | None:
@@ -204,7 +218,10 @@ def _in_collective(thread: ThreadStack) -> Blocking | None:
     for index, frame in enumerate(thread.frames):  # innermost first
         if index == collective:
             issued = _issued_by_library(thread.frames[index + 1 :])
-            return Blocking(f"{frame.function} ({issued[0]})" if issued else frame.function, True)
+            # a library's collective code that waits for the device inside it (FSDP's rate
+            # limiter, an all-gather's event synchronize): the host thread waits there
+            sync = device.sync_in_frames(thread.frames[:index]) if index else None
+            return Blocking(f"{frame.function} ({issued[0]})" if issued else frame.function, True, sync=sync)
         path = frame.file.replace("\\", "/")
         for (fragment, function), what in DDP_BROADCASTS.items():
             # py-spy qualifies methods with their class
@@ -324,6 +341,24 @@ def _short(path: str) -> str:
     return path.split(marker, 1)[1] if marker in path else path
 
 
+def _source_not_here(path: str) -> bool:
+    """Whether a dumped frame's source cannot be read on this host: not a file here, and not
+    below a package installed here (py-spy prints ``torch/nn/modules/linear.py``)."""
+    if os.path.isfile(path):
+        return False
+    if os.path.isabs(path):
+        return True
+    first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
+    try:
+        return not first.isidentifier() or importlib.util.find_spec(first) is None
+    except (ImportError, ValueError):
+        return True
+
+
+def _runs_user_code(thread: ThreadStack) -> bool:
+    return any(thread.is_user(i) for i in range(len(thread.frames)))
+
+
 def blocking(stack: ProcessStack) -> Blocking:
     """What the rank waits in. The one classification of a stack: preflight's rank
     states and doctor's stack classes both read it."""
@@ -363,8 +398,9 @@ def blocking(stack: ProcessStack) -> Blocking:
         return synchronising
     if stack.status == "stopped":
         return Blocking("stopped (SIGSTOP)", False)
-    if main.active and main.frames and main.is_user(0) and not os.path.isfile(main.frames[0].file):
-        # on the CPU at a line of the user's whose source is not on this host: a native call
+    if main.active and main.frames and _source_not_here(main.frames[0].file):
+        # on the CPU at a line (the user's, or a library's not installed here) whose source is
+        # not on this host: a native call
         # there is all py-spy shows, and on a GPU the likeliest one to stay on the CPU is a
         # host thread spinning at a device sync point (.item(), .cpu(): cudaStreamSynchronize
         # spins) behind a collective that does not complete

@@ -9,7 +9,9 @@ from pathlib import Path
 from ncclcheck.causes import Cause
 from ncclcheck.commands.doctor import run_doctor_from
 from ncclcheck.evidence.aftermath import FR_ROWS
+from ncclcheck.evidence.dumps import is_user_path
 from ncclcheck.evidence.logs import read_leftovers
+from ncclcheck.evidence.stacks import blocking
 
 # py-spy's frames, innermost first, cut from a dump: no Process or Thread line, padded
 # with trailing spaces, with a frame elided ("... ") and the poster's note on one
@@ -914,3 +916,100 @@ def test_a_rank_that_said_its_batch_held_none_is_the_data_branchs_side(tmp_path:
         [0, 1, 2, 3],
     )
     assert any("n_audio=0" in line for line in finding.evidence)
+
+
+def _py_spy_threads(pid: int, threads: dict[str, list[str]]) -> str:
+    text = f"Process {pid}: python -u fit.py\nPython v3.11.9 (/usr/bin/python3.11)\n\n"
+    for index, (name, frames) in enumerate(threads.items()):
+        text += f'Thread {pid + index} (idle): "{name}"\n' + "".join(f"    {f}\n" for f in frames)
+    return text
+
+
+def test_a_worker_whose_main_thread_runs_a_frameworks_event_loop_is_read_at_its_training_thread(
+    tmp_path: Path,
+) -> None:
+    """A framework that runs the training function on a thread of its own (Ray Train's
+    workers): the main thread only serves its event loop, and the thread that runs the
+    user's code is the rank's."""
+    loop = [
+        "select (selectors.py:468)",
+        "_run_once (asyncio/base_events.py:1898)",
+        "run_forever (asyncio/base_events.py:608)",
+        "serve (ray/_private/workers/default_worker.py:280)",
+    ]
+    training = [
+        "all_reduce (torch/distributed/distributed_c10d.py:2501)",
+        "average_metrics (fitlib/metrics.py:31)",
+        "fit_one_epoch (fitlib/loop.py:77)",
+        "run (threading.py:982)",
+    ]
+    dump = tmp_path / "rank_3.txt"
+    dump.write_text(_py_spy_threads(5120, {"MainThread": loop, "Thread-7": training}))
+    stack = read_leftovers([dump]).ranks[3].stack
+    assert stack is not None and stack.main is not None and stack.main.name == "Thread-7"
+    assert blocking(stack).what.startswith("all_reduce") and blocking(stack).waits_for_peers
+    # a main thread past the script's end, waiting for a thread of the user's: that is where
+    # the rank is (it left the script), whatever the other thread runs
+    ended = ["_shutdown (threading.py:1583)"]
+    dump.write_text(_py_spy_threads(5120, {"MainThread": ended, "Thread-7": training}))
+    stack = read_leftovers([dump]).ranks[3].stack
+    assert stack is not None and stack.main is not None and stack.main.name == "MainThread"
+
+
+def test_paths_posted_dumps_print_below_a_libraries_site_packages_are_not_the_users() -> None:
+    assert not is_user_path("transformers/trainer.py") and not is_user_path("deepspeed/runtime/engine.py")
+    # a repository people run from a checkout, and the script itself, are the user's
+    assert is_user_path("megatron/training.py") and is_user_path("fit.py")
+
+
+def test_a_library_collective_waiting_on_its_event_is_a_device_sync_in_it(tmp_path: Path) -> None:
+    dump = tmp_path / "rank_1.txt"
+    dump.write_text(
+        _py_spy_threads(
+            77,
+            {
+                "MainThread": [
+                    "synchronize (torch/cuda/streams.py:224)",
+                    "_wait_for_unshard (torch/distributed/fsdp/_runtime_utils.py:331)",
+                    "_pre_forward (torch/distributed/fsdp/_runtime_utils.py:431)",
+                    "forward (torch/distributed/fsdp/fully_sharded_data_parallel.py:850)",
+                    "step (fitlib/loop.py:52)",
+                ]
+            },
+        )
+    )
+    stack = read_leftovers([dump]).ranks[1].stack
+    assert stack is not None
+    waits = blocking(stack)
+    assert waits.waits_for_peers and waits.sync == "a CUDA stream's or event's synchronize()"
+
+
+def test_the_phase_one_side_ran_may_be_the_library_call_its_code_made(tmp_path: Path) -> None:
+    """Rank 0 inside a library's save called from the loop, the others at a later line of
+    the loop: the library's entry point is the phase (not a frame of the user's)."""
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 4410, "ALLREDUCE", 1) + "".join(_watchdog(r, 4410, "BROADCAST", 40) for r in (1, 2, 3))
+    )
+    top = ["train (fit.py:120)", "<module> (fit.py:140)"]
+    saving = [
+        "barrier (torch/distributed/distributed_c10d.py:4159)",
+        "_save_checkpoint (transformers/trainer.py:3021)",
+        "save_model (transformers/trainer.py:2890)",
+        "train (fit.py:101)",
+        "<module> (fit.py:140)",
+    ]
+    stepping = [
+        "_sync_buffers (torch/nn/parallel/distributed.py:1718)",
+        "forward (torch/nn/parallel/distributed.py:1630)",
+        *top,
+    ]
+    (tmp_path / "rank_0.txt").write_text(_py_spy_threads(900, {"MainThread": saving}))
+    (tmp_path / "rank_2.txt").write_text(_py_spy_threads(902, {"MainThread": stepping}))
+    (finding,) = run_doctor_from([log, tmp_path / "rank_0.txt", tmp_path / "rank_2.txt"]).findings
+    assert (finding.cause, finding.ranks, finding.site) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0],
+        "fit.py:101",
+    )
+    assert "save_model()" in finding.message

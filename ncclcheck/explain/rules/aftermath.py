@@ -46,7 +46,7 @@ from ncclcheck.evidence.aftermath import (
     evidence_lines,
     lived_through,
 )
-from ncclcheck.evidence.classes import merge_stacks, user_frames
+from ncclcheck.evidence.classes import merge_stacks, user_frames, user_frames_and_the_call_out
 from ncclcheck.evidence.stacks import SCRIPTS_END, blocking
 from ncclcheck.explain.context import Context, death_cause, uncaught_fix
 from ncclcheck.explain.engine import Explanation, first_explanation
@@ -932,7 +932,9 @@ def _one_side_in_a_phase_of_its_own(
         rest_stack = others[0].stack
         rest_said = f"the dump of no known rank in {others[0].label} (another process: one of {who(rest)})"
     outermost_first = [list(reversed(user_frames(st))) for st in (lone_stack, rest_stack)]
-    found = a_phase_one_side_ran(*outermost_first)
+    found = a_phase_one_side_ran(
+        *(list(reversed(user_frames_and_the_call_out(st))) for st in (lone_stack, rest_stack))
+    )
     if found is None:
         return _rank_zero_alone_at_an_earlier_line(s, said, lone_op, lone, rest, outermost_first, rest_said)
     shared, theirs, phase = found
