@@ -4,6 +4,7 @@ reaches, under which guards and loops, and the findings they make."""
 from __future__ import annotations
 
 import ast
+import builtins
 
 from ncclcheck.causes import Cause
 from ncclcheck.communicates import STEP_HOOKS, StepHook
@@ -49,7 +50,10 @@ from ncclcheck.source.reading import (
     RANK,
     kind_of,
     reads_a_reduction,
+    reads_a_total_of_a_loop_it_is_past,
 )
+
+_BUILTINS = frozenset(dir(builtins))
 
 
 class ScopeChecker:
@@ -345,18 +349,17 @@ class ScopeChecker:
                 return "unsynced"  # dist.reduce's result, read on ranks that are not its dst
             # synchronised before the test, not by the collective the branch itself holds
             # (`if loss.item() > cap: dist.all_reduce(loss)` tests each rank's own loss)
-            synced = {
-                name
-                for name, lines in self.linter.sync_points(self.scope, self.module).items()
-                if any(line < test.lineno for line in lines)
-            }
+            synced = self.synchronised_before(test.lineno)
             read = tensor_value_roots(test) or names
             if read and read <= synced:
                 kind = "other"  # the value of a tensor that was all-reduced or broadcast first
-            elif self.judged_by_own_function(test):
+            elif self.judged_by_own_function(test) or reads_a_total_of_a_loop_it_is_past(
+                self.scope, test, synced
+            ):
                 # `stopper.should_stop(loss.item())`: the data goes into the project's own
                 # judgement (a patience count, a best so far), which decides on what this
-                # rank has seen: a decision, not a test of the batch at hand
+                # rank has seen: a decision, not a test of the batch at hand; so does a
+                # total over a loop it is past (`if epoch_loss < target: break`)
                 return "unsynced"
         if kind in (RANK, DATA):
             return kind
@@ -597,6 +600,34 @@ class ScopeChecker:
             collective,
             guard,
         )
+
+    def synchronised_before(self, line: int) -> set[str]:
+        """The names that hold an all-reduced or broadcast value at ``line``: synchronised
+        before it, or assigned from one after its synchronisation (``mean = (totals[0] /
+        totals[1]).item()`` after ``dist.all_reduce(totals)``), in the order written."""
+        points = self.linter.sync_points(self.scope, self.module)
+        synced = {name for name, lines in points.items() if any(at < line for at in lines)}
+        first = {name: min(lines) for name, lines in points.items() if name in synced}
+        assigns = sorted(
+            (n for n in ast.walk(self.scope) if isinstance(n, ast.Assign) and n.lineno < line),
+            key=lambda n: n.lineno,
+        )
+        imported = {
+            (alias.asname or alias.name).split(".")[0]
+            for node in ast.walk(self.module.tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        for node in assigns:
+            # every value it reads synchronised (modules and builtins are no values)
+            read = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)} - imported - _BUILTINS
+            if read and all(first.get(name, line) < node.lineno for name in read):
+                targets = {
+                    t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)
+                }
+                synced |= targets
+                first.update({name: node.lineno for name in targets})
+        return synced
 
     def judged_by_own_function(self, test: ast.expr) -> bool:
         """Whether a call to a function of the project takes a tensor's value in ``test``."""

@@ -228,7 +228,8 @@ def tensor_value_roots(expr: ast.expr) -> set[str]:
             and isinstance(node.func, ast.Attribute)
             and node.func.attr in TENSOR_VALUE_CALLS
         ):
-            value = node.func.value
+            # `loss.item()` reads loss; `torch.isfinite(x)`, `math.isfinite(x)` read x
+            value = node.args[0] if node.args else node.func.value
         elif isinstance(node, ast.Call) and called_names(node) & TENSOR_VALUE_CALLS and node.args:
             value = node.args[0]
         elif isinstance(node, ast.Attribute) and node.attr == "shape":

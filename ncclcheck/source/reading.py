@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -508,7 +508,49 @@ def condition_kind(path: str, test: ast.expr) -> str:
         # patience count, a best so far), which decides on what this rank has seen: a
         # decision on a value of its own, not a test of the batch at hand
         return OTHER
+    if function is not None and kind == DATA and reads_a_total_of_a_loop_it_is_past(function, test):
+        # `if epoch_loss < target: break` after `running_loss += loss.item()` over the
+        # epoch's batches: a metric of the rank's own, taken over all it has seen
+        return OTHER
     return kind
+
+
+def reads_a_total_of_a_loop_it_is_past(
+    function: ast.AST, test: ast.expr, synchronised: Collection[str] = ()
+) -> bool:
+    """The test reads a value summed up over a loop (``running += loss.item()`` in a loop's
+    body), or one computed from such a value before the test (``mean = running / n``),
+    and the test stands after that loop, not in it: it judges what the rank saw over
+    many batches, not the batch at hand. A total in ``synchronised`` (all-reduced before
+    the test) is every rank's, not this rank's own."""
+    line = getattr(test, "lineno", 0)
+    loops = [n for n in ast.walk(function) if isinstance(n, ast.For | ast.While)]
+    past = [n for n in loops if (n.end_lineno or n.lineno) < line]
+    totals = {
+        node.target.id
+        for loop in past
+        for node in ast.walk(loop)
+        if isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Name)
+    }
+    totals -= set(synchronised)
+    if not totals:
+        return False
+    # derivations past the loops, in the order written: `epoch_loss = running_loss / n` reads
+    # a total; `running_loss, n = summed.tolist()` after `dist.all_reduce(summed)` replaces
+    # one with every rank's
+    after = max((loop.end_lineno or loop.lineno) for loop in past)
+    assigns = sorted(
+        (n for n in ast.walk(function) if isinstance(n, ast.Assign) and after < n.lineno < line),
+        key=lambda n: n.lineno,
+    )
+    for node in assigns:
+        targets = {t.id for target in node.targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+        read = names_read(node.value)[0]
+        if read & totals:
+            totals |= targets
+        elif read & set(synchronised):
+            totals -= targets
+    return bool(names_read(test)[0] & totals)
 
 
 def _judged_by_the_files_own(tree: ast.Module, test: ast.expr) -> bool:

@@ -211,6 +211,27 @@ def test_an_early_stop_on_each_ranks_own_loss_is_forced_on_one_rank_and_its_twin
     assert "forced" not in report["summary"], report["summary"]
 
 
+def test_a_stop_on_each_ranks_own_epoch_mean_is_a_decision_forced_on_one_rank_and_its_twin_aligned() -> None:
+    """`if math.isfinite(epoch_loss) and epoch_loss < TARGET: break`, the epoch's mean of
+    each rank's own batches: a data test in form, a decision in fact (never met in a dry
+    run). Forced on rank 1, it parts the ranks at the next epoch's gradient all-reduce, the
+    cause a decision, not a test of the batch. The twin all-reduces the sum and count first."""
+    broken = SCRIPTS / "stops_at_its_epoch_mean.py"
+    decided = line_in(broken, "if math.isfinite(epoch_loss) and epoch_loss < TARGET_LOSS:")
+    proc, report = preflight("--nproc-per-node=2", str(broken))
+    assert proc.returncode == 1, (proc.stderr[-2000:], report)
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"]) == (
+        "unsynchronized-decision",
+        f"tests/scripts/stops_at_its_epoch_mean.py:{decided}",
+    ), finding
+    assert "its test made true on rank 1 alone" in finding["message"], finding
+
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "stops_at_the_reduced_epoch_mean.py"))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+    assert "forced" not in report["summary"], report["summary"]
+
+
 def test_an_early_stop_on_the_loss_of_a_holdout_slice_chosen_by_rank_is_forced_and_its_twin_aligned() -> None:
     """`if stopper.should_stop(loss): break` where the loss is scored on `rows[rank * n:
     (rank + 1) * n]`: lint reads the test through the rank (rank-early-exit), but it tests

@@ -1196,6 +1196,61 @@ def test_a_decision_is_judged_by_the_value_that_reaches_its_test(
         assert {f.cause for f in findings} == {"unsynchronized-decision"}, [f.message for f in findings]
 
 
+EPOCH_MEAN = """
+import math
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def fit(net, loader, target):
+    model = DDP(net)
+    for epoch in range(50):
+        running, batches = 0.0, 0
+        for features in loader:
+            loss = model(features).mean()
+            {in_the_loop}
+            loss.backward()
+            running += loss.item()
+            batches += 1
+        {after}
+        mean = running / max(batches, 1)
+        if math.isfinite(mean) and mean < target:
+            break
+"""
+
+
+@pytest.mark.parametrize(
+    ("in_the_loop", "after", "causes"),
+    [
+        # a data test in form, read on a total of the epoch's batches: a decision of the rank's own
+        ("pass", "pass", {"unsynchronized-decision"}),
+        # the sum and the count all-reduced first: every rank stops at the same epoch
+        (
+            "pass",
+            "totals = torch.tensor([running, batches])\n        dist.all_reduce(totals)\n"
+            "        running, batches = totals.tolist()",
+            set(),
+        ),
+        # a test of the batch at hand, in the loop: data, whatever the epoch's test is
+        (
+            "if not torch.isfinite(loss):\n                continue",
+            "totals = torch.tensor([running, batches])\n        dist.all_reduce(totals)\n"
+            "        running, batches = totals.tolist()",
+            {"data-dependent-branch"},
+        ),
+    ],
+)
+def test_a_test_on_a_total_of_the_loop_it_is_past_is_a_decision_not_a_test_of_the_batch(
+    tmp_path: Path, in_the_loop: str, after: str, causes: set[str]
+) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(EPOCH_MEAN.replace("{in_the_loop}", in_the_loop).replace("{after}", after))
+    findings, _ = run_lint([script])
+    assert {f.cause for f in findings} == causes, [f.message for f in findings]
+
+
 def test_the_real_scripts_are_flagged_and_their_fixes_are_clean() -> None:
     """tests/scripts/real: the early stop on an all-reduced loss, the step skipped on a
     flag fabric.all_reduce returned: what a collective returns is every rank's."""
