@@ -599,6 +599,7 @@ class _TextFile:
     streams: dict[int | None, _Stream] = field(default_factory=dict)
     said_ranks: set[int] = field(default_factory=set)  # "Rank N]" in unprefixed lines
     heard: set[int] = field(default_factory=set)  # ranks with a prefixed line in this file
+    local_base: int = 0  # the global rank of this file's "[default0]:" (_node_base)
     cut_rank: int | None = None  # the rank of the line before, when it was cut mid-sentence
     header_rank: int | None = None  # the latest "== rank N ==" header
     # a log record of several lines whose prefix only its first line carries (a worker's
@@ -664,8 +665,28 @@ _WRAPPER = re.compile(
 )
 
 
+# torchrun's --tee prefix is the process's local rank ("[default3]:"); a line that holds the
+# rank's own prefix beside it ("[default0]:[rank4]:") gives the node's first rank
+_LOCAL_AND_GLOBAL = re.compile(r"\[default(\d+)\]:\s?\[rank(\d+)\]:")
+
+
+def _node_base(path: Path) -> int:
+    """The global rank of local rank 0 for the ``[defaultN]:`` prefixes of a file: 0 unless
+    its lines pair a local prefix with a global one (``[default0]:[rank4]:`` on the second
+    node of 4 processes each), all with one offset (torchrun numbers a node's ranks in a row)."""
+    bases: set[int] = set()
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for raw in handle:
+            if "[default" in raw and (pair := _LOCAL_AND_GLOBAL.search(raw)):
+                bases.add(int(pair.group(2)) - int(pair.group(1)))
+                if len(bases) > 1:
+                    return 0  # no one node's prefixes: leave them as they read
+    return bases.pop() if bases else 0
+
+
 def _read_text(path: Path, found: Aftermath) -> None:
     text = _TextFile(path, found)
+    text.local_base = _node_base(path)
     with open(path, encoding="utf-8", errors="replace") as handle:
         for number, raw in enumerate(handle, 1):
             raw = raw.rstrip("\n")
@@ -740,6 +761,8 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
     # substring or prefix check, so that such a line costs one prefix match
     prefix = _PREFIX.match(raw) if "]:" in raw[:200] else None
     rank = int(prefix.group(1)) if prefix else None
+    if prefix is not None and text.local_base and "[default" in prefix.group(0):
+        rank = text.local_base + int(prefix.group(1))  # a local rank: its node's first rank on
     if prefix is None and raw[:1] in ("[", "(", " ", "\t") and (prefix := _OTHER_PREFIX.match(raw)):
         rank = int(prefix.group(1) or prefix.group(2) or prefix.group(4))
         if prefix.group(3) is not None:
@@ -999,11 +1022,16 @@ _STOPPED = re.compile(
     r"|(?<!to )\bquit(?:s|ting)?\b"
     r"|\bno more (?:data|batches|samples)\b|\b(?:exhausted|ran out)\b"
     r"|\b(?:training|run)\s+(?:is\s+)?(?:finished|done|complete[d]?|over|ended)\b|\bfinish(?:ed|ing)\s+training\b"
-    r"|\bpatience\b[^.]{0,20}\b(?:exhausted|reached|exceeded|ran out)\b|\bno improvement\b",
+    r"|\bpatience\b[^.]{0,20}\b(?:exhausted|reached|exceeded|ran out)\b|\bno improvement\b"
+    # "no data shards for this rank, nothing to do -> returning", "returning early"
+    r"|\bnothing (?:left )?to do\b|\b(?:return|leav)(?:s|ing)\s+early\b|->\s*(?:returning|leaving)\b",
     re.IGNORECASE,
 )
 _MAY_SAY_STOPPED = (
     "top",
+    "othing",
+    "early",
+    "-> ",
     "xit",
     "xhaust",
     "ran out",

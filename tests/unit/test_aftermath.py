@@ -2512,3 +2512,54 @@ def test_ranks_that_said_they_stopped_and_wait_in_a_collective_of_their_own_left
     log.write_text(steps + stops + others.replace("SeqNum=90112", "SeqNum=31", 1) + theirs)
     for finding in run_doctor_from([log]).findings:
         assert finding.ranks != [3, 5], finding.message
+
+
+def test_torchruns_local_prefixes_on_a_second_node_are_its_ranks_from_the_nodes_first(tmp_path: Path) -> None:
+    """`--tee`'s `[defaultN]:` is the local rank: on the second node of four processes each,
+    a line that pairs it with the rank's own prefix (`[default0]:[rank4]:`) gives the node's
+    first rank, and the process that said it had nothing to do and returned is rank 7."""
+    node = tmp_path / "node1.log"
+    node.write_text(
+        "[default2]: step 0 loss 2.31\n"
+        "[default3]: shard list empty for this process, nothing to do -> returning\n"
+        + "".join(
+            f"[default{local}]:[rank{4 + local}]:[E1112 08:41:55.29 ProcessGroupNCCL.cpp:616] "
+            f"[Rank {4 + local}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=10485760, NumelOut=10485760, Timeout(ms)=600000) "
+            "ran for 600085 milliseconds before "
+            "timing out.\n"
+            for local in range(3)
+        )
+    )
+    job = read_leftovers([node])
+    assert sorted(r for r, rec in job.ranks.items() if rec.timeouts) == [4, 5, 6]
+    assert [o.rank for o in job.stop_lines] == [7]
+    # no line pairs the two: the prefix reads as the rank (one node, as most posts are)
+    node.write_text("[default3]: shard list empty for this process, nothing to do -> returning\n")
+    assert [o.rank for o in read_leftovers([node]).stop_lines] == [3]
+
+
+def _watchdog_1_13(rank: int, seq: int, op: str) -> str:
+    """torch 1.13's watchdog line, no sizes, under a logger's rank tag."""
+    return (
+        f"rank{rank} | [E ProcessGroupNCCL.cpp:821] [Rank {rank}] Watchdog caught collective operation "
+        f"timeout: WorkNCCL(SeqNum={seq}, OpType={op}, Timeout(ms)=1800000) ran for 1800310 milliseconds "
+        "before timing out.\n"
+    )
+
+
+def test_ranks_that_said_they_stopped_at_one_number_with_the_others_made_another_call(tmp_path: Path) -> None:
+    log = tmp_path / "train.log"
+    scores = "".join(f"[rank{r}] epoch 11 dev_acc=0.8{r} best=0.8{r}\n" for r in range(4))
+    stops = "[rank1] no gain in 5 evals, stopping early\n[rank3] no gain in 5 evals, stopping early\n"
+    timeouts = "".join(_watchdog_1_13(r, 9120, "ALLREDUCE") for r in range(4))
+    log.write_text(scores + stops + "[rank0] epoch 12 step 0\n" + timeouts)
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.UNSYNCHRONIZED_DECISION,
+        [1, 3],
+        [0, 2],
+    )
+    # ranks 0 and 2 print nothing of their own: their silence on the stop says nothing
+    log.write_text("[rank1] no gain in 5 evals, stopping early\n" + timeouts)
+    assert all(f.ranks != [1] for f in run_doctor_from([log]).findings)

@@ -1013,3 +1013,36 @@ def test_the_phase_one_side_ran_may_be_the_library_call_its_code_made(tmp_path: 
         "fit.py:101",
     )
     assert "save_model()" in finding.message
+
+
+def test_other_sizes_where_one_sides_stack_is_in_a_phase_the_other_is_past_is_a_rank_test(
+    tmp_path: Path,
+) -> None:
+    """Other sizes at one number, as two different calls give: rank 0's stack inside a
+    validation called from the loop, rank 1's at a later line of the same loop: rank 0's
+    small reduce is the validation's, under a rank test. Both stacks at one line stay a
+    shape mismatch."""
+    log = tmp_path / "job.log"
+    log.write_text(
+        _watchdog(0, 7730, "ALLREDUCE", 4)
+        + "".join(_watchdog(r, 7730, "ALLREDUCE", 2_359_296) for r in (1, 2))
+    )
+    top = ["<module> (fit.py:150)"]
+    validating = [
+        "all_reduce (torch/distributed/distributed_c10d.py:2501)",
+        "validate (fit.py:61)",
+        "fit (fit.py:122)",
+        *top,
+    ]
+    stepping = ["fit (fit.py:109)", *top]
+    (tmp_path / "rank_0.txt").write_text(_py_spy_threads(800, {"MainThread": validating}))
+    (tmp_path / "rank_1.txt").write_text(_py_spy_threads(801, {"MainThread": stepping}))
+    files = [log, tmp_path / "rank_0.txt", tmp_path / "rank_1.txt"]
+    (finding,) = run_doctor_from(files).findings
+    assert (finding.cause, finding.ranks, finding.site) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        [0],
+        "fit.py:122",
+    )
+    (tmp_path / "rank_1.txt").write_text(_py_spy_threads(801, {"MainThread": validating}))
+    assert run_doctor_from(files).findings[0].cause is Cause.COLLECTIVE_SHAPE_MISMATCH

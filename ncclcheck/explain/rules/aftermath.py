@@ -1360,6 +1360,19 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                     return _said_it_skipped(
                         s, odd[0], skips[0], majority, f"before {op} #{seq} of group {group}", [message]
                     )
+            if not first and len(sides) == 2:
+                # the sizes part the ranks as two calls would: a stack of each side, one inside
+                # a phase a main process runs alone and one past it, says whose call it is
+                sized = [
+                    (f"{op} of {size} element{'' if size == 1 else 's'}", ranks) for size, ranks in sides
+                ]
+                in_a_phase = _one_side_in_a_phase_of_its_own(
+                    s,
+                    f"{op} #{seq} of group {group} (" + "; ".join(f"{who(r)}: {o}" for o, r in sized) + ")",
+                    sized,
+                )
+                if in_a_phase is not None:
+                    return in_a_phase
             rest = sorted(r for r in works if r not in odd)
             if not first and _issued_for_parameters(s, op, list(by_size)):
                 return _other_modules_ran(s, message, op, odd or sorted(works), rest if odd else [], [])
@@ -2026,8 +2039,11 @@ def the_ranks_that_said_they_stopped_wait_apart(s: Leftovers) -> Explanation | N
     one collective no other rank timed out in, while the others timed out elsewhere: they
     left the loop into the exit path (a final save's barrier, a last reduce) and the others
     stayed in training. Their words, with where each side waits, set them apart."""
-    said = {o.rank: o for o in _before_the_timeouts(s, s.job.stop_lines) if o.rank is not None}
-    stopped = sorted(said)
+    said: dict[int | None, OwnOutput] = {}
+    for o in _before_the_timeouts(s, s.job.stop_lines):
+        if o.rank is not None:
+            said.setdefault(o.rank, o)  # each rank's first word of it
+    stopped = sorted(r for r in said if r is not None)
     positions = {
         rank: {(w.group, w.seq, w.op) for w in record.numbered}
         for rank, record in s.job.ranks.items()
@@ -2038,6 +2054,8 @@ def the_ranks_that_said_they_stopped_wait_apart(s: Leftovers) -> Explanation | N
     if not stopped or len(theirs) != 1 or not others or not set(stopped) & set(positions):
         return None
     (apart,) = theirs
+    if all(positions[r] == {apart} for r in others):
+        return _one_number_two_calls(s, said, others, apart)
     if any(apart in positions[r] for r in others):
         return None
     group, seq, op = apart
@@ -2053,6 +2071,50 @@ def the_ranks_that_said_they_stopped_wait_apart(s: Leftovers) -> Explanation | N
         f"stopped ('{line.text}', {line.source}) and timed out in {op} #{seq} of group {group}, "
         f"which no other rank timed out in; {who(others)} timed out in other collectives ({shown}). "
         f"The likely reading: {reading}",
+        ranks=stopped,
+        absent_ranks=others,
+        op=op,
+        site=None,
+        evidence=s.evidence,
+    )
+
+
+def _one_number_two_calls(
+    s: Leftovers, said: dict[int | None, OwnOutput], others: list[int], position: tuple[str, int | None, str]
+) -> Explanation | None:
+    """Every rank timed out at one number in one op whose lines give no sizes (torch 1.13 and
+    older), and before that some ranks said they stopped while the others, ranks that print
+    lines of their own too, did not: one number, two calls (the stoppers' exit path, a final
+    barrier, against the others' next training step). Sizes that agree leave it one call."""
+    group, seq, op = position
+    stopped = sorted(r for r in said if r is not None)
+    sizes = {w.numel_in for r in [*stopped, *others] for w in s.job.ranks[r].numbered}
+    if sizes != {None}:
+        return None
+    everyone = {*stopped, *others}
+    spoken = next(
+        (
+            lines[-1]
+            for lines in s.job.rank_lines.values()
+            if everyone <= {o.rank for o in _before_the_timeouts(s, lines)}
+        ),
+        None,
+    )
+    if spoken is None:
+        return None  # the others may print nothing of their own: their silence is no evidence
+    line = said[stopped[0]]
+    cause, reading = _what_a_stop_says(
+        line,
+        stopped,
+        f"went on into the next step, whose {op} took the same number as the stoppers' last call",
+    )
+    return s.d.explanation(
+        cause,
+        f"every rank timed out in {op} #{seq} of group {group}, and these lines give no sizes to "
+        f"tell the calls apart; before that, {who(stopped)} said {'they' if len(stopped) > 1 else 'it'} "
+        f"stopped ('{line.text}', {line.source}) and {who(others)}, which "
+        f"print{'s' if len(others) == 1 else ''} lines of {its(others)} own "
+        f"('{spoken.text}', {spoken.source}), did not. The likely reading: {reading}",
         ranks=stopped,
         absent_ranks=others,
         op=op,
