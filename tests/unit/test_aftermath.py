@@ -2563,3 +2563,28 @@ def test_ranks_that_said_they_stopped_at_one_number_with_the_others_made_another
     # ranks 0 and 2 print nothing of their own: their silence on the stop says nothing
     log.write_text("[rank1] no gain in 5 evals, stopping early\n" + timeouts)
     assert all(f.ranks != [1] for f in run_doctor_from([log]).findings)
+
+
+def test_ranks_that_never_issued_a_call_for_no_reason_shown_are_a_rank_test_only_where_one_could_pick_them(
+    tmp_path: Path,
+) -> None:
+    """The numbers alone: some ranks issued a collective, the others never did, and nothing
+    here says why. Rank 0 alone apart: a call under a rank test is the likely reading (an
+    error, with how to find the reason). Ranks 1 and 2 of 4 apart: no rank test picks them,
+    so no cause is said as found (a warning that says where the ranks parted)."""
+    log = tmp_path / "job.log"
+    log.write_text(
+        "".join(_watchdog(r, 9001, "ALLREDUCE", 1024, 9001, 9000) for r in (1, 2, 3)) + "[rank0]: step 5\n"
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.severity, finding.absent_ranks) == (
+        Cause.RANK_CONDITIONAL_COLLECTIVE,
+        Severity.ERROR,
+        [0],
+    )
+    log.write_text(
+        "".join(_watchdog(r, 9001, "ALLREDUCE", 1024, 9001, 9000) for r in (0, 3))
+        + "[rank1]: step 5\n[rank2]: step 5\n"
+    )
+    findings = run_doctor_from([log]).findings
+    assert all(f.severity is not Severity.ERROR for f in findings), [f.message for f in findings]

@@ -1172,7 +1172,8 @@ def _a_rank_test_could_pick(ranks: list[int], world: int) -> bool:
     if len(ranks) < 2 or ranks[0] != 0:
         return False
     step = ranks[1] - ranks[0]
-    return step > 1 and ranks == list(range(0, max(world, ranks[-1] + 1), step))
+    # nodes of one size: the job's size a whole number of them
+    return step > 1 and world % step == 0 and ranks == list(range(0, max(world, ranks[-1] + 1), step))
 
 
 def _one_side_reduces_to_a_root(
@@ -2664,16 +2665,28 @@ def _never_issued(
     opened = _opened_work_while_they_waited(s, sides[0], sides[1])
     if opened is not None:
         return _opened_work(s, sides[0], *opened, said[0].upper() + said[1:], op)
+    # no reason known. A side a rank test could pick (rank 0 alone, each node's local rank
+    # 0) makes a call under a rank test the likely reading, as the commonest cause of all;
+    # any other split is not said as a cause, only where the ranks parted
+    picked = any(_a_rank_test_could_pick(side, s.job.world_size) for side in sides)
     unexplained = s.d.explanation(
         Cause.RANK_CONDITIONAL_COLLECTIVE,
-        message,
+        message
+        + (
+            ". The likely reading, from the split alone: a rank test (the main process, or each "
+            "node's local rank 0) sent one side to a call, or past it"
+            if picked
+            else ". No rank test picks either side, and no cause is named from the numbers alone"
+        ),
         ranks=sides[0],
         absent_ranks=sides[1],
         op=op,
         site=site,
         evidence=[*s.evidence, said],
     )
-    # no reason known: not one playbook's fix, but how to find the reason
+    if not picked:
+        unexplained.severity = Severity.WARNING
+    # not one playbook's fix, but how to find the reason
     unexplained.fix = _FIND_THE_REASON
     return unexplained
 
