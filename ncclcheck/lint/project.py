@@ -102,7 +102,7 @@ class Linter:
             self._derived[key] = rank_derived_names(scope, nodes) if mentioned & RANK_WORDS else set()
         return self._derived[key]
 
-    def _constructions(self, scope: ast.AST) -> dict[str, str]:
+    def constructions(self, scope: ast.AST) -> dict[str, str]:
         """What class each name (``x``) or attribute (``self.x``) of ``scope`` is bound to an
         instance of, from one walk of the scope, cached."""
         key = id(scope)
@@ -655,9 +655,9 @@ class Linter:
             if function is None or function.class_name is None:
                 return None
             methods = [m for (cls, _), m in module.methods.items() if cls == function.class_name]
-            return next((n for m in methods if (n := self._constructions(m.node).get(key))), None)
+            return next((n for m in methods if (n := self.constructions(m.node).get(key))), None)
         scopes = ([function.node] if function is not None else []) + [module.tree]
-        return next((n for scope in scopes if (n := self._constructions(scope).get(key))), None)
+        return next((n for scope in scopes if (n := self.constructions(scope).get(key))), None)
 
     def _element_class(
         self, container: ast.expr, module: ParsedModule, function: Function | None
@@ -1076,8 +1076,20 @@ class Linter:
         for node in module.all_nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 scopes.append((indexed.get(id(node)) or Function(node, module, None), node))
+        classes = frozenset(n.name for n in module.all_nodes if isinstance(n, ast.ClassDef))
         for function, scope in scopes:
             derived = module_derived | (self.derived_names(scope) if function is not None else set())
+            built = {
+                name: cls
+                for name, cls in self.constructions(scope).items()
+                if function is not None and cls in classes and name in derived
+            }
+            if built:
+                # an instance of the project's class built with the rank is no rank value:
+                # its members that are (class_derived_members) stand for it
+                derived = module_derived | rank_derived_names(scope, self.nodes(scope), classes=classes)
+                for cls in set(built.values()):
+                    derived |= self.class_derived_members(module, cls)
             if function is not None and function.class_name is not None:
                 derived |= self.class_rank_attributes(module, function.class_name)
                 members = self.class_derived_members(module, function.class_name)

@@ -371,6 +371,8 @@ class ScopeChecker:
                 target = self.linter.resolve_call(call, self.module, self.function)
                 if target is not None and self.linter.returns_local_number(target):
                     return "unsynced"
+            if self.asks_a_tracker_fed_local_values(test):
+                return "unsynced"
         names = names_tested_for_value(test)
         # rank-local values take an analysis of the scope: only worth it where the branch
         # could skip something (a collective or an exit)
@@ -556,7 +558,7 @@ class ScopeChecker:
             cause, severity, why = (
                 Cause.UNSYNCHRONIZED_DECISION,
                 "warning",
-                "rank-local (a clock, a file check, a random draw)",
+                "rank-local (a clock, a file check, a random draw, a metric of the rank's own)",
             )
         if not collective.certain or guard.peer:
             severity = "warning"
@@ -599,6 +601,49 @@ class ScopeChecker:
             "the others' last calls",
             collective,
             guard,
+        )
+
+    def asks_a_tracker_fed_local_values(self, test: ast.expr) -> bool:
+        """``if logger.improved("val_loss"):`` where ``logger`` is an instance of the project's
+        class that this scope fed the rank's own numbers before the test
+        (``logger.accumulate(val_loss=loss.item())``) and whose methods issue no collective:
+        a tracker (a meter, a logger, a stopper) answers from what this rank gave it."""
+        asked = {
+            call.func.value.id
+            for call in ast.walk(test)
+            if isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and isinstance(call.func.value, ast.Name)
+        }
+        if not asked:
+            return False
+        built = self.linter.constructions(self.scope)
+        classes = {n.name: n for n in self.module.all_nodes if isinstance(n, ast.ClassDef)}
+        for name in asked:
+            cls = classes.get(built.get(name, ""))
+            if cls is None or self.collectives_in_class(cls):
+                continue
+            fed = any(
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Attribute)
+                and isinstance(call.func.value, ast.Name)
+                and call.func.value.id == name
+                and call.lineno < test.lineno
+                and any(
+                    called_names(arg) & TENSOR_VALUE_CALLS
+                    for arg in [*call.args, *(k.value for k in call.keywords)]
+                )
+                for call in ast.walk(self.scope)
+            )
+            if fed:
+                return True
+        return False
+
+    def collectives_in_class(self, cls: ast.ClassDef) -> bool:
+        methods = [m for m in cls.body if isinstance(m, ast.FunctionDef | ast.AsyncFunctionDef)]
+        return any(
+            self.linter.collective_of_function(Function(m, self.module, cls.name)) is not None
+            for m in methods
         )
 
     def synchronised_before(self, line: int) -> set[str]:

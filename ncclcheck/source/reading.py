@@ -191,7 +191,10 @@ def names_read(node: ast.AST) -> tuple[set[str], set[str], set[str]]:
 
 
 def rank_derived_names(
-    scope: ast.AST | None, nodes: Iterable[ast.AST] | None = None, seeds: frozenset[str] = frozenset()
+    scope: ast.AST | None,
+    nodes: Iterable[ast.AST] | None = None,
+    seeds: frozenset[str] = frozenset(),
+    classes: frozenset[str] = frozenset(),
 ) -> set[str]:
     """Names assigned from rank-dependent expressions in ``scope`` (``is_main = rank == 0``).
     Where the rank only places a value (``x.to(device)`` with ``device = f"cuda:{rank}"``,
@@ -199,11 +202,16 @@ def rank_derived_names(
     rank 3's GPU is no rank test.
 
     ``nodes``: the scope's nodes where the caller has walked them already; ``seeds``: names
-    and attributes known to be rank-derived from outside the scope (a class's members)."""
+    and attributes known to be rank-derived from outside the scope (a class's members);
+    ``classes``: the project's classes, an instance of which, built with the rank, is no
+    rank value itself (``logger = MetricsLogger(out, rank)``): what of it is, its class
+    says (the caller adds those members)."""
     walked = list(ast.walk(scope) if nodes is None else nodes) if scope is not None else []
     devices = device_names(walked)
 
     def holds(value: ast.expr, derived: set[str]) -> bool:
+        if classes and isinstance(value, ast.Call) and callee_name(value) in classes:
+            return False
         return derives_from_the_rank(value, derived | seeds, devices)
 
     return _names_assigned(scope, walked, holds)

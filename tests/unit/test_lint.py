@@ -1251,6 +1251,71 @@ def test_a_test_on_a_total_of_the_loop_it_is_past_is_a_decision_not_a_test_of_th
     assert {f.cause for f in findings} == causes, [f.message for f in findings]
 
 
+TRACKER = """
+import torch
+import torch.distributed as dist
+
+
+class BestTracker:
+    def __init__(self, rank):
+        self.rank = rank
+        self.total, self.count, self.best, self.last_was_best = 0.0, 0, None, False
+
+    def add(self, value):
+        self.total += value
+        self.count += 1
+
+    def close_epoch(self):
+        mean = {mean}
+        self.last_was_best = self.best is None or mean < self.best
+        self.best = mean if self.last_was_best else self.best
+        self.total, self.count = 0.0, 0
+
+    def is_best(self):
+        return self.last_was_best
+
+
+def save(model):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), "best.pt")
+    dist.barrier()
+
+
+def fit(model, loader, rank):
+    tracker = BestTracker(rank)
+    for epoch in range(10):
+        for x in loader:
+            tracker.add(model(x).mean().item())
+        tracker.close_epoch()
+        if tracker.is_best():
+            save(model)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mean", "causes"),
+    [
+        # each rank's own mean: built with the rank, the tracker is no rank test; fed this
+        # rank's values, it answers with them
+        ("self.total / max(self.count, 1)", {"unsynchronized-decision"}),
+        # the tracker all-reduces what it was fed: every rank gets the same answer
+        (
+            "self._reduced_mean()\n\n    def _reduced_mean(self):\n"
+            "        t = torch.tensor([self.total, float(self.count)])\n        dist.all_reduce(t)\n"
+            "        return (t[0] / t[1].clamp(min=1)).item()",
+            set(),
+        ),
+    ],
+)
+def test_a_test_asking_a_tracker_the_scope_fed_its_own_values_is_a_decision_not_a_rank_test(
+    tmp_path: Path, mean: str, causes: set[str]
+) -> None:
+    script = tmp_path / "fit.py"
+    script.write_text(TRACKER.replace("{mean}", mean))
+    findings, _ = run_lint([script])
+    assert {f.cause for f in findings} == causes, [f.message for f in findings]
+
+
 def test_the_real_scripts_are_flagged_and_their_fixes_are_clean() -> None:
     """tests/scripts/real: the early stop on an all-reduced loss, the step skipped on a
     flag fabric.all_reduce returned: what a collective returns is every rank's."""
