@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ncclcheck.catalogue import Catalogue, load_catalogue
 from ncclcheck.causes import Cause
+from ncclcheck.communicates import shards_parameters
 from ncclcheck.evidence.replayed import Replay
 from ncclcheck.evidence.stacks import ProcessStack
 from ncclcheck.evidence.traces import RankTrace
@@ -103,6 +104,19 @@ class Context:
 
     def site(self, frame: Frame | None) -> str | None:
         return f"{relative(frame.file, self.ev.cwd)}:{frame.line}" if frame else None
+
+    def model_call_site(self, call: CollectiveCall) -> str | None:
+        """Where a loop's step called the model, for a collective a sharded model issues for
+        its modules (FSDP's unshard, ZeRO-3's gather) inside the user's ``forward`` methods:
+        the frame past that run of ``forward`` frames, as the loop's line (``logits =
+        model(x)``) rather than a layer's inside the model. Any other call: its own site."""
+        stack = call.user_stack
+        if not shards_parameters(call.issuer, call.op) or not stack:
+            return self.site(call.site)
+        outer = len(stack)
+        while outer > 0 and stack[outer - 1].function == "forward":
+            outer -= 1
+        return self.site(stack[outer - 1] if 0 < outer < len(stack) else call.site)
 
     def caught_by(self, ranks: Sequence[int], path: str, swallowing: ast.Try) -> list[str]:
         """What each of ``ranks`` caught in the handlers of ``swallowing`` (a try in ``path``),

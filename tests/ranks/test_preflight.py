@@ -770,6 +770,23 @@ def test_fsdp2_collectives_are_recorded_as_training(tmp_path: Path) -> None:
     assert len(traces[0].calls) == len(traces[1].calls) > 0
 
 
+def test_an_fsdp2_eval_on_shards_cut_by_hand_is_sited_at_the_loops_model_call_and_its_twin_aligned() -> None:
+    """The extra eval batch's all-gathers run inside the model's own forward(), a layer's
+    line; what parts the ranks is the loop's call of the model, and that is the site."""
+    script = SCRIPTS / "fsdp2_eval_shards_by_hand.py"
+    proc, report = preflight("--nproc-per-node=2", str(script))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    assert finding["cause"] in ("uneven-eval-batches", "missing-distributed-sampler"), finding
+    assert (
+        finding["site"]
+        == f"tests/scripts/fsdp2_eval_shards_by_hand.py:{line_in(script, 'predicted = model(x)')}"
+    )
+    assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1]), finding
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+
+
 FULL_STATE = SCRIPTS / "fsdp2_full_state_dict.py"
 
 

@@ -218,7 +218,7 @@ def train_passes_end_apart(p: Parting) -> Explanation | None:
         return None
     shorter = sorted(r for r in first.members if r not in longer)
     call = first.calls.get(longer[0])
-    where = f" ({op_text(call)} at {d.site(call.site)})" if call is not None else ""
+    where = f" ({op_text(call)} at {d.model_call_site(call)})" if call is not None else ""
     sampled_by_hand = all(lp.sampled_by_hand for lp in firsts.values())
     return d.explanation(
         Cause.MISSING_DISTRIBUTED_SAMPLER if sampled_by_hand else Cause.UNEVEN_EVAL_BATCHES,
@@ -237,7 +237,7 @@ def train_passes_end_apart(p: Parting) -> Explanation | None:
         ranks=longer,
         absent_ranks=shorter,
         op=call.op if call is not None else None,
-        site=d.site(call.site) if call is not None else None,
+        site=d.model_call_site(call) if call is not None else None,
         evidence=p.evidence
         + (
             [
@@ -592,7 +592,7 @@ def uneven_eval(d: Context, first: Divergence, evidence: list[str]) -> Explanati
         ranks=inside,
         absent_ranks=outside,
         op=call.op,
-        site=d.site(call.site),
+        site=d.model_call_site(call),
         evidence=evidence,
     )
 
