@@ -93,7 +93,8 @@ _NO_GROUP = ""  # a line that names no process group (placed once the rank's lin
 _UNNAMED_SUBGROUP = "(unnamed, rank"
 _RANK_SAID = re.compile(r"\bRank (\d+)\]")
 # srun --label: the task's number, right-aligned, then ": " ("13: Traceback ...", " 4: [E ...")
-_SRUN_LABEL = re.compile(r"^ {0,4}(\d{1,5}): ")
+# after a timestamp a pipe put in front of it (`srun -l ... | ts`: "14:22:58 6: Traceback")
+_SRUN_LABEL = re.compile(r"^(?:[\d:.,/T-]+\s+){0,2}? {0,4}(\d{1,5}): ")
 _LABEL_STARTS = frozenset(" 0123456789")
 # how far a rank got on a group when its watchdog fired, in each torch's words: 2.2-2.3
 # "Timeout at NCCL work: X, last enqueued NCCL work: Y, last completed NCCL work: Z"; 2.4+
@@ -828,6 +829,15 @@ def _line(text: _TextFile, number: int, raw: str) -> None:
         if stream.summary.feed(line):
             return
     if (
+        ("pid" in line or "PID" in line)
+        and ("rank" in line or "Rank" in line)
+        and "NCCL" not in line
+        and _may_matter(line)
+    ):
+        # "rank 0 | world_size=4 pid=31207": a startup line that ties a process to its rank
+        # while it says more (the job's size), read for both
+        _pids_of_ranks(text, line)
+    if (
         text.elastic_section is None
         and (stream is None or (stream.stack is None and stream.traceback is None))
         and not _may_matter(line)
@@ -1216,7 +1226,8 @@ _TRANSPORT_ERROR = re.compile(
 
 # tqdm's bar: "desc:  9%|███▊      | 280000/2969526 [29:55<4:48:08, 155.57 examples/s]"
 _BAR = re.compile(
-    r"(?:^|\r)\s*(?P<what>[^|\r\[]*?):\s+(?P<pct>\d+)%\|[^|\r]*\|\s*(?P<done>[\d.]+[kMG]?/[\d.]+[kMG]?)"
+    # a logger's tags before the description ("[rank0] eval:  98%|...") are not its words
+    r"(?:^|\r)\s*(?:\[[^\]\r]{0,40}\]\s*)*(?P<what>[^|\r\[]*?):\s+(?P<pct>\d+)%\|[^|\r]*\|\s*(?P<done>[\d.]+[kMG]?/[\d.]+[kMG]?)"
     r"\s+\[(?P<elapsed>\d+(?::\d+){1,2})<"
 )
 

@@ -173,8 +173,13 @@ def test_tagged_wrapped_lines_and_unnamed_groups_are_read_as_one_job() -> None:
     assert [(w.group, w.seq, w.op) for w in job.ranks[1].timeouts] == [("2", 412, "ALLREDUCE")]
     assert job.ranks[0].last_enqueued("2") == 412 and job.ranks[1].last_enqueued("2") == 419
     (finding,) = run_doctor_from([FIXTURES / "tagged_and_wrapped.log"]).findings
-    # parted at #412, REDUCE against ALLREDUCE: a value reduced two ways at one point, no branch
-    assert (finding.cause, finding.ranks, finding.absent_ranks) == (Cause.COLLECTIVE_ORDER_MISMATCH, [0], [1])
+    # parted at #412, REDUCE against ALLREDUCE: a value reduced two ways at one point, no
+    # branch; one rank against one: neither is set apart
+    assert (finding.cause, finding.ranks, finding.absent_ranks) == (
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        [0, 1],
+        [],
+    )
 
 
 def test_an_unprefixed_log_is_the_rank_it_names() -> None:
@@ -1361,15 +1366,24 @@ def _bucket_timeouts(sizes: dict[int, int], seq: int = 940) -> str:
 
 def test_one_size_on_fewer_ranks_at_one_number_sets_those_ranks_apart(tmp_path: Path) -> None:
     log = tmp_path / "job.log"
-    # five ranks with one size, one with another: that one is odd on the numbers' face
-    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 4096, 3: 1, 4: 4096, 5: 4096}))
+    # five ranks with one size, one with a size close to it: one call with another tensor,
+    # and that rank is odd on the numbers' face
+    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 4096, 3: 4000, 4: 4096, 5: 4096}))
     (finding,) = run_doctor_from([log]).findings
     assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH
     assert (finding.ranks, finding.absent_ranks) == ([3], [0, 1, 2, 4, 5])
+    # one element against 4096 in an all-reduce: two calls (a flag's, a bucket's), not one
+    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 4096, 3: 1, 4: 4096, 5: 4096}))
+    (finding,) = run_doctor_from([log]).findings
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH
+    assert (finding.ranks, finding.absent_ranks) == ([3], [0, 1, 2, 4, 5])
     # two against two: nothing says which side parted
-    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 1, 3: 1}))
+    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 4000, 3: 4000}))
     (finding,) = run_doctor_from([log]).findings
     assert (finding.cause, finding.absent_ranks) == (Cause.COLLECTIVE_SHAPE_MISMATCH, [])
+    log.write_text(_bucket_timeouts({0: 4096, 1: 4096, 2: 1, 3: 1}))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.COLLECTIVE_ORDER_MISMATCH, [])
     # a rank not in the files could hold either size: none set apart
     log.write_text("WORLD_SIZE=8\n" + _bucket_timeouts({0: 4096, 1: 4096, 2: 1}))
     (finding,) = run_doctor_from([log]).findings
@@ -1386,7 +1400,7 @@ def test_the_odd_sized_rank_that_said_it_skipped_a_step_skipped_it(tmp_path: Pat
     # said after the timeouts (the rank's own shutdown), it explains nothing
     log.write_text(_bucket_timeouts({0: 2_359_296, 1: 1, 2: 2_359_296}) + said)
     (finding,) = run_doctor_from([log]).findings
-    assert finding.cause is Cause.COLLECTIVE_SHAPE_MISMATCH and finding.ranks == [1]
+    assert finding.cause is Cause.COLLECTIVE_ORDER_MISMATCH and finding.ranks == [1]
 
 
 def test_a_rank_that_said_it_stopped_training_left_the_loop_the_others_stayed_in(tmp_path: Path) -> None:
@@ -2422,23 +2436,27 @@ def test_rank_0_in_an_evaluation_and_another_process_in_the_training_loop_is_the
 
 
 def test_the_same_names_printed_in_another_order_on_each_rank_are_an_order_mismatch(tmp_path: Path) -> None:
-    """Two ranks all-reduce 1024 elements at #9, two others 65536: sizes that differ. Each
-    rank printed the list of metrics it syncs, the same four names in its own order: the
-    sizes differ because the order does. Without the printed lists, a size mismatch; with the
-    same order printed on every rank, no order is read from them."""
+    """Two ranks all-reduce 1024 elements at #9, two others 65536: two calls. Each rank
+    printed the list of metrics it syncs, the same four names in its own order: the calls
+    differ because the order does, and the lists say so. Without the printed lists, or with
+    the same order printed on every rank, the sizes part the ranks but no order is read
+    from lists, and two against two sets no rank apart."""
 
-    def run(orders: dict[int, list[str]]) -> Cause:
+    def run(orders: dict[int, list[str]]) -> tuple[Cause, str, list[int]]:
         log = tmp_path / "job.log"
         log.write_text(
             "".join(f"[rank{r}]: syncing metrics {names!r}\n" for r, names in orders.items())
             + "".join(_watchdog(r, 9, "ALLREDUCE", 1024 if r in (0, 3) else 65536, 9, 8) for r in range(4))
         )
-        return run_doctor_from([log]).findings[0].cause
+        finding = run_doctor_from([log]).findings[0]
+        return finding.cause, finding.message, finding.absent_ranks
 
     names = ["loss_sum", "hist", "area_union", "count"]
-    assert run({r: names[r:] + names[:r] for r in range(4)}) is Cause.COLLECTIVE_ORDER_MISMATCH
-    assert run({}) is Cause.COLLECTIVE_SHAPE_MISMATCH
-    assert run({r: names for r in range(4)}) is Cause.COLLECTIVE_SHAPE_MISMATCH
+    cause, message, _ = run({r: names[r:] + names[:r] for r in range(4)})
+    assert cause is Cause.COLLECTIVE_ORDER_MISMATCH and "syncing metrics" in message
+    for orders in ({}, {r: names for r in range(4)}):
+        cause, message, apart = run(orders)
+        assert (cause, apart) == (Cause.COLLECTIVE_ORDER_MISMATCH, []) and "syncing metrics" not in message
 
 
 def test_numbers_far_apart_and_point_to_point_ops_are_of_other_groups_than_the_lines_say(
@@ -2588,3 +2606,70 @@ def test_ranks_that_never_issued_a_call_for_no_reason_shown_are_a_rank_test_only
     )
     findings = run_doctor_from([log]).findings
     assert all(f.severity is not Severity.ERROR for f in findings), [f.message for f in findings]
+
+
+def test_a_lone_rank_that_said_it_skipped_a_batch_is_the_side_that_issued_another_op(tmp_path: Path) -> None:
+    """torch 1.13's lines, no sizes: ranks 0-2 all-reduce at #5120, rank 3 broadcasts
+    (DDP's buffers at its next forward): it said it skipped a batch before."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        "rank3 | skipping batch 812: loss is nan\n"
+        + "".join(_watchdog_1_13(r, 5120, "ALLREDUCE") for r in range(3))
+        + _watchdog_1_13(3, 5120, "BROADCAST")
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.DATA_DEPENDENT_BRANCH, [3])
+
+
+def test_the_side_that_said_it_stopped_is_found_whichever_side_it_is(tmp_path: Path) -> None:
+    """One rank against one: rank 1 stopped early and waits in its final barrier (one
+    element), rank 0 in the next epoch's bucket: rank 1's words set it apart."""
+    log = tmp_path / "train.log"
+    log.write_text(
+        "[rank1]: patience exhausted, early stopping at epoch 9\n"
+        + _watchdog(0, 8801, "ALLREDUCE", 2_359_296, 8801, 8800)
+        + _watchdog(1, 8801, "ALLREDUCE", 1, 8801, 8800)
+    )
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.UNSYNCHRONIZED_DECISION, [1])
+
+
+def test_a_bar_behind_a_loggers_rank_tag_and_a_label_behind_a_timestamp_are_read(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    log.write_text(
+        "".join(
+            f"{r}: [rank{r}] validate: 100%|██████████| {61 if r else 62}/{61 if r else 62} [00:31<00:00]\n"
+            for r in range(2)
+        )
+        + "09:14:02 1: Traceback (most recent call last):\n"
+        + '09:14:02 1:   File "/srv/fit.py", line 40, in <module>\n'
+        + "09:14:02 1: ValueError: bad crop\n"
+    )
+    job = read_leftovers([log])
+    assert sorted((x.rank, x.total) for x in job.loop_lengths) == [(0, 62), (1, 61)]
+    ending = job.ranks[1].ending
+    assert ending is not None and ending.error == "ValueError: bad crop"
+
+
+def test_a_rank_dumped_in_the_collective_the_others_timed_out_in_waits_with_them(tmp_path: Path) -> None:
+    """Ranks 1 and 2 timed out in the first barrier's all-reduce; rank 3 was dumped in that
+    barrier (its own line not pasted) and rank 0 tokenizing: rank 0 alone never issued it,
+    and its stack says it was busy."""
+    log = tmp_path / "job.log"
+    log.write_text("WORLD_SIZE=4\n" + "".join(_watchdog(r, 2, "ALLREDUCE", 1, 2, 1) for r in (1, 2)))
+    (tmp_path / "rank_3.txt").write_text(
+        'Thread 7 (idle): "MainThread"\n    barrier (torch/distributed/distributed_c10d.py:4159)\n'
+        "    main_process_first (transformers/training_args.py:2409)\n    main (prep.py:50)\n"
+    )
+    (tmp_path / "rank_0.txt").write_text(
+        'Thread 5 (active): "MainThread"\n    encode (tokenizers/implementations/base.py:90)\n'
+        "    tokenize (prep.py:31)\n    main (prep.py:52)\n"
+    )
+    (finding,) = run_doctor_from([log, tmp_path / "rank_3.txt", tmp_path / "rank_0.txt"]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.STRAGGLER, [0])
+
+
+def test_a_startup_line_that_says_the_jobs_size_ties_its_pid_to_its_rank(tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    log.write_text("[2024-02-07 12:01:55] rank 2 | world_size=4 pid=31209 device=cuda:2\n")
+    assert read_leftovers([log]).ranks[2].pid == 31209

@@ -121,8 +121,15 @@ class Leftovers:
         return [
             r
             for r in self._without_watchdog_line()
-            if _says_where(self.job.ranks.get(r), heard_counts) and r not in failing
+            if _says_where(self.job.ranks.get(r), heard_counts)
+            and r not in failing
+            and not _its_stack_waits_in_their_collective(self.job.ranks.get(r), self.timed_out_ops)
         ]
+
+    @functools.cached_property
+    def timed_out_ops(self) -> set[tuple[str, int | None]]:
+        """(op, elements in) of every numbered timeout: the collectives the ranks wait in."""
+        return {(_op_name(w.op), w.numel_in) for r in self.job.ranks.values() for w in r.numbered if w.op}
 
     def _stopped_before_the_timeouts(self) -> bool:
         """Whether a launcher's line stopping processes comes before a watchdog timeout in the
@@ -221,6 +228,25 @@ def _says_where(record: RankAftermath | None, heard_counts: bool = True) -> bool
         return True
     ending = record.ending
     return ending is not None and (bool(ending.error) or ending.exit_code not in (None, -6, -15))
+
+
+def _its_stack_waits_in_their_collective(
+    record: RankAftermath | None, timed_out: set[tuple[str, int | None]]
+) -> bool:
+    """A rank dumped waiting in the collective the others timed out in (its function's op,
+    a barrier as NCCL's all-reduce of one element): it issued it and waits with them; that its
+    own watchdog line is not among theirs (not pasted, not yet fired) sets it on no side of
+    its own. One in another collective stays apart: it never issued theirs."""
+    if record is None or record.stack is None:
+        return False
+    waits = blocking(record.stack)
+    if not waits.waits_for_peers:
+        return False
+    called = _op_name(waits.what.split(" ", 1)[0])
+    return any(
+        called == op or (called == "barrier" and op == "allreduce" and numel in (1, None))
+        for op, numel in timed_out
+    )
 
 
 def _fingerprint_text(f: Fingerprint) -> str:
@@ -843,57 +869,100 @@ def ops_differ_at_one_position(s: Leftovers) -> Explanation | None:
             if work.op:  # an op cut off in its line is no other op
                 by_op.setdefault(work.op, []).append(rank)
         if len(by_op) > 1:
-            said = f"{_position(group, seq)}: " + "; ".join(
-                f"{who(ranks)} issued {op}" for op, ranks in sorted(by_op.items())
-            )
-            from_stacks = _stacks_say_why(s, said)
-            if from_stacks is not None:
-                return from_stacks
-            new_pass = _a_side_began_a_new_pass(s, group, seq, by_op)
-            if new_pass is not None:
-                return new_pass
-            in_its_own_order = _iterated_in_its_own_order(s, f"the ranks disagree on {said}", sorted(works))
-            if in_its_own_order is not None:
-                return in_its_own_order
-            uneven = _loops_of_other_lengths(s, said, by_op)
-            if uneven is not None:
-                return uneven
-            decided = _a_decision_only_they_took(s, f"the ranks disagree on {said}", list(by_op.values()))
-            if decided is not None:
-                return decided
-            # a side that said it stopped left the loop the other side is still in
-            fewer, more = sorted(by_op.values(), key=len)[:2] if len(by_op) == 2 else ([], [])
-            if len(fewer) < len(more):
-                stopped = _said_it_stopped(s, sorted(more), sorted(fewer), f"The ranks disagree on {said}")
-                if stopped is not None:
-                    return stopped
-            announced = _a_phase_only_they_announced(s, f"the ranks disagree on {said}", list(by_op.values()))
-            if announced is not None:
-                return announced
-            decided_apart = _one_side_reduces_to_a_root(s, group, seq, by_op)
-            if decided_apart is not None:
-                return decided_apart
-            sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
-            in_a_phase = _one_side_in_a_phase_of_its_own(s, said, sides)
-            if in_a_phase is not None:
-                return in_a_phase
-            parted = s.d.explanation(
-                Cause.COLLECTIVE_ORDER_MISMATCH,
-                f"the ranks disagree on {_position(group, seq)}: "
-                + "; ".join(f"{who(ranks)} issued {op}" for op, ranks in sides)
-                + ". Each side waits for a call the others make at another point (or never: a "
-                "collective under a rank test pairs with the next one of the others)",
-                ranks=sides[0][1],
-                absent_ranks=sorted(r for _, ranks in sides[1:] for r in ranks),
-                op=sides[0][0],
-                site=None,
-                evidence=s.evidence,
-            )
-            # the numbers prove the ranks parted here, not how: one side's extra call (under a
-            # rank test, in an extra eval batch) looks the same as two calls swapped
-            parted.fix = _WHERE_NOT_WHY
-            return parted
+            return _why_the_sides_parted(s, group, seq, works, by_op, {op: op for op in by_op})
     return None
+
+
+def _why_the_sides_parted(
+    s: Leftovers,
+    group: str,
+    seq: int | None,
+    works: dict[int, TimedOutWork],
+    by_op: dict[str, list[int]],
+    op_of: dict[str, str],
+) -> Explanation:
+    """Ranks that made different calls at one position, each side under its label in
+    ``by_op`` (an op, or an op with its size: ``op_of`` gives each label's op): what the
+    files say of why, else where they parted and how to find why."""
+    found = _sides_parted(s, group, seq, works, by_op)
+    if found.op in op_of:
+        found.op = op_of[found.op]  # the op itself: where each rank called it is found by it
+    return found
+
+
+def _sides_parted(
+    s: Leftovers, group: str, seq: int | None, works: dict[int, TimedOutWork], by_op: dict[str, list[int]]
+) -> Explanation:
+    said = f"{_position(group, seq)}: " + "; ".join(
+        f"{who(ranks)} issued {op}" for op, ranks in sorted(by_op.items())
+    )
+    from_stacks = _stacks_say_why(s, said)
+    if from_stacks is not None:
+        return from_stacks
+    new_pass = _a_side_began_a_new_pass(s, group, seq, by_op)
+    if new_pass is not None:
+        return new_pass
+    in_its_own_order = _iterated_in_its_own_order(s, f"the ranks disagree on {said}", sorted(works))
+    if in_its_own_order is not None:
+        return in_its_own_order
+    uneven = _loops_of_other_lengths(s, said, by_op)
+    if uneven is not None:
+        return uneven
+    decided = _a_decision_only_they_took(s, f"the ranks disagree on {said}", list(by_op.values()))
+    if decided is not None:
+        return decided
+    # one rank, alone on its side, that said before the timeouts it left out a step: its
+    # next call met another of the others'
+    skipped = {o.rank: o for o in _before_the_timeouts(s, s.job.skip_lines) if o.rank in works}
+    lone = [ranks for ranks in by_op.values() if len(ranks) == 1 and ranks[0] in skipped]
+    if len(skipped) == 1 and len(lone) == 1:
+        odd = lone[0][0]
+        return _said_it_skipped(
+            s,
+            odd,
+            skipped[odd],
+            sorted(r for r in works if r != odd),
+            f"before {_position(group, seq)}",
+            [said],
+        )
+    # a side that said it stopped left the loop the other side is still in (either side: the
+    # stopper's last call may be the one that makes its side)
+    if len(by_op) == 2:
+        one, other = by_op.values()
+        for left, stayed in ((one, other), (other, one)):
+            stopped = _said_it_stopped(s, sorted(stayed), sorted(left), f"The ranks disagree on {said}")
+            if stopped is not None:
+                return stopped
+    announced = _a_phase_only_they_announced(s, f"the ranks disagree on {said}", list(by_op.values()))
+    if announced is not None:
+        return announced
+    decided_apart = _one_side_reduces_to_a_root(s, group, seq, by_op)
+    if decided_apart is not None:
+        return decided_apart
+    sides = sorted(by_op.items(), key=lambda item: (len(item[1]), item[1][0]))
+    in_a_phase = _one_side_in_a_phase_of_its_own(s, said, sides)
+    if in_a_phase is not None:
+        return in_a_phase
+    # a side of more than half the job's ranks, all of them seen, sets the others apart on
+    # the numbers' face; sides of one size, or ranks these files say nothing of, set none
+    everyone = sorted(r for _, ranks in sides for r in ranks)
+    apart = len(sides[-1][1]) * 2 > len(everyone) and not s.unseen
+    parted = s.d.explanation(
+        Cause.COLLECTIVE_ORDER_MISMATCH,
+        f"the ranks disagree on {_position(group, seq)}: "
+        + "; ".join(f"{who(ranks)} issued {op}" for op, ranks in sides)
+        + ". Each side waits for a call the others make at another point (or never: a "
+        "collective under a rank test pairs with the next one of the others)",
+        ranks=sides[0][1] if apart else everyone,
+        absent_ranks=sorted(r for _, ranks in sides[1:] for r in ranks) if apart else [],
+        op=sides[0][0],
+        site=None,
+        evidence=s.evidence,
+    )
+    # the numbers prove the ranks parted here, not how: one side's extra call (under a
+    # rank test, in an extra eval batch) looks the same as two calls swapped
+    parted.fix = _WHERE_NOT_WHY
+    return parted
 
 
 def _one_side_in_a_phase_of_its_own(
@@ -1361,6 +1430,15 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                     return _said_it_skipped(
                         s, odd[0], skips[0], majority, f"before {op} #{seq} of group {group}", [message]
                     )
+            if not first and _other_calls_by_their_sizes(s, op, list(by_size), sorted(works)):
+                # an all-reduce of one element against one of millions: two calls, not one
+                # call with a tensor of each rank's own size
+                labelled = {
+                    f"{op} of {size} element{'' if size == 1 else 's'}": ranks for size, ranks in sides
+                }
+                return _why_the_sides_parted(
+                    s, group, seq, works, labelled, {label: op for label in labelled}
+                )
             if not first and len(sides) == 2:
                 # the sizes part the ranks as two calls would: a stack of each side, one inside
                 # a phase a main process runs alone and one past it, says whose call it is
@@ -1387,6 +1465,34 @@ def sizes_differ_at_one_position(s: Leftovers) -> Explanation | None:
                 evidence=s.evidence,
             )
     return None
+
+
+# ops whose tensor a program makes the same size on every rank (a metric, a gradient
+# bucket, a flag), unlike a gather of what each rank holds: sizes far apart at one number
+# are two different calls
+_FIXED_SIZE_OPS = frozenset({"allreduce", "broadcast", "reduce"})
+_FAR_APART = 8  # times
+
+
+def _other_calls_by_their_sizes(s: Leftovers, op: str, sizes: list[int | None], ranks: list[int]) -> bool:
+    """Sizes far apart in an op a program gives one size on every rank, the smaller not a
+    gradient bucket's (buckets of other sizes are other modules run: _other_modules_ran),
+    and no two stacks of these ranks at one line (the same call, then, with other tensors)."""
+    known = [n for n in sizes if n is not None]
+    if not (
+        _op_name(op) in _FIXED_SIZE_OPS
+        and len(known) == len(sizes) >= 2
+        and max(known) >= _FAR_APART * max(min(known), 1)
+        and min(known) < GRADIENT_BUCKET_MIN_NUMEL
+    ):
+        return False
+    lines = set()
+    for rank in ranks:
+        record = s.job.ranks.get(rank)
+        user = user_frames(record.stack) if record is not None and record.stack is not None else []
+        if user:
+            lines.add((user[0].file, user[0].line))
+    return len(lines) != 1
 
 
 def _stuck_before(s: Leftovers, group: str, seq: int, op: str) -> tuple[list[int], int | None]:
