@@ -170,8 +170,36 @@ def decided(fork: Fork, replay: Replay) -> Decided | None:
             found.append((priority, around, -depth.get((key[0], function), -1), found_here))
     if not found:
         return None
+    found = [item for item in found if not _inside_a_loop_that_ran_more(item[3], found, fork)]
     found.sort(key=lambda item: item[:3])
     return found[0][3]
+
+
+def _inside_a_loop_that_ran_more(
+    inner: Decided, found: list[tuple[int, int, int, Decided]], fork: Fork
+) -> bool:
+    """A loop that ran more passes on one side only because a loop around its call ran more
+    on that side too (the blocks of a model's forward(), run once more in an extra eval
+    batch): the outer one decided. A loop whose outer loop ran alike on every rank (the
+    ranks parted inside one pass) is not this."""
+    if inner.kind != ReasonKind.LOOP_EXIT:
+        return False
+    stack = fork.stack if any(f.file == inner.frame.file for f in fork.stack) else fork.alt_stack
+    here = next(
+        (i for i, f in enumerate(stack) if f.file == inner.frame.file and f.function == inner.frame.function),
+        None,
+    )
+    if here is None:
+        return False
+    for *_, outer in found:
+        if outer is inner or outer.kind != ReasonKind.LOOP_EXIT or set(outer.side) != set(inner.side):
+            continue
+        for frame in stack[:here]:  # the callers of the inner loop's function
+            if frame.file == outer.frame.file and any(
+                loop.lineno == outer.frame.line for loop in reading.enclosing_loops(frame.file, frame.line)
+            ):
+                return True
+    return False
 
 
 def _last_call_alike(fork: Fork) -> list[Frame]:

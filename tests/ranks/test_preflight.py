@@ -783,6 +783,17 @@ def test_an_fsdp2_eval_on_shards_cut_by_hand_is_sited_at_the_loops_model_call_an
         == f"tests/scripts/fsdp2_eval_shards_by_hand.py:{line_in(script, 'predicted = model(x)')}"
     )
     assert (finding["ranks"], finding["absent_ranks"]) == ([0], [1]), finding
+    # no loader: the rank's own rows sliced in a loop; the blocks' loop inside forward() ran
+    # more passes too, only because it ran in one more batch: the eval loop decided
+    proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "slices"})
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    finding = report["findings"][0]
+    sliced = line_in(script, "predicted = model(features[start : start + 3])")
+    assert (finding["cause"], finding["site"]) == (
+        "uneven-eval-batches",
+        f"tests/scripts/fsdp2_eval_shards_by_hand.py:{sliced}",
+    ), finding
+    assert "for start in range(0, len(features), 3)" in finding["message"], finding
     proc, report = preflight("--nproc-per-node=2", str(script), env={"MODE": "fixed"})
     assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
 

@@ -88,7 +88,7 @@ def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
         # the ranks that took the exit are the ones that went on: the call they left behind,
         # the other side's, is the one the exit skips (a rank-0 block the others return from)
         call, made, other = f.alt, f.other, f.made
-    return call_finding(
+    finding = call_finding(
         d,
         found.cause,
         f"{found.headline}: the ranks parted there, and {who(made)} went on to {op_text(call)} at "
@@ -104,6 +104,10 @@ def what_the_lines_show(f: Fork, found: lines.Decided) -> Explanation:
         ],
         Reason(found.kind, found.frame, found.statement),
     )
+    if found.kind is ReasonKind.LOOP_EXIT:
+        # a loop's extra pass: its call of a sharded model, not a layer inside the model
+        finding.site = d.model_call_site(call)
+    return finding
 
 
 def rank_test_around_the_call(f: Fork) -> Explanation | None:
@@ -798,7 +802,7 @@ def loop_left(
             ranks=inside_ranks,
             absent_ranks=outside_ranks,
             op=call.op,
-            site=d.site(call.site),
+            site=d.model_call_site(call),
             evidence=[*evidence, skip.evidence],
             reason=skip.reason,
         )
@@ -884,7 +888,7 @@ def _passes_from_the_rank(
         ranks=inside_ranks,
         absent_ranks=outside_ranks,
         op=call.op,
-        site=d.site(call.site),
+        site=d.model_call_site(call),
         evidence=[*evidence, f"the loop's iterable `{ast.unparse(loop.iter)}` is computed from the rank"],
         reason=Reason(ReasonKind.LOOP_EXIT, deciding, header),
     )
