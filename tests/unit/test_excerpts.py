@@ -1046,3 +1046,15 @@ def test_other_sizes_where_one_sides_stack_is_in_a_phase_the_other_is_past_is_a_
     )
     (tmp_path / "rank_1.txt").write_text(_py_spy_threads(801, {"MainThread": validating}))
     assert run_doctor_from(files).findings[0].cause is Cause.COLLECTIVE_SHAPE_MISMATCH
+
+
+def test_a_gathers_small_sizes_a_few_percent_apart_are_one_gather_of_each_ranks_own_length(
+    tmp_path: Path,
+) -> None:
+    """_ALLGATHER_BASE is FSDP's parameter gather as often as a metric gather's; 4096
+    elements against 3896 (generated tokens of another length) is one gather of per-rank
+    lengths, not two modules' parameters."""
+    log = tmp_path / "job.log"
+    log.write_text("".join(_watchdog(r, 214, "_ALLGATHER_BASE", 3896 if r == 2 else 4096) for r in range(4)))
+    (finding,) = run_doctor_from([log]).findings
+    assert (finding.cause, finding.absent_ranks) == (Cause.COLLECTIVE_SHAPE_MISMATCH, [0, 1, 3])

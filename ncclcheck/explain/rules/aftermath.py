@@ -372,6 +372,15 @@ def _issued_for_parameters(s: Leftovers, op: str, numels: list[int | None]) -> b
     parameter all-gather where the files say the model is replicated (DDP) and name no
     sharding: DDP gathers no parameters, the call is the user's own."""
     if op.upper() in PARAMETER_OPS:
+        known = [n for n in numels if n is not None]
+        if (
+            len(known) == len(numels) >= 2
+            and max(known) < GRADIENT_BUCKET_MIN_NUMEL
+            and max(known) * 4 < min(known) * 5
+        ):
+            # small sizes within a quarter of each other: one gather of a length each rank
+            # has its own (predictions of another length), not two modules' parameters
+            return False
         return s.job.wrappers_said != {"replicated"}
     known = [n for n in numels if n is not None]
     return op.upper() == "ALLREDUCE" and len(known) == len(numels) and min(known) >= GRADIENT_BUCKET_MIN_NUMEL
