@@ -56,7 +56,7 @@ from ncclcheck.render.lanes import Lanes, build_lanes
 from ncclcheck.settings import DryRunSettings, Launcher
 from ncclcheck.source import reading
 from ncclcheck.source.origins import first_iteration_of_a_set
-from ncclcheck.wording import relative, who
+from ncclcheck.wording import relative, signal_name, who
 
 
 @dataclass
@@ -782,17 +782,29 @@ def _why_it_stopped(folder: Path, traces: dict[int, RankTrace], launch: LaunchRe
     if stops:
         return "; ".join(sorted(stops))
     hows = {t.exit.how.value for t in traces.values() if t.exit is not None}
-    # a rank with no exit line was ended from outside (torchrun's SIGTERM after another
-    # rank's exit failed, a kill): it did not run to its end, whatever the others did
+    # a rank with no exit line did not run to its end: a signal (torchrun's SIGTERM after
+    # another rank failed; its own SIGABRT, as gloo aborts a rank that receives a buffer of
+    # another size), a kill, whatever the others did
     unended = sorted(r for r, t in traces.items() if t.exit is None)
     if hows == {End.RETURNED.value} and not unended:
         return "the script ran to its end on every rank"
     said = sorted(hows)
     if unended:
         exits = launch.rank_exits
-        ends = ", ".join(f"rank {r}: exit code {exits[r]}" if r in exits else f"rank {r}" for r in unended)
-        said.append(f"ended from outside before its script's end ({ends})")
+        ends = ", ".join(f"rank {r}: {_exit_said(exits[r])}" if r in exits else f"rank {r}" for r in unended)
+        said.append(f"ended before its script's end with no exit of its own ({ends})")
     return "the job ended: " + ", ".join(said or ["no exit recorded"])
+
+
+def _exit_said(code: int) -> str:
+    """An exit code as a reader wants it: a signal by its name (-6: SIGABRT, the process
+    aborted itself; gloo does so on a buffer of another size), else the code."""
+    name = signal_name(code)
+    if name == "SIGABRT":
+        return (
+            "SIGABRT (it aborted itself: gloo does on a buffer of another size, NCCL's watchdog on a timeout)"
+        )
+    return f"{name}" if name else f"exit code {code}"
 
 
 def _probe_finding(traces: dict[int, RankTrace], world: int) -> Finding:

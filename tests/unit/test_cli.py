@@ -210,3 +210,11 @@ def test_watch_keeps_nccls_ras_report_where_the_command_exists(
     (folder / "ncclras.txt").unlink()
     _ras_report(folder)
     assert not (folder / "ncclras.txt").exists()
+
+
+def test_a_rank_ended_by_a_signal_is_said_by_the_signals_name_not_as_ended_from_outside() -> None:
+    from ncclcheck.commands.preflight import _exit_said
+
+    assert _exit_said(-6).startswith("SIGABRT (it aborted itself")
+    assert _exit_said(-15) == "SIGTERM"
+    assert _exit_said(1) == "exit code 1"
