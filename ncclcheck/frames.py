@@ -5,6 +5,7 @@ lookup per frame."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import site
 import sys
@@ -67,6 +68,20 @@ def is_user_file(filename: str) -> bool:
     library = max((len(root) for root in _ROOTS if real.startswith(root)), default=-1)
     user = max((len(root) for root in _USER_ROOTS if real.startswith(root)), default=-1)
     return library < 0 or user > library
+
+
+def installed_origin(path: str) -> str | None:
+    """The file of the installed module a relative path printed below site-packages starts
+    with (py-spy's ``torch/nn/modules/linear.py``: torch's ``__init__.py``), or None where
+    no module of that name is installed here."""
+    first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
+    if not first.isidentifier():
+        return None
+    try:
+        spec = importlib.util.find_spec(first)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
 
 
 def is_user_code(code: CodeType) -> bool:

@@ -12,14 +12,13 @@ their own, and a file of several dumps is cut at its ``== rank N ==`` (or ``== p
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from ncclcheck.evidence.stacks import ProcessStack, ThreadStack
-from ncclcheck.frames import is_user_file
+from ncclcheck.frames import installed_origin, is_user_file
 from ncclcheck.model import Frame
 
 _PY_SPY_THREAD = re.compile(r'^Thread (0x[0-9a-fA-F]+|\d+) \(([\w ]+)\)(?:: "(.*)")?\s*$')
@@ -344,14 +343,9 @@ def is_user_path(path: str) -> bool:
         return False
     if os.path.isabs(path):
         return is_user_file(path)
-    first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
-    if first in POSTED_LIBRARIES:
+    if path.replace("\\", "/").split("/", 1)[0].removesuffix(".py") in POSTED_LIBRARIES:
         return False
-    try:
-        spec = importlib.util.find_spec(first) if first.isidentifier() else None
-    except (ImportError, ValueError):
-        spec = None
-    origin = spec.origin if spec is not None else None
+    origin = installed_origin(path)
     return origin is None or is_user_file(origin)
 
 

@@ -3,7 +3,6 @@ watchdog and doctor). Dumps run in parallel, each bounded by a timeout."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import linecache
 import os
@@ -29,7 +28,7 @@ from ncclcheck.communicates import (
 )
 from ncclcheck.errors import InputError, StackPermissionError
 from ncclcheck.evidence import device
-from ncclcheck.frames import is_user_file
+from ncclcheck.frames import installed_origin, is_user_file
 from ncclcheck.model import Frame
 from ncclcheck.record.nccl_timing import EMULATION_FILE
 
@@ -346,13 +345,7 @@ def _source_not_here(path: str) -> bool:
     below a package installed here (py-spy prints ``torch/nn/modules/linear.py``)."""
     if os.path.isfile(path):
         return False
-    if os.path.isabs(path):
-        return True
-    first = path.replace("\\", "/").split("/", 1)[0].removesuffix(".py")
-    try:
-        return not first.isidentifier() or importlib.util.find_spec(first) is None
-    except (ImportError, ValueError):
-        return True
+    return os.path.isabs(path) or installed_origin(path) is None
 
 
 def _runs_user_code(thread: ThreadStack) -> bool:
