@@ -60,7 +60,11 @@ def local_decisions(linter: Linter, module: ParsedModule) -> list[LocalDecision]
         line = where.condition_line or where.line
         if finding.cause is Cause.RANK_EARLY_EXIT and _tests_the_rank(path, line):
             continue
-        reading = finding.message.split(": ranks that take it")[0]
+        reading, _, rest = finding.message.partition(": ranks that take it")
+        if "; `" in rest:
+            # why the test is rank-local where another line decided it (the callback that
+            # set the flag the test reads, the rank that dist.reduce left it on)
+            reading += rest[rest.index("; `") :].rsplit(" (in ", 1)[0].rsplit(" (at module level", 1)[0]
         synced = _synced_somewhere(linter, module, path, line)
         found.setdefault(
             (path, line),

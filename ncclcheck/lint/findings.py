@@ -111,6 +111,16 @@ class Guard:
     test: ast.expr | None = field(default=None, compare=False)  # the if's test
 
 
+@dataclass(frozen=True)
+class AttributeSite:
+    """Where a function sets an attribute to a rank's own value."""
+
+    path: Path
+    line: int
+    function: str  # `EarlyStopping.on_epoch_end`
+    test: str  # the rank-local tests it is set under, innermost first; '' if its value is local
+
+
 class ProjectIndex(Protocol):
     """What the checks of one scope (scope.py) and of the eval loaders (samplers.py) ask
     of the project's index (project.py's Linter): its modules' names resolved, walked
@@ -139,6 +149,10 @@ class ProjectIndex(Protocol):
         self, scope: ast.AST, module: ParsedModule, function: Function | None
     ) -> set[str]: ...
     def sync_points(self, scope: ast.AST, module: ParsedModule) -> dict[str, list[int]]: ...
+    def attribute_is_local(self, module: ParsedModule, attribute: str) -> bool: ...
+
+    def attribute_site(self, module: ParsedModule, attribute: str) -> AttributeSite | None: ...
+
     def rooted_names(self, scope: ast.AST, module: ParsedModule) -> dict[str, tuple[str, int]]: ...
     def is_rank_local(
         self,

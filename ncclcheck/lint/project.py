@@ -4,6 +4,7 @@ imports, and which calls communicate (directly, or through the user's own functi
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 from ncclcheck.communicates import (
@@ -22,7 +23,15 @@ from ncclcheck.errors import InputError
 
 # Point-to-point calls (send/recv, batch_isend_irecv) are rank-dependent by design: each
 # side's branch is paired with the other's, so lint leaves them out.
-from ncclcheck.lint.findings import Collective, Function, ParsedModule, dedupe, located, relative_path
+from ncclcheck.lint.findings import (
+    AttributeSite,
+    Collective,
+    Function,
+    ParsedModule,
+    dedupe,
+    located,
+    relative_path,
+)
 from ncclcheck.lint.rank_sets import imported_rank_names
 from ncclcheck.lint.reaching import tests_over
 from ncclcheck.lint.samplers import eval_loaders_without_sampler
@@ -33,7 +42,7 @@ from ncclcheck.lint.syntax import (
     ddp_parameters_of,
     ddp_wrapped_names,
     dist_label,
-    element_source,
+    element_sources,
     formatted_arguments,
     ignore_comments,
     is_property,
@@ -80,6 +89,22 @@ class Linter:
         self._synced: dict[int, dict[str, list[int]]] = {}
         self._passed: dict[int, dict[str, list[int]]] = {}  # what sync_points starts from
         self._local_attributes: dict[int, set[str]] = {}  # id(module tree) -> rank-local attributes
+        self._loop_elements: dict[int, dict[str, ast.expr]] = {}  # id(function node) -> element_sources
+        self._fed_local: dict[int, set[str]] = {}  # id(function node) -> parameters fed local values
+        self._handed_local: dict[tuple[int, str], bool] = {}  # (module, attribute) -> attribute_is_local
+        self._handing: dict[int, dict[str, list[Function]]] = {}  # id(module tree) -> _handing_functions
+        # (module, modules loaded) -> the modules of its program
+        self._beside: dict[tuple[int, int], list[ParsedModule]] = {}
+        self._imports_loaded: set[int] = set()  # id(module tree) whose imported modules are loaded
+        self._computing = 0  # nested computations of them in progress
+        self._shallow = 0  # > 0: reading a caller's own values only (fed_local_parameters)
+        # attribute -> where a function sets it from (or under a test of) a rank-local value:
+        # the line that decides for a test that only reads the attribute
+        self._attribute_sites: dict[tuple[Path, str], AttributeSite] = {}
+        self._calls_by_name: tuple[int, dict[str, list[tuple[ParsedModule, Function | None, ast.Call]]]] = (
+            -1,
+            {},
+        )
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
         self._properties: tuple[int, frozenset[str]] = (-1, frozenset())  # (modules read, their properties)
         self._duck_classes: dict[tuple[int, str], str | None] = {}  # (id(function node), parameter) -> class
@@ -583,7 +608,10 @@ class Linter:
             named = self._bound_class(value.id, module, function)
             if named is None and function is not None:
                 # a loop's element: ``for name, meter in self.meters.items()``
-                container = element_source(value.id, function.node)
+                key = id(function.node)
+                if key not in self._loop_elements:
+                    self._loop_elements[key] = element_sources(function.node)
+                container = self._loop_elements[key].get(value.id)
                 if container is not None:
                     named = self._element_class(container, module, function)
             if named is None and function is not None:
@@ -813,7 +841,10 @@ class Linter:
         check, the ``.item()`` of a tensor no collective touched, or what a user function
         returns that computes a number from tensors and communicates nothing."""
         synced = set(self.sync_points(scope, module))
-        local: set[str] = set()
+        # a parameter the project's calls hand this rank's own value (a callback's metrics)
+        local: set[str] = (
+            set(self.fed_local_parameters(function)) if function is not None and not self._shallow else set()
+        )
         assignments = [
             n for n in self.nodes(scope) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign))
         ]
@@ -875,6 +906,17 @@ class Linter:
                 if not isinstance(call, ast.Call):
                     continue
                 label = self._direct_label(call, module, set())
+                if (
+                    label is None
+                    and isinstance(node, ast.Assign)
+                    and self.returns_what_it_synced(call, module, None)
+                ):
+                    # `stop = broadcast_flag(stop or rank0_saw_the_file)`: a helper of the
+                    # project's that returns only what it broadcast or all-reduced
+                    for target in node.targets:
+                        for name in bound_names(target):
+                            synced.setdefault(name, []).append(call.lineno)
+                    continue
                 if label is None or (
                     label.split(".")[-1] in ROOTED and self._of_torch_distributed(call, module)
                 ):
@@ -952,7 +994,11 @@ class Linter:
             pending.extend(ast.iter_child_nodes(node))
             if isinstance(node, ast.Name) and node.id in local:
                 return True
-            if isinstance(node, ast.Attribute) and node.attr in self.local_attributes(module):
+            if (
+                isinstance(node, ast.Attribute)
+                and not self._shallow
+                and self.attribute_is_local(module, node.attr)
+            ):
                 return True
             if not isinstance(node, ast.Call):
                 continue
@@ -997,45 +1043,274 @@ class Linter:
         (``self.local_val_loss = torch.stack(losses).mean().item()``), constants aside: read
         anywhere in the module (``pl_module.local_val_loss`` in a callback), each rank's own."""
         key = id(module.tree)
-        if key in self._local_attributes:
-            return self._local_attributes[key]
-        self._local_attributes[key] = set()  # while computing: what it reads is not one yet
+        return self._within_depth(
+            self._local_attributes, key, lambda: self._compute_local_attributes(module, key)
+        )
+
+    def _compute_local_attributes(self, module: ParsedModule, key: int) -> set[str]:
+        # while computing, what is found so far: a counter bumped under a test of this
+        # rank's loss makes the test of that counter a rank-local one in the next pass
         local: set[str] = set()
+        handed: set[str] = set()
+        self._local_attributes[key] = local
         other: set[str] = set()
-        for functions in module.functions.values():
-            for function in functions:
-                if function.class_name is None:
-                    continue
-                synced = set(self.sync_points(function.node, module))
-                names = self.rank_local_names(function.node, module, function)
-                tests = tests_over(function.node)
-                for node in self.nodes(function.node):
-                    if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) or node.value is None:
-                        continue
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    attributes = {
-                        t.attr
-                        for t in targets
-                        if isinstance(t, ast.Attribute)
-                        and isinstance(t.value, ast.Name)
-                        and t.value.id == "self"
-                    }
-                    if attributes and any(
-                        self.is_rank_local(test, module, function, synced, names)
-                        for test in tests.get(id(node), [])
-                    ):
-                        # set under a test of a rank-local value (a patience counter bumped
-                        # when this rank's own loss did not improve): each rank's own count
-                        local |= attributes
-                        continue
-                    if not attributes or _a_starting_value(node.value):
-                        continue
-                    if self.is_rank_local(node.value, module, function, synced, names):
-                        local |= attributes
-                    else:
-                        other |= attributes
+        for _ in range(2):
+            before = len(local) + len(handed)
+            other = set()
+            for functions in module.functions.values():
+                for function in functions:
+                    if function.class_name is not None:
+                        self._attributes_set_by(function, local, handed, other)
+            if len(local) + len(handed) == before:
+                break
         self._local_attributes[key] = local - other
         return self._local_attributes[key]
+
+    def _attributes_set_by(
+        self, function: Function, local: set[str], handed: set[str], other: set[str]
+    ) -> None:
+        """The attributes ``function`` sets on ``self`` (a method) or on an object it was
+        handed (``def on_epoch_end(self, trainer, metrics)``: ``trainer.should_stop = True``),
+        each added to ``local`` / ``handed`` where a rank-local value or test decides it, to
+        ``other`` where another value does."""
+        module = function.module
+        arguments = function.node.args
+        parameters = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        owners = parameters - {"self", "cls"} if function.class_name is None else parameters
+        if not any(
+            isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in owners
+            for node in self.nodes(function.node)
+            if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        ):
+            return  # sets no attribute: nothing to read (most functions)
+        synced = set(self.sync_points(function.node, module))
+        names = self.rank_local_names(function.node, module, function)
+        tests = tests_over(function.node)
+        for node in self.nodes(function.node):
+            if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign) or node.value is None:
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            on_self: set[str] = set()
+            on_handed: set[str] = set()
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in owners:
+                    is_self = function.class_name is not None and t.value.id == "self"
+                    (on_self if is_self else on_handed).add(t.attr)
+            attributes = on_self | on_handed
+            if not attributes:
+                continue
+            # the tests it is set under, outermost first: the innermost decides, the
+            # outermost names the value (`bad += 1` under `val_loss > best`)
+            deciding = [
+                test
+                for test in tests.get(id(node), [])
+                if self.is_rank_local(test, module, function, synced, names)
+            ]
+            if not deciding and (
+                _a_starting_value(node.value)
+                or not self.is_rank_local(node.value, module, function, synced, names)
+            ):
+                if not _a_starting_value(node.value):
+                    other |= attributes
+                continue
+            # set from a rank-local value, or under a test of one (a patience counter bumped
+            # when this rank's own loss did not improve): each rank's own
+            local |= on_self
+            handed |= on_handed
+            for attribute in attributes:
+                # a later pass sees more of the tests as rank-local: its reading stands
+                self._attribute_sites[(module.path, attribute)] = AttributeSite(
+                    module.path,
+                    node.lineno,
+                    function.name
+                    if function.class_name is None
+                    else f"{function.class_name}.{function.name}",
+                    " inside ".join(f"`{ast.unparse(test)}`" for test in deciding[::-1][:2]),
+                )
+
+    def attribute_is_local(self, module: ParsedModule, attribute: str) -> bool:
+        """Whether ``attribute``, read in ``module``, holds a rank's own value: one its own
+        methods set from one (local_attributes), or one a function of its program sets on
+        an object handed to it (a callback's ``trainer.should_stop = True`` under its
+        patience count, read as ``if self.should_stop: break`` in the trainer's loop)."""
+        if attribute in self.local_attributes(module):
+            return True
+        key = (id(module.tree), attribute)
+        if key in self._handed_local:
+            return self._handed_local[key]
+        if self._computing >= _HANDED_DEPTH:
+            return False
+        self._handed_local[key] = False  # while computing
+        self._computing += 1
+        try:
+            local: set[str] = set()
+            handed: set[str] = set()
+            other: set[str] = set()
+            for beside in self.modules_beside(module):
+                for function in self._handing_functions(beside).get(attribute, []):
+                    self._attributes_set_by(function, local, handed, other)
+            found = attribute in handed - other
+        finally:
+            self._computing -= 1
+        self._handed_local[key] = found
+        return found
+
+    def _handing_functions(self, module: ParsedModule) -> dict[str, list[Function]]:
+        """attribute -> the functions of ``module`` that set it on an object they were
+        handed (a parameter other than ``self``), from one walk of each function."""
+        key = id(module.tree)
+        if key not in self._handing:
+            found: dict[str, list[Function]] = {}
+            for functions in module.functions.values():
+                for function in functions:
+                    arguments = function.node.args
+                    handed = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+                    handed -= {"self", "cls"}
+                    for node in self.nodes(function.node):
+                        if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+                            continue
+                        for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                            if (
+                                isinstance(t, ast.Attribute)
+                                and isinstance(t.value, ast.Name)
+                                and t.value.id in handed
+                            ):
+                                listed = found.setdefault(t.attr, [])
+                                if function not in listed:
+                                    listed.append(function)
+            self._handing[key] = found
+        return self._handing[key]
+
+    def attribute_site(self, module: ParsedModule, attribute: str) -> AttributeSite | None:
+        """Where a function of ``module``'s program sets ``attribute`` to a rank's own value."""
+        self.attribute_is_local(module, attribute)
+        return next(
+            (
+                site
+                for other in self.modules_beside(module)
+                if (site := self._attribute_sites.get((other.path, attribute))) is not None
+            ),
+            None,
+        )
+
+    def modules_beside(self, module: ParsedModule) -> list[ParsedModule]:
+        """``module`` and the loaded modules of one program with it: those it imports and
+        those that import it. Scripts linted side by side (a folder of examples) are other
+        programs: a hook of one is not called by another's trainer."""
+
+        # the modules it imports, loaded (a trainer checked alone hands its callbacks'
+        # module its metrics); those importing it are loaded where lint was given them
+        if id(module.tree) not in self._imports_loaded:
+            self._imports_loaded.add(id(module.tree))
+            for path in {
+                *module.imported_modules.values(),
+                *(s for s, _ in module.imported_functions.values()),
+            }:
+                self._module_of(path)
+        key = (id(module.tree), len(self.modules))
+        if key in self._beside:
+            return self._beside[key]
+
+        def imports(importer: ParsedModule, imported: ParsedModule) -> bool:
+            return imported.path in importer.imported_modules.values() or any(
+                source == imported.path for source, _ in importer.imported_functions.values()
+            )
+
+        self._beside[key] = [
+            other
+            for other in list(self.modules.values())
+            if other is module or imports(module, other) or imports(other, module)
+        ]
+        return self._beside[key]
+
+    def fed_local_parameters(self, function: Function) -> set[str]:
+        """The parameters of ``function`` some call of the project hands a rank-local value:
+        a callback hook given this rank's own metrics (``cb.on_epoch_end(self, metrics)``
+        after ``metrics = self.validate()``, which all-reduces nothing). A method is matched
+        by its name where the call cannot be resolved: hooks are called through a list of
+        callbacks of several classes."""
+        key = id(function.node)
+        return self._within_depth(
+            self._fed_local, key, lambda: self._compute_fed_local_parameters(function, key)
+        )
+
+    def _within_depth(
+        self, cache: dict[int, set[str]], key: int, compute: Callable[[], set[str]]
+    ) -> set[str]:
+        """``cache[key]``, computed where it is not, unless the answers being computed
+        already go _HANDED_DEPTH deep: too far from the code at hand to matter (an empty
+        answer, not kept)."""
+        if key in cache:
+            return cache[key]
+        if self._computing >= _HANDED_DEPTH:
+            return set()
+        self._computing += 1
+        try:
+            return compute()
+        finally:
+            self._computing -= 1
+
+    def _compute_fed_local_parameters(self, function: Function, key: int) -> set[str]:
+        self._fed_local[key] = set()  # while computing: a recursive call hands nothing yet
+        arguments = function.node.args
+        positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]]
+        if function.class_name is not None and positional and positional[0] in ("self", "cls"):
+            positional = positional[1:]
+        keywords = set(positional) | {a.arg for a in arguments.kwonlyargs}
+        found: set[str] = set()
+        if function.name.startswith("__") or not keywords:
+            return found
+        beside = {id(other) for other in self.modules_beside(function.module)}
+        for caller_module, caller, call in self._calls_named(function.name):
+            if id(caller_module) not in beside:
+                continue
+            given = [
+                (positional[i] if i < len(positional) else None, arg) for i, arg in enumerate(call.args)
+            ] + [(k.arg, k.value) for k in call.keywords if k.arg in keywords]
+            given = [(name, value) for name, value in given if name and not isinstance(value, ast.Constant)]
+            if not given or any(isinstance(arg, ast.Starred) for arg in call.args):
+                continue
+            target = self.resolve_call(call, caller_module, caller)
+            if target is not None and target.node is not function.node:
+                continue
+            if target is None and (function.class_name is None or not isinstance(call.func, ast.Attribute)):
+                continue  # a plain call that does not resolve here calls someone else's
+            scope: ast.AST = caller.node if caller is not None else caller_module.tree
+            synced = set(self.sync_points(scope, caller_module))
+            # the caller's own values only: not what its callers hand it, nor attributes
+            # set elsewhere; one call deep keeps a library's web of calls from being walked
+            self._shallow += 1
+            try:
+                local = self.rank_local_names(scope, caller_module, caller)
+                for name, value in given:
+                    if (
+                        name is not None
+                        and name not in found
+                        and self.is_rank_local(value, caller_module, caller, synced, local)
+                    ):
+                        found.add(name)
+            finally:
+                self._shallow -= 1
+        self._fed_local[key] = found
+        return found
+
+    def _calls_named(self, name: str) -> list[tuple[ParsedModule, Function | None, ast.Call]]:
+        """Every call in the loaded modules of a function or method called ``name``, with its
+        module and the function it is made in (None at module level)."""
+        if self._calls_by_name[0] != len(self.modules):
+            index: dict[str, list[tuple[ParsedModule, Function | None, ast.Call]]] = {}
+            for module in list(self.modules.values()):
+                scopes: list[tuple[ast.AST, Function | None]] = [(module.tree, None)]
+                scopes += [(f.node, f) for functions in module.functions.values() for f in functions]
+                for scope, function in scopes:
+                    for node in self.nodes(scope):
+                        if isinstance(node, ast.Call):
+                            called = callee_name(node)
+                            if called:
+                                index.setdefault(called, []).append((module, function, node))
+            self._calls_by_name = (len(self.modules), index)
+        return self._calls_by_name[1].get(name, [])
 
     def returns_local_number(self, function: Function) -> bool:
         """A function that turns tensors into a number with ``.item()`` and communicates nothing."""
@@ -1139,6 +1414,9 @@ class Linter:
 _SAME_EVERYWHERE = frozenset({"torch", "math", "np", "numpy", "float", "int", "bool", "min", "max", "abs"})
 
 
+# how many modules' attributes and functions' parameters one answer may look through: a
+# callback two calls from the trainer is found, a library's web of modules is not walked
+_HANDED_DEPTH = 6
 _FILLING_METHODS = frozenset({"update", "append", "extend", "setdefault", "insert", "add"})
 
 

@@ -79,6 +79,10 @@ def reaching_names(
         for whole_target in targets:
             for target, value in paired(whole_target, node.value):
                 for name in bound_names(target) & derived:
+                    if node.lineno in (synced_at or {}).get(name, []):
+                        # bound to what a collective returns (`stop = broadcast_flag(stop or
+                        # rank0_saw_it)`): every rank's, whatever went in
+                        continue
                     bindings.setdefault(name, []).append((node.lineno, value))
                     guard_of[(name, node.lineno)] = guarded.get(id(node), [])
     for name, lines in (synced_at or {}).items():

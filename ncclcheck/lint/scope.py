@@ -388,8 +388,8 @@ class ScopeChecker:
         # an attribute the module only ever sets from a rank's own value (a token count, a
         # best loss), read in the test: `if self.tokens_seen >= budget: break`
         attributes = {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
-        if attributes & self.linter.local_attributes(self.module) and (
-            self.collectives(branches) or has_exit(branches)
+        if (self.collectives(branches) or has_exit(branches)) and any(
+            self.linter.attribute_is_local(self.module, attribute) for attribute in sorted(attributes)
         ):
             return "unsynced"
         return kind
@@ -779,6 +779,35 @@ class ScopeChecker:
             )
         return ""
 
+    def attribute_reason(self, guard: Guard) -> str:
+        """Where the attribute a rank-local test reads was set, when another function set it
+        (a callback's ``trainer.should_stop = True`` under its patience count, read by the
+        trainer's ``if self.should_stop: break``): that line decided."""
+        if guard.kind != "unsynced":
+            return ""
+        try:
+            tree = ast.parse(guard.text, mode="eval")
+        except SyntaxError:
+            return ""
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Attribute) and self.linter.attribute_is_local(self.module, node.attr)
+            ):
+                continue
+            site = self.linter.attribute_site(self.module, node.attr)
+            if site is None or (
+                site.path == self.module.path
+                and self.function
+                and site.line in range(self.function.node.lineno, (self.function.node.end_lineno or 0) + 1)
+            ):
+                continue
+            under = f" under {site.test}" if site.test else " from a value of its own"
+            return (
+                f"; `{node.attr}` is set at {relative_path(site.path)}:{site.line} in {site.function}()"
+                f"{under}, on each rank from what that rank computed"
+            )
+        return ""
+
     def decorated_rank_zero(self) -> None:
         assert self.function is not None
         for call in reaching_nodes_in(self.function.node):
@@ -806,7 +835,7 @@ class ScopeChecker:
         evidence = [f"call chain: {' -> '.join(collective.chain)}"]
         if guard is not None:
             evidence.append(f"condition at {self.path}:{guard.line}: {guard.text}")
-            message += self.rooted_reason(guard)
+            message += self.rooted_reason(guard) + self.attribute_reason(guard)
         if len(collective.chain) > 1:
             where += f", through {' -> '.join(collective.chain[:-1])}"
         where += ")"

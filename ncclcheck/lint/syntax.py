@@ -437,10 +437,12 @@ def _note_annotation(found: dict[str, str], name: str, annotation: ast.expr) -> 
             found.setdefault(f"{name}[]", last.id)
 
 
-def element_source(name: str, scope: ast.AST) -> ast.expr | None:
-    """The container whose elements ``name`` is bound to by a loop in ``scope``:
-    ``for m in meters``, ``for m in meters.values()``, ``for k, m in meters.items()``,
-    ``for i, m in enumerate(meters)``, in a statement or a comprehension."""
+def element_sources(scope: ast.AST) -> dict[str, ast.expr]:
+    """Each name a loop in ``scope`` binds to the elements of a container, with that
+    container (the first such loop, in walk order): ``for m in meters``, ``for m in
+    meters.values()``, ``for k, m in meters.items()``, ``for i, m in enumerate(meters)``, in
+    a statement or a comprehension. One walk for every name: callers ask for many."""
+    found: dict[str, ast.expr] = {}
     for node in ast.walk(scope):
         if not isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
             continue
@@ -460,6 +462,6 @@ def element_source(name: str, scope: ast.AST) -> ast.expr | None:
             and len(target.elts) == 2
         ):
             target, source = target.elts[1], source.args[0]
-        if isinstance(target, ast.Name) and target.id == name:
-            return source
-    return None
+        if isinstance(target, ast.Name):
+            found.setdefault(target.id, source)
+    return found

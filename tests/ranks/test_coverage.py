@@ -232,6 +232,32 @@ def test_a_stop_on_each_ranks_own_epoch_mean_is_a_decision_forced_on_one_rank_an
     assert "forced" not in report["summary"], report["summary"]
 
 
+def test_a_callbacks_stop_flag_set_from_each_ranks_own_metrics_is_forced_and_named_twin_aligned() -> None:
+    """A class trainer reads `if self.should_stop: break`; an early-stopping callback, handed
+    the metrics of a validate() that all-reduces nothing, sets `trainer.should_stop = True`
+    when its patience runs out. The flag's test is the decision preflight forces; the line
+    that decided it, the callback's, is named. The twin all-reduces the loss in validate()."""
+    broken = SCRIPTS / "callback_stops_the_trainer.py"
+    tested = line_in(broken, "if self.should_stop:")
+    decided = line_in(broken, "trainer.should_stop = True")
+    proc, report = preflight("--nproc-per-node=2", str(broken))
+    assert proc.returncode == 1, (proc.stderr[-2000:], report)
+    finding = report["findings"][0]
+    assert (finding["cause"], finding["site"]) == (
+        "unsynchronized-decision",
+        f"tests/scripts/callback_stops_the_trainer.py:{tested}",
+    ), finding
+    assert "its test made true on rank 1 alone" in finding["message"], finding
+    assert (
+        f"`should_stop` is set at tests/scripts/callback_stops_the_trainer.py:{decided} in "
+        "EarlyStopping.on_validation_end() under `self.bad_epochs >= self.patience`"
+    ) in finding["message"], finding
+
+    proc, report = preflight("--nproc-per-node=2", str(SCRIPTS / "callback_stops_the_trainer_on_the_mean.py"))
+    assert (proc.returncode, report["verdict"]) == (0, "aligned"), (proc.stderr[-2000:], report)
+    assert "forced" not in report["summary"], report["summary"]
+
+
 def test_an_early_stop_on_the_loss_of_a_holdout_slice_chosen_by_rank_is_forced_and_its_twin_aligned() -> None:
     """`if stopper.should_stop(loss): break` where the loss is scored on `rows[rank * n:
     (rank + 1) * n]`: lint reads the test through the rank (rank-early-exit), but it tests

@@ -2343,3 +2343,88 @@ def test_a_set_handed_to_a_helper_that_reduces_per_item_is_an_order_mismatch(tmp
     )
     findings, _ = run_lint([script])
     assert not [f for f in findings if f.cause == "collective-order-mismatch"], findings
+
+
+def test_a_flag_a_callback_in_another_module_sets_from_the_metrics_it_is_handed_is_a_decision(
+    tmp_path: Path,
+) -> None:
+    # callbacks.py sets `trainer.stop = True` when the metrics the trainer hands it say so;
+    # train.py computes them on its own shard and reads only the flag. The twin (its own
+    # folder, its own copy of the callback) all-reduces the loss first and stays clean,
+    # though linted in the same run: a hook of the same name in another program is not
+    # called by this one's trainer.
+    callbacks = """
+        class StopOnPlateau:
+            def __init__(self):
+                self.best = None
+                self.waited = 0
+
+            def after_eval(self, trainer, scores):
+                if self.best is None or scores["loss"] < self.best:
+                    self.best, self.waited = scores["loss"], 0
+                else:
+                    self.waited += 1
+                if self.waited > 2:
+                    trainer.stop = True
+    """
+    trainer = """
+        import torch
+        import torch.distributed as dist
+        from callbacks import StopOnPlateau
+
+        def run(model, batches, held_out):
+            stopper = StopOnPlateau()
+
+            class State:
+                stop = False
+
+            state = State()
+            for epoch in range(100):
+                for x in batches:
+                    model(x).sum().backward()
+                    dist.all_reduce(model.weight.grad)
+                loss = sum(model(x).sum() for x in held_out){sync}
+                stopper.after_eval(state, {{"loss": loss.item()}})
+                if state.stop:
+                    break
+    """
+    for folder, sync in (("local", ""), ("synced", "\n                dist.all_reduce(loss)")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "callbacks.py").write_text(textwrap.dedent(callbacks))
+        (tmp_path / folder / "train.py").write_text(textwrap.dedent(trainer.format(sync=sync)))
+    findings, _ = run_lint([tmp_path / "local", tmp_path / "synced"])
+    flagged = [(Path(f.location.path).parent.name, f.cause) for f in findings]
+    assert flagged == [("local", "unsynchronized-decision")], findings
+    assert "`stop` is set at" in findings[0].message, findings[0].message
+    assert "callbacks.py:13 in StopOnPlateau.after_eval() under `self.waited > 2`" in findings[0].message
+
+
+def test_a_flag_bound_to_what_a_broadcasting_helper_returns_is_every_ranks(tmp_path: Path) -> None:
+    # `stop = share(stop or (is_main and os.path.exists(path)))`: rank 0's file check goes in,
+    # the broadcast value comes out; the `break` under it is taken by every rank alike
+    source = """
+        import os
+        import torch
+        import torch.distributed as dist
+
+        def share(flag):
+            t = torch.tensor([1 if flag else 0])
+            dist.broadcast(t, src=0)
+            return bool(t.item())
+
+        def train(model, batches, patience):
+            is_main = dist.get_rank() == 0
+            bad = 0
+            for epoch in range(100):
+                for x in batches:
+                    model(x).sum().backward()
+                    dist.all_reduce(model.weight.grad)
+                stop = bad >= patience
+                stop = share(stop or (is_main and os.path.exists("STOP")))
+                if stop:
+                    break
+    """
+    assert lint_source(tmp_path, source) == []
+    shared = 'stop = share(stop or (is_main and os.path.exists("STOP")))'
+    unshared = source.replace(shared, "stop = stop or is_main")
+    assert [cause for cause, _, _ in lint_source(tmp_path, unshared)] == ["rank-early-exit"]
