@@ -88,6 +88,7 @@ class Linter:
         self._mentions: dict[int, bool] = {}
         self._synced: dict[int, dict[str, list[int]]] = {}
         self._passed: dict[int, dict[str, list[int]]] = {}  # what sync_points starts from
+        self._syncing: set[int] = set()  # id(scope) whose sync points are being read
         self._local_attributes: dict[int, set[str]] = {}  # id(module tree) -> rank-local attributes
         self._loop_elements: dict[int, dict[str, ast.expr]] = {}  # id(function node) -> element_sources
         self._fed_local: dict[int, set[str]] = {}  # id(function node) -> parameters fed local values
@@ -899,49 +900,56 @@ class Linter:
         (``bad = fabric.all_reduce(flag, reduce_op="max")``), with the lines of those calls:
         its value agrees across ranks after them."""
         key = id(scope)
+        if key in self._syncing:
+            return {}  # a function that calls itself: what it syncs is being read
         if key not in self._synced:
-            synced: dict[str, list[int]] = {}
-            for node in self.nodes(scope):
-                call = node.value if isinstance(node, ast.Assign) else node
-                if not isinstance(call, ast.Call):
-                    continue
-                label = self._direct_label(call, module, set())
-                if (
-                    label is None
-                    and isinstance(node, ast.Assign)
-                    and self.returns_what_it_synced(call, module, None)
-                ):
-                    # `stop = broadcast_flag(stop or rank0_saw_the_file)`: a helper of the
-                    # project's that returns only what it broadcast or all-reduced
-                    for target in node.targets:
-                        for name in bound_names(target):
-                            synced.setdefault(name, []).append(call.lineno)
-                    continue
-                if label is None or (
-                    label.split(".")[-1] in ROOTED and self._of_torch_distributed(call, module)
-                ):
-                    continue
-                # torch.distributed's collectives work in place on what they are given; a
-                # library's (accelerate's reduce or gather, its backward) returns its result
-                # and leaves its argument as each rank had it
-                named = (
-                    [arg.id for arg in call.args if isinstance(arg, ast.Name)]
-                    if self._of_torch_distributed(call, module)
-                    else []
-                )
-                if isinstance(node, ast.Assign):
-                    named = [name for target in node.targets for name in bound_names(target)]
-                for name in named:
-                    synced.setdefault(name, []).append(call.lineno)
-            self._passed[key] = dict(synced)
-            # the numeric libraries as the module imports them (`F` for torch.nn.functional):
-            # what they compute from agreed values agrees too
-            libraries: dict[str, list[int]] = {alias: [] for alias in _numeric_aliases(module.tree)}
-            found = _and_what_follows_from_them(
-                {**libraries, **synced}, list(self.nodes(scope)), tests_over(scope)
-            )
-            self._synced[key] = {name: lines for name, lines in found.items() if name not in libraries}
+            self._syncing.add(key)
+            try:
+                self._read_sync_points(scope, module, key)
+            finally:
+                self._syncing.discard(key)
         return self._synced[key]
+
+    def _read_sync_points(self, scope: ast.AST, module: ParsedModule, key: int) -> None:
+        synced: dict[str, list[int]] = {}
+        for node in self.nodes(scope):
+            call = node.value if isinstance(node, ast.Assign) else node
+            if not isinstance(call, ast.Call):
+                continue
+            label = self._direct_label(call, module, set())
+            if (
+                label is None
+                and isinstance(node, ast.Assign)
+                and self.returns_what_it_synced(call, module, None)
+            ):
+                # `stop = broadcast_flag(stop or rank0_saw_the_file)`: a helper of the
+                # project's that returns only what it broadcast or all-reduced
+                for target in node.targets:
+                    for name in bound_names(target):
+                        synced.setdefault(name, []).append(call.lineno)
+                continue
+            if label is None or (label.split(".")[-1] in ROOTED and self._of_torch_distributed(call, module)):
+                continue
+            # torch.distributed's collectives work in place on what they are given; a
+            # library's (accelerate's reduce or gather, its backward) returns its result
+            # and leaves its argument as each rank had it
+            named = (
+                [arg.id for arg in call.args if isinstance(arg, ast.Name)]
+                if self._of_torch_distributed(call, module)
+                else []
+            )
+            if isinstance(node, ast.Assign):
+                named = [name for target in node.targets for name in bound_names(target)]
+            for name in named:
+                synced.setdefault(name, []).append(call.lineno)
+        self._passed[key] = dict(synced)
+        # the numeric libraries as the module imports them (`F` for torch.nn.functional):
+        # what they compute from agreed values agrees too
+        libraries: dict[str, list[int]] = {alias: [] for alias in _numeric_aliases(module.tree)}
+        found = _and_what_follows_from_them(
+            {**libraries, **synced}, list(self.nodes(scope)), tests_over(scope)
+        )
+        self._synced[key] = {name: lines for name, lines in found.items() if name not in libraries}
 
     def passed_to_collectives(self, scope: ast.AST, module: ParsedModule) -> dict[str, list[int]]:
         """The names ``scope`` passes to a collective or binds to what one returns, without
@@ -1004,7 +1012,9 @@ class Linter:
                 continue
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name in UNSYNCED_CALLS:
+            if name in UNSYNCED_CALLS and not self._shallow:
+                # not what a caller hands a parameter: a path or a clock handed on is most
+                # often the same on every rank (a checkpoint's state loaded on each)
                 return True
             if (
                 isinstance(func, ast.Attribute)
@@ -1021,6 +1031,14 @@ class Linter:
             ):
                 return True  # int(batch["mask"].sum()): .item() by another name
             target = self.resolve_call(node, module, function)
+            if target is not None and self._shallow and self.collective_of_function(target) is None:
+                # handed on to a parameter: only a number read off this rank's tensors
+                if any(
+                    isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "item"
+                    for n in self.nodes(target.node)
+                ):
+                    return True
+                continue
             if target is not None and self.returns_local_number(target):
                 return True
         return False
@@ -1048,21 +1066,17 @@ class Linter:
         )
 
     def _compute_local_attributes(self, module: ParsedModule, key: int) -> set[str]:
-        # while computing, what is found so far: a counter bumped under a test of this
-        # rank's loss makes the test of that counter a rank-local one in the next pass
+        # while computing, none yet: one attribute's reading does not feed another's in the
+        # same walk (an attribute read off another rank-local one is not followed: in a
+        # library's classes that cascade reaches every attribute)
+        self._local_attributes[key] = set()
         local: set[str] = set()
         handed: set[str] = set()
-        self._local_attributes[key] = local
         other: set[str] = set()
-        for _ in range(2):
-            before = len(local) + len(handed)
-            other = set()
-            for functions in module.functions.values():
-                for function in functions:
-                    if function.class_name is not None:
-                        self._attributes_set_by(function, local, handed, other)
-            if len(local) + len(handed) == before:
-                break
+        for functions in module.functions.values():
+            for function in functions:
+                if function.class_name is not None:
+                    self._attributes_set_by(function, local, handed, other)
         self._local_attributes[key] = local - other
         return self._local_attributes[key]
 
