@@ -97,7 +97,9 @@ class Linter:
         # (module, modules loaded) -> the modules of its program
         self._beside: dict[tuple[int, int], list[ParsedModule]] = {}
         self._imports_loaded: set[int] = set()  # id(module tree) whose imported modules are loaded
-        self._computing = 0  # nested computations of them in progress
+        # nested computations of local attributes, fed parameters and handed attributes in
+        # progress (_within_depth, attribute_is_local): past _HANDED_DEPTH, no answer is sought
+        self._computing = 0
         self._shallow = 0  # > 0: reading a caller's own values only (fed_local_parameters)
         # attribute -> where a function sets it from (or under a test of) a rank-local value:
         # the line that decides for a test that only reads the attribute
