@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ncclcheck.communicates import (
     ACCELERATE_METHODS,
@@ -92,7 +93,8 @@ class Linter:
         self._local_attributes: dict[int, set[str]] = {}  # id(module tree) -> rank-local attributes
         self._loop_elements: dict[int, dict[str, ast.expr]] = {}  # id(function node) -> element_sources
         self._fed_local: dict[int, set[str]] = {}  # id(function node) -> parameters fed local values
-        self._handed_local: dict[tuple[int, str], bool] = {}  # (module, attribute) -> attribute_is_local
+        # (module, attribute) -> {attribute} where a function of its program hands it a local value
+        self._handed_local: dict[tuple[int, str], set[str]] = {}
         self._handing: dict[int, dict[str, list[Function]]] = {}  # id(module tree) -> _handing_functions
         # (module, modules loaded) -> the modules of its program
         self._beside: dict[tuple[int, int], list[ParsedModule]] = {}
@@ -104,10 +106,7 @@ class Linter:
         # attribute -> where a function sets it from (or under a test of) a rank-local value:
         # the line that decides for a test that only reads the attribute
         self._attribute_sites: dict[tuple[Path, str], AttributeSite] = {}
-        self._calls_by_name: tuple[int, dict[str, list[tuple[ParsedModule, Function | None, ast.Call]]]] = (
-            -1,
-            {},
-        )
+        self._calls_by_name: dict[int, dict[str, list[tuple[Function | None, ast.Call]]]] = {}  # _calls_in
         self._module_paths: dict[tuple[Path, str, int], Path | None] = {}
         self._properties: tuple[int, frozenset[str]] = (-1, frozenset())  # (modules read, their properties)
         self._duck_classes: dict[tuple[int, str], str | None] = {}  # (id(function node), parameter) -> class
@@ -1090,8 +1089,7 @@ class Linter:
         each added to ``local`` / ``handed`` where a rank-local value or test decides it, to
         ``other`` where another value does."""
         module = function.module
-        arguments = function.node.args
-        parameters = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
+        parameters = set(_parameter_names(function))
         owners = parameters - {"self", "cls"} if function.class_name is None else parameters
         if not any(
             isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in owners
@@ -1135,7 +1133,6 @@ class Linter:
             local |= on_self
             handed |= on_handed
             for attribute in attributes:
-                # a later pass sees more of the tests as rank-local: its reading stands
                 self._attribute_sites[(module.path, attribute)] = AttributeSite(
                     module.path,
                     node.lineno,
@@ -1153,24 +1150,20 @@ class Linter:
         if attribute in self.local_attributes(module):
             return True
         key = (id(module.tree), attribute)
-        if key in self._handed_local:
-            return self._handed_local[key]
-        if self._computing >= _HANDED_DEPTH:
-            return False
-        self._handed_local[key] = False  # while computing
-        self._computing += 1
-        try:
-            local: set[str] = set()
-            handed: set[str] = set()
-            other: set[str] = set()
-            for beside in self.modules_beside(module):
-                for function in self._handing_functions(beside).get(attribute, []):
-                    self._attributes_set_by(function, local, handed, other)
-            found = attribute in handed - other
-        finally:
-            self._computing -= 1
-        self._handed_local[key] = found
-        return found
+        return bool(
+            self._within_depth(self._handed_local, key, lambda: self._compute_handed(module, attribute, key))
+        )
+
+    def _compute_handed(self, module: ParsedModule, attribute: str, key: tuple[int, str]) -> set[str]:
+        self._handed_local[key] = set()  # while computing: not handed yet
+        local: set[str] = set()
+        handed: set[str] = set()
+        other: set[str] = set()
+        for beside in self.modules_beside(module):
+            for function in self._handing_functions(beside).get(attribute, []):
+                self._attributes_set_by(function, local, handed, other)
+        self._handed_local[key] = {attribute} & (handed - other)
+        return self._handed_local[key]
 
     def _handing_functions(self, module: ParsedModule) -> dict[str, list[Function]]:
         """attribute -> the functions of ``module`` that set it on an object they were
@@ -1180,9 +1173,7 @@ class Linter:
             found: dict[str, list[Function]] = {}
             for functions in module.functions.values():
                 for function in functions:
-                    arguments = function.node.args
-                    handed = {a.arg for a in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]}
-                    handed -= {"self", "cls"}
+                    handed = set(_parameter_names(function)) - {"self", "cls"}
                     for node in self.nodes(function.node):
                         if not isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
                             continue
@@ -1252,7 +1243,7 @@ class Linter:
         )
 
     def _within_depth(
-        self, cache: dict[int, set[str]], key: int, compute: Callable[[], set[str]]
+        self, cache: dict[_Key, set[str]], key: _Key, compute: Callable[[], set[str]]
     ) -> set[str]:
         """``cache[key]``, computed where it is not, unless the answers being computed
         already go _HANDED_DEPTH deep: too far from the code at hand to matter (an empty
@@ -1277,10 +1268,12 @@ class Linter:
         found: set[str] = set()
         if function.name.startswith("__") or not keywords:
             return found
-        beside = {id(other) for other in self.modules_beside(function.module)}
-        for caller_module, caller, call in self._calls_named(function.name):
-            if id(caller_module) not in beside:
-                continue
+        calls = [
+            (caller_module, caller, call)
+            for caller_module in self.modules_beside(function.module)
+            for caller, call in self._calls_in(caller_module).get(function.name, [])
+        ]
+        for caller_module, caller, call in calls:
             given = [
                 (positional[i] if i < len(positional) else None, arg) for i, arg in enumerate(call.args)
             ] + [(k.arg, k.value) for k in call.keywords if k.arg in keywords]
@@ -1311,22 +1304,20 @@ class Linter:
         self._fed_local[key] = found
         return found
 
-    def _calls_named(self, name: str) -> list[tuple[ParsedModule, Function | None, ast.Call]]:
-        """Every call in the loaded modules of a function or method called ``name``, with its
-        module and the function it is made in (None at module level)."""
-        if self._calls_by_name[0] != len(self.modules):
-            index: dict[str, list[tuple[ParsedModule, Function | None, ast.Call]]] = {}
-            for module in list(self.modules.values()):
-                scopes: list[tuple[ast.AST, Function | None]] = [(module.tree, None)]
-                scopes += [(f.node, f) for functions in module.functions.values() for f in functions]
-                for scope, function in scopes:
-                    for node in self.nodes(scope):
-                        if isinstance(node, ast.Call):
-                            called = callee_name(node)
-                            if called:
-                                index.setdefault(called, []).append((module, function, node))
-            self._calls_by_name = (len(self.modules), index)
-        return self._calls_by_name[1].get(name, [])
+    def _calls_in(self, module: ParsedModule) -> dict[str, list[tuple[Function | None, ast.Call]]]:
+        """Each name called in ``module`` -> its calls there, with the function each is made in
+        (None at module level), from one walk of the module."""
+        key = id(module.tree)
+        if key not in self._calls_by_name:
+            index: dict[str, list[tuple[Function | None, ast.Call]]] = {}
+            scopes: list[tuple[ast.AST, Function | None]] = [(module.tree, None)]
+            scopes += [(f.node, f) for functions in module.functions.values() for f in functions]
+            for scope, function in scopes:
+                for node in self.nodes(scope):
+                    if isinstance(node, ast.Call) and (called := callee_name(node)):
+                        index.setdefault(called, []).append((function, node))
+            self._calls_by_name[key] = index
+        return self._calls_by_name[key]
 
     def returns_local_number(self, function: Function) -> bool:
         """A function that turns tensors into a number with ``.item()`` and communicates nothing."""
@@ -1428,6 +1419,14 @@ class Linter:
 # tensor and math modules and the builtins that convert (`best = torch.zeros(1)`,
 # `best = float("inf")`); a clock or a random module is not among them.
 _SAME_EVERYWHERE = frozenset({"torch", "math", "np", "numpy", "float", "int", "bool", "min", "max", "abs"})
+
+
+_Key = TypeVar("_Key", int, tuple[int, str])
+
+
+def _parameter_names(function: Function) -> list[str]:
+    arguments = function.node.args
+    return [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
 
 
 # how many modules' attributes and functions' parameters one answer may look through: a
